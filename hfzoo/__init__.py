@@ -1,0 +1,1 @@
+"""hfzoo: a Hugging Face-compatible Transformer model zoo and pretraining pipeline."""

@@ -1,0 +1,298 @@
+"""Loading raw text corpora: local files (plain text, JSON lines, parquet, compressed or not) or hub datasets.
+
+Everything goes through `datasets.load_dataset`, which handles the formats, the compression
+(`.xz`, `.gz`, `.bz2`, `.zst`, inferred from the file name) and streaming. This module adds what
+`datasets` does not: the choice of builder from file names, checks that fail early with a message
+naming the bad file or column, and text cleaning for Project Gutenberg books (licence boilerplate,
+CRLF line endings).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import datasets
+
+#: Suffixes `datasets` decompresses on the fly (fsspec compression inferred from the file name).
+COMPRESSION_SUFFIXES = (".xz", ".gz", ".bz2", ".zst", ".lz4")
+
+#: File suffix (after removing a compression suffix) -> `datasets` builder name.
+BUILDER_BY_SUFFIX = {
+    ".json": "json",
+    ".jsonl": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+    ".txt": "text",
+    ".text": "text",
+    ".tokens": "text",
+    ".raw": "text",
+}
+
+# Project Gutenberg marks the start and end of the book proper with lines such as
+# "*** START OF THIS PROJECT GUTENBERG EBOOK MOBY DICK ***" (older files: "***START OF THE PROJECT ...").
+# Files from the early 1990s instead close their licence header with a "*END*THE SMALL PRINT! ..." line
+# (the Shakespeare editions with a second "SMALL PRINT! FOR __ COMPLETE SHAKESPEARE" line) and end with
+# "End of (this) (Project Gutenberg) Etext ...".
+_PG_START = re.compile(r"^\s*\*{3}\s*START OF (?:THE|THIS) PROJECT GUTENBERG[^\n]*$", re.MULTILINE | re.IGNORECASE)
+_PG_SMALL_PRINT = re.compile(r"^[^\n]*SMALL PRINT![^\n]*$", re.MULTILINE | re.IGNORECASE)
+_PG_END = re.compile(
+    r"^\s*(?:\*{3}\s*END OF (?:THE|THIS) PROJECT GUTENBERG|End of (?:the |this )?Project Gutenberg"
+    r"|End of (?:the |this )?E-?text of)[^\n]*$",
+    re.MULTILINE | re.IGNORECASE,
+)
+
+
+def _body_start(text: str) -> int:
+    """Return the offset just after Project Gutenberg's header, or 0 when there is no header marker."""
+    start = _PG_START.search(text)
+    if start is not None:
+        return start.end()
+    # Old files: the header ends with the last "SMALL PRINT!" line of the first half of the file.
+    small_print = [m for m in _PG_SMALL_PRINT.finditer(text, 0, len(text) // 2)]
+    return small_print[-1].end() if small_print else 0
+
+
+def clean_text(text: str) -> str:
+    r"""Normalise line endings and remove Project Gutenberg boilerplate.
+
+    `\r\n` and lone `\r` become `\n`. When the text carries Project Gutenberg's start marker
+    (`*** START OF THE/THIS PROJECT GUTENBERG ...`, or in old files the last `SMALL PRINT!` line of
+    the header), everything up to and including that line is dropped; when it carries an end
+    marker (`*** END OF ...`, `End of the Project Gutenberg ...`, `End of this Etext of ...`),
+    everything from the first such line after the start is dropped, and the remaining body is
+    stripped of surrounding whitespace. Text without markers is only newline-normalised (a line
+    of a plain text file keeps its `\n`), so the function is safe on any corpus.
+
+    Args:
+        text: one document or line (str).
+
+    Returns:
+        The cleaned text (str).
+    """
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    begin = _body_start(text)
+    end = _PG_END.search(text, begin)
+    if begin == 0 and end is None:
+        return text
+    return text[begin : end.start() if end else len(text)].strip()
+
+
+def infer_builder(path: str | os.PathLike) -> str:
+    """Choose the `datasets` builder for a local file from its name.
+
+    Args:
+        path: a file name such as `books.jsonl.xz`, `wiki.valid.tokens` or `part-0.parquet`.
+
+    Returns:
+        One of `"json"`, `"parquet"`, `"csv"`, `"text"`. Unknown suffixes are read as plain text.
+    """
+    name = Path(path).name.lower()
+    for suffix in COMPRESSION_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return BUILDER_BY_SUFFIX.get(Path(name).suffix, "text")
+
+
+def check_data_files(files: Sequence[str | os.PathLike], argument: str = "--train_file") -> tuple[str, list[str]]:
+    """Check that local data files exist, are non-empty and share one format.
+
+    Args:
+        files: paths (absolute, or relative to the current working directory).
+        argument: the command-line argument the files came from, used in error messages.
+
+    Returns:
+        `(builder, absolute_paths)`: the `datasets` builder name and the resolved paths.
+
+    Raises:
+        FileNotFoundError: a file does not exist.
+        ValueError: no file given, a file is empty (0 bytes), or the files mix formats.
+    """
+    if not files:
+        raise ValueError(f"{argument}: no file given")
+    resolved, builders = [], set()
+    for file in files:
+        path = Path(file).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"{argument} {file!s}: no such file")
+        if path.stat().st_size == 0:
+            raise ValueError(f"{argument} {file!s}: the file is empty")
+        resolved.append(str(path.resolve()))
+        builders.add(infer_builder(path))
+    if len(builders) > 1:
+        raise ValueError(f"{argument}: files mix formats {sorted(builders)}; give files of one format")
+    return builders.pop(), resolved
+
+
+def load_local_files(
+    files: Sequence[str | os.PathLike],
+    argument: str = "--train_file",
+    streaming: bool = False,
+    cache_dir: str | None = None,
+) -> datasets.Dataset | datasets.IterableDataset:
+    """Load local files as one `datasets` split.
+
+    Plain text files are read one line per row with line breaks kept (as transformers'
+    `run_clm.py` does with `keep_linebreaks=True`), so packing reproduces the original text.
+
+    Args:
+        files: local paths, all of one format (see `infer_builder`).
+        argument: the command-line argument the files came from, used in error messages.
+        streaming: return an `IterableDataset` that reads lazily (bounded memory).
+        cache_dir: `datasets` cache folder.
+
+    Returns:
+        A `datasets.Dataset` (or `IterableDataset` when streaming) with the files' columns.
+
+    Raises:
+        FileNotFoundError, ValueError: see `check_data_files`.
+    """
+    builder, paths = check_data_files(files, argument)
+    kwargs = {"keep_linebreaks": True} if builder == "text" else {}
+    return datasets.load_dataset(
+        builder, data_files={"data": paths}, split="data", streaming=streaming, cache_dir=cache_dir, **kwargs
+    )
+
+
+def column_names(dataset: datasets.Dataset | datasets.IterableDataset) -> list[str]:
+    """Return the column names of a (possibly streaming) dataset, peeking at one row if needed.
+
+    Args:
+        dataset: a `Dataset` or `IterableDataset`.
+
+    Returns:
+        The list of column names (empty for an empty streaming dataset).
+    """
+    if dataset.column_names is not None:
+        return list(dataset.column_names)
+    for row in dataset.take(1):
+        return list(row)
+    return []
+
+
+def check_text_column(
+    dataset: datasets.Dataset | datasets.IterableDataset, text_column_name: str, source: str
+) -> None:
+    """Raise a clear error when `text_column_name` is not a column of `dataset`.
+
+    Args:
+        dataset: the loaded split.
+        text_column_name: the column expected to hold the text.
+        source: what the data came from (file names or dataset name), for the message.
+
+    Raises:
+        ValueError: the column does not exist; the message lists the columns that do.
+    """
+    names = column_names(dataset)
+    if text_column_name not in names:
+        raise ValueError(
+            f"--text_column_name {text_column_name!r} is not a column of {source}; its columns are {names}"
+        )
+
+
+def load_raw_datasets(
+    train_file: Sequence[str] | None = None,
+    validation_file: Sequence[str] | None = None,
+    dataset_name: str | None = None,
+    dataset_config_name: str | None = None,
+    text_column_name: str = "text",
+    validation_split_percentage: int = 5,
+    streaming: bool = False,
+    cache_dir: str | None = None,
+) -> datasets.DatasetDict | datasets.IterableDatasetDict:
+    """Load `train` and `validation` splits from local files or a hub dataset.
+
+    Mirrors transformers' `run_clm_no_trainer.py`: local files when `train_file` is given, else
+    `datasets.load_dataset(dataset_name, dataset_config_name)`; when no validation data is given,
+    the first `validation_split_percentage` % of the training rows (documents) become validation.
+
+    Args:
+        train_file: local training files (text / JSON lines / parquet / csv, optionally compressed).
+        validation_file: local validation files, same rules.
+        dataset_name: a hub dataset name (used when `train_file` is not given).
+        dataset_config_name: the hub dataset's configuration.
+        text_column_name: the column holding the text; checked on every split.
+        validation_split_percentage: percentage of training documents held out when there is no
+            validation data (integer in [1, 50]).
+        streaming: load lazily (`IterableDatasetDict`); no split is then carved out of train, so
+            validation data must be given.
+        cache_dir: `datasets` cache folder.
+
+    Returns:
+        A `DatasetDict` (or `IterableDatasetDict`) with `train` and `validation` splits.
+
+    Raises:
+        ValueError: neither files nor a dataset name, a missing text column, an empty file, a bad
+            percentage, or streaming without validation data.
+        FileNotFoundError: a local file does not exist.
+    """
+    if not train_file and not dataset_name:
+        raise ValueError("give --train_file (local files) or --dataset_name (a hub dataset)")
+    if not 1 <= validation_split_percentage <= 50:
+        raise ValueError(f"--validation_split_percentage must be in [1, 50], got {validation_split_percentage}")
+    container = datasets.IterableDatasetDict if streaming else datasets.DatasetDict
+    if train_file:
+        raw = container(train=load_local_files(train_file, "--train_file", streaming, cache_dir))
+        sources = {"train": f"--train_file {list(train_file)}"}
+        if validation_file:
+            raw["validation"] = load_local_files(validation_file, "--validation_file", streaming, cache_dir)
+            sources["validation"] = f"--validation_file {list(validation_file)}"
+    else:
+        raw = datasets.load_dataset(dataset_name, dataset_config_name, streaming=streaming, cache_dir=cache_dir)
+        if "train" not in raw:
+            raise ValueError(f"--dataset_name {dataset_name}: no 'train' split (splits: {list(raw)})")
+        raw = container({k: v for k, v in raw.items() if k in ("train", "validation")})
+        sources = {split: f"--dataset_name {dataset_name}" for split in raw}
+        if validation_file:
+            raw["validation"] = load_local_files(validation_file, "--validation_file", streaming, cache_dir)
+            sources["validation"] = f"--validation_file {list(validation_file)}"
+    if "validation" not in raw:
+        if streaming:
+            raise ValueError("streaming needs explicit validation data: give --validation_file")
+        train = raw["train"]
+        n_val = max(1, len(train) * validation_split_percentage // 100)
+        if len(train) < 2:
+            raise ValueError(
+                f"{sources['train']}: {len(train)} document(s) cannot be split into train and validation; "
+                "give --validation_file"
+            )
+        raw = datasets.DatasetDict(validation=train.select(range(n_val)), train=train.select(range(n_val, len(train))))
+        sources["validation"] = f"the first {validation_split_percentage}% of {sources['train']}"
+    for split, dataset in raw.items():
+        check_text_column(dataset, text_column_name, sources[split])
+    return raw
+
+
+def iter_texts(
+    dataset: datasets.Dataset | datasets.IterableDataset,
+    text_column_name: str = "text",
+    batch_size: int = 64,
+    clean: bool = True,
+):
+    """Yield batches of cleaned, non-empty texts from a dataset (streaming-friendly, bounded memory).
+
+    Args:
+        dataset: a `Dataset` or `IterableDataset` with a text column.
+        text_column_name: the text column.
+        batch_size: number of rows per yielded batch.
+        clean: apply `clean_text` to each row.
+
+    Yields:
+        Lists of at most `batch_size` strings.
+    """
+    batch: list[str] = []
+    for row in dataset:
+        text = row[text_column_name]
+        if text is None:
+            continue
+        text = clean_text(text) if clean else text
+        if text:
+            batch.append(text)
+        if len(batch) == batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -1,0 +1,48 @@
+"""Shared test fixtures: where the real data lives, and small real-text samples."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import lzma
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path:
+    """Return the real-data folder: $HFZOO_DATA_DIR, else `../shared/data` beside the checkout."""
+    return Path(os.environ.get("HFZOO_DATA_DIR", REPO_ROOT.parent / "shared" / "data")).resolve()
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    path = shared_data_dir()
+    if not (path / "gutenberg").is_dir():
+        pytest.skip(f"real data not found at {path} (set HFZOO_DATA_DIR)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def gutenberg_shard(data_dir: Path) -> Path:
+    return data_dir / "gutenberg" / "pg_top100_en.00.jsonl.xz"
+
+
+@pytest.fixture(scope="session")
+def gutenberg_books(gutenberg_shard: Path) -> list[dict]:
+    """The first 4 books of shard 00 (raw JSON rows, boilerplate and CRLF included)."""
+    with lzma.open(gutenberg_shard, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in itertools.islice(f, 4)]
+
+
+@pytest.fixture(scope="session")
+def small_jsonl_xz(tmp_path_factory: pytest.TempPathFactory, gutenberg_books: list[dict]) -> Path:
+    """A 4-book JSON-lines xz shard in the Gutenberg layout (real text), for fast end-to-end tests."""
+    path = tmp_path_factory.mktemp("data") / "books.jsonl.xz"
+    with lzma.open(path, "wt", encoding="utf-8") as f:
+        for row in gutenberg_books:
+            f.write(json.dumps(row) + "\n")
+    return path
