@@ -1,0 +1,28 @@
+"""Configuration of the hfzoo decoder family (causal language models)."""
+
+from __future__ import annotations
+
+from huggingface_hub.dataclasses import strict
+
+from ...configuration_utils import HfzooConfig
+
+
+@strict
+class HfzooDecoderConfig(HfzooConfig):
+    r"""Configuration of `HfzooDecoderModel` / `HfzooDecoderForCausalLM` (`model_type="hfzoo_decoder"`).
+
+    All fields are those of `hfzoo.configuration_utils.HfzooConfig`. The defaults describe the
+    decoder of Vaswani et al. 2017 as GPT-2 runs it: pre-LN, learned absolute positions, GELU
+    feed-forward, tied input/output embeddings.
+
+    Example:
+        ```python
+        >>> import hfzoo
+        >>> from transformers import AutoModelForCausalLM
+        >>> config = hfzoo.HfzooDecoderConfig(vocab_size=8192, hidden_size=256, num_hidden_layers=4,
+        ...                                   num_attention_heads=4, intermediate_size=1024)
+        >>> model = AutoModelForCausalLM.from_config(config)
+        ```
+    """
+
+    model_type = "hfzoo_decoder"
