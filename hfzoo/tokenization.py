@@ -270,7 +270,11 @@ def train_bpe_tokenizer(
     Returns:
         A `transformers.PreTrainedTokenizerFast` with the special-token roles, the family's
         post-processor and `model_input_names` set (`token_type_ids` only for `encoder`), and
-        `model_max_length` left at its "no limit" default.
+        `model_max_length` left at its "no limit" default. The post-processor is stored in
+        `tokenizer.json` and survives `save_pretrained` / `AutoTokenizer.from_pretrained`, as long as
+        neither `add_bos_token` nor `add_eos_token` is passed (or written into
+        `tokenizer_config.json`): in transformers v5 either one, even `False`, makes the tokenizer
+        replace the post-processor with a plain `bos $A eos` template.
 
     Raises:
         ValueError: unknown `model_family`; `vocab_size` smaller than 256 + the number of special

@@ -132,17 +132,21 @@ def load_local_files(
     argument: str = "--train_file",
     streaming: bool = False,
     cache_dir: str | None = None,
+    sample_by: str = "line",
 ) -> datasets.Dataset | datasets.IterableDataset:
     """Load local files as one `datasets` split.
 
-    Plain text files are read one line per row with line breaks kept (as transformers'
-    `run_clm.py` does with `keep_linebreaks=True`), so packing reproduces the original text.
+    Plain text files are read with line breaks kept (as transformers' `run_clm.py` does with
+    `keep_linebreaks=True`), one row per line (`sample_by="line"`, bounded memory when streaming)
+    or one row per file (`sample_by="document"`: a text file is one document, which is what
+    document-level packing with separator tokens needs). Other formats give one row per record.
 
     Args:
         files: local paths, all of one format (see `infer_builder`).
         argument: the command-line argument the files came from, used in error messages.
         streaming: return an `IterableDataset` that reads lazily (bounded memory).
         cache_dir: `datasets` cache folder.
+        sample_by: for plain text files, `"line"`, `"paragraph"` or `"document"`.
 
     Returns:
         A `datasets.Dataset` (or `IterableDataset` when streaming) with the files' columns.
@@ -151,7 +155,7 @@ def load_local_files(
         FileNotFoundError, ValueError: see `check_data_files`.
     """
     builder, paths = check_data_files(files, argument)
-    kwargs = {"keep_linebreaks": True} if builder == "text" else {}
+    kwargs = {"keep_linebreaks": True, "sample_by": sample_by} if builder == "text" else {}
     return datasets.load_dataset(
         builder, data_files={"data": paths}, split="data", streaming=streaming, cache_dir=cache_dir, **kwargs
     )
@@ -202,6 +206,7 @@ def load_raw_datasets(
     validation_split_percentage: int = 5,
     streaming: bool = False,
     cache_dir: str | None = None,
+    sample_by: str = "document",
 ) -> datasets.DatasetDict | datasets.IterableDatasetDict:
     """Load `train` and `validation` splits from local files or a hub dataset.
 
@@ -220,6 +225,8 @@ def load_raw_datasets(
         streaming: load lazily (`IterableDatasetDict`); no split is then carved out of train, so
             validation data must be given.
         cache_dir: `datasets` cache folder.
+        sample_by: how plain text files are split into rows (see `load_local_files`); the default
+            `"document"` makes each text file one document.
 
     Returns:
         A `DatasetDict` (or `IterableDatasetDict`) with `train` and `validation` splits.
@@ -235,10 +242,10 @@ def load_raw_datasets(
         raise ValueError(f"--validation_split_percentage must be in [1, 50], got {validation_split_percentage}")
     container = datasets.IterableDatasetDict if streaming else datasets.DatasetDict
     if train_file:
-        raw = container(train=load_local_files(train_file, "--train_file", streaming, cache_dir))
+        raw = container(train=load_local_files(train_file, "--train_file", streaming, cache_dir, sample_by))
         sources = {"train": f"--train_file {list(train_file)}"}
         if validation_file:
-            raw["validation"] = load_local_files(validation_file, "--validation_file", streaming, cache_dir)
+            raw["validation"] = load_local_files(validation_file, "--validation_file", streaming, cache_dir, sample_by)
             sources["validation"] = f"--validation_file {list(validation_file)}"
     else:
         raw = datasets.load_dataset(dataset_name, dataset_config_name, streaming=streaming, cache_dir=cache_dir)
@@ -247,7 +254,7 @@ def load_raw_datasets(
         raw = container({k: v for k, v in raw.items() if k in ("train", "validation")})
         sources = {split: f"--dataset_name {dataset_name}" for split in raw}
         if validation_file:
-            raw["validation"] = load_local_files(validation_file, "--validation_file", streaming, cache_dir)
+            raw["validation"] = load_local_files(validation_file, "--validation_file", streaming, cache_dir, sample_by)
             sources["validation"] = f"--validation_file {list(validation_file)}"
     if "validation" not in raw:
         if streaming:

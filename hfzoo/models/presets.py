@@ -1,0 +1,166 @@
+"""Named model sizes as data, and building a config from a preset name or a path plus overrides.
+
+`PRESETS` maps a name to the config fields that differ from the family's defaults, with
+`model_type` naming the family. Recipes refer to a preset (`--config_name decoder-small`) and change
+single fields with `--config_overrides "hidden_size=256,num_hidden_layers=4"`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub.errors import StrictDataclassError
+from transformers import AutoConfig, PreTrainedConfig
+
+
+def parse_overrides(overrides: str | dict[str, Any] | None) -> dict[str, str | Any]:
+    """Parse `"key=value,key=value"` (transformers' `--config_overrides` format) into a dict.
+
+    Args:
+        overrides: the string, an already-parsed dict, or None.
+
+    Returns:
+        `{key: value}` with string values (converted to the field's type by `build_config`).
+
+    Raises:
+        ValueError: an item without `=` or with an empty key.
+    """
+    if not overrides:
+        return {}
+    if isinstance(overrides, dict):
+        return dict(overrides)
+    parsed = {}
+    for item in overrides.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--config_overrides item {item!r} is not of the form key=value")
+        parsed[key.strip()] = value.strip()
+    return parsed
+
+
+def _convert(key: str, value: Any, current: Any, annotation: str) -> Any:
+    """Convert a string override to the type of the field it replaces."""
+    if not isinstance(value, str):
+        return value
+    if value.lower() in ("none", "null"):
+        return None
+    kind = type(current) if current is not None else None
+    if kind is None:  # a field that is None by default: infer from its annotation
+        kind = int if "int" in annotation else float if "float" in annotation else bool if "bool" in annotation else str
+    try:
+        if kind is bool:
+            if value.lower() in ("true", "1", "yes"):
+                return True
+            if value.lower() in ("false", "0", "no"):
+                return False
+            raise ValueError
+        if kind is int:
+            return int(value)
+        if kind is float:
+            return float(value)
+    except ValueError:
+        raise ValueError(f"--config_overrides {key}={value!r}: expected {'an' if kind is int else 'a'} {kind.__name__}") from None
+    return value
+
+
+def build_config(
+    name_or_path: str, overrides: str | dict[str, Any] | None = None, **fields: Any
+) -> PreTrainedConfig:
+    """Build a validated config from a preset name, a checkpoint folder or a `config.json`, plus overrides.
+
+    `head_dim` follows `hidden_size / num_attention_heads` when an override changes either of them
+    and the base config's `head_dim` was the derived value.
+
+    Args:
+        name_or_path: a key of `PRESETS`, a folder holding `config.json`, or a JSON file.
+        overrides: `"key=value,..."` or a dict; each key must be an existing field of the config.
+        **fields: further fields set by the caller (e.g. token ids from the tokenizer); unlike
+            `overrides`, these are not checked against the config's fields.
+
+    Returns:
+        The config (an hfzoo config class for hfzoo presets and checkpoints).
+
+    Raises:
+        ValueError: an unknown preset or path, an unknown override key, an override value of the
+            wrong type, or a resulting config that fails validation (message names the field).
+    """
+    if name_or_path in PRESETS:
+        base = dict(PRESETS[name_or_path])
+    elif Path(name_or_path).is_file():
+        base = json.loads(Path(name_or_path).read_text())
+    elif (Path(name_or_path) / "config.json").is_file():
+        base = AutoConfig.from_pretrained(name_or_path).to_dict()
+    else:
+        raise ValueError(
+            f"--config_name {name_or_path!r} is neither a preset ({', '.join(sorted(PRESETS))}) "
+            "nor a config.json / checkpoint folder"
+        )
+    model_type = base.pop("model_type", None)
+    if model_type is None:
+        raise ValueError(f"--config_name {name_or_path!r}: no model_type in the config")
+    try:
+        config_class = type(AutoConfig.for_model(model_type))
+    except ValueError as err:
+        raise ValueError(f"--config_name {name_or_path!r}: unknown model_type {model_type!r}") from err
+    known = {f.name: f for f in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class) else {}
+    defaults = config_class()
+    parsed = parse_overrides(overrides)
+    hidden = base.get("hidden_size", getattr(defaults, "hidden_size", None))
+    heads = base.get("num_attention_heads", getattr(defaults, "num_attention_heads", None))
+    head_dim_derived = hidden and heads and base.get("head_dim") in (None, hidden // heads)
+    for key, value in parsed.items():
+        if key not in known:
+            generic = {f.name for f in dataclasses.fields(PreTrainedConfig)}
+            valid = sorted(k for k in known if k not in generic)
+            raise ValueError(f"--config_overrides: unknown key {key!r} for {model_type}; valid keys: {valid}")
+        current = base.get(key, getattr(defaults, key, None))
+        base[key] = _convert(key, value, current, str(known[key].type))
+    if head_dim_derived and "head_dim" not in parsed and {"hidden_size", "num_attention_heads"} & set(parsed):
+        base.pop("head_dim", None)  # re-derived from the new hidden_size / num_attention_heads
+    base.update(fields)
+    for key in ("transformers_version", "architectures", "_name_or_path", "auto_map"):
+        base.pop(key, None)
+    try:
+        return AutoConfig.for_model(model_type, **base)
+    except (TypeError, ValueError, StrictDataclassError) as err:
+        cause = err.__cause__ if err.__cause__ is not None else err
+        raise ValueError(f"invalid model config from {name_or_path!r}: {cause}") from err
+
+
+def list_presets(model_type: str | None = None) -> list[str]:
+    """Return the preset names, optionally only those of one `model_type`."""
+    return sorted(k for k, v in PRESETS.items() if model_type is None or v["model_type"] == model_type)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # GPT-style decoders (pre-LN, learned positions, GELU, tied embeddings): the decoder defaults.
+    "decoder-tiny": {
+        "model_type": "hfzoo_decoder",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 256,
+        "max_position_embeddings": 512,
+    },
+    "decoder-small": {
+        "model_type": "hfzoo_decoder",
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "intermediate_size": 1024,
+        "max_position_embeddings": 1024,
+    },
+    "decoder-base": {
+        "model_type": "hfzoo_decoder",
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+        "max_position_embeddings": 1024,
+    },
+}

@@ -1,0 +1,497 @@
+"""The pretraining loop behind `recipes/pretrain.py`, on `accelerate` (one process, DDP or DeepSpeed).
+
+`main(argv)` parses the arguments, then `prepare(args)` does everything that can fail on bad input
+(tokenizer, model config, data loading, tokenization and packing) before the first training step;
+such failures end the program with a one-line `error: ...` message. `train(run)` then runs the
+optimisation loop with gradient accumulation, clipping, warmup + decay, periodic evaluation,
+resumable checkpoints, and writes a standard `save_pretrained` folder with `eval_results.json` and
+`all_results.json`, as transformers' `run_clm_no_trainer.py` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+import transformers
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.logging import get_logger
+from accelerate.utils import set_seed
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, default_data_collator, get_scheduler
+
+from ..data.loading import load_raw_datasets
+from ..data.packing import token_counts, tokenize_and_pack
+from ..models.presets import PRESETS, build_config, parse_overrides
+from .arguments import parse_pretrain_args
+from .evaluation import evaluate_lm, unigram_perplexity
+
+logger = get_logger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+TRAINING_STATE = "training_state.json"
+
+
+@dataclass
+class PretrainingRun:
+    """Everything `train` needs, built and checked by `prepare`."""
+
+    args: argparse.Namespace
+    accelerator: Accelerator
+    tokenizer: Any
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: Any
+    train_dataloader: DataLoader
+    eval_dataloader: DataLoader
+    train_dataset: datasets.Dataset
+    eval_dataset: datasets.Dataset
+    max_train_steps: int
+    num_train_epochs: int
+    resume_path: Path | None
+
+
+def _load_tokenizer(name: str, argument: str):
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{argument} {name}: cannot load a tokenizer ({str(err).splitlines()[0]})") from err
+
+
+def build_model_config(args: argparse.Namespace, tokenizer) -> transformers.PreTrainedConfig:
+    """Build the model config from `--config_name`/`--config_overrides` (or the pretrained model's).
+
+    With a preset and no explicit `vocab_size`, the vocabulary size is the tokenizer's; the special
+    token ids always come from the tokenizer.
+
+    Raises:
+        ValueError: unknown preset/override, invalid config, a tokenizer larger than `vocab_size`,
+            or a model family that has no causal LM head.
+    """
+    token_ids = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    if args.model_name_or_path is not None:
+        config = transformers.AutoConfig.from_pretrained(args.model_name_or_path)
+        if args.config_overrides:
+            raise ValueError("--config_overrides cannot change the architecture of --model_name_or_path")
+    else:
+        fields = dict(token_ids)
+        if args.config_name in PRESETS and "vocab_size" not in parse_overrides(args.config_overrides):
+            fields["vocab_size"] = len(tokenizer)
+        config = build_config(args.config_name, args.config_overrides, **fields)
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(
+            f"the tokenizer {args.tokenizer_name or args.model_name_or_path} has {len(tokenizer)} tokens, "
+            f"more than the model's vocab_size={config.vocab_size}"
+        )
+    if type(config) not in AutoModelForCausalLM._model_mapping:
+        raise ValueError(f"--objective {args.objective} needs a causal LM; model_type {config.model_type!r} has none")
+    return config
+
+
+def _check_block_size(args: argparse.Namespace, config) -> int:
+    max_positions = getattr(config, "max_position_embeddings", None)
+    block_size = args.block_size or min(1024, max_positions or 1024)
+    if max_positions is not None and getattr(config, "position_embedding_type", "learned") != "none":
+        if block_size > max_positions:
+            raise ValueError(f"--block_size {block_size} is larger than max_position_embeddings={max_positions}")
+    return block_size
+
+
+def find_latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """Return the newest complete checkpoint folder under `output_dir/checkpoints`, or None.
+
+    A checkpoint is complete when its `training_state.json` exists (written last, and the folder
+    is renamed into place only after it).
+    """
+    root = Path(output_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return None
+    done = [p for p in root.glob("step_*") if p.is_dir() and (p / TRAINING_STATE).is_file()]
+    return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
+
+
+def _resolve_resume(args: argparse.Namespace) -> Path | None:
+    if not args.resume_from_checkpoint:
+        return None
+    if args.resume_from_checkpoint == "latest":
+        path = find_latest_checkpoint(args.output_dir)
+        if path is None:
+            logger.warning(f"--resume_from_checkpoint latest: no checkpoint in {args.output_dir}; starting fresh")
+        return path
+    path = Path(args.resume_from_checkpoint)
+    if not (path / TRAINING_STATE).is_file():
+        raise ValueError(f"--resume_from_checkpoint {path}: not a checkpoint folder (no {TRAINING_STATE})")
+    return path
+
+
+def prepare(args: argparse.Namespace) -> PretrainingRun:
+    """Build and check everything before the first step: accelerator, tokenizer, config, data, model.
+
+    Args:
+        args: parsed arguments (see `hfzoo.training.arguments`).
+
+    Returns:
+        A `PretrainingRun`.
+
+    Raises:
+        ValueError, FileNotFoundError: bad input, with a message naming it.
+    """
+    if args.mixed_precision == "fp16" and not torch.cuda.is_available():
+        raise ValueError("--mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        mixed_precision=args.mixed_precision,
+        log_with=args.report_to if args.with_tracking else None,
+        project_dir=args.output_dir,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
+    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
+    logger.info(accelerator.state, main_process_only=False)
+    if accelerator.is_local_main_process:
+        datasets.utils.logging.set_verbosity_warning()
+        transformers.utils.logging.set_verbosity_warning()
+    else:
+        datasets.utils.logging.set_verbosity_error()
+        transformers.utils.logging.set_verbosity_error()
+    set_seed(args.seed)
+    resume_path = _resolve_resume(args)
+
+    tokenizer = _load_tokenizer(args.tokenizer_name or args.model_name_or_path, "--tokenizer_name")
+    config = build_model_config(args, tokenizer)
+    block_size = _check_block_size(args, config)
+
+    with accelerator.main_process_first():
+        raw = load_raw_datasets(
+            train_file=args.train_file,
+            validation_file=args.validation_file,
+            dataset_name=args.dataset_name,
+            dataset_config_name=args.dataset_config_name,
+            text_column_name=args.text_column_name,
+            validation_split_percentage=args.validation_split_percentage,
+        )
+        packed = tokenize_and_pack(
+            raw,
+            tokenizer,
+            args.text_column_name,
+            block_size,
+            num_proc=args.preprocessing_num_workers,
+            clean=not args.no_clean_text,
+            load_from_cache_file=not args.overwrite_cache,
+        )
+    train_dataset, eval_dataset = packed["train"], packed["validation"]
+    if args.max_train_samples is not None:
+        train_dataset = train_dataset.select(range(min(args.max_train_samples, len(train_dataset))))
+    if args.max_eval_samples is not None:
+        eval_dataset = eval_dataset.select(range(min(args.max_eval_samples, len(eval_dataset))))
+    logger.info(f"{len(train_dataset)} training and {len(eval_dataset)} validation blocks of {block_size} tokens")
+
+    if args.model_name_or_path is not None:
+        model = AutoModelForCausalLM.from_pretrained(
+            args.model_name_or_path, config=config, attn_implementation=args.attn_implementation
+        )
+    else:
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=args.attn_implementation)
+    if args.gradient_checkpointing:
+        model.activation_checkpointing_enable()
+    n_params = sum(p.numel() for p in model.parameters())
+    logger.info(f"model {type(model).__name__}: {n_params / 1e6:.2f}M parameters")
+
+    train_dataloader = DataLoader(
+        train_dataset, shuffle=True, collate_fn=default_data_collator, batch_size=args.per_device_train_batch_size
+    )
+    eval_dataloader = DataLoader(
+        eval_dataset, collate_fn=default_data_collator, batch_size=args.per_device_eval_batch_size
+    )
+    # No weight decay on biases and normalization weights (1-D tensors), as in BERT and GPT-2.
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+    )
+    steps_per_epoch = math.ceil(
+        math.ceil(len(train_dataloader) / accelerator.num_processes) / args.gradient_accumulation_steps
+    )
+    max_train_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
+    num_train_epochs = math.ceil(max_train_steps / steps_per_epoch)
+    # accelerate steps the scheduler once per process per optimizer step (run_clm_no_trainer does the same).
+    lr_scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        optimizer=optimizer,
+        num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
+        num_training_steps=max_train_steps * accelerator.num_processes,
+    )
+    model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
+        model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
+    )
+    return PretrainingRun(
+        args=args,
+        accelerator=accelerator,
+        tokenizer=tokenizer,
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=lr_scheduler,
+        train_dataloader=train_dataloader,
+        eval_dataloader=eval_dataloader,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        max_train_steps=max_train_steps,
+        num_train_epochs=num_train_epochs,
+        resume_path=resume_path,
+    )
+
+
+def save_checkpoint(run: PretrainingRun, step: int, tokens_seen: int) -> Path:
+    """Save a resumable checkpoint (model, optimizer, scheduler, RNG and sampler states) atomically.
+
+    The state is written to `checkpoints/step_N.tmp` and renamed to `checkpoints/step_N` once
+    complete, so an interrupted save never replaces a good checkpoint; the oldest checkpoints beyond
+    `--checkpoints_total_limit` are then removed.
+
+    Returns:
+        The checkpoint folder.
+    """
+    accelerator, args = run.accelerator, run.args
+    root = Path(args.output_dir) / CHECKPOINT_DIR
+    final, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
+    if accelerator.is_main_process and tmp.exists():
+        shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    if accelerator.is_main_process:
+        state = {"step": step, "tokens_seen": tokens_seen, "max_train_steps": run.max_train_steps}
+        (tmp / TRAINING_STATE).write_text(json.dumps(state))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        done = sorted(
+            (p for p in root.glob("step_*") if p.is_dir() and (p / TRAINING_STATE).is_file()),
+            key=lambda p: int(p.name.split("_")[1]),
+        )
+        for old in done[: max(0, len(done) - args.checkpoints_total_limit)]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _write_json(path: Path, values: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(values, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def train(run: PretrainingRun) -> dict[str, float]:
+    """Run the optimisation loop, evaluate, and save the final model.
+
+    Returns:
+        The final metrics written to `all_results.json`.
+    """
+    args, accelerator, model = run.args, run.accelerator, run.model
+    block_size = len(run.train_dataset[0]["input_ids"])
+    tokens_per_step = (
+        args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes * block_size
+    )
+    if args.with_tracking:
+        accelerator.init_trackers("pretrain", {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))})
+    logger.info("***** Running training *****")
+    logger.info(f"  Blocks = {len(run.train_dataset)}, epochs = {run.num_train_epochs}")
+    logger.info(
+        f"  Global batch = {args.per_device_train_batch_size} per device x {accelerator.num_processes} processes"
+        f" x {args.gradient_accumulation_steps} accumulation = {tokens_per_step} tokens"
+    )
+    logger.info(f"  Optimizer steps = {run.max_train_steps}")
+
+    completed_steps, tokens_seen = 0, 0
+    if run.resume_path is not None:
+        accelerator.load_state(str(run.resume_path))
+        state = json.loads((run.resume_path / TRAINING_STATE).read_text())
+        completed_steps, tokens_seen = state["step"], state["tokens_seen"]
+        logger.info(f"Resumed from {run.resume_path} at step {completed_steps}")
+    steps_per_epoch = math.ceil(len(run.train_dataloader) / args.gradient_accumulation_steps)
+    start_epoch = completed_steps // steps_per_epoch
+    skip_batches = (completed_steps % steps_per_epoch) * args.gradient_accumulation_steps
+
+    progress = tqdm(
+        total=run.max_train_steps,
+        initial=completed_steps,
+        disable=not accelerator.is_local_main_process,
+        desc="Training",
+        unit="step",
+    )
+    model.train()
+    start = time.perf_counter()
+    window_start, window_steps, window_loss, window_batches = start, 0, 0.0, 0
+    history: list[dict[str, float]] = []
+    grad_norm = None
+    for epoch in range(start_epoch, run.num_train_epochs):
+        run.train_dataloader.set_epoch(epoch)
+        loader = run.train_dataloader
+        if epoch == start_epoch and skip_batches:
+            loader = accelerator.skip_first_batches(run.train_dataloader, skip_batches)
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and args.max_grad_norm > 0:
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                run.optimizer.step()
+                run.lr_scheduler.step()
+                run.optimizer.zero_grad()
+            window_loss += loss.detach().float().item()
+            window_batches += 1
+            if not accelerator.sync_gradients:
+                continue
+            completed_steps += 1
+            tokens_seen += tokens_per_step
+            window_steps += 1
+            progress.update(1)
+            if completed_steps % args.logging_steps == 0 or completed_steps == run.max_train_steps:
+                elapsed = time.perf_counter() - window_start
+                record = {
+                    "train_loss": window_loss / window_batches,
+                    "learning_rate": run.lr_scheduler.get_last_lr()[0],
+                    "tokens_per_second": window_steps * tokens_per_step / elapsed,
+                    "tokens_seen": tokens_seen,
+                    "step": completed_steps,
+                    "epoch": epoch,
+                }
+                if grad_norm is not None:
+                    record["grad_norm"] = float(grad_norm)
+                history.append(record)
+                progress.set_postfix(
+                    loss=f"{record['train_loss']:.4f}", lr=f"{record['learning_rate']:.2e}",
+                    tok_s=f"{record['tokens_per_second']:.0f}",
+                )
+                if args.with_tracking:
+                    accelerator.log(record, step=completed_steps)
+                window_start, window_steps, window_loss, window_batches = time.perf_counter(), 0, 0.0, 0
+            if args.checkpointing_steps not in (None, "epoch") and completed_steps % int(args.checkpointing_steps) == 0:
+                save_checkpoint(run, completed_steps, tokens_seen)
+            if args.eval_steps and completed_steps % args.eval_steps == 0 and completed_steps < run.max_train_steps:
+                metrics = evaluate_lm(model, run.eval_dataloader, accelerator)
+                logger.info(f"step {completed_steps}: {metrics}")
+                if args.with_tracking:
+                    accelerator.log(metrics, step=completed_steps)
+            if completed_steps >= run.max_train_steps:
+                break
+        if args.checkpointing_steps == "epoch":
+            save_checkpoint(run, completed_steps, tokens_seen)
+        if completed_steps >= run.max_train_steps:
+            break
+    progress.close()
+    train_runtime = time.perf_counter() - start
+
+    metrics = evaluate_lm(model, run.eval_dataloader, accelerator)
+    logger.info(f"validation: eval_loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}")
+    results: dict[str, Any] = {
+        **metrics,
+        "train_loss": history[-1]["train_loss"] if history else None,
+        "train_runtime": train_runtime,
+        "train_steps": completed_steps,
+        "train_tokens_seen": tokens_seen,
+        "train_tokens_per_second": tokens_seen / train_runtime if train_runtime > 0 else None,
+        "eval_blocks": len(run.eval_dataset),
+        "block_size": block_size,
+    }
+    if accelerator.is_main_process:
+        vocab_size = accelerator.unwrap_model(model).config.vocab_size
+        counts = token_counts(run.train_dataset, vocab_size)
+        eval_ids = np.asarray(run.eval_dataset.with_format("numpy")["input_ids"])[:, 1:]  # the predicted tokens
+        results["unigram_perplexity"] = unigram_perplexity(counts, eval_ids)
+        results["perplexity_ratio_to_unigram"] = results["perplexity"] / results["unigram_perplexity"]
+        logger.info(
+            f"validation perplexity {results['perplexity']:.2f} vs add-one unigram perplexity "
+            f"{results['unigram_perplexity']:.2f} (ratio {results['perplexity_ratio_to_unigram']:.3f})"
+        )
+    if args.with_tracking:
+        accelerator.log({k: v for k, v in results.items() if isinstance(v, (int, float))}, step=completed_steps)
+        accelerator.end_training()
+    save_final_model(run, results, history)
+    return results
+
+
+def save_final_model(run: PretrainingRun, results: dict[str, Any], history: list[dict[str, float]]) -> None:
+    """Write `save_pretrained` weights + config + generation config, tokenizer, and the results files."""
+    args, accelerator = run.args, run.accelerator
+    accelerator.wait_for_everyone()
+    unwrapped = accelerator.unwrap_model(run.model)
+    output_dir = Path(args.output_dir)
+    unwrapped.generation_config.bos_token_id = run.tokenizer.bos_token_id
+    unwrapped.generation_config.eos_token_id = run.tokenizer.eos_token_id
+    unwrapped.generation_config.pad_token_id = run.tokenizer.pad_token_id
+    unwrapped.save_pretrained(
+        output_dir,
+        is_main_process=accelerator.is_main_process,
+        save_function=accelerator.save,
+        state_dict=accelerator.get_state_dict(run.model),
+    )
+    if accelerator.is_main_process:
+        run.tokenizer.save_pretrained(output_dir)
+        eval_keys = ("eval_loss", "perplexity", "unigram_perplexity", "perplexity_ratio_to_unigram", "eval_blocks")
+        _write_json(output_dir / "eval_results.json", {k: results[k] for k in eval_keys if k in results})
+        _write_json(output_dir / "all_results.json", results)
+        _write_json(output_dir / "train_history.json", {"log_history": history})
+        if args.sample_prompt:
+            inputs = run.tokenizer(args.sample_prompt, return_tensors="pt").to(accelerator.device)
+            with torch.no_grad():
+                generated = unwrapped.eval().generate(**inputs, max_new_tokens=32, do_sample=False)
+            print(f"Sample: {run.tokenizer.decode(generated[0], skip_special_tokens=True)}")
+        if args.push_to_hub:
+            push_to_hub(output_dir, args.hub_model_id or output_dir.name, args.hub_token)
+    accelerator.wait_for_everyone()
+
+
+def push_to_hub(output_dir: Path, repo_id: str, token: str | None = None) -> str:
+    """Upload the saved model folder (not its resumable checkpoints) to a hub model repo.
+
+    Returns:
+        The URL of the commit.
+    """
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, exist_ok=True).repo_id
+    commit = api.upload_folder(
+        repo_id=repo_id,
+        folder_path=output_dir,
+        ignore_patterns=[f"{CHECKPOINT_DIR}/*", "pretrain/*", "*.tmp"],
+        commit_message="Upload hfzoo model",
+    )
+    return commit.commit_url
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Entry point of `recipes/pretrain.py`.
+
+    Args:
+        argv: arguments without the program name (default: `sys.argv[1:]`).
+
+    Returns:
+        The final metrics.
+
+    Raises:
+        SystemExit: bad input (one-line message) or an argparse error.
+    """
+    try:
+        args = parse_pretrain_args(argv)
+        run = prepare(args)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+    return train(run)
