@@ -7,13 +7,13 @@ Importing `hfzoo` registers every hfzoo config and model with transformers' Auto
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .configuration_utils import HfzooConfig
+from .modeling_utils import HfzooPreTrainedModel
 from .models.decoder import (
     HfzooDecoderConfig,
     HfzooDecoderForCausalLM,
     HfzooDecoderModel,
     HfzooDecoderPreTrainedModel,
 )
-from .modeling_utils import HfzooPreTrainedModel
 
 __version__ = "0.1.0"
 

@@ -144,9 +144,7 @@ def family_special_tokens(
         ValueError: unknown `model_family`, negative `num_extra_ids`, or an empty token string.
     """
     if model_family not in FAMILY_SPECIAL_TOKENS:
-        raise ValueError(
-            f"model_family {model_family!r} is unknown; choose one of {sorted(FAMILY_SPECIAL_TOKENS)}"
-        )
+        raise ValueError(f"model_family {model_family!r} is unknown; choose one of {sorted(FAMILY_SPECIAL_TOKENS)}")
     if num_extra_ids < 0:
         raise ValueError(f"num_extra_ids must be >= 0, got {num_extra_ids}")
     spec = FAMILY_SPECIAL_TOKENS[model_family]
@@ -181,9 +179,7 @@ def family_special_tokens(
 def _template(template: str, roles: dict[str, str]) -> str:
     for role in re.findall(r"{(\w+)}", template):
         if re.search(r"[\s:]", roles[role]):
-            raise ValueError(
-                f"{role} {roles[role]!r} cannot be used in a post-processor template: no spaces or ':'"
-            )
+            raise ValueError(f"{role} {roles[role]!r} cannot be used in a post-processor template: no spaces or ':'")
     return template.format(**roles)
 
 

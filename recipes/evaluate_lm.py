@@ -55,8 +55,10 @@ def main(argv=None) -> dict:
     if block_size is None and results_file.is_file():
         block_size = json.loads(results_file.read_text()).get("block_size")
     block_size = block_size or min(1024, model.config.max_position_embeddings)
-    print(f"loaded {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters) "
-          f"from {args.model_name_or_path}")
+    print(
+        f"loaded {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters) "
+        f"from {args.model_name_or_path}"
+    )
     results = {}
     for file in args.validation_file:
         try:
@@ -67,15 +69,18 @@ def main(argv=None) -> dict:
         if args.max_eval_samples:
             packed = packed.select(range(min(args.max_eval_samples, len(packed))))
         loader = DataLoader(
-            packed.with_format("torch", device=device), batch_size=args.per_device_eval_batch_size,
+            packed.with_format("torch", device=device),
+            batch_size=args.per_device_eval_batch_size,
             collate_fn=default_data_collator,
         )
         metrics = evaluate_lm(model, loader)
         metrics["blocks"] = len(packed)
         metrics["block_size"] = block_size
         results[Path(file).name] = metrics
-        print(f"{Path(file).name}: {len(packed)} blocks of {block_size} tokens, "
-              f"eval_loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}")
+        print(
+            f"{Path(file).name}: {len(packed)} blocks of {block_size} tokens, "
+            f"eval_loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}"
+        )
     if args.prompt:
         inputs = tokenizer(args.prompt, return_tensors="pt").to(device)
         with torch.no_grad():

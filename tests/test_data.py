@@ -8,7 +8,13 @@ import re
 import numpy as np
 import pytest
 
-from hfzoo.data.loading import check_data_files, clean_text, infer_builder, load_local_files, load_raw_datasets
+from hfzoo.data.loading import (
+    check_data_files,
+    clean_text,
+    infer_builder,
+    load_local_files,
+    load_raw_datasets,
+)
 from hfzoo.data.packing import token_counts, tokenize_and_pack
 from hfzoo.tokenization import train_bpe_tokenizer
 from hfzoo.training.evaluation import unigram_perplexity

@@ -112,7 +112,9 @@ def test_loss_is_mean_next_token_cross_entropy():
     model = tiny_model()
     ids = torch.randint(0, TINY["vocab_size"], (2, 9))
     out = model(ids, labels=ids)
-    expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, TINY["vocab_size"]), ids[:, 1:].reshape(-1))
+    expected = torch.nn.functional.cross_entropy(
+        out.logits[:, :-1].reshape(-1, TINY["vocab_size"]), ids[:, 1:].reshape(-1)
+    )
     torch.testing.assert_close(out.loss, expected)
 
 
@@ -195,7 +197,10 @@ def test_variants_change_the_architecture():
     ids = torch.randint(0, TINY["vocab_size"], (1, 8))
     base = tiny_model()(ids).logits
     for overrides in VARIANTS:
-        if overrides in ({"norm_type": "layer_norm", "norm_position": "pre"}, {"position_embedding_type": "learned"}):
+        if overrides in (
+            {"norm_type": "layer_norm", "norm_position": "pre"},
+            {"position_embedding_type": "learned"},
+        ):
             continue
         if "hidden_dropout_prob" in overrides:
             continue  # dropout only acts in training mode

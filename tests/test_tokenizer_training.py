@@ -24,9 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = REPO_ROOT / "tokenizer_training" / "train_tokenizer.py"
 
 # Not in any training text below: unicode punctuation, accents, CJK, emoji, tabs, repeated spaces, CR.
-UNSEEN = (
-    "naïve café — “quoted” ‘text’… 日本語 🙂\tTAB  two  spaces\r\nCRLF line\n\n  indented {braces} <tags>"
-)
+UNSEEN = "naïve café — “quoted” ‘text’… 日本語 🙂\tTAB  two  spaces\r\nCRLF line\n\n  indented {braces} <tags>"
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +52,7 @@ def decoder_tok(clean_books):
 def family_toks(clean_books):
     """One tokenizer per family, trained on book 2 (81K characters) with a 1000-token vocabulary."""
     return {
-        family: train_bpe_tokenizer([clean_books[2]], 1000, model_family=family)
-        for family in FAMILY_SPECIAL_TOKENS
+        family: train_bpe_tokenizer([clean_books[2]], 1000, model_family=family) for family in FAMILY_SPECIAL_TOKENS
     }
 
 
@@ -314,9 +311,7 @@ def test_cli_cleans_gutenberg_boilerplate(cli, small_jsonl_xz, gutenberg_books, 
             + ["--output_dir", str(out), *extra]
         )
         tok = AutoTokenizer.from_pretrained(out)
-        vocabs[mode] = [
-            tok.convert_tokens_to_string([t]) for t in tok.get_vocab() if t not in tok.all_special_tokens
-        ]
+        vocabs[mode] = [tok.convert_tokens_to_string([t]) for t in tok.get_vocab() if t not in tok.all_special_tokens]
         stats[mode] = json.loads((out / "tokenizer_training_args.json").read_text())["data"]
     books = [row["text"] for row in gutenberg_books[:2]]
     assert stats["clean"] == {

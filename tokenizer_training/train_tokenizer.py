@@ -51,9 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="local training file(s): text / JSON lines / parquet, optionally compressed. Repeatable, "
         "and several paths may follow one flag.",
     )
-    data.add_argument(
-        "--dataset_name", default=None, help="a hub dataset (used when --train_file is not given)"
-    )
+    data.add_argument("--dataset_name", default=None, help="a hub dataset (used when --train_file is not given)")
     data.add_argument("--dataset_config_name", default=None, help="the hub dataset's configuration")
     data.add_argument("--dataset_split", default="train", help="the hub dataset's split (default: train)")
     data.add_argument("--text_column_name", default="text", help="column holding the text (default: text)")
@@ -89,9 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def load_text_dataset(args: argparse.Namespace) -> tuple[datasets.IterableDataset, str]:
     """Open the training data as a stream; return it with a description for messages."""
     if args.train_file:
-        return load_local_files(
-            args.train_file, "--train_file", streaming=True
-        ), f"--train_file {args.train_file}"
+        return load_local_files(args.train_file, "--train_file", streaming=True), f"--train_file {args.train_file}"
     if args.dataset_name:
         dataset = datasets.load_dataset(
             args.dataset_name, args.dataset_config_name, split=args.dataset_split, streaming=True

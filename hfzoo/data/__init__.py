@@ -1,0 +1,1 @@
+"""Data: loading local files and hub datasets, text cleaning, tokenization and packing."""

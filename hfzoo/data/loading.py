@@ -177,9 +177,7 @@ def column_names(dataset: datasets.Dataset | datasets.IterableDataset) -> list[s
     return []
 
 
-def check_text_column(
-    dataset: datasets.Dataset | datasets.IterableDataset, text_column_name: str, source: str
-) -> None:
+def check_text_column(dataset: datasets.Dataset | datasets.IterableDataset, text_column_name: str, source: str) -> None:
     """Raise a clear error when `text_column_name` is not a column of `dataset`.
 
     Args:

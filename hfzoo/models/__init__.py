@@ -1,0 +1,1 @@
+"""The three model families and the named presets."""

@@ -64,13 +64,13 @@ def _convert(key: str, value: Any, current: Any, annotation: str) -> Any:
         if kind is float:
             return float(value)
     except ValueError:
-        raise ValueError(f"--config_overrides {key}={value!r}: expected {'an' if kind is int else 'a'} {kind.__name__}") from None
+        raise ValueError(
+            f"--config_overrides {key}={value!r}: expected {'an' if kind is int else 'a'} {kind.__name__}"
+        ) from None
     return value
 
 
-def build_config(
-    name_or_path: str, overrides: str | dict[str, Any] | None = None, **fields: Any
-) -> PreTrainedConfig:
+def build_config(name_or_path: str, overrides: str | dict[str, Any] | None = None, **fields: Any) -> PreTrainedConfig:
     """Build a validated config from a preset name, a checkpoint folder or a `config.json`, plus overrides.
 
     `head_dim` follows `hidden_size / num_attention_heads` when an override changes either of them

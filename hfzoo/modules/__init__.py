@@ -1,0 +1,1 @@
+"""Shared Transformer building blocks (imports only torch and transformers' model utilities)."""

@@ -1,0 +1,1 @@
+"""The accelerate training loop shared by the recipes, its arguments and evaluation."""

@@ -28,7 +28,7 @@ SCHEDULERS = (
 
 
 def positive_int(value: str) -> int:
-    """argparse type: an integer >= 1.
+    """Argparse type: an integer >= 1.
 
     Raises:
         argparse.ArgumentTypeError: not an integer, or < 1.
@@ -43,7 +43,7 @@ def positive_int(value: str) -> int:
 
 
 def non_negative_int(value: str) -> int:
-    """argparse type: an integer >= 0.
+    """Argparse type: an integer >= 0.
 
     Raises:
         argparse.ArgumentTypeError: not an integer, or < 0.
@@ -58,7 +58,7 @@ def non_negative_int(value: str) -> int:
 
 
 def positive_float(value: str) -> float:
-    """argparse type: a float > 0.
+    """Argparse type: a float > 0.
 
     Raises:
         argparse.ArgumentTypeError: not a number, or <= 0.
@@ -73,7 +73,7 @@ def positive_float(value: str) -> float:
 
 
 def checkpointing_steps(value: str) -> str:
-    """argparse type for `--checkpointing_steps`: a positive integer (every N steps) or `epoch`.
+    """Argparse type for `--checkpointing_steps`: a positive integer (every N steps) or `epoch`.
 
     Raises:
         argparse.ArgumentTypeError: neither.
@@ -112,61 +112,130 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=str, default=None, help="YAML file of argument values (flags override it).")
     p.add_argument("--objective", choices=OBJECTIVES, default="clm", help="Pretraining objective.")
     data = p.add_argument_group("data")
-    data.add_argument("--train_file", nargs="+", action=_ExtendAction, default=None,
-                      help="Local training files (text, JSON lines, parquet; .xz/.gz/.bz2/.zst ok). Repeatable.")
-    data.add_argument("--validation_file", nargs="+", action=_ExtendAction, default=None,
-                      help="Local validation files. Default: hold out --validation_split_percentage of train.")
+    data.add_argument(
+        "--train_file",
+        nargs="+",
+        action=_ExtendAction,
+        default=None,
+        help="Local training files (text, JSON lines, parquet; .xz/.gz/.bz2/.zst ok). Repeatable.",
+    )
+    data.add_argument(
+        "--validation_file",
+        nargs="+",
+        action=_ExtendAction,
+        default=None,
+        help="Local validation files. Default: hold out --validation_split_percentage of train.",
+    )
     data.add_argument("--dataset_name", type=str, default=None, help="Hub dataset name (instead of --train_file).")
     data.add_argument("--dataset_config_name", type=str, default=None, help="Hub dataset configuration.")
     data.add_argument("--text_column_name", type=str, default="text", help="Column holding the text.")
-    data.add_argument("--validation_split_percentage", type=positive_int, default=5,
-                      help="Percent of training documents held out when no validation data is given.")
-    data.add_argument("--block_size", type=positive_int, default=None,
-                      help="Tokens per training sequence. Default: min(1024, max_position_embeddings).")
-    data.add_argument("--max_train_samples", type=positive_int, default=None,
-                      help="Keep at most this many training blocks (after packing).")
-    data.add_argument("--max_eval_samples", type=positive_int, default=None,
-                      help="Keep at most this many validation blocks (after packing).")
-    data.add_argument("--preprocessing_num_workers", type=positive_int, default=None,
-                      help="Processes for tokenization (datasets.map num_proc).")
+    data.add_argument(
+        "--validation_split_percentage",
+        type=positive_int,
+        default=5,
+        help="Percent of training documents held out when no validation data is given.",
+    )
+    data.add_argument(
+        "--block_size",
+        type=positive_int,
+        default=None,
+        help="Tokens per training sequence. Default: min(1024, max_position_embeddings).",
+    )
+    data.add_argument(
+        "--max_train_samples",
+        type=positive_int,
+        default=None,
+        help="Keep at most this many training blocks (after packing).",
+    )
+    data.add_argument(
+        "--max_eval_samples",
+        type=positive_int,
+        default=None,
+        help="Keep at most this many validation blocks (after packing).",
+    )
+    data.add_argument(
+        "--preprocessing_num_workers",
+        type=positive_int,
+        default=None,
+        help="Processes for tokenization (datasets.map num_proc).",
+    )
     data.add_argument("--overwrite_cache", action="store_true", help="Ignore datasets' cache of the tokenized data.")
-    data.add_argument("--no_clean_text", action="store_true",
-                      help="Do not normalise CRLF or strip Project Gutenberg boilerplate.")
+    data.add_argument(
+        "--no_clean_text",
+        action="store_true",
+        help="Do not normalise CRLF or strip Project Gutenberg boilerplate.",
+    )
     model = p.add_argument_group("model")
     model.add_argument("--tokenizer_name", type=str, default=None, help="Tokenizer folder (or hub id).")
-    model.add_argument("--config_name", type=str, default=None,
-                       help="Model preset name (e.g. decoder-small) or config.json / checkpoint folder.")
-    model.add_argument("--config_overrides", type=str, default=None,
-                       help='Config fields to change, e.g. "hidden_size=256,num_hidden_layers=4".')
-    model.add_argument("--model_name_or_path", type=str, default=None,
-                       help="Start from these pretrained weights instead of a fresh model.")
+    model.add_argument(
+        "--config_name",
+        type=str,
+        default=None,
+        help="Model preset name (e.g. decoder-small) or config.json / checkpoint folder.",
+    )
+    model.add_argument(
+        "--config_overrides",
+        type=str,
+        default=None,
+        help='Config fields to change, e.g. "hidden_size=256,num_hidden_layers=4".',
+    )
+    model.add_argument(
+        "--model_name_or_path",
+        type=str,
+        default=None,
+        help="Start from these pretrained weights instead of a fresh model.",
+    )
     model.add_argument("--attn_implementation", type=str, default="sdpa", help="eager, sdpa, flash_attention_2, ...")
     model.add_argument("--gradient_checkpointing", action="store_true", help="Recompute layers in backward.")
     train = p.add_argument_group("training")
     train.add_argument("--per_device_train_batch_size", type=positive_int, default=8, help="Sequences per device.")
     train.add_argument("--per_device_eval_batch_size", type=positive_int, default=8, help="Sequences per device.")
-    train.add_argument("--gradient_accumulation_steps", type=positive_int, default=1,
-                       help="Micro-batches per optimizer step.")
+    train.add_argument(
+        "--gradient_accumulation_steps",
+        type=positive_int,
+        default=1,
+        help="Micro-batches per optimizer step.",
+    )
     train.add_argument("--learning_rate", type=positive_float, default=5e-4, help="Peak AdamW learning rate.")
-    train.add_argument("--weight_decay", type=float, default=0.0,
-                       help="AdamW weight decay (not applied to biases, norms and embeddings' positions).")
+    train.add_argument(
+        "--weight_decay",
+        type=float,
+        default=0.0,
+        help="AdamW weight decay (not applied to biases, norms and embeddings' positions).",
+    )
     train.add_argument("--adam_beta1", type=float, default=0.9)
     train.add_argument("--adam_beta2", type=float, default=0.999)
     train.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping (0 disables).")
-    train.add_argument("--lr_scheduler_type", choices=SCHEDULERS, default="linear",
-                       help="transformers.get_scheduler name (warmup then decay).")
+    train.add_argument(
+        "--lr_scheduler_type",
+        choices=SCHEDULERS,
+        default="linear",
+        help="transformers.get_scheduler name (warmup then decay).",
+    )
     train.add_argument("--num_warmup_steps", type=non_negative_int, default=0, help="Linear warmup steps.")
-    train.add_argument("--num_train_epochs", type=positive_int, default=1,
-                       help="Epochs (ignored when --max_train_steps is set).")
+    train.add_argument(
+        "--num_train_epochs",
+        type=positive_int,
+        default=1,
+        help="Epochs (ignored when --max_train_steps is set).",
+    )
     train.add_argument("--max_train_steps", type=positive_int, default=None, help="Optimizer steps in total.")
     train.add_argument("--eval_steps", type=positive_int, default=None, help="Evaluate every N steps (and at the end).")
-    train.add_argument("--mixed_precision", choices=("no", "bf16", "fp16"), default=None,
-                       help="Default: what the accelerate config says.")
+    train.add_argument(
+        "--mixed_precision",
+        choices=("no", "bf16", "fp16"),
+        default=None,
+        help="Default: what the accelerate config says.",
+    )
     train.add_argument("--seed", type=int, default=42, help="Random seed.")
     out = p.add_argument_group("output")
     out.add_argument("--output_dir", type=str, required=False, default=None, help="Where to write the model.")
-    out.add_argument("--checkpointing_steps", type=checkpointing_steps, default=None,
-                     help="Save a resumable checkpoint every N steps, or 'epoch'.")
+    out.add_argument(
+        "--checkpointing_steps",
+        type=checkpointing_steps,
+        default=None,
+        help="Save a resumable checkpoint every N steps, or 'epoch'.",
+    )
     out.add_argument("--checkpoints_total_limit", type=positive_int, default=2, help="Keep the newest K checkpoints.")
     out.add_argument("--resume_from_checkpoint", type=str, default=None, help="'latest' or a checkpoint folder.")
     out.add_argument("--with_tracking", action="store_true", help="Log metrics with accelerate's trackers.")
@@ -175,8 +244,12 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     out.add_argument("--push_to_hub", action="store_true", help="Upload the final model to the hub.")
     out.add_argument("--hub_model_id", type=str, default=None, help="Hub repo id (default: output_dir name).")
     out.add_argument("--hub_token", type=str, default=None, help="Hub token (default: the logged-in one).")
-    out.add_argument("--sample_prompt", type=str, default=None,
-                     help="After training, print a greedy continuation of this prompt.")
+    out.add_argument(
+        "--sample_prompt",
+        type=str,
+        default=None,
+        help="After training, print a greedy continuation of this prompt.",
+    )
     return p
 
 

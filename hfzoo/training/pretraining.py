@@ -213,7 +213,10 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     logger.info(f"model {type(model).__name__}: {n_params / 1e6:.2f}M parameters")
 
     train_dataloader = DataLoader(
-        train_dataset, shuffle=True, collate_fn=default_data_collator, batch_size=args.per_device_train_batch_size
+        train_dataset,
+        shuffle=True,
+        collate_fn=default_data_collator,
+        batch_size=args.per_device_train_batch_size,
     )
     eval_dataloader = DataLoader(
         eval_dataset, collate_fn=default_data_collator, batch_size=args.per_device_eval_batch_size
@@ -309,7 +312,9 @@ def train(run: PretrainingRun) -> dict[str, float]:
         args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes * block_size
     )
     if args.with_tracking:
-        accelerator.init_trackers("pretrain", {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))})
+        accelerator.init_trackers(
+            "pretrain", {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
+        )
     logger.info("***** Running training *****")
     logger.info(f"  Blocks = {len(run.train_dataset)}, epochs = {run.num_train_epochs}")
     logger.info(
@@ -376,7 +381,8 @@ def train(run: PretrainingRun) -> dict[str, float]:
                     record["grad_norm"] = float(grad_norm)
                 history.append(record)
                 progress.set_postfix(
-                    loss=f"{record['train_loss']:.4f}", lr=f"{record['learning_rate']:.2e}",
+                    loss=f"{record['train_loss']:.4f}",
+                    lr=f"{record['learning_rate']:.2e}",
                     tok_s=f"{record['tokens_per_second']:.0f}",
                 )
                 if args.with_tracking:
@@ -444,7 +450,13 @@ def save_final_model(run: PretrainingRun, results: dict[str, Any], history: list
     )
     if accelerator.is_main_process:
         run.tokenizer.save_pretrained(output_dir)
-        eval_keys = ("eval_loss", "perplexity", "unigram_perplexity", "perplexity_ratio_to_unigram", "eval_blocks")
+        eval_keys = (
+            "eval_loss",
+            "perplexity",
+            "unigram_perplexity",
+            "perplexity_ratio_to_unigram",
+            "eval_blocks",
+        )
         _write_json(output_dir / "eval_results.json", {k: results[k] for k in eval_keys if k in results})
         _write_json(output_dir / "all_results.json", results)
         _write_json(output_dir / "train_history.json", {"log_history": history})

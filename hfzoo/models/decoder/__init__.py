@@ -3,4 +3,9 @@
 from .configuration_decoder import HfzooDecoderConfig
 from .modeling_decoder import HfzooDecoderForCausalLM, HfzooDecoderModel, HfzooDecoderPreTrainedModel
 
-__all__ = ["HfzooDecoderConfig", "HfzooDecoderForCausalLM", "HfzooDecoderModel", "HfzooDecoderPreTrainedModel"]
+__all__ = [
+    "HfzooDecoderConfig",
+    "HfzooDecoderForCausalLM",
+    "HfzooDecoderModel",
+    "HfzooDecoderPreTrainedModel",
+]

@@ -152,8 +152,12 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
         """Compute next-token logits and, with `labels`, the mean cross-entropy loss.
 
         Args:
-            input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, use_cache:
-                as in `HfzooDecoderModel.forward`.
+            input_ids: `(batch_size, seq_len)` int64 token ids (or give `inputs_embeds`).
+            attention_mask: `(batch_size, past_len + seq_len)`, 1 for tokens and 0 for padding.
+            position_ids: `(batch_size, seq_len)` int64 positions (default: consecutive after the cache).
+            past_key_values: a transformers `Cache` from an earlier call (generation).
+            inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
+            use_cache: create and return a `DynamicCache` when none is given.
             labels: `(batch_size, seq_len)` int64 token ids; shifted inside (position t predicts
                 label t+1), -100 ignored. `num_items_in_batch` in kwargs normalises the summed loss
                 over a whole accumulated batch instead of this micro-batch.

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The main job, end to end on real data (README command 1):
+#   1. train a byte-level BPE tokenizer on Gutenberg shard 01,
+#   2. pretrain a small decoder on shard 00 with `accelerate launch` (5% of its books held out),
+#   3. in a fresh process: reload with AutoModelForCausalLM.from_pretrained, evaluate on WikiText-2
+#      validation and print a generated sample.
+# Data: $HFZOO_DATA_DIR (default ../shared/data beside the checkout). Output: $OUTPUT_DIR (default outputs/gutenberg-decoder).
+# Extra arguments are passed to recipes/pretrain.py (e.g. --max_train_steps 200 for a quicker run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -n "${VIRTUAL_ENV:-}" ] || . .venv/bin/activate
+DATA=${HFZOO_DATA_DIR:-../shared/data}
+OUT=${OUTPUT_DIR:-outputs/gutenberg-decoder}
+mkdir -p "$OUT"
+SECONDS=0
+
+echo "== 1/3 tokenizer =="
+python tokenizer_training/train_tokenizer.py \
+    --train_file "$DATA/gutenberg/pg_top100_en.01.jsonl.xz" --max_characters 30000000 \
+    --vocab_size 8192 --min_frequency 2 --model_family decoder --output_dir "$OUT/tokenizer"
+
+echo "== 2/3 pretraining (accelerate launch) =="
+accelerate launch --config_file accelerate_configs/cpu_single_process.yaml recipes/pretrain.py \
+    --config recipes/configs/decoder_gutenberg.yaml \
+    --train_file "$DATA/gutenberg/pg_top100_en.00.jsonl.xz" \
+    --tokenizer_name "$OUT/tokenizer" --output_dir "$OUT/model" "$@"
+
+echo "== 3/3 reload in a fresh process, evaluate on WikiText-2, generate =="
+python recipes/evaluate_lm.py --model_name_or_path "$OUT/model" \
+    --validation_file "$DATA/wikitext-2/wiki.valid.tokens" \
+    --prompt "It was a dark and stormy night, and" --max_new_tokens 32 --output_file "$OUT/evaluation.json"
+
+python - "$OUT/model/all_results.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"held-out books: perplexity {r['perplexity']:.2f}, unigram (add-one) perplexity {r['unigram_perplexity']:.2f}, "
+      f"ratio {r['perplexity_ratio_to_unigram']:.3f}; {r['train_steps']} steps, {r['train_tokens_seen']:,} tokens, "
+      f"{r['train_tokens_per_second']:.0f} tokens/s")
+PY
+echo "done in ${SECONDS}s; outputs in $OUT"

@@ -1,0 +1,198 @@
+"""The pretraining recipe: bad input fails before training, an end-to-end run, resume, YAML configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hfzoo.data.loading import clean_text
+from hfzoo.tokenization import train_bpe_tokenizer
+from hfzoo.training.arguments import parse_pretrain_args
+from hfzoo.training.pretraining import main
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+TINY_OVERRIDES = (
+    "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,max_position_embeddings=64"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory, gutenberg_books):
+    path = tmp_path_factory.mktemp("tokenizer")
+    tokenizer = train_bpe_tokenizer([[clean_text(b["text"]) for b in gutenberg_books]], vocab_size=512)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def base_args(train_file, tokenizer_dir, output_dir, *extra):
+    return [
+        "--train_file", str(train_file),
+        "--tokenizer_name", str(tokenizer_dir),
+        "--config_name", "decoder-tiny",
+        "--config_overrides", TINY_OVERRIDES,
+        "--block_size", "32",
+        "--per_device_train_batch_size", "4",
+        "--max_train_steps", "4",
+        "--max_eval_samples", "8",
+        "--validation_split_percentage", "25",
+        "--output_dir", str(output_dir),
+        *extra,
+    ]  # fmt: skip
+
+
+def run_main_expecting_error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    message = exc.value.code if isinstance(exc.value.code, str) else capsys.readouterr().err
+    assert "\n" not in message.strip(), f"error is not one line: {message!r}"
+    return message
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda a, tmp: a.__setitem__(1, str(tmp / "missing.jsonl")), "missing.jsonl: no such file"),
+        (lambda a, tmp: a.__setitem__(1, str(_empty(tmp))), "the file is empty"),
+        (lambda a, tmp: a.extend(["--text_column_name", "body"]), "--text_column_name 'body' is not a column"),
+        (lambda a, tmp: a.__setitem__(7, TINY_OVERRIDES + ",vocab_size=300"), "has 512 tokens, more than the model's vocab_size=300"),
+        (lambda a, tmp: a.__setitem__(9, "65"), "--block_size 65 is larger than max_position_embeddings=64"),
+        (lambda a, tmp: a.__setitem__(7, TINY_OVERRIDES + ",hiden_size=3"), "unknown key 'hiden_size'"),
+        (lambda a, tmp: a.__setitem__(7, TINY_OVERRIDES + ",norm_type=batch"), "norm_type='batch' is not supported"),
+        (lambda a, tmp: a.__setitem__(11, "0"), "--per_device_train_batch_size: must be a positive integer, got 0"),
+        (lambda a, tmp: a.__setitem__(13, "-3"), "--max_train_steps: must be a positive integer, got -3"),
+        (lambda a, tmp: a.extend(["--gradient_accumulation_steps", "0"]), "--gradient_accumulation_steps: must be a positive"),
+        (lambda a, tmp: a.extend(["--config_name", "decoder-huge"]), "is neither a preset"),
+        (lambda a, tmp: a.extend(["--resume_from_checkpoint", str(tmp / "nowhere")]), "not a checkpoint folder"),
+    ],
+    ids=[
+        "missing-file", "empty-file", "text-column", "tokenizer-too-large", "block-size", "unknown-override",
+        "bad-override-value", "batch-size", "steps", "accumulation", "preset", "resume-path",
+    ],
+)  # fmt: skip
+def test_bad_input_fails_before_training(change, expected, small_jsonl_xz, tokenizer_dir, tmp_path, capsys):
+    argv = base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "out")
+    change(argv, tmp_path)
+    message = run_main_expecting_error(argv, capsys)
+    assert expected in message
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def _empty(tmp):
+    path = tmp / "empty.jsonl"
+    path.write_text("")
+    return path
+
+
+def test_yaml_config_is_read_and_overridden_by_flags(tmp_path, small_jsonl_xz, tokenizer_dir):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"train_file: {small_jsonl_xz}\ntokenizer_name: {tokenizer_dir}\nconfig_name: decoder-tiny\n"
+        "learning_rate: 0.01\nblock_size: 16\n"
+    )
+    args = parse_pretrain_args(["--config", str(config), "--block_size", "24", "--output_dir", str(tmp_path)])
+    assert args.learning_rate == 0.01 and args.block_size == 24 and args.train_file == [str(small_jsonl_xz)]
+    config.write_text("learning_rate: 0.01\nlearnin_rate: 3\n")
+    with pytest.raises(ValueError, match="unknown keys \\['learnin_rate'\\]"):
+        parse_pretrain_args(["--config", str(config), "--output_dir", str(tmp_path)])
+
+
+@pytest.mark.parametrize("path", sorted((REPO_ROOT / "recipes" / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_recipe_configs_parse_and_build(path, tmp_path, tokenizer_dir):
+    from hfzoo.models.presets import build_config
+
+    args = parse_pretrain_args(
+        [
+            "--config",
+            str(path),
+            "--tokenizer_name",
+            str(tokenizer_dir),
+            "--train_file",
+            "x",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
+    config = build_config(args.config_name, args.config_overrides)
+    assert args.block_size <= config.max_position_embeddings
+
+
+@pytest.mark.slow
+def test_accelerate_launch_end_to_end_from_another_directory(tmp_path, small_jsonl_xz, tokenizer_dir, data_dir):
+    """`accelerate launch` on xz JSON lines, then a fresh process reloads and evaluates on a plain text file."""
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": ""}
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(REPO_ROOT / "accelerate_configs" / "cpu_single_process.yaml"),
+        str(REPO_ROOT / "recipes" / "pretrain.py"),
+        *base_args(small_jsonl_xz, tokenizer_dir, "run", "--learning_rate", "3e-3"),
+        "--max_train_steps", "30", "--checkpointing_steps", "15", "--logging_steps", "5",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json", "eval_results.json", "all_results.json"):  # fmt: skip
+        assert (out / name).is_file(), name
+    results = json.loads((out / "all_results.json").read_text())
+    assert results["train_steps"] == 30
+    assert math_isfinite(results["eval_loss"]) and results["perplexity"] > 1
+    history = json.loads((out / "train_history.json").read_text())["log_history"]
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_15", "step_30"]
+
+    wiki = data_dir / "wikitext-2" / "wiki.valid.tokens"
+    small_text = tmp_path / "wiki_head.tokens"
+    small_text.write_text("".join(wiki.read_text().splitlines(keepends=True)[:60]))
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "recipes" / "evaluate_lm.py"), "--model_name_or_path", "run",
+         "--validation_file", str(small_text), "--prompt", "The", "--output_file", "eval.json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    evaluation = json.loads((tmp_path / "eval.json").read_text())
+    assert evaluation["wiki_head.tokens"]["perplexity"] > 1
+    assert evaluation["sample"]["text"].startswith("The")
+
+
+def math_isfinite(x: float) -> bool:
+    return x == x and abs(x) != float("inf")
+
+
+@pytest.mark.slow
+def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tmp_path, small_jsonl_xz, tokenizer_dir):
+    common = ["--max_train_steps", "12", "--checkpointing_steps", "6", "--checkpoints_total_limit", "3",
+              "--learning_rate", "3e-3", "--num_warmup_steps", "2", "--weight_decay", "0.01"]  # fmt: skip
+    full = tmp_path / "full"
+    main(base_args(small_jsonl_xz, tokenizer_dir, full, *common))
+    resumed = tmp_path / "resumed"
+    main(base_args(small_jsonl_xz, tokenizer_dir, resumed, *common,
+                   "--resume_from_checkpoint", str(full / "checkpoints" / "step_6")))  # fmt: skip
+    a, b = load_file(full / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+    loss = [json.loads((d / "all_results.json").read_text())["eval_loss"] for d in (full, resumed)]
+    assert loss[0] == pytest.approx(loss[1], abs=1e-6)
+    # And it really resumed: the resumed run's history starts after step 6.
+    steps = [r["step"] for r in json.loads((resumed / "train_history.json").read_text())["log_history"]]
+    assert min(steps) > 6
+
+
+def test_plain_text_train_and_validation_files(tmp_path, data_dir, tokenizer_dir):
+    lines = (data_dir / "wikitext-2" / "wiki.valid.tokens").read_text().splitlines(keepends=True)
+    train, valid = tmp_path / "train.txt", tmp_path / "valid.txt"
+    train.write_text("".join(lines[:400]))
+    valid.write_text("".join(lines[400:500]))
+    out = tmp_path / "out"
+    results = main(base_args(train, tokenizer_dir, out, "--validation_file", str(valid), "--max_train_steps", "3"))
+    assert results["train_steps"] == 3
+    assert json.loads((out / "eval_results.json").read_text())["eval_loss"] == pytest.approx(results["eval_loss"])
+    assert results["unigram_perplexity"] > 1
