@@ -1,31 +1,91 @@
 """hfzoo: a Hugging Face-compatible Transformer model zoo and pretraining pipeline.
 
-Importing `hfzoo` registers every hfzoo config and model with transformers' Auto classes, so that
-`AutoConfig`, `AutoModel` and `AutoModelForCausalLM` load hfzoo checkpoints.
+Importing `hfzoo` registers every hfzoo config and model with transformers' Auto classes
+(`AutoConfig`, `AutoModel`, `AutoModelForCausalLM`, `AutoModelForMaskedLM`, `AutoModelForSeq2SeqLM`,
+`AutoModelForSequenceClassification`, `AutoModelForTokenClassification`), so that hfzoo checkpoints
+load with `from_pretrained` and work in pipelines.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
 
 from .configuration_utils import HfzooConfig
 from .modeling_utils import HfzooPreTrainedModel
 from .models.decoder import (
     HfzooDecoderConfig,
     HfzooDecoderForCausalLM,
+    HfzooDecoderForSequenceClassification,
     HfzooDecoderModel,
     HfzooDecoderPreTrainedModel,
+)
+from .models.encoder import (
+    HfzooEncoderConfig,
+    HfzooEncoderForMaskedLM,
+    HfzooEncoderForSequenceClassification,
+    HfzooEncoderForTokenClassification,
+    HfzooEncoderModel,
+    HfzooEncoderPreTrainedModel,
+)
+from .models.encoder_decoder import (
+    HfzooEncoderDecoderConfig,
+    HfzooEncoderDecoderForConditionalGeneration,
+    HfzooEncoderDecoderForSequenceClassification,
+    HfzooEncoderDecoderModel,
+    HfzooEncoderDecoderPreTrainedModel,
 )
 
 __version__ = "0.1.0"
 
-AutoConfig.register(HfzooDecoderConfig.model_type, HfzooDecoderConfig, exist_ok=True)
-AutoModel.register(HfzooDecoderConfig, HfzooDecoderModel, exist_ok=True)
-AutoModelForCausalLM.register(HfzooDecoderConfig, HfzooDecoderForCausalLM, exist_ok=True)
+#: config class -> {Auto class: model class}; the single place that says which heads each family has.
+AUTO_CLASSES = {
+    HfzooDecoderConfig: {
+        AutoModel: HfzooDecoderModel,
+        AutoModelForCausalLM: HfzooDecoderForCausalLM,
+        AutoModelForSequenceClassification: HfzooDecoderForSequenceClassification,
+    },
+    HfzooEncoderConfig: {
+        AutoModel: HfzooEncoderModel,
+        AutoModelForMaskedLM: HfzooEncoderForMaskedLM,
+        AutoModelForSequenceClassification: HfzooEncoderForSequenceClassification,
+        AutoModelForTokenClassification: HfzooEncoderForTokenClassification,
+    },
+    HfzooEncoderDecoderConfig: {
+        AutoModel: HfzooEncoderDecoderModel,
+        AutoModelForSeq2SeqLM: HfzooEncoderDecoderForConditionalGeneration,
+        AutoModelForSequenceClassification: HfzooEncoderDecoderForSequenceClassification,
+    },
+}
+
+for _config_class, _models in AUTO_CLASSES.items():
+    AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
+    for _auto_class, _model_class in _models.items():
+        _auto_class.register(_config_class, _model_class, exist_ok=True)
 
 __all__ = [
+    "AUTO_CLASSES",
     "HfzooConfig",
     "HfzooDecoderConfig",
     "HfzooDecoderForCausalLM",
+    "HfzooDecoderForSequenceClassification",
     "HfzooDecoderModel",
     "HfzooDecoderPreTrainedModel",
+    "HfzooEncoderConfig",
+    "HfzooEncoderDecoderConfig",
+    "HfzooEncoderDecoderForConditionalGeneration",
+    "HfzooEncoderDecoderForSequenceClassification",
+    "HfzooEncoderDecoderModel",
+    "HfzooEncoderDecoderPreTrainedModel",
+    "HfzooEncoderForMaskedLM",
+    "HfzooEncoderForSequenceClassification",
+    "HfzooEncoderForTokenClassification",
+    "HfzooEncoderModel",
+    "HfzooEncoderPreTrainedModel",
     "HfzooPreTrainedModel",
 ]

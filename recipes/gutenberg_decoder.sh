@@ -17,7 +17,7 @@ SECONDS=0
 echo "== 1/3 tokenizer =="
 python tokenizer_training/train_tokenizer.py \
     --train_file "$DATA/gutenberg/pg_top100_en.01.jsonl.xz" --max_characters 30000000 \
-    --vocab_size 8192 --min_frequency 2 --model_family decoder --output_dir "$OUT/tokenizer"
+    --vocab_size 4096 --min_frequency 2 --model_family decoder --output_dir "$OUT/tokenizer"
 
 echo "== 2/3 pretraining (accelerate launch) =="
 accelerate launch --config_file accelerate_configs/cpu_single_process.yaml recipes/pretrain.py \

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 
@@ -58,27 +58,31 @@ def eager_attention_forward(
 
 
 class HfzooAttention(nn.Module):
-    """Multi-head self-attention (Vaswani et al. 2017, §3.2.2) with a pluggable backend and KV cache.
+    """Multi-head attention (Vaswani et al. 2017, §3.2.2) with a pluggable backend and KV cache.
 
-    Reads `hidden_size`, `num_attention_heads`, `head_dim` (T5's d_kv; defaults to
+    Self-attention, or cross-attention to encoder outputs when `is_cross_attention`. Reads
+    `hidden_size`, `num_attention_heads`, `head_dim` (T5's d_kv; defaults to
     `hidden_size // num_attention_heads`), `attention_bias` and `attention_probs_dropout_prob`.
     The projections are named `q_proj`, `k_proj`, `v_proj`, `o_proj` (PEFT's usual `target_modules`).
 
     Args:
         config: an hfzoo config.
         layer_idx: index of the layer, used to address the `Cache`.
-        is_causal: whether the attention is causal (decoders); the mask itself comes from the model,
-            this flag lets SDPA/flash backends use their causal kernels when no mask is needed.
+        is_causal: whether the attention is causal (decoder self-attention); the mask itself comes
+            from the model, this flag lets SDPA/flash backends use their causal kernels when no mask
+            is needed.
+        is_cross_attention: keys/values come from `key_value_states` (encoder outputs).
 
     Shapes:
         `hidden_states` `(batch_size, q_len, hidden_size)` -> `(batch_size, q_len, hidden_size)`.
     """
 
-    def __init__(self, config, layer_idx: int, is_causal: bool) -> None:
+    def __init__(self, config, layer_idx: int, is_causal: bool, is_cross_attention: bool = False) -> None:
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
-        self.is_causal = is_causal
+        self.is_causal = is_causal and not is_cross_attention
+        self.is_cross_attention = is_cross_attention
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         self.scaling = self.head_dim**-0.5
@@ -88,34 +92,61 @@ class HfzooAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, inner, bias=config.attention_bias)
         self.o_proj = nn.Linear(inner, config.hidden_size, bias=config.attention_bias)
 
+    def _project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (*states.shape[:-1], self.num_heads, self.head_dim)
+        # (batch, kv_len, hidden) -> (batch, heads, kv_len, head_dim)
+        return self.k_proj(states).view(shape).transpose(1, 2), self.v_proj(states).view(shape).transpose(1, 2)
+
     def forward(
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
+        key_value_states: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attend from `hidden_states` to itself (plus the cached keys/values of earlier steps).
+        """Attend from `hidden_states` to itself (plus cached keys/values) or to `key_value_states`.
 
         Args:
             hidden_states: `(batch_size, q_len, hidden_size)`.
             attention_mask: the backend-specific mask from `transformers.masking_utils` (None when the
                 backend can rely on `is_causal` alone).
-            past_key_values: a transformers `Cache`; this layer's keys/values are appended to it.
+            past_key_values: a transformers `Cache`, updated in place. For an `EncoderDecoderCache`,
+                self-attention uses its `self_attention_cache`; cross-attention stores the encoder's
+                keys/values in its `cross_attention_cache` once and reuses them at later steps.
+            key_value_states: `(batch_size, kv_len, hidden_size)` encoder outputs (cross-attention).
             **kwargs: forwarded to the attention backend.
 
         Returns:
             `(attn_output, attn_weights)`: `(batch_size, q_len, hidden_size)` and the attention
             probabilities `(batch_size, num_heads, q_len, kv_len)` (None for fused backends).
+
+        Raises:
+            ValueError: a cross-attention module called without `key_value_states`.
         """
         batch_size, q_len, _ = hidden_states.shape
-        shape = (batch_size, q_len, self.num_heads, self.head_dim)
         # (batch, q_len, hidden) -> (batch, heads, q_len, head_dim)
-        query = self.q_proj(hidden_states).view(shape).transpose(1, 2)
-        key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
-        value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)
+        query = self.q_proj(hidden_states).view(batch_size, q_len, self.num_heads, self.head_dim).transpose(1, 2)
+        if self.is_cross_attention:
+            if key_value_states is None:
+                raise ValueError("cross-attention needs key_value_states (the encoder outputs)")
+            cache = past_key_values.cross_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else None
+            if cache is not None and past_key_values.is_updated.get(self.layer_idx):
+                key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+            else:
+                key, value = self._project_key_value(key_value_states)
+                if cache is not None:
+                    key, value = cache.update(key, value, self.layer_idx)
+                    past_key_values.is_updated[self.layer_idx] = True
+        else:
+            key, value = self._project_key_value(hidden_states)
+            cache = (
+                past_key_values.self_attention_cache
+                if isinstance(past_key_values, EncoderDecoderCache)
+                else past_key_values
+            )
+            if cache is not None:
+                key, value = cache.update(key, value, self.layer_idx)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         output, weights = attention(
             self,

@@ -49,7 +49,7 @@ def post_norm_residual(
 
 
 class HfzooLayer(GradientCheckpointingLayer):
-    """Self-attention then feed-forward, each wrapped in a residual connection with normalization.
+    """Self-attention, (cross-attention,) feed-forward, each wrapped in a residual connection with normalization.
 
     Subclassing `GradientCheckpointingLayer` makes `model.gradient_checkpointing_enable()` recompute
     this layer in the backward pass.
@@ -58,15 +58,22 @@ class HfzooLayer(GradientCheckpointingLayer):
         config: an hfzoo config.
         layer_idx: index of the layer (for the KV cache).
         is_causal: causal self-attention (decoder) or bidirectional (encoder).
+        has_cross_attention: add a cross-attention sub-block between self-attention and the
+            feed-forward (the decoder of an encoder-decoder, Vaswani et al. 2017 §3.1).
 
     Shapes:
         `hidden_states` `(batch_size, seq_len, hidden_size)` -> same shape.
     """
 
-    def __init__(self, config, layer_idx: int, is_causal: bool) -> None:
+    def __init__(self, config, layer_idx: int, is_causal: bool, has_cross_attention: bool = False) -> None:
         super().__init__()
         self.self_attn = HfzooAttention(config, layer_idx, is_causal=is_causal)
         self.self_attn_norm = build_norm(config)
+        if has_cross_attention:
+            self.cross_attn = HfzooAttention(config, layer_idx, is_causal=False, is_cross_attention=True)
+            self.cross_attn_norm = build_norm(config)
+        else:
+            self.cross_attn = self.cross_attn_norm = None
         self.mlp = FeedForward(config)
         self.mlp_norm = build_norm(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
@@ -77,6 +84,8 @@ class HfzooLayer(GradientCheckpointingLayer):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
         """Run the layer.
@@ -84,7 +93,9 @@ class HfzooLayer(GradientCheckpointingLayer):
         Args:
             hidden_states: `(batch_size, seq_len, hidden_size)`.
             attention_mask: backend-specific self-attention mask (see `HfzooAttention`).
-            past_key_values: a transformers `Cache`, updated in place.
+            past_key_values: a transformers `Cache` (`EncoderDecoderCache` with cross-attention), updated in place.
+            encoder_hidden_states: `(batch_size, src_len, hidden_size)` (layers with cross-attention).
+            encoder_attention_mask: backend-specific cross-attention mask over the encoder outputs.
             **kwargs: forwarded to the attention backend.
 
         Returns:
@@ -95,6 +106,18 @@ class HfzooLayer(GradientCheckpointingLayer):
             return self.self_attn(x, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)[0]
 
         hidden_states = self.residual(hidden_states, self.self_attn_norm, attend, self.dropout)
+        if self.cross_attn is not None:
+
+            def cross_attend(x: torch.Tensor) -> torch.Tensor:
+                return self.cross_attn(
+                    x,
+                    attention_mask=encoder_attention_mask,
+                    past_key_values=past_key_values,
+                    key_value_states=encoder_hidden_states,
+                    **kwargs,
+                )[0]
+
+            hidden_states = self.residual(hidden_states, self.cross_attn_norm, cross_attend, self.dropout)
         return self.residual(hidden_states, self.mlp_norm, self.mlp, self.dropout)
 
 

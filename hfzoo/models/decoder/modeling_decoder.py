@@ -1,25 +1,24 @@
 """The hfzoo decoder family: a stack of causal `HfzooLayer`s and a language-modelling head.
 
-Built only from the shared blocks in `hfzoo/modules/`; the family-specific part is the causal mask
-(`transformers.masking_utils.create_causal_mask`) and the heads.
+Built only from the shared blocks in `hfzoo/modules/` (one causal `stack`); the family-specific part
+is the heads.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, DynamicCache
+from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import create_causal_mask
+from transformers.modeling_layers import GenericForSequenceClassification
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from ...modeling_utils import HfzooPreTrainedModel
-from ...modules.layer import HfzooLayer
-from ...modules.norms import build_norm
-from ...modules.positions import build_position_embedding
+from ...modules.heads import check_classification_labels
+from ...modules.stack import build_stack_modules, stack_forward
 from .configuration_decoder import HfzooDecoderConfig
 
 
@@ -43,13 +42,7 @@ class HfzooDecoderModel(HfzooDecoderPreTrainedModel):
     def __init__(self, config: HfzooDecoderConfig) -> None:
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.embed_positions = build_position_embedding(config)
-        self.embed_dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.layers = nn.ModuleList(
-            [HfzooLayer(config, layer_idx, is_causal=True) for layer_idx in range(config.num_hidden_layers)]
-        )
-        self.norm = build_norm(config) if config.norm_position == "pre" else nn.Identity()
-        self.gradient_checkpointing = False
+        build_stack_modules(self, config, config.num_hidden_layers, is_causal=True)
         self.post_init()
 
     @merge_with_config_defaults
@@ -70,7 +63,7 @@ class HfzooDecoderModel(HfzooDecoderPreTrainedModel):
             input_ids: `(batch_size, seq_len)` int64 token ids (or give `inputs_embeds`).
             attention_mask: `(batch_size, past_len + seq_len)`, 1 for tokens and 0 for padding.
             position_ids: `(batch_size, seq_len)` int64 positions; default `past_len ... past_len + seq_len - 1`.
-            past_key_values: a transformers `Cache` from an earlier call (generation).
+            past_key_values: a transformers `Cache` from an earlier call (generation, prefix tuning).
             inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
             use_cache: create and return a `DynamicCache` when none is given.
             **kwargs: `output_hidden_states`, `output_attentions`, attention-backend options.
@@ -83,38 +76,19 @@ class HfzooDecoderModel(HfzooDecoderPreTrainedModel):
             ValueError: both or neither of `input_ids` / `inputs_embeds`; a sequence longer than
                 `max_position_embeddings` with absolute position embeddings.
         """
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("give exactly one of input_ids or inputs_embeds")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        seq_length = inputs_embeds.shape[1]
-        if position_ids is None:
-            position_ids = torch.arange(past_length, past_length + seq_length, device=inputs_embeds.device)[None]
-
-        hidden_states = inputs_embeds
-        if self.embed_positions is not None:
-            if past_length + seq_length > self.config.max_position_embeddings:
-                raise ValueError(
-                    f"sequence of {past_length + seq_length} tokens is longer than max_position_embeddings="
-                    f"{self.config.max_position_embeddings}"
-                )
-            hidden_states = hidden_states + self.embed_positions(position_ids)
-        hidden_states = self.embed_dropout(hidden_states)
-
-        mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
+        outputs = stack_forward(
+            self,
+            input_ids=input_ids,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
             position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            **kwargs,
         )
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, attention_mask=mask, past_key_values=past_key_values, **kwargs)
-        hidden_states = self.norm(hidden_states)
-        return BaseModelOutputWithPast(last_hidden_state=hidden_states, past_key_values=past_key_values)
+        return BaseModelOutputWithPast(
+            last_hidden_state=outputs.last_hidden_state, past_key_values=outputs.past_key_values
+        )
 
 
 class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
@@ -190,3 +164,41 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
+
+
+class HfzooDecoderForSequenceClassification(GenericForSequenceClassification, HfzooDecoderPreTrainedModel):
+    """Decoder + linear `score` on the last non-padding token's state, as transformers' decoder classifiers do.
+
+    Rows may be left- or right-padded (`config.pad_token_id` marks padding). Single-label, multi-label
+    and regression losses follow `config.problem_type`, as in transformers.
+
+    Args:
+        config: an `HfzooDecoderConfig` (`num_labels`, `pad_token_id`).
+    """
+
+    def __init__(self, config: HfzooDecoderConfig) -> None:
+        # Built directly (not through AutoModel, as the generic class does) so that the class also works
+        # when loaded as remote code, where hfzoo's Auto registrations do not exist.
+        HfzooDecoderPreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = HfzooDecoderModel(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+        """Classify each sequence; see `transformers.modeling_layers.GenericForSequenceClassification.forward`.
+
+        Args:
+            input_ids: `(batch_size, seq_len)` int64 token ids.
+            attention_mask: `(batch_size, seq_len)` padding mask.
+            labels: `(batch_size,)` class ids, or float targets (regression / multi-label).
+            **kwargs: `position_ids`, `inputs_embeds`, `past_key_values`, ... for the decoder.
+
+        Returns:
+            `SequenceClassifierOutputWithPast` with `logits` `(batch_size, num_labels)` and `loss`.
+
+        Raises:
+            ValueError: an integer label outside `[0, num_labels)`.
+        """
+        check_classification_labels(labels, self.config)
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)

@@ -1,0 +1,41 @@
+"""Configuration of the hfzoo encoder family (bidirectional masked language models)."""
+
+from __future__ import annotations
+
+from huggingface_hub.dataclasses import strict
+
+from ...configuration_utils import HfzooConfig
+
+
+@strict
+class HfzooEncoderConfig(HfzooConfig):
+    r"""Configuration of the hfzoo encoder models (`model_type="hfzoo_encoder"`).
+
+    Fields of `hfzoo.configuration_utils.HfzooConfig`, plus:
+
+    Args:
+        type_vocab_size: number of token-type (segment) ids, BERT's sentence A/B embeddings
+            (Devlin et al. 2019, §3); 0 disables them.
+        classifier_dropout: dropout before the classification heads (None: `hidden_dropout_prob`).
+
+    Example:
+        ```python
+        >>> import hfzoo
+        >>> from transformers import AutoModelForMaskedLM
+        >>> config = hfzoo.HfzooEncoderConfig(vocab_size=8192, hidden_size=256, num_hidden_layers=4,
+        ...                                   num_attention_heads=4, intermediate_size=1024)
+        >>> model = AutoModelForMaskedLM.from_config(config)
+        ```
+    """
+
+    model_type = "hfzoo_encoder"
+
+    type_vocab_size: int = 2
+    classifier_dropout: float | int | None = None
+
+    def validate_hfzoo_encoder(self) -> None:
+        """Check the encoder-only fields; raise `ValueError` naming the bad one."""
+        if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size must be an integer >= 0, got {self.type_vocab_size!r}")
+        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
+            raise ValueError(f"classifier_dropout must be in [0, 1), got {self.classifier_dropout!r}")

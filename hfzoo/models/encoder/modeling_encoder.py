@@ -1,0 +1,276 @@
+"""The hfzoo encoder family: a bidirectional stack with masked-LM, sequence- and token-classification heads."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPastAndCrossAttentions,
+    MaskedLMOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+from transformers.utils.generic import can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
+
+from ...modeling_utils import HfzooPreTrainedModel
+from ...modules.heads import MaskedLMHead, SequenceClassificationHead, check_classification_labels
+from ...modules.stack import build_stack_modules, stack_forward
+from .configuration_encoder import HfzooEncoderConfig
+
+
+class HfzooEncoderPreTrainedModel(HfzooPreTrainedModel):
+    """Base class of the encoder family's models (config class `HfzooEncoderConfig`)."""
+
+    config_class = HfzooEncoderConfig
+    config: HfzooEncoderConfig
+
+
+class HfzooEncoderModel(HfzooEncoderPreTrainedModel):
+    """The bare encoder: token (+ position, + token-type) embeddings, bidirectional layers, final norm.
+
+    Every token attends to every non-padding token (Devlin et al. 2019). Accepts `past_key_values`
+    so that PEFT prefix tuning can prepend learned keys/values to each layer.
+
+    Args:
+        config: an `HfzooEncoderConfig`.
+    """
+
+    def __init__(self, config: HfzooEncoderConfig) -> None:
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        build_stack_modules(self, config, config.num_hidden_layers, is_causal=False)
+        self.post_init()
+
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        """Encode a batch.
+
+        Args:
+            input_ids: `(batch_size, seq_len)` int64 token ids (or give `inputs_embeds`).
+            attention_mask: `(batch_size, seq_len)`, 1 for tokens and 0 for padding (plus prefix
+                length when `past_key_values` holds a prefix).
+            token_type_ids: `(batch_size, seq_len)` int64 segment ids (default 0).
+            position_ids: `(batch_size, seq_len)` int64 positions (default 0..seq_len-1).
+            inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
+            past_key_values: a `Cache` of prefix keys/values (prefix tuning), or None.
+            **kwargs: `output_hidden_states`, `output_attentions`, attention-backend options.
+
+        Returns:
+            `BaseModelOutputWithPastAndCrossAttentions` with `last_hidden_state`
+            `(batch_size, seq_len, hidden_size)`.
+
+        Raises:
+            ValueError: see `hfzoo.modules.stack.stack_forward`.
+        """
+        return stack_forward(
+            self,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            past_key_values=past_key_values,
+            **kwargs,
+        )
+
+
+class HfzooEncoderForMaskedLM(HfzooEncoderPreTrainedModel):
+    """Encoder with BERT's masked-LM head (Devlin et al. 2019, §3.1, "Task #1: Masked LM").
+
+    `lm_head.decoder.weight` is tied to `model.embed_tokens.weight` when `tie_word_embeddings`.
+
+    Args:
+        config: an `HfzooEncoderConfig`.
+    """
+
+    _tied_weights_keys = {"lm_head.decoder.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: HfzooEncoderConfig) -> None:
+        super().__init__(config)
+        self.model = HfzooEncoderModel(config)
+        self.lm_head = MaskedLMHead(config)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> MaskedLMOutput:
+        """Predict the original token at every position; with `labels`, the mean masked-LM loss.
+
+        Args:
+            input_ids: `(batch_size, seq_len)` int64 token ids (or give `inputs_embeds`).
+            attention_mask: `(batch_size, seq_len)`, 1 for tokens and 0 for padding.
+            token_type_ids: `(batch_size, seq_len)` int64 segment ids (default 0).
+            position_ids: `(batch_size, seq_len)` int64 positions (default 0..seq_len-1).
+            inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
+            labels: `(batch_size, seq_len)` int64 original ids at masked positions, -100 elsewhere.
+            **kwargs: forwarded to the encoder.
+
+        Returns:
+            `MaskedLMOutput` with `logits` `(batch_size, seq_len, vocab_size)` and the mean
+            cross-entropy `loss` over positions whose label is not -100.
+        """
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(
+                logits.view(-1, logits.shape[-1]).float(), labels.view(-1).to(logits.device), ignore_index=-100
+            )
+        return MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
+    """Encoder + classifier on the first token's representation (BERT's `[CLS]`, Devlin et al. 2019 §3).
+
+    Single-label classification, multi-label classification and regression, chosen by
+    `config.problem_type` (or inferred from `num_labels` and the label dtype), as in transformers.
+
+    Args:
+        config: an `HfzooEncoderConfig` (`num_labels`, `problem_type`, `id2label`).
+    """
+
+    def __init__(self, config: HfzooEncoderConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = HfzooEncoderModel(config)
+        self.classifier = SequenceClassificationHead(config)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput:
+        """Classify each sequence.
+
+        Args:
+            input_ids: `(batch_size, seq_len)` int64 token ids (or give `inputs_embeds`).
+            attention_mask: `(batch_size, seq_len)`, 1 for tokens and 0 for padding.
+            token_type_ids: `(batch_size, seq_len)` int64 segment ids (default 0).
+            position_ids: `(batch_size, seq_len)` int64 positions (default 0..seq_len-1).
+            inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
+            labels: `(batch_size,)` int64 class ids, `(batch_size, num_labels)` float targets
+                (multi-label), or `(batch_size,)` float (regression).
+            **kwargs: forwarded to the encoder.
+
+        Returns:
+            `SequenceClassifierOutput` with `logits` `(batch_size, num_labels)` and `loss`.
+
+        Raises:
+            ValueError: an integer label outside `[0, num_labels)`.
+        """
+        check_classification_labels(labels, self.config)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
+        )
+        logits = self.classifier(outputs.last_hidden_state[:, 0])
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+
+class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
+    """Encoder + a per-token linear classifier (e.g. named-entity tagging; Devlin et al. 2019 §5.3).
+
+    Args:
+        config: an `HfzooEncoderConfig` (`num_labels`).
+    """
+
+    def __init__(self, config: HfzooEncoderConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = HfzooEncoderModel(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> TokenClassifierOutput:
+        """Classify each token.
+
+        Args:
+            input_ids: `(batch_size, seq_len)` int64 token ids (or give `inputs_embeds`).
+            attention_mask: `(batch_size, seq_len)`, 1 for tokens and 0 for padding.
+            token_type_ids: `(batch_size, seq_len)` int64 segment ids (default 0).
+            position_ids: `(batch_size, seq_len)` int64 positions (default 0..seq_len-1).
+            inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
+            labels: `(batch_size, seq_len)` int64 class ids, -100 for ignored positions.
+            **kwargs: forwarded to the encoder.
+
+        Returns:
+            `TokenClassifierOutput` with `logits` `(batch_size, seq_len, num_labels)` and the mean
+            cross-entropy `loss` over labelled positions.
+
+        Raises:
+            ValueError: a label outside `[0, num_labels)` other than -100.
+        """
+        check_classification_labels(labels, self.config)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
+        )
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(
+                logits.view(-1, self.num_labels).float(), labels.view(-1).to(logits.device), ignore_index=-100
+            )
+        return TokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )

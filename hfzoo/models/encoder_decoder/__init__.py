@@ -1,0 +1,21 @@
+"""The hfzoo encoder-decoder family: sequence-to-sequence models (T5-style span corruption) and heads."""
+
+from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
+from .modeling_encoder_decoder import (
+    HfzooEncoderDecoderForConditionalGeneration,
+    HfzooEncoderDecoderForSequenceClassification,
+    HfzooEncoderDecoderModel,
+    HfzooEncoderDecoderPreTrainedModel,
+    HfzooStack,
+    shift_tokens_right,
+)
+
+__all__ = [
+    "HfzooEncoderDecoderConfig",
+    "HfzooEncoderDecoderForConditionalGeneration",
+    "HfzooEncoderDecoderForSequenceClassification",
+    "HfzooEncoderDecoderModel",
+    "HfzooEncoderDecoderPreTrainedModel",
+    "HfzooStack",
+    "shift_tokens_right",
+]

@@ -1,0 +1,63 @@
+"""Configuration of the hfzoo encoder-decoder family (sequence-to-sequence models)."""
+
+from __future__ import annotations
+
+import copy
+
+from huggingface_hub.dataclasses import strict
+
+from ...configuration_utils import HfzooConfig
+
+
+@strict
+class HfzooEncoderDecoderConfig(HfzooConfig):
+    r"""Configuration of the hfzoo encoder-decoder models (`model_type="hfzoo_encoder_decoder"`).
+
+    Fields of `hfzoo.configuration_utils.HfzooConfig` (`num_hidden_layers` is the encoder's depth), plus:
+
+    Args:
+        num_decoder_layers: decoder depth (None: same as `num_hidden_layers`).
+        decoder_start_token_id: first decoder input; labels are shifted right behind it as in T5
+            (Raffel et al. 2020), which uses the padding id 0.
+        classifier_dropout: dropout in the sequence-classification head (None: `hidden_dropout_prob`).
+
+    The token embedding matrix is shared by encoder and decoder; `tie_word_embeddings` also ties it to
+    the output projection (the vanilla setup of Narang et al. 2021).
+    """
+
+    model_type = "hfzoo_encoder_decoder"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {"num_encoder_layers": "num_hidden_layers"}
+
+    num_decoder_layers: int | None = None
+    decoder_start_token_id: int | None = 0
+    classifier_dropout: float | int | None = None
+    is_encoder_decoder: bool = True
+
+    def __post_init__(self, **kwargs):
+        if self.num_decoder_layers is None:
+            self.num_decoder_layers = self.num_hidden_layers
+        super().__post_init__(**kwargs)
+
+    def get_text_config(self, decoder=None, encoder=None):
+        """Return this config, or with `decoder=True` a copy whose `num_hidden_layers` is the decoder's depth.
+
+        transformers sizes generation caches from `get_text_config(decoder=True).num_hidden_layers`.
+        """
+        if decoder and self.num_decoder_layers != self.num_hidden_layers:
+            view = copy.copy(self)
+            view.num_hidden_layers = self.num_decoder_layers
+            return view
+        return super().get_text_config(decoder=decoder, encoder=encoder)
+
+    def validate_hfzoo_encoder_decoder(self) -> None:
+        """Check the encoder-decoder fields; raise `ValueError` naming the bad one."""
+        if not isinstance(self.num_decoder_layers, int) or self.num_decoder_layers < 1:
+            raise ValueError(f"num_decoder_layers must be a positive integer, got {self.num_decoder_layers!r}")
+        if not self.is_encoder_decoder:
+            raise ValueError("is_encoder_decoder must be True for hfzoo_encoder_decoder")
+        start = self.decoder_start_token_id
+        if start is not None and not 0 <= start < self.vocab_size:
+            raise ValueError(f"decoder_start_token_id={start} is outside the vocabulary [0, {self.vocab_size})")
+        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
+            raise ValueError(f"classifier_dropout must be in [0, 1), got {self.classifier_dropout!r}")

@@ -1,0 +1,388 @@
+"""The hfzoo encoder-decoder family: a bidirectional encoder stack, a causal decoder stack with cross-attention.
+
+The token embedding matrix `model.shared` feeds both stacks (Vaswani et al. 2017, §3.4; T5) and, with
+`tie_word_embeddings`, the output projection. Generation uses transformers' `EncoderDecoderCache`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache
+from transformers.generation import GenerationMixin
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+    Seq2SeqSequenceClassifierOutput,
+)
+from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from ...modeling_utils import HfzooPreTrainedModel
+from ...modules.attention import HfzooAttention
+from ...modules.heads import SequenceClassificationHead, check_classification_labels
+from ...modules.layer import HfzooLayer
+from ...modules.stack import build_stack_modules, stack_forward
+from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Teacher-forcing decoder inputs: `[start, y_0, ..., y_{n-2}]`, with -100 replaced by padding (as T5 does).
+
+    Args:
+        labels: `(batch_size, tgt_len)` int64 target ids (-100 = ignored).
+        pad_token_id: id written where a label is -100.
+        decoder_start_token_id: the first decoder input.
+
+    Returns:
+        `(batch_size, tgt_len)` int64 decoder input ids.
+
+    Raises:
+        ValueError: `pad_token_id` or `decoder_start_token_id` is None.
+    """
+    if decoder_start_token_id is None or pad_token_id is None:
+        raise ValueError("decoder_start_token_id and pad_token_id must be set to shift labels into decoder inputs")
+    shifted = labels.new_full(labels.shape, decoder_start_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class HfzooEncoderDecoderPreTrainedModel(HfzooPreTrainedModel):
+    """Base class of the encoder-decoder family's models (config class `HfzooEncoderDecoderConfig`)."""
+
+    config_class = HfzooEncoderDecoderConfig
+    config: HfzooEncoderDecoderConfig
+    _can_record_outputs = {
+        "hidden_states": HfzooLayer,
+        "attentions": OutputRecorder(HfzooAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(HfzooAttention, index=1, layer_name="cross_attn"),
+    }
+
+
+class HfzooStack(HfzooEncoderDecoderPreTrainedModel):
+    """One side of the encoder-decoder: the encoder (bidirectional) or the decoder (causal, cross-attending).
+
+    Args:
+        config: an `HfzooEncoderDecoderConfig`.
+        embed_tokens: the shared token embedding module.
+        is_decoder: build the decoder side (`num_decoder_layers` causal layers with cross-attention)
+            instead of the encoder side (`num_hidden_layers` bidirectional layers).
+    """
+
+    def __init__(self, config: HfzooEncoderDecoderConfig, embed_tokens: nn.Embedding, is_decoder: bool) -> None:
+        super().__init__(config)
+        self.embed_tokens = embed_tokens
+        num_layers = config.num_decoder_layers if is_decoder else config.num_hidden_layers
+        build_stack_modules(self, config, num_layers, is_causal=is_decoder, has_cross_attention=is_decoder)
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        """Run this side; arguments and returns as `hfzoo.modules.stack.stack_forward`."""
+        return stack_forward(
+            self,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            past_key_values=past_key_values,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
+            use_cache=use_cache if self.is_causal else None,
+            **kwargs,
+        )
+
+
+class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
+    """The bare encoder-decoder (Vaswani et al. 2017): `shared` embeddings, `encoder`, `decoder`.
+
+    Args:
+        config: an `HfzooEncoderDecoderConfig`.
+    """
+
+    _tied_weights_keys = {
+        "encoder.embed_tokens.weight": "shared.weight",
+        "decoder.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config: HfzooEncoderDecoderConfig) -> None:
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.encoder = HfzooStack(config, self.shared, is_decoder=False)
+        self.decoder = HfzooStack(config, self.shared, is_decoder=True)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        """Return the shared token embeddings."""
+        return self.shared
+
+    def set_input_embeddings(self, new_embeddings: nn.Embedding) -> None:
+        """Replace the shared token embeddings in both stacks."""
+        self.shared = new_embeddings
+        self.encoder.embed_tokens = new_embeddings
+        self.decoder.embed_tokens = new_embeddings
+
+    def get_encoder(self, modality=None) -> HfzooStack:
+        """Return the encoder stack (used by `generate` to encode once)."""
+        return self.encoder
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput:
+        """Encode the source (unless `encoder_outputs` are given) and decode the target.
+
+        Args:
+            input_ids: `(batch_size, src_len)` int64 source ids.
+            attention_mask: `(batch_size, src_len)` source padding mask (1 = token).
+            decoder_input_ids: `(batch_size, tgt_len)` int64 decoder inputs.
+            decoder_attention_mask: `(batch_size, past_len + tgt_len)` decoder padding mask.
+            encoder_outputs: precomputed encoder outputs (generation), `last_hidden_state` first.
+            past_key_values: an `EncoderDecoderCache` (generation, prefix tuning).
+            inputs_embeds: `(batch_size, src_len, hidden_size)` instead of `input_ids`.
+            decoder_inputs_embeds: `(batch_size, tgt_len, hidden_size)` instead of `decoder_input_ids`.
+            decoder_position_ids: `(batch_size, tgt_len)` decoder positions.
+            use_cache: return the decoder's cache.
+            **kwargs: `output_hidden_states`, `output_attentions`, attention-backend options.
+
+        Returns:
+            `Seq2SeqModelOutput` (decoder `last_hidden_state` `(batch_size, tgt_len, hidden_size)`,
+            `encoder_last_hidden_state` `(batch_size, src_len, hidden_size)`, caches, optional states).
+        """
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            position_ids=decoder_position_ids,
+            inputs_embeds=decoder_inputs_embeds,
+            past_key_values=past_key_values,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedModel, GenerationMixin):
+    """Encoder-decoder with a language-modelling head: T5-style text-to-text (Raffel et al. 2020).
+
+    `labels` are shifted right behind `decoder_start_token_id` to make the decoder inputs when none
+    are given. With `tie_word_embeddings`, `lm_head` shares `model.shared`.
+
+    Args:
+        config: an `HfzooEncoderDecoderConfig`.
+    """
+
+    _tied_weights_keys = {
+        "model.encoder.embed_tokens.weight": "model.shared.weight",
+        "model.decoder.embed_tokens.weight": "model.shared.weight",
+        "lm_head.weight": "model.shared.weight",
+    }
+
+    def __init__(self, config: HfzooEncoderDecoderConfig) -> None:
+        super().__init__(config)
+        self.model = HfzooEncoderDecoderModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_encoder(self, modality=None) -> HfzooStack:
+        """Return the encoder stack (used by `generate`)."""
+        return self.model.encoder
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """Shift `labels` right into decoder inputs (used by `DataCollatorForSeq2Seq`)."""
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        """Compute target-token logits and, with `labels`, the mean cross-entropy loss.
+
+        Args:
+            input_ids: `(batch_size, src_len)` int64 source ids.
+            attention_mask: `(batch_size, src_len)` source padding mask (1 = token).
+            decoder_input_ids: `(batch_size, tgt_len)` int64 decoder inputs (default: `labels` shifted right).
+            decoder_attention_mask: `(batch_size, past_len + tgt_len)` decoder padding mask.
+            encoder_outputs: precomputed encoder outputs (generation), `last_hidden_state` first.
+            past_key_values: an `EncoderDecoderCache` (generation, prefix tuning).
+            inputs_embeds: `(batch_size, src_len, hidden_size)` instead of `input_ids`.
+            decoder_inputs_embeds: `(batch_size, tgt_len, hidden_size)` instead of `decoder_input_ids`.
+            use_cache: return the decoder's cache.
+            labels: `(batch_size, tgt_len)` int64 target ids (-100 ignored); position t's logits
+                predict label t (the decoder inputs are the labels shifted right).
+            **kwargs: forwarded to the model.
+
+        Returns:
+            `Seq2SeqLMOutput` with `logits` `(batch_size, tgt_len, vocab_size)` and `loss` (nats per
+            target token).
+        """
+        if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
+            decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(
+                logits.view(-1, logits.shape[-1]).float(), labels.view(-1).to(logits.device), ignore_index=-100
+            )
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+
+class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrainedModel):
+    """Encoder-decoder + classifier on the decoder's state at the last end-of-sequence token (as BART does).
+
+    The decoder reads the source itself (decoder inputs = source shifted right when not given), and
+    its state at the position of the source's final `eos_token_id` is classified.
+
+    Args:
+        config: an `HfzooEncoderDecoderConfig` (`num_labels`, `problem_type`, `eos_token_id`).
+    """
+
+    _tied_weights_keys = {
+        "model.encoder.embed_tokens.weight": "model.shared.weight",
+        "model.decoder.embed_tokens.weight": "model.shared.weight",
+    }
+
+    def __init__(self, config: HfzooEncoderDecoderConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = HfzooEncoderDecoderModel(config)
+        self.classifier = SequenceClassificationHead(config)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        **kwargs,
+    ) -> Seq2SeqSequenceClassifierOutput:
+        """Classify each source sequence.
+
+        Args:
+            input_ids: `(batch_size, src_len)` int64 source ids, each ending with `eos_token_id`.
+            attention_mask: `(batch_size, src_len)` source padding mask.
+            decoder_input_ids: `(batch_size, src_len)` decoder inputs (default: `input_ids` shifted right).
+            decoder_attention_mask: decoder padding mask (default: `attention_mask`).
+            labels: class ids `(batch_size,)`, or float targets (regression / multi-label).
+            **kwargs: forwarded to the model.
+
+        Returns:
+            `Seq2SeqSequenceClassifierOutput` with `logits` `(batch_size, num_labels)` and `loss`.
+
+        Raises:
+            ValueError: a label outside `[0, num_labels)`; rows without an `eos_token_id` when pooling.
+        """
+        check_classification_labels(labels, self.config)
+        if decoder_input_ids is None:
+            decoder_input_ids = shift_tokens_right(
+                input_ids, self.config.pad_token_id, self.config.decoder_start_token_id
+            )
+            decoder_attention_mask = attention_mask
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            **kwargs,
+        )
+        hidden = outputs.last_hidden_state
+        # As BART: the decoder reads the source shifted right, so its state at the position of the source's
+        # last eos has seen the whole sequence; that state is classified.
+        eos = input_ids.eq(self.config.eos_token_id)
+        if not eos.any(dim=-1).all():
+            raise ValueError("every sequence needs an eos_token_id for encoder-decoder sequence classification")
+        positions = torch.arange(eos.shape[-1], device=eos.device)
+        last_eos = (positions * eos).argmax(-1)
+        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last_eos]
+        logits = self.classifier(pooled)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+        return Seq2SeqSequenceClassifierOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )

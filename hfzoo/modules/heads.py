@@ -1,0 +1,97 @@
+"""Output heads shared by the families: masked-LM head, classification heads, label checks."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+
+from .norms import build_norm
+
+
+class MaskedLMHead(nn.Module):
+    """BERT's masked-LM head (Devlin et al. 2019; `BertLMPredictionHead`): transform, then vocabulary projection.
+
+    `decoder(norm(act(dense(h))))` with a per-token output bias. `decoder.weight` is tied to the input
+    embeddings when `config.tie_word_embeddings` (declared by the model's `_tied_weights_keys`).
+
+    Shapes:
+        `(batch_size, seq_len, hidden_size)` -> logits `(batch_size, seq_len, vocab_size)`.
+    """
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act_fn = ACT2FN[config.hidden_act]
+        self.norm = build_norm(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Map hidden states `(..., hidden_size)` to vocabulary logits `(..., vocab_size)`."""
+        return self.decoder(self.norm(self.act_fn(self.dense(hidden_states))))
+
+
+class SequenceClassificationHead(nn.Module):
+    """Pooled-representation classifier: `out_proj(dropout(tanh(dense(dropout(x)))))`.
+
+    BERT's pooler + classifier (Devlin et al. 2019, §4.1) in one module, as RoBERTa's
+    `RobertaClassificationHead`; models name it `classifier`, so PEFT saves it with an adapter.
+
+    Shapes:
+        `(batch_size, hidden_size)` -> `(batch_size, num_labels)`.
+    """
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        dropout = config.classifier_dropout if getattr(config, "classifier_dropout", None) is not None else None
+        self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Classify pooled representations `(batch_size, hidden_size)` into `(batch_size, num_labels)` logits."""
+        return self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(pooled)))))
+
+
+def check_classification_labels(labels: torch.Tensor | None, config) -> None:
+    """Refuse class labels outside `[0, num_labels)` (ignoring -100) before they reach the loss.
+
+    Applies to integer labels (single-label classification and token classification); float labels
+    (regression, multi-label) are not checked.
+
+    Args:
+        labels: int64 class ids of any shape, or None.
+        config: the model config (for `num_labels`).
+
+    Raises:
+        ValueError: a label < 0 (other than -100) or >= `num_labels`; the message gives the value.
+    """
+    if labels is None or labels.is_floating_point():
+        return
+    bad = ((labels < 0) & (labels != -100)) | (labels >= config.num_labels)
+    if bad.any():
+        raise ValueError(
+            f"label {labels[bad].flatten()[0].item()} is outside [0, num_labels={config.num_labels}) "
+            "(use -100 to ignore a position)"
+        )
+
+
+def last_token_pool(
+    hidden_states: torch.Tensor, input_ids: torch.Tensor | None, pad_token_id: int | None
+) -> torch.Tensor:
+    """Hidden state of each row's last non-padding token (left or right padding), as transformers' decoders pool.
+
+    Args:
+        hidden_states: `(batch_size, seq_len, hidden_size)`.
+        input_ids: `(batch_size, seq_len)` int64, or None (then the last position is used).
+        pad_token_id: the padding id, or None (then the last position is used).
+
+    Returns:
+        `(batch_size, hidden_size)`.
+    """
+    batch = torch.arange(hidden_states.shape[0], device=hidden_states.device)
+    if input_ids is None or pad_token_id is None:
+        return hidden_states[batch, -1]
+    positions = torch.arange(input_ids.shape[-1], device=hidden_states.device)
+    last = (positions * (input_ids != pad_token_id).to(positions.dtype)).argmax(-1)
+    return hidden_states[batch, last]

@@ -1,0 +1,95 @@
+"""transformers pipelines on hfzoo checkpoints: fill-mask, text-generation, text2text-generation, text-classification."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import pipeline
+
+import hfzoo
+import hfzoo.pipelines
+from hfzoo.data.loading import clean_text
+from hfzoo.tokenization import train_bpe_tokenizer
+
+SIZES = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=128
+)
+
+
+@pytest.fixture(scope="module")
+def texts(gutenberg_books):
+    return [clean_text(b["text"])[:200_000] for b in gutenberg_books[:2]]
+
+
+def tokenizer_for(family, texts):
+    return train_bpe_tokenizer([texts], vocab_size=700, model_family=family, num_extra_ids=10)
+
+
+def save(model, tokenizer, path):
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def config_for(config_class, tokenizer, **extra):
+    ids = {k: getattr(tokenizer, k) for k in ("pad_token_id", "bos_token_id", "eos_token_id")}
+    return config_class(vocab_size=len(tokenizer), **SIZES, **{k: v for k, v in ids.items() if v is not None}, **extra)
+
+
+def test_fill_mask(tmp_path, texts):
+    tokenizer = tokenizer_for("encoder", texts)
+    torch.manual_seed(0)
+    model = hfzoo.HfzooEncoderForMaskedLM(config_for(hfzoo.HfzooEncoderConfig, tokenizer))
+    fill = pipeline("fill-mask", model=save(model, tokenizer, tmp_path), top_k=3)
+    out = fill(f"It was the best of {tokenizer.mask_token}.")
+    assert len(out) == 3
+    for candidate in out:
+        assert candidate["token"] not in tokenizer.all_special_ids
+        assert candidate["sequence"].startswith("It was the best of")
+    assert [c["score"] for c in out] == sorted((c["score"] for c in out), reverse=True)
+
+
+def test_text_generation(tmp_path, texts):
+    tokenizer = tokenizer_for("decoder", texts)
+    torch.manual_seed(0)
+    model = hfzoo.HfzooDecoderForCausalLM(config_for(hfzoo.HfzooDecoderConfig, tokenizer))
+    generate = pipeline("text-generation", model=save(model, tokenizer, tmp_path))
+    out = generate("Once upon a time", max_new_tokens=10, do_sample=False)
+    text = out[0]["generated_text"]
+    assert text.startswith("Once upon a time") and len(text) > len("Once upon a time")
+
+
+def test_text2text_generation(tmp_path, texts):
+    tokenizer = tokenizer_for("encoder-decoder", texts)
+    torch.manual_seed(0)
+    config = config_for(hfzoo.HfzooEncoderDecoderConfig, tokenizer, decoder_start_token_id=tokenizer.pad_token_id)
+    model = hfzoo.HfzooEncoderDecoderForConditionalGeneration(config)
+    # transformers v5 removed its "text2text-generation" task; hfzoo.pipelines registers the equivalent.
+    path = save(model, tokenizer, tmp_path)
+    t2t = pipeline(hfzoo.pipelines.TASK, model=path)
+    out = t2t("The old man and the sea", max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    inputs = tokenizer("The old man and the sea", return_tensors="pt")
+    expected = model.eval().generate(**inputs, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    assert out == [{"generated_text": tokenizer.decode(expected[0], skip_special_tokens=True)}]
+    assert expected.shape == (1, 9)  # decoder start + 8 new tokens
+
+
+@pytest.mark.parametrize(
+    "family, config_class, model_class",
+    [
+        ("encoder", hfzoo.HfzooEncoderConfig, hfzoo.HfzooEncoderForSequenceClassification),
+        ("decoder", hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderForSequenceClassification),
+        ("encoder-decoder", hfzoo.HfzooEncoderDecoderConfig, hfzoo.HfzooEncoderDecoderForSequenceClassification),
+    ],
+)
+def test_text_classification(tmp_path, texts, family, config_class, model_class):
+    tokenizer = tokenizer_for(family, texts)
+    torch.manual_seed(0)
+    config = config_for(config_class, tokenizer, num_labels=2, id2label={0: "NEGATIVE", 1: "POSITIVE"},
+                        label2id={"NEGATIVE": 0, "POSITIVE": 1})  # fmt: skip
+    model = model_class(config)
+    classify = pipeline("text-classification", model=save(model, tokenizer, tmp_path), top_k=None)
+    out = classify(["a wonderful, moving story", "dull and far too long"])
+    for row in out:
+        assert {r["label"] for r in row} == {"NEGATIVE", "POSITIVE"}
+        assert sum(r["score"] for r in row) == pytest.approx(1.0, abs=1e-5)
