@@ -196,3 +196,60 @@ def test_plain_text_train_and_validation_files(tmp_path, data_dir, tokenizer_dir
     assert results["train_steps"] == 3
     assert json.loads((out / "eval_results.json").read_text())["eval_loss"] == pytest.approx(results["eval_loss"])
     assert results["unigram_perplexity"] > 1
+
+
+@pytest.fixture(scope="module")
+def family_tokenizers(tmp_path_factory, gutenberg_books):
+    texts = [clean_text(b["text"]) for b in gutenberg_books]
+    paths = {}
+    for family in ("encoder", "encoder-decoder"):
+        path = tmp_path_factory.mktemp(family)
+        train_bpe_tokenizer([texts], vocab_size=512, model_family=family, num_extra_ids=40).save_pretrained(path)
+        paths[family] = path
+    return paths
+
+
+OBJECTIVE_SETUPS = {
+    "mlm": ("encoder", "encoder-tiny"),
+    "span": ("encoder-decoder", "encoder-decoder-tiny"),
+}
+
+
+@pytest.mark.parametrize("objective", ["mlm", "span"])
+def test_objective_trains_its_family(objective, small_jsonl_xz, family_tokenizers, tmp_path):
+    family, preset = OBJECTIVE_SETUPS[objective]
+    argv = base_args(small_jsonl_xz, family_tokenizers[family], tmp_path / "out", "--objective", objective,
+                     "--max_train_steps", "25", "--learning_rate", "3e-3", "--per_device_train_batch_size", "8")  # fmt: skip
+    argv[argv.index("decoder-tiny")] = preset
+    results = main(argv)
+    assert results["objective"] == objective and results["train_steps"] == 25
+    assert results["eval_loss"] < results["init_eval_loss"] - 0.25
+    assert "unigram_perplexity" not in results
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["model_type"] == {"mlm": "hfzoo_encoder", "span": "hfzoo_encoder_decoder"}[objective]
+
+
+@pytest.mark.parametrize(
+    "objective, family, preset, extra, expected",
+    [
+        ("mlm", None, "encoder-tiny", [], "needs a tokenizer with a mask token"),
+        ("span", "encoder", "encoder-decoder-tiny", [], "sentinel"),
+        ("span", "encoder-decoder", "encoder-decoder-tiny", ["--noise_density", "1.5"], "noise_density"),
+        ("mlm", "encoder", "encoder-tiny", ["--mlm_probability", "0"], "--mlm_probability must be in (0, 1)"),
+        (
+            "clm",
+            "encoder",
+            "encoder-tiny",
+            [],
+            "needs a model with a AutoModelForCausalLM head; model_type 'hfzoo_encoder'",
+        ),
+        ("span", "encoder-decoder", "decoder-tiny", [], "AutoModelForSeq2SeqLM head; model_type 'hfzoo_decoder'"),
+    ],
+)
+def test_objective_bad_input(
+    objective, family, preset, extra, expected, small_jsonl_xz, tokenizer_dir, family_tokenizers, tmp_path, capsys
+):
+    tokenizer = family_tokenizers[family] if family else tokenizer_dir
+    argv = base_args(small_jsonl_xz, tokenizer, tmp_path / "out", "--objective", objective, *extra)
+    argv[argv.index("decoder-tiny")] = preset
+    assert expected in run_main_expecting_error(argv, capsys)

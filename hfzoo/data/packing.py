@@ -38,14 +38,16 @@ def tokenize_function(tokenizer, text_column_name: str, clean: bool = True):
     return tokenize
 
 
-def group_texts(block_size: int):
+def group_texts(block_size: int, with_labels: bool = True):
     """Return a batched `datasets.map` function that concatenates token lists and cuts `block_size` blocks.
 
     Args:
         block_size: tokens per block.
+        with_labels: also return a `labels` copy of the blocks (causal LM; the masked-LM and
+            span-corruption collators make their own labels).
 
     Returns:
-        A function `batch -> {"input_ids": blocks, "labels": blocks}`, each block a list of
+        A function `batch -> {"input_ids": blocks[, "labels": blocks]}`, each block a list of
         `block_size` ints; the remainder shorter than a block is dropped.
     """
 
@@ -53,7 +55,7 @@ def group_texts(block_size: int):
         tokens = list(chain.from_iterable(batch["input_ids"]))
         total = (len(tokens) // block_size) * block_size
         blocks = [tokens[i : i + block_size] for i in range(0, total, block_size)]
-        return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
+        return {"input_ids": blocks, "labels": [list(b) for b in blocks]} if with_labels else {"input_ids": blocks}
 
     return group
 
@@ -66,6 +68,7 @@ def tokenize_and_pack(
     num_proc: int | None = None,
     clean: bool = True,
     load_from_cache_file: bool = True,
+    with_labels: bool = True,
 ) -> datasets.DatasetDict:
     """Tokenize every split and pack it into blocks of `block_size` tokens.
 
@@ -77,9 +80,10 @@ def tokenize_and_pack(
         num_proc: worker processes for `datasets.map` (None: in-process).
         clean: apply `clean_text` before tokenizing.
         load_from_cache_file: reuse `datasets`' cache of earlier identical maps.
+        with_labels: add a `labels` column (a copy of `input_ids`, for the causal LM objective).
 
     Returns:
-        A `DatasetDict` with `input_ids` and `labels` columns (int64 lists of length `block_size`).
+        A `DatasetDict` with `input_ids` (and `labels`) columns (int64 lists of length `block_size`).
 
     Raises:
         ValueError: `block_size < 2`, or a split that yields no complete block (the message gives
@@ -97,7 +101,7 @@ def tokenize_and_pack(
         desc="Tokenizing",
     )
     packed = tokenized.map(
-        group_texts(block_size),
+        group_texts(block_size, with_labels),
         batched=True,
         batch_size=1000,
         num_proc=num_proc,

@@ -138,7 +138,7 @@ def list_presets(model_type: str | None = None) -> list[str]:
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # GPT-style decoders (pre-LN, learned positions, GELU, tied embeddings): the decoder defaults.
+    # hfzoo defaults for every family: pre-LN, learned positions, GELU, tied embeddings.
     "decoder-tiny": {
         "model_type": "hfzoo_decoder",
         "hidden_size": 64,
@@ -154,6 +154,40 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 4,
         "intermediate_size": 1024,
         "max_position_embeddings": 1024,
+    },
+    "encoder-tiny": {
+        "model_type": "hfzoo_encoder",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 256,
+        "max_position_embeddings": 512,
+    },
+    "encoder-small": {
+        "model_type": "hfzoo_encoder",
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "intermediate_size": 1024,
+        "max_position_embeddings": 512,
+    },
+    "encoder-decoder-tiny": {
+        "model_type": "hfzoo_encoder_decoder",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_decoder_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 256,
+        "max_position_embeddings": 512,
+    },
+    "encoder-decoder-small": {
+        "model_type": "hfzoo_encoder_decoder",
+        "hidden_size": 256,
+        "num_hidden_layers": 3,
+        "num_decoder_layers": 3,
+        "num_attention_heads": 4,
+        "intermediate_size": 1024,
+        "max_position_embeddings": 512,
     },
     "decoder-base": {
         "model_type": "hfzoo_decoder",

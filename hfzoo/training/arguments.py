@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-OBJECTIVES = ("clm",)
+#: Pretraining objectives: causal LM (decoder), masked LM (encoder, BERT), span corruption (encoder-decoder, T5).
+OBJECTIVES = ("clm", "mlm", "span")
 SCHEDULERS = (
     "linear",
     "cosine",
@@ -106,11 +107,22 @@ class OneLineErrorParser(argparse.ArgumentParser):
 def build_pretrain_parser() -> argparse.ArgumentParser:
     """Return the parser of `recipes/pretrain.py` (see `--help` for each flag)."""
     p = OneLineErrorParser(
-        description="Pretrain an hfzoo model (causal LM objective) with accelerate.",
+        description="Pretrain an hfzoo model (causal LM, masked LM or span corruption) with accelerate.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--config", type=str, default=None, help="YAML file of argument values (flags override it).")
-    p.add_argument("--objective", choices=OBJECTIVES, default="clm", help="Pretraining objective.")
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="clm",
+        help="clm: next-token prediction (decoder); mlm: BERT masked LM (encoder); span: T5 span corruption "
+        "(encoder-decoder).",
+    )
+    objective = p.add_argument_group("objective")
+    objective.add_argument("--mlm_probability", type=float, default=0.15, help="mlm: fraction of tokens selected.")
+    objective.add_argument("--whole_word_mask", action="store_true", help="mlm: select whole words.")
+    objective.add_argument("--noise_density", type=float, default=0.15, help="span: fraction of tokens corrupted.")
+    objective.add_argument("--mean_noise_span_length", type=float, default=3.0, help="span: mean span length.")
     data = p.add_argument_group("data")
     data.add_argument(
         "--train_file",

@@ -9,17 +9,19 @@ import torch
 
 
 @torch.no_grad()
-def evaluate_lm(model, dataloader, accelerator=None) -> dict[str, float]:
-    """Mean next-token loss and perplexity of `model` over `dataloader` (all processes gathered).
+def evaluate_lm(model, dataloader, accelerator=None, seed: int | None = None) -> dict[str, float]:
+    """Mean loss and perplexity of `model` over `dataloader` (all processes gathered), for any objective.
 
-    The loss of each batch is the model's mean over predicted tokens; batches of packed blocks all
-    predict the same number of tokens, so the mean of batch losses weighted by batch size is the mean
-    over all tokens.
+    The loss of each batch is the model's mean over predicted tokens (next tokens, masked tokens or
+    span targets); the mean of batch losses weighted by batch size is reported (exactly the per-token
+    mean for packed causal-LM blocks, which all predict the same number of tokens).
 
     Args:
-        model: a causal LM returning `.loss` when given `labels`.
-        dataloader: batches with `input_ids` and `labels` `(batch_size, block_size)`.
+        model: a model returning `.loss` for the batches (causal LM, masked LM, seq2seq LM).
+        dataloader: batches of model inputs with `labels` (collated on the fly for mlm / span).
         accelerator: an `accelerate.Accelerator` to gather losses across processes, or None.
+        seed: when given, the random masking/corruption of the collator is drawn from torch's RNG
+            seeded with it, so every evaluation sees the same masks; the caller's RNG state is restored.
 
     Returns:
         `{"eval_loss": nats per token, "perplexity": exp(eval_loss)}` (perplexity is `inf` on overflow).
@@ -27,12 +29,15 @@ def evaluate_lm(model, dataloader, accelerator=None) -> dict[str, float]:
     was_training = model.training
     model.eval()
     losses = []
-    for batch in dataloader:
-        loss = model(**batch).loss.detach().float()
-        losses_batch = loss.repeat(batch["input_ids"].shape[0])
-        if accelerator is not None:
-            losses_batch = accelerator.gather_for_metrics(losses_batch)
-        losses.append(losses_batch.cpu())
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
+        for batch in dataloader:
+            loss = model(**batch).loss.detach().float()
+            losses_batch = loss.repeat(batch["input_ids"].shape[0])
+            if accelerator is not None:
+                losses_batch = accelerator.gather_for_metrics(losses_batch)
+            losses.append(losses_batch.cpu())
     model.train(was_training)
     eval_loss = torch.cat(losses).mean().item()
     try:

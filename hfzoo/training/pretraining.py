@@ -30,10 +30,19 @@ from accelerate.logging import get_logger
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, default_data_collator, get_scheduler
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    default_data_collator,
+    get_scheduler,
+)
 
+from ..data.collators import DataCollatorForMaskedLM, DataCollatorForSpanCorruption
 from ..data.loading import load_raw_datasets
 from ..data.packing import token_counts, tokenize_and_pack
+from ..hub import build_model_card, push_to_hub
 from ..models.presets import PRESETS, build_config, parse_overrides
 from .arguments import parse_pretrain_args
 from .evaluation import evaluate_lm, unigram_perplexity
@@ -41,6 +50,9 @@ from .evaluation import evaluate_lm, unigram_perplexity
 logger = get_logger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
+
+#: objective -> the Auto class whose head it trains (and so which model families can take it).
+OBJECTIVE_AUTO_CLASSES = {"clm": AutoModelForCausalLM, "mlm": AutoModelForMaskedLM, "span": AutoModelForSeq2SeqLM}
 TRAINING_STATE = "training_state.json"
 
 
@@ -61,6 +73,7 @@ class PretrainingRun:
     max_train_steps: int
     num_train_epochs: int
     resume_path: Path | None
+    block_size: int
 
 
 def _load_tokenizer(name: str, argument: str):
@@ -78,7 +91,7 @@ def build_model_config(args: argparse.Namespace, tokenizer) -> transformers.PreT
 
     Raises:
         ValueError: unknown preset/override, invalid config, a tokenizer larger than `vocab_size`,
-            or a model family that has no causal LM head.
+            or a model family without the objective's head (clm: causal LM, mlm: masked LM, span: seq2seq LM).
     """
     token_ids = {
         "bos_token_id": tokenizer.bos_token_id,
@@ -99,8 +112,12 @@ def build_model_config(args: argparse.Namespace, tokenizer) -> transformers.PreT
             f"the tokenizer {args.tokenizer_name or args.model_name_or_path} has {len(tokenizer)} tokens, "
             f"more than the model's vocab_size={config.vocab_size}"
         )
-    if type(config) not in AutoModelForCausalLM._model_mapping:
-        raise ValueError(f"--objective {args.objective} needs a causal LM; model_type {config.model_type!r} has none")
+    auto_class = OBJECTIVE_AUTO_CLASSES[args.objective]
+    if type(config) not in auto_class._model_mapping:
+        raise ValueError(
+            f"--objective {args.objective} needs a model with a {auto_class.__name__} head; "
+            f"model_type {config.model_type!r} has none"
+        )
     return config
 
 
@@ -140,6 +157,41 @@ def _resolve_resume(args: argparse.Namespace) -> Path | None:
     return path
 
 
+def build_collator(args: argparse.Namespace, tokenizer, block_size: int):
+    """Return the objective's batch collator and the length of the raw packed blocks it consumes.
+
+    - `clm`: blocks of `block_size` tokens, labels = inputs (`default_data_collator`).
+    - `mlm`: blocks of `block_size` tokens, BERT's 80/10/10 masking (`DataCollatorForMaskedLM`).
+    - `span`: raw blocks of T5's expanded length, corrupted into inputs of exactly `block_size` tokens
+      (`DataCollatorForSpanCorruption`).
+
+    Raises:
+        ValueError: the tokenizer lacks what the objective needs (mask token, sentinels, EOS), or bad
+            objective parameters.
+    """
+    if args.objective == "mlm":
+        if not 0.0 < args.mlm_probability < 1.0:
+            raise ValueError(f"--mlm_probability must be in (0, 1), got {args.mlm_probability}")
+        if tokenizer.mask_token is None:
+            raise ValueError(
+                f"--objective mlm needs a tokenizer with a mask token; {args.tokenizer_name} has none "
+                "(train one with --model_family encoder)"
+            )
+        collator = DataCollatorForMaskedLM(
+            tokenizer=tokenizer, mlm_probability=args.mlm_probability, whole_word_mask=args.whole_word_mask
+        )
+        return collator, block_size
+    if args.objective == "span":
+        collator = DataCollatorForSpanCorruption(
+            tokenizer=tokenizer,
+            noise_density=args.noise_density,
+            mean_noise_span_length=args.mean_noise_span_length,
+            inputs_length=block_size,
+        )
+        return collator, collator.expanded_inputs_length
+    return default_data_collator, block_size
+
+
 def prepare(args: argparse.Namespace) -> PretrainingRun:
     """Build and check everything before the first step: accelerator, tokenizer, config, data, model.
 
@@ -175,6 +227,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     tokenizer = _load_tokenizer(args.tokenizer_name or args.model_name_or_path, "--tokenizer_name")
     config = build_model_config(args, tokenizer)
     block_size = _check_block_size(args, config)
+    collator, raw_block_size = build_collator(args, tokenizer, block_size)
 
     with accelerator.main_process_first():
         raw = load_raw_datasets(
@@ -189,38 +242,35 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
             raw,
             tokenizer,
             args.text_column_name,
-            block_size,
+            raw_block_size,
             num_proc=args.preprocessing_num_workers,
             clean=not args.no_clean_text,
             load_from_cache_file=not args.overwrite_cache,
+            with_labels=args.objective == "clm",
         )
     train_dataset, eval_dataset = packed["train"], packed["validation"]
     if args.max_train_samples is not None:
         train_dataset = train_dataset.select(range(min(args.max_train_samples, len(train_dataset))))
     if args.max_eval_samples is not None:
         eval_dataset = eval_dataset.select(range(min(args.max_eval_samples, len(eval_dataset))))
-    logger.info(f"{len(train_dataset)} training and {len(eval_dataset)} validation blocks of {block_size} tokens")
+    logger.info(f"{len(train_dataset)} training and {len(eval_dataset)} validation blocks of {raw_block_size} tokens")
 
+    auto_class = OBJECTIVE_AUTO_CLASSES[args.objective]
     if args.model_name_or_path is not None:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = auto_class.from_pretrained(
             args.model_name_or_path, config=config, attn_implementation=args.attn_implementation
         )
     else:
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=args.attn_implementation)
+        model = auto_class.from_config(config, attn_implementation=args.attn_implementation)
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()
     n_params = sum(p.numel() for p in model.parameters())
     logger.info(f"model {type(model).__name__}: {n_params / 1e6:.2f}M parameters")
 
     train_dataloader = DataLoader(
-        train_dataset,
-        shuffle=True,
-        collate_fn=default_data_collator,
-        batch_size=args.per_device_train_batch_size,
+        train_dataset, shuffle=True, collate_fn=collator, batch_size=args.per_device_train_batch_size
     )
-    eval_dataloader = DataLoader(
-        eval_dataset, collate_fn=default_data_collator, batch_size=args.per_device_eval_batch_size
-    )
+    eval_dataloader = DataLoader(eval_dataset, collate_fn=collator, batch_size=args.per_device_eval_batch_size)
     # No weight decay on biases and normalization weights (1-D tensors), as in BERT and GPT-2.
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -258,6 +308,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         max_train_steps=max_train_steps,
         num_train_epochs=num_train_epochs,
         resume_path=resume_path,
+        block_size=block_size,
     )
 
 
@@ -307,9 +358,10 @@ def train(run: PretrainingRun) -> dict[str, float]:
         The final metrics written to `all_results.json`.
     """
     args, accelerator, model = run.args, run.accelerator, run.model
-    block_size = len(run.train_dataset[0]["input_ids"])
+    block_size = run.block_size
+    raw_block_size = len(run.train_dataset[0]["input_ids"])  # text tokens per example (span: before corruption)
     tokens_per_step = (
-        args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes * block_size
+        args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes * raw_block_size
     )
     if args.with_tracking:
         accelerator.init_trackers(
@@ -324,7 +376,11 @@ def train(run: PretrainingRun) -> dict[str, float]:
     logger.info(f"  Optimizer steps = {run.max_train_steps}")
 
     completed_steps, tokens_seen = 0, 0
-    if run.resume_path is not None:
+    init_metrics = None
+    if run.resume_path is None:
+        init_metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=args.seed)
+        logger.info(f"validation loss at initialization: {init_metrics['eval_loss']:.4f}")
+    else:
         accelerator.load_state(str(run.resume_path))
         state = json.loads((run.resume_path / TRAINING_STATE).read_text())
         completed_steps, tokens_seen = state["step"], state["tokens_seen"]
@@ -391,7 +447,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
             if args.checkpointing_steps not in (None, "epoch") and completed_steps % int(args.checkpointing_steps) == 0:
                 save_checkpoint(run, completed_steps, tokens_seen)
             if args.eval_steps and completed_steps % args.eval_steps == 0 and completed_steps < run.max_train_steps:
-                metrics = evaluate_lm(model, run.eval_dataloader, accelerator)
+                metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=args.seed)
                 logger.info(f"step {completed_steps}: {metrics}")
                 if args.with_tracking:
                     accelerator.log(metrics, step=completed_steps)
@@ -404,9 +460,10 @@ def train(run: PretrainingRun) -> dict[str, float]:
     progress.close()
     train_runtime = time.perf_counter() - start
 
-    metrics = evaluate_lm(model, run.eval_dataloader, accelerator)
+    metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=args.seed)
     logger.info(f"validation: eval_loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}")
     results: dict[str, Any] = {
+        "objective": args.objective,
         **metrics,
         "train_loss": history[-1]["train_loss"] if history else None,
         "train_runtime": train_runtime,
@@ -416,7 +473,14 @@ def train(run: PretrainingRun) -> dict[str, float]:
         "eval_blocks": len(run.eval_dataset),
         "block_size": block_size,
     }
-    if accelerator.is_main_process:
+    if init_metrics is not None:
+        results["init_eval_loss"] = init_metrics["eval_loss"]
+        results["eval_loss_reduction"] = 1.0 - metrics["eval_loss"] / init_metrics["eval_loss"]
+        logger.info(
+            f"validation loss {init_metrics['eval_loss']:.4f} at initialization -> {metrics['eval_loss']:.4f} "
+            f"({100 * results['eval_loss_reduction']:.1f}% lower)"
+        )
+    if accelerator.is_main_process and args.objective == "clm":
         vocab_size = accelerator.unwrap_model(model).config.vocab_size
         counts = token_counts(run.train_dataset, vocab_size)
         eval_ids = np.asarray(run.eval_dataset.with_format("numpy")["input_ids"])[:, 1:]  # the predicted tokens
@@ -434,14 +498,19 @@ def train(run: PretrainingRun) -> dict[str, float]:
 
 
 def save_final_model(run: PretrainingRun, results: dict[str, Any], history: list[dict[str, float]]) -> None:
-    """Write `save_pretrained` weights + config + generation config, tokenizer, and the results files."""
+    """Write `save_pretrained` weights + config + generation config, tokenizer, the results files and README.md.
+
+    README.md is the model card of `hfzoo.hub.build_model_card` (results and recipe arguments, without
+    the hub token); with `--push_to_hub` the folder is then uploaded by `hfzoo.hub.push_to_hub`.
+    """
     args, accelerator = run.args, run.accelerator
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(run.model)
     output_dir = Path(args.output_dir)
-    unwrapped.generation_config.bos_token_id = run.tokenizer.bos_token_id
-    unwrapped.generation_config.eos_token_id = run.tokenizer.eos_token_id
-    unwrapped.generation_config.pad_token_id = run.tokenizer.pad_token_id
+    if unwrapped.can_generate():
+        unwrapped.generation_config.bos_token_id = run.tokenizer.bos_token_id
+        unwrapped.generation_config.eos_token_id = run.tokenizer.eos_token_id
+        unwrapped.generation_config.pad_token_id = run.tokenizer.pad_token_id
     unwrapped.save_pretrained(
         output_dir,
         is_main_process=accelerator.is_main_process,
@@ -460,33 +529,16 @@ def save_final_model(run: PretrainingRun, results: dict[str, Any], history: list
         _write_json(output_dir / "eval_results.json", {k: results[k] for k in eval_keys if k in results})
         _write_json(output_dir / "all_results.json", results)
         _write_json(output_dir / "train_history.json", {"log_history": history})
-        if args.sample_prompt:
+        card = build_model_card(output_dir, results, args, model_name=args.hub_model_id or output_dir.name)
+        card.save(output_dir / "README.md")
+        if args.sample_prompt and args.objective != "mlm":
             inputs = run.tokenizer(args.sample_prompt, return_tensors="pt").to(accelerator.device)
             with torch.no_grad():
                 generated = unwrapped.eval().generate(**inputs, max_new_tokens=32, do_sample=False)
             print(f"Sample: {run.tokenizer.decode(generated[0], skip_special_tokens=True)}")
         if args.push_to_hub:
-            push_to_hub(output_dir, args.hub_model_id or output_dir.name, args.hub_token)
+            push_to_hub(output_dir, args.hub_model_id or output_dir.name, token=args.hub_token)
     accelerator.wait_for_everyone()
-
-
-def push_to_hub(output_dir: Path, repo_id: str, token: str | None = None) -> str:
-    """Upload the saved model folder (not its resumable checkpoints) to a hub model repo.
-
-    Returns:
-        The URL of the commit.
-    """
-    from huggingface_hub import HfApi
-
-    api = HfApi(token=token)
-    repo_id = api.create_repo(repo_id, exist_ok=True).repo_id
-    commit = api.upload_folder(
-        repo_id=repo_id,
-        folder_path=output_dir,
-        ignore_patterns=[f"{CHECKPOINT_DIR}/*", "pretrain/*", "*.tmp"],
-        commit_message="Upload hfzoo model",
-    )
-    return commit.commit_url
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

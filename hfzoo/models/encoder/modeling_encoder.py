@@ -140,7 +140,7 @@ class HfzooEncoderForMaskedLM(HfzooEncoderPreTrainedModel):
         loss = None
         if labels is not None:
             loss = nn.functional.cross_entropy(
-                logits.view(-1, logits.shape[-1]).float(), labels.view(-1).to(logits.device), ignore_index=-100
+                logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device), ignore_index=-100
             )
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
@@ -269,7 +269,7 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
         loss = None
         if labels is not None:
             loss = nn.functional.cross_entropy(
-                logits.view(-1, self.num_labels).float(), labels.view(-1).to(logits.device), ignore_index=-100
+                logits.reshape(-1, self.num_labels).float(), labels.reshape(-1).to(logits.device), ignore_index=-100
             )
         return TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions

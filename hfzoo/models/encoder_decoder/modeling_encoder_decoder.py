@@ -286,7 +286,7 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
         loss = None
         if labels is not None:
             loss = nn.functional.cross_entropy(
-                logits.view(-1, logits.shape[-1]).float(), labels.view(-1).to(logits.device), ignore_index=-100
+                logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device), ignore_index=-100
             )
         return Seq2SeqLMOutput(
             loss=loss,
