@@ -1,0 +1,392 @@
+"""Model cards and uploads to the Hugging Face Hub for hfzoo checkpoint folders.
+
+`build_model_card` describes a checkpoint (family, architecture, training data and recipe, final
+metrics, how to load it) as a `huggingface_hub.ModelCard` with YAML metadata; `push_to_hub` writes
+it as `README.md` when the folder has none and uploads the folder without its resumable checkpoints,
+tracker logs and temporary files (`files_to_upload` lists exactly what would be sent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from huggingface_hub import HfApi, ModelCard, ModelCardData
+from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
+
+from . import AUTO_CLASSES
+
+#: resumable checkpoints of the pretraining recipe (`hfzoo.training.pretraining.CHECKPOINT_DIR`).
+CHECKPOINT_DIR = "checkpoints"
+#: never uploaded: resumable checkpoints, tracker logs (accelerate's `pretrain` project, TensorBoard
+#: `runs`, wandb), temporary files and folders of atomic writes, Python caches.
+IGNORE_PATTERNS = [
+    f"{CHECKPOINT_DIR}/*",
+    "pretrain/*",
+    "runs/*",
+    "wandb/*",
+    "*.tmp",
+    "*.tmp/*",
+    "__pycache__/*",
+    "*.pyc",
+]
+#: per family (model_type): (pipeline tag, one-line description).
+FAMILY_INFO = {
+    "hfzoo_decoder": ("text-generation", "decoder-only Transformer (causal language model)"),
+    "hfzoo_encoder": ("fill-mask", "encoder-only Transformer (masked language model)"),
+    "hfzoo_encoder_decoder": ("text2text-generation", "encoder-decoder Transformer (sequence-to-sequence model)"),
+}
+#: the pretraining head of each family, used when the config names no architecture.
+MAIN_AUTO_CLASS = {
+    "hfzoo_decoder": "AutoModelForCausalLM",
+    "hfzoo_encoder": "AutoModelForMaskedLM",
+    "hfzoo_encoder_decoder": "AutoModelForSeq2SeqLM",
+}
+OBJECTIVE_TAGS = {"clm": "causal-lm", "mlm": "masked-lm", "span": "span-corruption"}
+ARCHITECTURE_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_decoder_layers",
+    "num_attention_heads",
+    "head_dim",
+    "intermediate_size",
+    "hidden_act",
+    "position_embedding_type",
+    "norm_type",
+    "norm_position",
+    "max_position_embeddings",
+    "vocab_size",
+    "tie_word_embeddings",
+)
+METRIC_FIELDS = (
+    "eval_loss",
+    "perplexity",
+    "unigram_perplexity",
+    "perplexity_ratio_to_unigram",
+    "train_loss",
+)
+TRAINING_FIELDS = (
+    ("train_steps", "optimizer steps"),
+    ("train_tokens_seen", "tokens seen"),
+    ("block_size", "block size (tokens)"),
+    ("train_runtime", "training time (s)"),
+)
+_SECRET_MARKERS = ("token", "secret", "password", "api_key")
+
+
+def _family(config: Any) -> type:
+    for cls in type(config).__mro__:
+        if cls in AUTO_CLASSES:
+            return cls
+    raise ValueError(
+        f"{type(config).__name__} (model_type {getattr(config, 'model_type', None)!r}) is not an hfzoo config"
+    )
+
+
+def _model_class(config: Any) -> tuple[str, type]:
+    """The Auto class name and model class of the checkpoint (its `architectures`, else the main head)."""
+    heads = {auto.__name__: cls for auto, cls in AUTO_CLASSES[_family(config)].items()}
+    for name in getattr(config, "architectures", None) or []:
+        for auto_name, cls in heads.items():
+            if cls.__name__ == name:
+                return auto_name, cls
+    auto_name = MAIN_AUTO_CLASS[config.model_type]
+    return auto_name, heads[auto_name]
+
+
+def count_parameters(config: Any, model_class: type | None = None) -> int:
+    """Count the parameters of a model built from `config` (on the meta device: no memory, no init).
+
+    Tied weights count once, as in `sum(p.numel() for p in model.parameters())`.
+
+    Args:
+        config: an hfzoo config.
+        model_class: the model class (default: the config's `architectures`, else the family's main head).
+
+    Returns:
+        The number of parameters.
+
+    Raises:
+        ValueError: `config` is not an hfzoo config.
+    """
+    if model_class is None:
+        _, model_class = _model_class(config)
+    with torch.device("meta"):
+        model = model_class(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4f}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_format(v) for v in value)
+    return str(value)
+
+
+def _public_args(training_args: dict[str, Any] | argparse.Namespace | None) -> dict[str, Any]:
+    """The recipe arguments worth recording (JSON values), without tokens or other secrets."""
+    if training_args is None:
+        return {}
+    args = vars(training_args) if isinstance(training_args, argparse.Namespace) else dict(training_args)
+    return {
+        key: value
+        for key, value in sorted(args.items())
+        if not any(marker in key.lower() for marker in _SECRET_MARKERS)
+        and (value is None or isinstance(value, (str, int, float, bool, list, tuple)))
+    }
+
+
+def _training_data(args: dict[str, Any]) -> list[str]:
+    lines = []
+    if args.get("dataset_name"):
+        config_name = f" (configuration `{args['dataset_config_name']}`)" if args.get("dataset_config_name") else ""
+        lines.append(f"- dataset: `{args['dataset_name']}`{config_name}")
+    train_files = args.get("train_file") or []
+    if isinstance(train_files, str):
+        train_files = [train_files]
+    if train_files:
+        lines.append("- train files: " + ", ".join(f"`{Path(f).name}`" for f in train_files))
+    validation = args.get("validation_file")
+    if validation:
+        files = [validation] if isinstance(validation, str) else validation
+        lines.append("- validation files: " + ", ".join(f"`{Path(f).name}`" for f in files))
+    elif train_files or args.get("dataset_name"):
+        percent = args.get("validation_split_percentage")
+        if percent is not None:
+            lines.append(f"- validation: the first {percent}% of the training documents (held out)")
+    return lines
+
+
+def build_model_card(
+    source: str | os.PathLike | transformers.PreTrainedConfig,
+    results: dict[str, Any] | None = None,
+    training_args: dict[str, Any] | argparse.Namespace | None = None,
+    *,
+    model_name: str | None = None,
+    num_parameters: int | None = None,
+    remote_code: bool | None = None,
+) -> ModelCard:
+    """Build the model card (README.md) of an hfzoo checkpoint.
+
+    Metadata: `library_name: transformers`, `tags` (`hfzoo`, the model type, the objective when
+    known), the family's `pipeline_tag` (text-generation, fill-mask or text2text-generation), the hub
+    dataset when one was used, and `metrics: [perplexity]` when a perplexity is reported. Body: family
+    and model class, the architecture fields and parameter count, the training data, steps and tokens
+    seen, the final metrics, the recipe arguments, and how to load the model.
+
+    Args:
+        source: a checkpoint folder (its `config.json` is read, and `all_results.json` when `results`
+            is None) or an hfzoo config.
+        results: final metrics, as in the recipe's `all_results.json` (`eval_loss`, `perplexity`,
+            `unigram_perplexity`, `train_steps`, `train_tokens_seen`, ...).
+        training_args: the recipe's arguments (`argparse.Namespace` or dict): objective, data files or
+            dataset name, batch sizes, ... Arguments whose name mentions a token or secret are left out.
+        model_name: the title and the name used in the loading example (default: the folder name,
+            else the model type).
+        num_parameters: the parameter count (default: counted from a meta-device copy of the model).
+        remote_code: whether the folder loads with `trust_remote_code=True` without hfzoo (default:
+            whether the config has an `auto_map`, as written by `hfzoo.export.export_for_remote_code`).
+
+    Returns:
+        A `huggingface_hub.ModelCard`; `card.save(path)` writes it.
+
+    Raises:
+        OSError: `source` is a folder without a readable `config.json`.
+        ValueError: the config is not an hfzoo config; `all_results.json` is not valid JSON.
+    """
+    folder = None
+    if isinstance(source, (str, os.PathLike)):
+        folder = Path(source)
+        if not (folder / "config.json").is_file():
+            raise OSError(f"{folder}: not a checkpoint folder (no config.json)")
+        config = transformers.AutoConfig.from_pretrained(folder)
+        if results is None and (folder / "all_results.json").is_file():
+            try:
+                results = json.loads((folder / "all_results.json").read_text(encoding="utf-8"))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{folder / 'all_results.json'}: not valid JSON ({err})") from err
+    else:
+        config = source
+    family = _family(config)
+    results = dict(results or {})
+    args = _public_args(training_args)
+    auto_name, model_class = _model_class(config)
+    if num_parameters is None:
+        num_parameters = count_parameters(config, model_class)
+    if remote_code is None:
+        remote_code = bool(getattr(config, "auto_map", None))
+    name = model_name or (folder.resolve().name if folder is not None else config.model_type)
+    pipeline_tag, description = FAMILY_INFO[family.model_type]
+    objective = args.get("objective")
+
+    tags = ["hfzoo", config.model_type]
+    if objective:
+        tags.append(OBJECTIVE_TAGS.get(objective, objective))
+    metadata = ModelCardData(
+        library_name="transformers",
+        pipeline_tag=pipeline_tag,
+        tags=tags,
+        datasets=[args["dataset_name"]] if args.get("dataset_name") else None,
+        metrics=["perplexity"] if results.get("perplexity") is not None else None,
+    )
+
+    lines = [
+        f"# {name}",
+        "",
+        f"An hfzoo {description}: `{model_class.__name__}` "
+        f"(`model_type: {config.model_type}`, {_format(num_parameters)} parameters)"
+        + (f", pretrained with the `{objective}` objective." if objective else "."),
+        "",
+        "## Architecture",
+        "",
+        "| field | value |",
+        "|---|---|",
+    ]
+    for field in ARCHITECTURE_FIELDS:
+        if hasattr(config, field):
+            lines.append(f"| `{field}` | {_format(getattr(config, field))} |")
+    lines.append(f"| parameters | {_format(num_parameters)} |")
+
+    lines += ["", "## Training", ""]
+    data_lines = _training_data(args)
+    lines += data_lines or ["- training data: not recorded"]
+    if objective:
+        lines.append(f"- objective: `{objective}`")
+    for key, label in TRAINING_FIELDS:
+        if results.get(key) is not None:
+            lines.append(f"- {label}: {_format(results[key])}")
+
+    metrics = [(key, results[key]) for key in METRIC_FIELDS if results.get(key) is not None]
+    if metrics:
+        lines += ["", "## Results", "", "| metric | value |", "|---|---|"]
+        lines += [f"| `{key}` | {_format(value)} |" for key, value in metrics]
+        if "unigram_perplexity" in results:
+            lines += [
+                "",
+                "`unigram_perplexity` is the perplexity of an add-one-smoothed unigram model of the same "
+                "tokenizer on the same validation tokens: a baseline that a useful model's perplexity is far below.",
+            ]
+
+    lines += ["", "## How to use", ""]
+    if remote_code:
+        lines += [
+            "The folder contains hfzoo's modeling code, so it loads without hfzoo installed:",
+            "",
+            "```python",
+            f"from transformers import {auto_name}, AutoTokenizer",
+            "",
+            f'model = {auto_name}.from_pretrained("{name}", trust_remote_code=True)',
+            f'tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)',
+            "```",
+            "",
+            "With hfzoo installed, `import hfzoo` first and the installed classes are used instead.",
+        ]
+    else:
+        lines += [
+            "```python",
+            "import hfzoo  # registers the hfzoo model types with transformers' Auto classes",
+            f"from transformers import {auto_name}, AutoTokenizer",
+            "",
+            f'model = {auto_name}.from_pretrained("{name}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{name}")',
+            "```",
+            "",
+            "`hfzoo.export.export_for_remote_code` writes a copy that loads with `trust_remote_code=True` "
+            "without hfzoo.",
+        ]
+    if args:
+        lines += ["", "## Recipe arguments", "", "```json", json.dumps(args, indent=2, default=str), "```"]
+    return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
+
+
+def files_to_upload(output_dir: str | os.PathLike) -> list[str]:
+    """List the files `push_to_hub` would upload: every file except those matched by `IGNORE_PATTERNS`.
+
+    The selection is the one `HfApi.upload_folder` makes with the same `ignore_patterns` (plus
+    huggingface_hub's default `.git` / `.cache/huggingface` patterns), via `filter_repo_objects`.
+
+    Args:
+        output_dir: the checkpoint folder.
+
+    Returns:
+        Sorted paths relative to `output_dir`, with `/` separators.
+
+    Raises:
+        NotADirectoryError: `output_dir` is not a folder.
+    """
+    root = Path(output_dir)
+    if not root.is_dir():
+        raise NotADirectoryError(f"{root} is not a folder")
+    files = sorted(p.relative_to(root).as_posix() for p in root.glob("**/*") if p.is_file())
+    return list(filter_repo_objects(files, ignore_patterns=IGNORE_PATTERNS + DEFAULT_IGNORE_PATTERNS))
+
+
+def push_to_hub(
+    output_dir: str | os.PathLike,
+    repo_id: str,
+    token: str | None = None,
+    private: bool | None = None,
+    commit_message: str = "Upload hfzoo model",
+    training_args: dict[str, Any] | argparse.Namespace | None = None,
+) -> str:
+    """Upload a checkpoint folder to a hub model repository, with a model card.
+
+    Writes `README.md` (`build_model_card`) when the folder has none, creates the repository if
+    needed, and uploads the folder except resumable checkpoints, tracker logs and temporary files
+    (`IGNORE_PATTERNS`; see `files_to_upload`).
+
+    Args:
+        output_dir: the checkpoint folder (`save_pretrained` output).
+        repo_id: `"user/name"` or `"name"` (the token's user namespace).
+        token: a hub token (default: the logged-in one).
+        private: create the repository as private (None: the hub's default); an existing
+            repository's visibility is not changed.
+        commit_message: the commit message.
+        training_args: recipe arguments for the model card, when it is written here.
+
+    Returns:
+        The URL of the commit.
+
+    Raises:
+        NotADirectoryError: `output_dir` is not a folder.
+        OSError, ValueError: the model card cannot be built (see `build_model_card`).
+        huggingface_hub.errors.HfHubHTTPError: the hub refuses the request (authentication,
+            permissions, invalid name); requests.ConnectionError and similar without network.
+    """
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        raise NotADirectoryError(f"{folder} is not a folder")
+    readme = folder / "README.md"
+    if not readme.exists():
+        build_model_card(folder, training_args=training_args, model_name=repo_id).save(readme)
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
+    commit = api.upload_folder(
+        repo_id=repo_id,
+        folder_path=folder,
+        repo_type="model",
+        ignore_patterns=list(IGNORE_PATTERNS),
+        commit_message=commit_message,
+    )
+    return commit.commit_url
+
+
+__all__ = [
+    "CHECKPOINT_DIR",
+    "IGNORE_PATTERNS",
+    "build_model_card",
+    "count_parameters",
+    "files_to_upload",
+    "push_to_hub",
+]

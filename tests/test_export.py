@@ -1,0 +1,359 @@
+"""`hfzoo.export.export_for_remote_code`: checkpoints that load with `trust_remote_code=True` WITHOUT hfzoo.
+
+The remote-code checks run in a real clean environment: a `venv --without-pip` whose only package
+path is this venv's site-packages, added through a `.pth` file. Paths listed in a `.pth` are put on
+`sys.path`, but the `.pth` files inside them are not processed, so hfzoo's editable-install hook is
+not active there and `import hfzoo` fails (asserted in the subprocess). One subprocess per family
+loads every head of the family and writes its outputs back, which must be bit-identical to the
+in-package model's (fp32, eager attention, same number of threads).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+import hfzoo
+from hfzoo import AUTO_CLASSES, HfzooDecoderConfig, HfzooEncoderConfig, HfzooEncoderDecoderConfig
+from hfzoo.export import ExportError, export_for_remote_code, family_source_files, flatten_source
+from hfzoo.tokenization import train_bpe_tokenizer
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(
+    vocab_size=100,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    eos_token_id=1,
+    bos_token_id=2,
+)
+FAMILIES = {
+    "decoder": HfzooDecoderConfig,
+    "encoder": HfzooEncoderConfig,
+    "encoder_decoder": HfzooEncoderDecoderConfig,
+}
+# The main (pretraining) head of each family: generation is also checked for the generative ones.
+GENERATIVE = {"decoder": "AutoModelForCausalLM", "encoder_decoder": "AutoModelForSeq2SeqLM"}
+TEXT = "The quick brown fox jumps over the lazy dog. " * 20 + "It was a dark and stormy night; the rain fell. " * 20
+
+# Runs in the clean interpreter: argv[1] is a JSON job; prints one JSON line; writes outputs to a file.
+CLEAN_ENV_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+
+    job = json.loads(sys.argv[1])
+    result = {}
+    try:
+        import hfzoo  # noqa: F401
+        result["hfzoo"] = "importable from " + str(hfzoo.__file__)
+    except ModuleNotFoundError:
+        result["hfzoo"] = "ModuleNotFoundError"
+
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    torch.set_num_threads(job["threads"])
+    inputs = load_file(job["inputs"])
+    outputs, result["classes"], result["config_classes"] = {}, {}, {}
+    for entry in job["models"]:
+        auto_class = getattr(transformers, entry["auto"])
+        model = auto_class.from_pretrained(
+            entry["dir"], trust_remote_code=True, attn_implementation="eager", dtype=torch.float32
+        ).eval()
+        result["classes"][entry["auto"]] = [type(model).__module__, type(model).__name__]
+        result["config_classes"][entry["auto"]] = [type(model.config).__module__, type(model.config).__name__]
+        with torch.no_grad():
+            out = model(**{name: inputs[name] for name in entry["inputs"]})
+        first = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+        outputs[entry["auto"]] = first.contiguous()
+        if entry.get("resave"):  # a remote-code model saved again (flat files copied by transformers) reloads
+            model.save_pretrained(entry["resave"])
+            again = auto_class.from_pretrained(entry["resave"], trust_remote_code=True, attn_implementation="eager")
+            with torch.no_grad():
+                outputs["resaved"] = again.eval()(**{name: inputs[name] for name in entry["inputs"]}).logits
+            result["resaved_auto_map"] = json.load(open(entry["resave"] + "/config.json"))["auto_map"]
+        if entry.get("generate"):
+            kwargs = dict(
+                input_ids=inputs["gen_input_ids"],
+                attention_mask=inputs["gen_attention_mask"],
+                max_new_tokens=8,
+                min_new_tokens=8,
+                do_sample=False,
+            )
+            with torch.no_grad():
+                outputs["generate_cache"] = model.generate(**kwargs, use_cache=True).contiguous()
+                outputs["generate_no_cache"] = model.generate(**kwargs, use_cache=False).contiguous()
+    if job.get("tokenizer_dir"):
+        # AutoTokenizer reads config.json (and its auto_map) too: without trust_remote_code it would prompt.
+        tokenizer = transformers.AutoTokenizer.from_pretrained(job["tokenizer_dir"], trust_remote_code=True)
+        result["tokenizer_ids"] = tokenizer(job["text"])["input_ids"]
+    save_file(outputs, job["outputs"])
+    result["hfzoo_modules_loaded"] = sorted(m for m in sys.modules if m == "hfzoo" or m.startswith("hfzoo."))
+    print("RESULT " + json.dumps(result))
+    """
+)
+
+
+@pytest.fixture(scope="session")
+def clean_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A `venv --without-pip` that sees this venv's packages through a `.pth`, but not hfzoo."""
+    venv_dir = tmp_path_factory.mktemp("clean_venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv_dir)], check=True)
+    python = venv_dir / ("Scripts" if os.name == "nt" else "bin") / ("python.exe" if os.name == "nt" else "python")
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (Path(purelib) / "parent_site_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+def run_clean(python: Path, job: dict, workdir: Path) -> dict:
+    """Run `CLEAN_ENV_SCRIPT` in the clean interpreter, outside the repository, with a clean environment."""
+    script = workdir / "check_remote_code.py"
+    script.write_text(CLEAN_ENV_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k != "VIRTUAL_ENV"}
+    env.update(
+        HF_HOME=str(workdir / "hf_home"),  # fresh transformers_modules cache
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_VERBOSITY="error",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    assert REPO_ROOT not in workdir.resolve().parents
+    proc = subprocess.run(
+        [str(python), "-s", str(script), json.dumps(job)],
+        cwd=workdir,
+        env=env,
+        stdin=subprocess.DEVNULL,  # a trust_remote_code prompt must fail, never wait
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1, proc.stdout[-5000:]
+    return json.loads(lines[0].removeprefix("RESULT "))
+
+
+def family_inputs(family: str) -> dict[str, torch.Tensor]:
+    """A padded batch (right padding, eos at each row's end), decoder inputs, and generation prompts."""
+    g = torch.Generator().manual_seed(0)
+    lengths = [7, 4]
+    ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = torch.randint(3, TINY["vocab_size"], (n,), generator=g)
+        ids[row, n - 1] = TINY["eos_token_id"]
+        mask[row, :n] = 1
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if family == "encoder_decoder":
+        inputs["decoder_input_ids"] = torch.randint(3, TINY["vocab_size"], (2, 5), generator=g)
+        inputs["gen_input_ids"], inputs["gen_attention_mask"] = ids.clone(), mask.clone()
+    if family == "decoder":  # left-padded prompts for generation
+        prompt = torch.randint(3, TINY["vocab_size"], (2, 5), generator=g)
+        prompt[1, :2] = TINY["pad_token_id"]
+        gen_mask = torch.ones_like(prompt)
+        gen_mask[1, :2] = 0
+        inputs["gen_input_ids"], inputs["gen_attention_mask"] = prompt, gen_mask
+    return inputs
+
+
+def model_input_names(family: str, auto_name: str) -> list[str]:
+    names = ["input_ids", "attention_mask"]
+    if family == "encoder_decoder" and auto_name != "AutoModelForSequenceClassification":
+        names.append("decoder_input_ids")  # the classifier builds its decoder inputs from the source
+    return names
+
+
+def build_model(config_class, model_class, seed: int):
+    torch.manual_seed(seed)
+    model = model_class(config_class(**TINY, num_labels=3))
+    model.set_attn_implementation("eager")
+    return model.eval()
+
+
+def first_output(out) -> torch.Tensor:
+    return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_bpe_tokenizer([TEXT], vocab_size=300, min_frequency=1, model_family="decoder")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_export_loads_without_hfzoo_with_identical_outputs(family, clean_python, tmp_path, tokenizer):
+    config_class = FAMILIES[family]
+    inputs = family_inputs(family)
+    save_file(inputs, tmp_path / "inputs.safetensors")
+    expected, jobs = {}, []
+    for seed, (auto_class, model_class) in enumerate(AUTO_CLASSES[config_class].items()):
+        auto_name = auto_class.__name__
+        model = build_model(config_class, model_class, seed)
+        out_dir = tmp_path / f"{family}-{auto_name}"
+        if family == "decoder" and auto_name == "AutoModelForCausalLM":
+            # The checkpoint-folder route: a saved folder (with its tokenizer) is exported.
+            saved = tmp_path / "saved"
+            model.save_pretrained(saved)
+            tokenizer.save_pretrained(saved)
+            assert export_for_remote_code(str(saved), out_dir) == out_dir
+        else:
+            export_for_remote_code(model, out_dir)
+        names = model_input_names(family, auto_name)
+        with torch.no_grad():
+            expected[auto_name] = first_output(model(**{n: inputs[n] for n in names}))
+            if GENERATIVE.get(family) == auto_name:
+                expected["generate"] = model.generate(
+                    input_ids=inputs["gen_input_ids"],
+                    attention_mask=inputs["gen_attention_mask"],
+                    max_new_tokens=8,
+                    min_new_tokens=8,
+                    do_sample=False,
+                )
+        jobs.append(
+            {"auto": auto_name, "dir": str(out_dir), "inputs": names, "generate": GENERATIVE.get(family) == auto_name}
+        )
+        if family == "decoder" and auto_name == "AutoModelForCausalLM":
+            jobs[-1]["resave"] = str(tmp_path / "resaved")
+        auto_map = json.loads((out_dir / "config.json").read_text())["auto_map"]
+        assert auto_map["AutoConfig"] == f"{config_class.__module__.rpartition('.')[2]}.{config_class.__name__}"
+        assert auto_map[auto_name] == f"{model_class.__module__.rpartition('.')[2]}.{model_class.__name__}"
+        assert set(auto_map) == {"AutoConfig", *(a.__name__ for a in AUTO_CLASSES[config_class])}
+        assert (out_dir / "model.safetensors").is_file()
+
+    workdir = tmp_path / "clean"
+    workdir.mkdir()
+    job = {
+        "models": jobs,
+        "inputs": str(tmp_path / "inputs.safetensors"),
+        "outputs": str(tmp_path / "outputs.safetensors"),
+        "threads": torch.get_num_threads(),
+    }
+    if family == "decoder":
+        job.update(tokenizer_dir=str(tmp_path / "decoder-AutoModelForCausalLM"), text=TEXT[:60])
+    result = run_clean(clean_python, job, workdir)
+
+    assert result["hfzoo"] == "ModuleNotFoundError"
+    assert result["hfzoo_modules_loaded"] == []
+    got = load_file(tmp_path / "outputs.safetensors")
+    for auto_class, model_class in AUTO_CLASSES[config_class].items():
+        name = auto_class.__name__
+        module, class_name = result["classes"][name]
+        assert module.startswith("transformers_modules.") and class_name == model_class.__name__
+        assert result["config_classes"][name][1] == config_class.__name__
+        assert got[name].shape == expected[name].shape, name
+        assert torch.equal(got[name], expected[name]), (name, (got[name] - expected[name]).abs().max())
+    if family in GENERATIVE:
+        prefix = inputs["gen_input_ids"].shape[1] if family == "decoder" else 1  # the prompt / the start token
+        assert got["generate_cache"].shape == (2, prefix + 8)
+        assert torch.equal(got["generate_cache"], got["generate_no_cache"])
+        assert torch.equal(got["generate_cache"], expected["generate"])
+    if family == "decoder":
+        assert result["tokenizer_ids"] == tokenizer(TEXT[:60])["input_ids"]
+        assert torch.equal(got["resaved"], expected["AutoModelForCausalLM"])
+        assert (
+            result["resaved_auto_map"]
+            == json.loads((tmp_path / "decoder-AutoModelForCausalLM/config.json").read_text())["auto_map"]
+        )
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_exported_code_has_no_hfzoo_imports(family, tmp_path):
+    config_class = FAMILIES[family]
+    model_class = next(iter(AUTO_CLASSES[config_class].values()))
+    export_for_remote_code(build_model(config_class, model_class, 0), tmp_path)
+    py_files = sorted(tmp_path.glob("*.py"))
+    assert {p.name for p in py_files} == set(family_source_files(config_class))
+    assert "stack.py" in {p.name for p in py_files} and "configuration_utils.py" in {p.name for p in py_files}
+    for path in py_files:
+        text = path.read_text()
+        assert not re.search(r"^\s*(import\s+hfzoo|from\s+hfzoo)\b", text, flags=re.MULTILINE), path.name
+        assert not re.search(r"^\s*from\s+\.\.", text, flags=re.MULTILINE), path.name  # no multi-level imports
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                assert not any(a.name.split(".")[0] == "hfzoo" for a in node.names), path.name
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level in (0, 1), path.name
+                assert (node.module or "").split(".")[0] != "hfzoo", path.name
+                if node.level == 1:
+                    assert (tmp_path / f"{node.module}.py").is_file(), (path.name, node.module)
+
+
+def test_family_files_follow_imports():
+    decoder = family_source_files(HfzooDecoderConfig)
+    assert decoder["modeling_decoder.py"] == "hfzoo.models.decoder.modeling_decoder"
+    assert decoder["attention.py"] == "hfzoo.modules.attention"  # reached through modeling_utils and layer
+    assert "modeling_encoder.py" not in decoder and "modeling_encoder_decoder.py" not in decoder
+    assert all(module.startswith("hfzoo.") for module in decoder.values())
+    flat = flatten_source("hfzoo.models.decoder.modeling_decoder")
+    assert "from .stack import build_stack_modules, stack_forward" in flat
+    assert "from .configuration_decoder import HfzooDecoderConfig" in flat
+
+
+@pytest.fixture
+def fake_package(tmp_path, monkeypatch):
+    """A package `fakezoo` with two modules named `x.py` and a module importing from a package `__init__`."""
+    root = tmp_path / "fakezoo"
+    for sub in ("", "one", "two"):
+        (root / sub).mkdir(exist_ok=True)
+        (root / sub / "__init__.py").write_text("")
+    (root / "one" / "x.py").write_text("A = 1\n")
+    (root / "two" / "x.py").write_text("B = 2\n")
+    (root / "one" / "collide.py").write_text("from .x import A\nfrom ..two.x import B\n")
+    (root / "one" / "from_init.py").write_text("from ..two import x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield root
+    for name in [m for m in sys.modules if m == "fakezoo" or m.startswith("fakezoo.")]:
+        del sys.modules[name]
+
+
+@pytest.mark.parametrize(
+    "module, message",
+    [("fakezoo.one.collide", "would both be written as x.py"), ("fakezoo.one.from_init", "imports from the package")],
+)
+def test_family_files_fail_loudly(fake_package, monkeypatch, module, message):
+    fake_config = type("FakeConfig", (), {"__module__": module})
+    fake_model = type("FakeModel", (), {"__module__": module})
+    monkeypatch.setitem(hfzoo.export.AUTO_CLASSES, fake_config, {AutoModelForCausalLM: fake_model})
+    with pytest.raises(ExportError, match=message):
+        family_source_files(fake_config)
+
+
+def test_export_rejects_non_hfzoo_models(tmp_path):
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
+    with pytest.raises(ValueError, match="not an hfzoo family"):
+        export_for_remote_code(model, tmp_path / "gpt2")
+    with pytest.raises(KeyError, match="not an hfzoo family"):
+        family_source_files(GPT2Config)
+    with pytest.raises(OSError, match="no config.json"):
+        export_for_remote_code(str(tmp_path), tmp_path / "out")
+
+
+def test_export_in_place_keeps_weights(tmp_path):
+    model = build_model(HfzooEncoderConfig, hfzoo.HfzooEncoderForMaskedLM, 0)
+    model.save_pretrained(tmp_path)
+    before = (tmp_path / "model.safetensors").read_bytes()
+    export_for_remote_code(str(tmp_path), tmp_path)
+    assert (tmp_path / "model.safetensors").read_bytes() == before
+    assert json.loads((tmp_path / "config.json").read_text())["auto_map"]["AutoModelForMaskedLM"] == (
+        "modeling_encoder.HfzooEncoderForMaskedLM"
+    )
+    assert (tmp_path / "modeling_encoder.py").is_file()

@@ -1,0 +1,244 @@
+"""`hfzoo.hub`: model cards, the upload file selection, and `push_to_hub` (HfApi calls recorded, no network)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from huggingface_hub import HfApi, ModelCard
+from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
+
+import hfzoo
+from hfzoo import hub
+from hfzoo.export import export_for_remote_code
+from hfzoo.tokenization import train_bpe_tokenizer
+
+TINY = dict(
+    vocab_size=100,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=64,
+    hidden_act="gelu_new",
+    norm_type="rms_norm",
+    position_embedding_type="learned",
+    tie_word_embeddings=False,
+)
+RESULTS = {
+    "eval_loss": 4.25,
+    "perplexity": 70.105,
+    "unigram_perplexity": 512.5,
+    "perplexity_ratio_to_unigram": 0.1368,
+    "train_loss": 4.5,
+    "train_steps": 10,
+    "train_tokens_seen": 20480,
+    "block_size": 64,
+}
+ARGS = {
+    "objective": "clm",
+    "train_file": ["/data/gutenberg/pg_top100_en.00.jsonl.xz"],
+    "validation_split_percentage": 5,
+    "learning_rate": 5e-4,
+    "per_device_train_batch_size": 8,
+    "hub_token": "hf_this_must_not_leak",
+    "output_dir": "outputs/tiny",
+}
+TEXT = "It was the best of times, it was the worst of times. " * 30
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return hfzoo.HfzooDecoderForCausalLM(hfzoo.HfzooDecoderConfig(**TINY))
+
+
+@pytest.fixture
+def model_folder(tmp_path) -> tuple[Path, list[str]]:
+    """A saved model + tokenizer + results, then the things that must not be uploaded."""
+    folder = tmp_path / "tiny-run"
+    tiny_model().save_pretrained(folder)
+    train_bpe_tokenizer([TEXT], vocab_size=280, min_frequency=1).save_pretrained(folder)
+    (folder / "all_results.json").write_text(json.dumps(RESULTS))
+    expected = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    # Must not be uploaded: a resumable checkpoint, tracker logs, temporary files.
+    (folder / "checkpoints" / "step_10").mkdir(parents=True)
+    (folder / "checkpoints" / "step_10" / "model.safetensors").write_bytes(b"x")
+    (folder / "checkpoints" / "step_10" / "training_state.json").write_text("{}")
+    (folder / "checkpoints" / "step_20.tmp").mkdir()
+    (folder / "checkpoints" / "step_20.tmp" / "optimizer.bin").write_bytes(b"x")
+    (folder / "pretrain").mkdir()
+    (folder / "pretrain" / "events.out.tfevents.1.host").write_bytes(b"x")
+    (folder / "x.tmp").write_text("partial")
+    (folder / "all_results.json.tmp").write_text("{}")
+    return folder, expected
+
+
+def test_files_to_upload_excludes_checkpoints_logs_and_tmp(model_folder):
+    folder, expected = model_folder
+    assert {"config.json", "model.safetensors", "tokenizer.json", "all_results.json"} <= set(expected)
+    assert hub.files_to_upload(folder) == expected
+    with pytest.raises(NotADirectoryError):
+        hub.files_to_upload(folder / "config.json")
+
+
+def test_checkpoint_dir_matches_the_recipe():
+    from hfzoo.training import pretraining
+
+    assert hub.CHECKPOINT_DIR == pretraining.CHECKPOINT_DIR
+    assert pretraining.push_to_hub is hub.push_to_hub
+
+
+@pytest.fixture
+def recorded_hub(monkeypatch):
+    """Replace HfApi.create_repo / upload_folder by recorders; the repo lands in the namespace `someone`."""
+    calls = []
+
+    def create_repo(self, repo_id, **kwargs):
+        calls.append(("create_repo", repo_id, kwargs, self.token))
+        return SimpleNamespace(repo_id=repo_id if "/" in repo_id else f"someone/{repo_id}")
+
+    def upload_folder(self, **kwargs):
+        calls.append(("upload_folder", kwargs["repo_id"], kwargs, self.token))
+        return SimpleNamespace(
+            repo_id=kwargs["repo_id"], commit_url=f"https://huggingface.co/{kwargs['repo_id']}/commit/0123abc"
+        )
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    return calls
+
+
+def uploaded_files(folder: Path, kwargs: dict) -> list[str]:
+    """The files `HfApi.upload_folder` selects with these arguments (its own logic: patterns + defaults)."""
+    assert kwargs.get("allow_patterns") is None and kwargs.get("path_in_repo") in (None, "")
+    files = sorted(p.relative_to(folder).as_posix() for p in Path(kwargs["folder_path"]).rglob("*") if p.is_file())
+    return list(filter_repo_objects(files, ignore_patterns=list(kwargs["ignore_patterns"]) + DEFAULT_IGNORE_PATTERNS))
+
+
+def test_push_to_hub_sends_the_model_files_and_a_card(model_folder, recorded_hub):
+    folder, expected = model_folder
+    url = hub.push_to_hub(folder, "tiny-model", token="hf_fake", private=True, training_args=ARGS)
+
+    assert url == "https://huggingface.co/someone/tiny-model/commit/0123abc"
+    assert [c[0] for c in recorded_hub] == ["create_repo", "upload_folder"]
+    _, repo_id, kwargs, token = recorded_hub[0]
+    assert (repo_id, kwargs["exist_ok"], kwargs["private"], token) == ("tiny-model", True, True, "hf_fake")
+    _, repo_id, kwargs, token = recorded_hub[1]
+    assert repo_id == "someone/tiny-model" and token == "hf_fake"
+    assert Path(kwargs["folder_path"]) == folder
+    assert uploaded_files(folder, kwargs) == sorted([*expected, "README.md"])
+
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.pipeline_tag == "text-generation"
+    assert card.data.tags == ["hfzoo", "hfzoo_decoder", "causal-lm"]
+    assert 'from_pretrained("tiny-model")' in card.text
+    assert "hf_this_must_not_leak" not in card.content
+
+
+def test_push_to_hub_keeps_an_existing_readme(model_folder, recorded_hub):
+    folder, _ = model_folder
+    (folder / "README.md").write_text("---\nlicense: mit\n---\n# Mine\n")
+    hub.push_to_hub(folder, "someone/else")
+    assert (folder / "README.md").read_text() == "---\nlicense: mit\n---\n# Mine\n"
+    assert recorded_hub[0][1] == "someone/else" and recorded_hub[0][2]["private"] is None
+    assert "README.md" in uploaded_files(folder, recorded_hub[1][2])
+
+
+def test_model_card_metadata_architecture_and_metrics(model_folder):
+    folder, _ = model_folder
+    card = hub.build_model_card(folder, training_args=argparse.Namespace(**ARGS))  # results from all_results.json
+    assert card.data.library_name == "transformers"
+    assert card.data.pipeline_tag == "text-generation"
+    assert card.data.tags == ["hfzoo", "hfzoo_decoder", "causal-lm"]
+    assert card.data.metrics == ["perplexity"]
+    text = card.text
+    n_params = sum(p.numel() for p in tiny_model().parameters())
+    for field, value in [
+        ("hidden_size", "32"),
+        ("num_hidden_layers", "2"),
+        ("num_attention_heads", "4"),
+        ("head_dim", "8"),
+        ("intermediate_size", "48"),
+        ("hidden_act", "gelu_new"),
+        ("position_embedding_type", "learned"),
+        ("norm_type", "rms_norm"),
+        ("norm_position", "pre"),
+        ("vocab_size", "100"),
+        ("tie_word_embeddings", "False"),
+    ]:
+        assert f"| `{field}` | {value} |" in text, field
+    assert "num_decoder_layers" not in text
+    assert f"| parameters | {n_params:,} |" in text and "HfzooDecoderForCausalLM" in text
+    assert "| `eval_loss` | 4.2500 |" in text and "| `perplexity` | 70.1050 |" in text
+    assert "| `unigram_perplexity` | 512.5000 |" in text
+    assert "optimizer steps: 10" in text and "tokens seen: 20,480" in text
+    assert "`pg_top100_en.00.jsonl.xz`" in text
+    assert "import hfzoo" in text and "trust_remote_code" not in text.split("## How to use")[1].split("```")[1]
+    assert "hf_this_must_not_leak" not in card.content and "hub_token" not in card.content
+    assert "```json" in text and '"learning_rate": 0.0005' in text
+    # the card round-trips through README.md
+    card.save(folder / "README.md")
+    assert ModelCard.load(folder / "README.md").data.to_dict() == card.data.to_dict()
+
+
+def test_model_card_of_an_exported_folder_says_trust_remote_code(tmp_path):
+    export_for_remote_code(tiny_model(), tmp_path)
+    text = hub.build_model_card(tmp_path, model_name="me/tiny").text
+    assert 'AutoModelForCausalLM.from_pretrained("me/tiny", trust_remote_code=True)' in text
+    assert "import hfzoo" not in text.split("## How to use")[1].split("```")[1]
+
+
+@pytest.mark.parametrize(
+    "config_class, pipeline_tag, model_class",
+    [
+        (hfzoo.HfzooDecoderConfig, "text-generation", hfzoo.HfzooDecoderForCausalLM),
+        (hfzoo.HfzooEncoderConfig, "fill-mask", hfzoo.HfzooEncoderForMaskedLM),
+        (hfzoo.HfzooEncoderDecoderConfig, "text2text-generation", hfzoo.HfzooEncoderDecoderForConditionalGeneration),
+    ],
+)
+def test_model_card_per_family(config_class, pipeline_tag, model_class):
+    config = config_class(**{**TINY, "num_hidden_layers": 3})
+    card = hub.build_model_card(config, {"eval_loss": 1.0}, {"objective": "mlm", "dataset_name": "wikitext"})
+    assert card.data.pipeline_tag == pipeline_tag
+    assert card.data.tags == ["hfzoo", config.model_type, "masked-lm"]
+    assert card.data.datasets == ["wikitext"] and card.data.metrics is None
+    assert model_class.__name__ in card.text and "dataset: `wikitext`" in card.text
+    assert f"{sum(p.numel() for p in model_class(config).parameters()):,} parameters" in card.text
+    assert ("| `num_decoder_layers` | 3 |" in card.text) == (config_class is hfzoo.HfzooEncoderDecoderConfig)
+
+
+def test_model_card_errors(tmp_path):
+    with pytest.raises(OSError, match="no config.json"):
+        hub.build_model_card(tmp_path)
+    from transformers import GPT2Config
+
+    with pytest.raises(ValueError, match="not an hfzoo config"):
+        hub.build_model_card(GPT2Config())
+
+
+def test_save_final_model_writes_the_card_and_pushes(tmp_path, recorded_hub):
+    """The recipe's `save_final_model`: README.md with results + arguments, then `hfzoo.hub.push_to_hub`."""
+    from accelerate import Accelerator
+
+    from hfzoo.training import pretraining
+
+    tokenizer = train_bpe_tokenizer([TEXT], vocab_size=280, min_frequency=1)
+    args = argparse.Namespace(
+        **{**ARGS, "output_dir": str(tmp_path / "out")},
+        sample_prompt=None,
+        push_to_hub=True,
+        hub_model_id="me/tiny",
+    )
+    run = SimpleNamespace(args=args, accelerator=Accelerator(cpu=True), model=tiny_model(), tokenizer=tokenizer)
+    pretraining.save_final_model(run, dict(RESULTS), [])
+    card = ModelCard.load(tmp_path / "out" / "README.md")
+    assert card.data.tags == ["hfzoo", "hfzoo_decoder", "causal-lm"]
+    assert "| `perplexity` | 70.1050 |" in card.text and 'from_pretrained("me/tiny")' in card.text
+    assert "hf_this_must_not_leak" not in card.content
+    assert [c[0] for c in recorded_hub] == ["create_repo", "upload_folder"]
+    assert recorded_hub[0][1] == "me/tiny" and recorded_hub[0][3] == "hf_this_must_not_leak"
+    assert "README.md" in uploaded_files(tmp_path / "out", recorded_hub[1][2])
