@@ -28,19 +28,23 @@ SCHEDULERS = (
 )
 
 
+def _int_at_least(value: str, minimum: int, description: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {description}, got {value!r}") from None
+    if number < minimum:
+        raise argparse.ArgumentTypeError(f"must be {description}, got {number}")
+    return number
+
+
 def positive_int(value: str) -> int:
     """Argparse type: an integer >= 1.
 
     Raises:
         argparse.ArgumentTypeError: not an integer, or < 1.
     """
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {number}")
-    return number
+    return _int_at_least(value, 1, "a positive integer")
 
 
 def non_negative_int(value: str) -> int:
@@ -49,13 +53,7 @@ def non_negative_int(value: str) -> int:
     Raises:
         argparse.ArgumentTypeError: not an integer, or < 0.
     """
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {number}")
-    return number
+    return _int_at_least(value, 0, "an integer >= 0")
 
 
 def positive_float(value: str) -> float:
