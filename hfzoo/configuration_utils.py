@@ -31,7 +31,8 @@ class HfzooConfig(PreTrainedConfig):
         hidden_act: feed-forward activation, a key of `transformers.activations.ACT2FN`.
         max_position_embeddings: longest sequence (tokens) the position scheme supports.
         position_embedding_type: one of `hfzoo.modules.positions.POSITION_EMBEDDING_TYPES`
-            (`learned`: absolute embeddings added to the tokens; `none`: no position information).
+            (`learned`: trained absolute embeddings added to the tokens; `sinusoidal`: the fixed
+            sin/cos encodings of Vaswani et al. 2017; `none`: no position information).
         norm_type: `layer_norm` or `rms_norm` (`hfzoo.modules.norms.NORM_CLASSES`).
         norm_position: `pre` (norm before each sub-block, plus a final norm) or `post` (norm after
             each residual addition, no final norm), see `hfzoo.modules.layer`.
@@ -47,8 +48,9 @@ class HfzooConfig(PreTrainedConfig):
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
-        huggingface_hub.errors.StrictDataclassClassValidationError (a `ValueError`): a field has a
-            value outside its allowed set or range; the message names the field.
+        huggingface_hub.errors.StrictDataclassClassValidationError: a field has a value outside its
+            allowed set or range; the message names the field.
+        ValueError: `hidden_size` not divisible by `num_attention_heads` when `head_dim` is not set.
     """
 
     model_type = "hfzoo"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -166,6 +167,7 @@ VARIANTS = [
     {"norm_type": "rms_norm", "norm_position": "post"},
     {"position_embedding_type": "none"},
     {"position_embedding_type": "learned"},
+    {"position_embedding_type": "sinusoidal"},
     {"hidden_act": "relu"},
     {"hidden_act": "gelu_new"},
     {"hidden_act": "silu"},
@@ -200,6 +202,7 @@ def test_variants_change_the_architecture():
         if overrides in (
             {"norm_type": "layer_norm", "norm_position": "pre"},
             {"position_embedding_type": "learned"},
+            {"position_embedding_type": "sinusoidal"},
         ):
             continue
         if "hidden_dropout_prob" in overrides:
@@ -275,3 +278,16 @@ def test_import_hfzoo_pulls_no_training_stack():
     assert outs[1] == outs[0]
     assert "deepspeed" not in outs[1] and "peft" not in outs[1]
     assert hfzoo.__version__
+
+
+def test_sinusoidal_positions_match_vaswani_formula():
+    from hfzoo.modules.positions import SinusoidalPositionalEmbedding
+
+    config = HfzooDecoderConfig(**{**TINY, "hidden_size": 6, "num_attention_heads": 2})
+    encoding = SinusoidalPositionalEmbedding(config)(torch.tensor([[0, 1, 7]]))[0]
+    for pos in (0, 1, 7):
+        for i in range(3):
+            angle = pos / 10000 ** (2 * i / 6)
+            assert encoding[[0, 1, 7].index(pos), 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert encoding[[0, 1, 7].index(pos), 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+    assert list(SinusoidalPositionalEmbedding(config).parameters()) == []

@@ -120,7 +120,7 @@ def stack_forward(
                 f"sequence of {past_length + seq_length} tokens is longer than "
                 f"max_position_embeddings={config.max_position_embeddings}"
             )
-        hidden_states = hidden_states + module.embed_positions(position_ids)
+        hidden_states = hidden_states + module.embed_positions(position_ids).to(hidden_states.dtype)
     if module.token_type_embeddings is not None:
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(position_ids).expand(inputs_embeds.shape[0], -1)
