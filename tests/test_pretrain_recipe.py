@@ -148,6 +148,17 @@ def test_accelerate_launch_end_to_end_from_another_directory(tmp_path, small_jso
     assert history[-1]["train_loss"] < history[0]["train_loss"]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_15", "step_30"]
 
+    # A fresh process: exact weights, eager == sdpa, causality, greedy generation with and without the cache.
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tests" / "checkpoint_checks.py"), "run"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    checks = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert checks["weights_exact"] and checks["cache_equal"] and checks["new_tokens"] == 32
+    assert checks["eager_sdpa_max_diff"] < 1e-5
+    assert checks["causal_max_diff"] == 0.0
+
     wiki = data_dir / "wikitext-2" / "wiki.valid.tokens"
     small_text = tmp_path / "wiki_head.tokens"
     small_text.write_text("".join(wiki.read_text().splitlines(keepends=True)[:60]))
