@@ -197,4 +197,22 @@ PRESETS: dict[str, dict[str, Any]] = {
         "intermediate_size": 3072,
         "max_position_embeddings": 1024,
     },
+    # GPT-2 small (Radford et al. 2019; 124M parameters), as `hfzoo.convert.hfzoo_config_from_gpt2(GPT2Config())`.
+    "gpt2": {
+        "model_type": "hfzoo_decoder",
+        "vocab_size": 50257,
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+        "max_position_embeddings": 1024,
+        "hidden_act": "gelu_new",
+        "layer_norm_eps": 1e-5,
+        "norm_type": "layer_norm",
+        "norm_position": "pre",
+        "position_embedding_type": "learned",
+        "attention_bias": True,
+        "mlp_bias": True,
+        "tie_word_embeddings": True,
+    },
 }
