@@ -133,3 +133,18 @@ def test_token_counts_and_unigram_perplexity():
     assert unigram_perplexity(counts, np.array([0, 1, 3])) == pytest.approx(expected)
     with pytest.raises(ValueError, match="token ids must be in"):
         unigram_perplexity(counts, np.array([4]))
+
+
+def test_parquet_and_compressed_text_files_load(tmp_path):
+    import gzip
+
+    import datasets
+
+    datasets.Dataset.from_dict({"body": ["first document", "second document"]}).to_parquet(tmp_path / "a.parquet")
+    raw = load_raw_datasets(
+        train_file=[str(tmp_path / "a.parquet")], validation_file=[str(tmp_path / "a.parquet")], text_column_name="body"
+    )
+    assert raw["train"]["body"] == ["first document", "second document"]
+    with gzip.open(tmp_path / "b.txt.gz", "wt") as f:
+        f.write("line one\nline two\n")
+    assert "".join(load_local_files([tmp_path / "b.txt.gz"])["text"]) == "line one\nline two\n"

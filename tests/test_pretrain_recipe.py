@@ -203,8 +203,12 @@ def test_plain_text_train_and_validation_files(tmp_path, data_dir, tokenizer_dir
     train.write_text("".join(lines[:400]))
     valid.write_text("".join(lines[400:500]))
     out = tmp_path / "out"
-    results = main(base_args(train, tokenizer_dir, out, "--validation_file", str(valid), "--max_train_steps", "3"))
+    results = main(
+        base_args(train, tokenizer_dir, out, "--validation_file", str(valid), "--max_train_steps", "3",
+                  "--logging_steps", "1", "--with_tracking", "--report_to", "tensorboard")
+    )  # fmt: skip
     assert results["train_steps"] == 3
+    assert list(out.rglob("events.out.tfevents.*")), "no tensorboard event file written by --with_tracking"
     assert json.loads((out / "eval_results.json").read_text())["eval_loss"] == pytest.approx(results["eval_loss"])
     assert results["unigram_perplexity"] > 1
 
