@@ -53,6 +53,24 @@ class SequenceClassificationHead(nn.Module):
         return self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(pooled)))))
 
 
+def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every position whose label is not -100, computed in float32.
+
+    Shared by the masked-LM, token-classification and sequence-to-sequence heads (no label shift:
+    position t's logits predict label t). Labels may be non-contiguous (collators slice them).
+
+    Args:
+        logits: `(..., num_classes)` scores of any float dtype.
+        labels: int64 `(...)` targets matching `logits.shape[:-1]`, -100 = ignored.
+
+    Returns:
+        A scalar float32 tensor (nats per labelled position).
+    """
+    return nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device), ignore_index=-100
+    )
+
+
 def check_classification_labels(labels: torch.Tensor | None, config) -> None:
     """Refuse class labels outside `[0, num_labels)` (ignoring -100) before they reach the loss.
 

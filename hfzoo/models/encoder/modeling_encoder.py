@@ -15,7 +15,7 @@ from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
 from ...modeling_utils import HfzooPreTrainedModel
-from ...modules.heads import MaskedLMHead, SequenceClassificationHead, check_classification_labels
+from ...modules.heads import MaskedLMHead, SequenceClassificationHead, check_classification_labels, token_cross_entropy
 from ...modules.stack import build_stack_modules, stack_forward
 from .configuration_encoder import HfzooEncoderConfig
 
@@ -139,9 +139,7 @@ class HfzooEncoderForMaskedLM(HfzooEncoderPreTrainedModel):
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device), ignore_index=-100
-            )
+            loss = token_cross_entropy(logits, labels)
         return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -268,9 +266,7 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
-            loss = nn.functional.cross_entropy(
-                logits.reshape(-1, self.num_labels).float(), labels.reshape(-1).to(logits.device), ignore_index=-100
-            )
+            loss = token_cross_entropy(logits, labels)
         return TokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )

@@ -22,7 +22,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from ...modeling_utils import HfzooPreTrainedModel
 from ...modules.attention import HfzooAttention
-from ...modules.heads import SequenceClassificationHead, check_classification_labels
+from ...modules.heads import SequenceClassificationHead, check_classification_labels, token_cross_entropy
 from ...modules.layer import HfzooLayer
 from ...modules.stack import build_stack_modules, stack_forward
 from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
@@ -285,9 +285,7 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device), ignore_index=-100
-            )
+            loss = token_cross_entropy(logits, labels)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
