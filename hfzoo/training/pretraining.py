@@ -415,7 +415,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
                 run.optimizer.step()
                 run.lr_scheduler.step()
                 run.optimizer.zero_grad()
-            window_loss += loss.detach().float().item()
+            window_loss += loss.detach().float()  # a tensor: no device sync until the log line reads it
             window_batches += 1
             if not accelerator.sync_gradients:
                 continue
@@ -426,7 +426,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
             if completed_steps % args.logging_steps == 0 or completed_steps == run.max_train_steps:
                 elapsed = time.perf_counter() - window_start
                 record = {
-                    "train_loss": window_loss / window_batches,
+                    "train_loss": float(window_loss) / window_batches,
                     "learning_rate": run.lr_scheduler.get_last_lr()[0],
                     "tokens_per_second": window_steps * tokens_per_step / elapsed,
                     "tokens_seen": tokens_seen,
