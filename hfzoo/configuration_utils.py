@@ -36,6 +36,8 @@ class HfzooConfig(PreTrainedConfig):
         norm_type: `layer_norm` or `rms_norm` (`hfzoo.modules.norms.NORM_CLASSES`).
         norm_position: `pre` (norm before each sub-block, plus a final norm) or `post` (norm after
             each residual addition, no final norm), see `hfzoo.modules.layer`.
+        embedding_norm: normalize the sum of token, position and token-type embeddings before the first
+            layer (BERT's `embeddings.LayerNorm`, Devlin et al. 2019); uses `norm_type`.
         layer_norm_eps: epsilon of `nn.LayerNorm` (used when `norm_type="layer_norm"`).
         rms_norm_eps: epsilon of `RMSNorm` (used when `norm_type="rms_norm"`).
         attention_bias: biases in the q/k/v/o projections.
@@ -67,6 +69,7 @@ class HfzooConfig(PreTrainedConfig):
     position_embedding_type: str = "learned"
     norm_type: str = "layer_norm"
     norm_position: str = "pre"
+    embedding_norm: bool = False
     layer_norm_eps: float | int = 1e-5
     rms_norm_eps: float | int = 1e-6
     attention_bias: bool = True

@@ -293,3 +293,16 @@ def test_encoder_decoder_config_validation():
     assert deeper.get_text_config(decoder=True).num_hidden_layers == 5
     assert deeper.num_hidden_layers == TINY["num_hidden_layers"]
     assert hfzoo.HfzooEncoderDecoderConfig(**TINY).is_encoder_decoder
+
+
+def test_embedding_norm_normalizes_the_summed_embeddings():
+    """BERT's `embeddings.LayerNorm`: the first layer's input has zero mean and unit variance per token."""
+    ids, mask = padded_batch([7, 5])
+    for flag in (False, True):
+        model = build(HfzooEncoderForMaskedLM, HfzooEncoderConfig, embedding_norm=flag, layer_norm_eps=1e-12)
+        first = model.model(ids, attention_mask=mask, output_hidden_states=True).hidden_states[0]
+        normalized = torch.allclose(first.mean(-1), torch.zeros(()), atol=1e-5) and torch.allclose(
+            first.var(-1, unbiased=False), torch.ones(()), atol=1e-3
+        )
+        assert normalized == flag
+        assert (model.model.embed_norm is not None) == flag

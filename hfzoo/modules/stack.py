@@ -33,7 +33,8 @@ def build_stack_modules(
 
     Sets `embed_positions` (or None), `token_type_embeddings` (when `config.type_vocab_size > 0`,
     else None), `embed_dropout`, `layers` (`num_layers` `HfzooLayer`s) and `norm` (the final norm with
-    `norm_position="pre"`, an identity with `"post"`), plus the flags `is_causal` and
+    `norm_position="pre"`, an identity with `"post"`), `embed_norm` (a norm of the summed embeddings
+    when `config.embedding_norm`, else None), plus the flags `is_causal` and
     `has_cross_attention`. Token embeddings are set by the caller (they may be shared).
 
     Args:
@@ -48,6 +49,7 @@ def build_stack_modules(
     module.embed_positions = build_position_embedding(config)
     type_vocab_size = getattr(config, "type_vocab_size", 0)
     module.token_type_embeddings = nn.Embedding(type_vocab_size, config.hidden_size) if type_vocab_size else None
+    module.embed_norm = build_norm(config) if config.embedding_norm else None
     module.embed_dropout = nn.Dropout(config.hidden_dropout_prob)
     module.layers = nn.ModuleList(
         [HfzooLayer(config, i, is_causal=is_causal, has_cross_attention=has_cross_attention) for i in range(num_layers)]
@@ -125,6 +127,8 @@ def stack_forward(
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(position_ids).expand(inputs_embeds.shape[0], -1)
         hidden_states = hidden_states + module.token_type_embeddings(token_type_ids)
+    if module.embed_norm is not None:
+        hidden_states = module.embed_norm(hidden_states)
     hidden_states = module.embed_dropout(hidden_states)
 
     mask_kwargs = {"config": config, "inputs_embeds": inputs_embeds, "attention_mask": attention_mask}
