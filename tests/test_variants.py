@@ -1,0 +1,57 @@
+"""Every value of every architecture field, in every family it applies to (see `variant_checks.py`).
+
+Each row of `VARIANTS` is `(overrides, families, backends)`; a test runs `check_variant` for each
+row x family. A new modification adds its rows here (one per value); the checks come for free.
+"""
+
+from __future__ import annotations
+
+import pytest
+from variant_checks import FAMILIES, check_variant
+
+from hfzoo.modules.norms import NORM_CLASSES
+from hfzoo.modules.positions import POSITION_EMBEDDING_TYPES
+
+ALL = tuple(FAMILIES)
+BOTH = ("eager", "sdpa")
+
+VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
+    ({}, ALL, BOTH),
+    # ---- feed-forward
+    *[({"hidden_act": act}, ALL, BOTH) for act in ("relu", "gelu", "silu", "swish", "gelu_new")],
+    ({"mlp_bias": False}, ALL, BOTH),
+    # ---- normalization
+    *[({"norm_type": norm}, ALL, BOTH) for norm in NORM_CLASSES],
+    *[({"norm_position": position}, ALL, BOTH) for position in ("pre", "post")],
+    ({"embedding_norm": True}, ALL, BOTH),
+    # ---- positions
+    *[({"position_embedding_type": kind}, ALL, BOTH) for kind in POSITION_EMBEDDING_TYPES],
+    # ---- attention shape
+    ({"head_dim": 12}, ALL, BOTH),
+    ({"attention_bias": False}, ALL, BOTH),
+    # ---- embeddings
+    ({"tie_word_embeddings": False}, ALL, BOTH),
+]
+
+
+def _cases():
+    for overrides, families, backends in VARIANTS:
+        for family in families:
+            label = ",".join(f"{k}={v}" for k, v in overrides.items()) or "defaults"
+            yield pytest.param(family, overrides, backends, id=f"{family}:{label}")
+
+
+@pytest.mark.parametrize("family, overrides, backends", list(_cases()))
+def test_variant(family, overrides, backends, tmp_path):
+    check_variant(family, overrides, tmp_path, backends)
+
+
+def test_every_registered_choice_has_a_row():
+    """A registry entry without a row in `VARIANTS` would be an untested option."""
+    covered = {(k, v) for overrides, _, _ in VARIANTS for k, v in overrides.items()}
+    for field, choices in (
+        ("norm_type", NORM_CLASSES),
+        ("position_embedding_type", POSITION_EMBEDDING_TYPES),
+    ):
+        missing = [c for c in choices if (field, c) not in covered]
+        assert not missing, f"{field} values without a VARIANTS row: {missing}"
