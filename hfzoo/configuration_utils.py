@@ -15,6 +15,7 @@ from transformers.activations import ACT2FN
 from .modules.layer import NORM_POSITIONS
 from .modules.norms import NORM_CLASSES
 from .modules.positions import POSITION_EMBEDDING_TYPES
+from .modules.stack import BLOCK_SHARING
 
 
 @strict
@@ -45,7 +46,20 @@ class HfzooConfig(PreTrainedConfig):
         hidden_dropout_prob: dropout on embeddings, sub-block outputs and the feed-forward hidden layer.
         attention_probs_dropout_prob: dropout on attention probabilities.
         initializer_range: standard deviation of the normal initialisation of weight matrices.
-        tie_word_embeddings: share the input embedding matrix with the output projection.
+        tie_word_embeddings: share the input embedding matrix with the output projection (Press & Wolf
+            2017). In the encoder-decoder, the decoder's input embedding (see
+            `tie_encoder_decoder_embeddings`).
+        embedding_size: inner size E of factorized token embeddings (ALBERT, Lan et al. 2020 §3.1): a
+            `(vocab_size, E)` matrix and an `E -> hidden_size` projection; a tied output head uses both
+            factors, an untied one is a full `hidden_size -> vocab_size` matrix (as Mesh TensorFlow).
+            None: one `(vocab_size, hidden_size)` matrix. See `hfzoo.modules.embeddings`.
+        scale_embeddings: multiply token embeddings by sqrt(hidden_size) (Vaswani et al. 2017, §3.4).
+        block_sharing: ALBERT-style cross-layer parameter sharing (Lan et al. 2020 §3.1): one layer's
+            parameters used by every layer of a stack; one of `hfzoo.modules.stack.BLOCK_SHARING`
+            (`none`; `all`; `encoder` / `decoder`: one stack of the encoder-decoder only). Refused together
+            with a per-layer structure (experts on every k-th layer only).
+        num_softmaxes: K > 1 makes every LM head a mixture of K softmaxes (Yang et al. 2018) whose
+            `logits` are log-probabilities (see `hfzoo.modules.embeddings.VocabProjection`); 1: one softmax.
         use_cache: return key/value caches from the forward pass (generation).
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
@@ -82,6 +96,11 @@ class HfzooConfig(PreTrainedConfig):
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
+    # --- embeddings (issue 4)
+    embedding_size: int | None = None
+    scale_embeddings: bool = False
+    block_sharing: str = "none"
+    num_softmaxes: int = 1
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:
@@ -127,3 +146,26 @@ class HfzooConfig(PreTrainedConfig):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name}={value} is outside the vocabulary [0, {self.vocab_size})")
+        self._validate_embeddings()
+
+    def _validate_embeddings(self) -> None:
+        """Check `embedding_size`, `num_softmaxes` and `block_sharing` (and what block sharing contradicts)."""
+        if self.embedding_size is not None and (not isinstance(self.embedding_size, int) or self.embedding_size < 1):
+            raise ValueError(f"embedding_size must be None or a positive integer, got {self.embedding_size!r}")
+        if not isinstance(self.num_softmaxes, int) or self.num_softmaxes < 1:
+            raise ValueError(f"num_softmaxes must be a positive integer, got {self.num_softmaxes!r}")
+        allowed = list(BLOCK_SHARING)
+        if not getattr(self, "is_encoder_decoder", False):
+            allowed = [choice for choice in allowed if choice not in ("encoder", "decoder")]
+        if self.block_sharing not in allowed:
+            raise ValueError(
+                f"block_sharing={self.block_sharing!r} is not supported by {self.model_type}; choose one of {allowed}"
+            )
+        # One set of layer parameters cannot also differ between layers.
+        interval = getattr(self, "moe_layer_interval", 1)
+        if self.block_sharing != "none" and getattr(self, "num_experts", 0) > 0 and interval > 1:
+            raise ValueError(
+                f"block_sharing={self.block_sharing!r} shares one layer's parameters across layers, which "
+                f"contradicts experts on every {interval}-th layer only (num_experts={self.num_experts}, "
+                f"moe_layer_interval={interval}); use moe_layer_interval=1 or block_sharing='none'"
+            )

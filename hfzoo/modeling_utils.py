@@ -28,3 +28,15 @@ class HfzooPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = True
     _can_record_outputs = {"hidden_states": HfzooLayer, "attentions": HfzooAttention}
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        """The `{target: source}` parameter ties of this model (and with `all_submodels`, of its submodels).
+
+        hfzoo models compute `_tied_weights_keys` from their config (`tie_word_embeddings`,
+        `tie_encoder_decoder_embeddings`, `block_sharing`, `embedding_size`), already expanded to
+        parameter names, so transformers' gate "no ties at all unless `tie_word_embeddings`" is skipped:
+        an untied LM head must not untie block-shared layers or the encoder-decoder's shared inputs.
+        """
+        if all_submodels:
+            return super().get_expanded_tied_weights_keys(all_submodels=True)
+        return dict(self._tied_weights_keys or {})

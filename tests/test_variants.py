@@ -11,6 +11,7 @@ from variant_checks import FAMILIES, check_variant
 
 from hfzoo.modules.norms import NORM_CLASSES
 from hfzoo.modules.positions import POSITION_EMBEDDING_TYPES
+from hfzoo.modules.stack import BLOCK_SHARING
 
 ALL = tuple(FAMILIES)
 BOTH = ("eager", "sdpa")
@@ -31,6 +32,22 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
     ({"attention_bias": False}, ALL, BOTH),
     # ---- embeddings
     ({"tie_word_embeddings": False}, ALL, BOTH),
+    ({"embedding_size": 16}, ALL, BOTH),
+    ({"embedding_size": 16, "tie_word_embeddings": False}, ALL, BOTH),
+    ({"scale_embeddings": True}, ALL, BOTH),
+    *[
+        ({"tie_encoder_decoder_embeddings": False, "tie_word_embeddings": tied}, ("encoder-decoder",), BOTH)
+        for tied in (True, False)
+    ],
+    ({"tie_encoder_decoder_embeddings": False, "embedding_size": 16}, ("encoder-decoder",), BOTH),
+    # ---- parameter sharing
+    *[
+        ({"block_sharing": choice}, ALL if choice in ("none", "all") else ("encoder-decoder",), BOTH)
+        for choice in BLOCK_SHARING
+    ],
+    # ---- output
+    ({"num_softmaxes": 3}, ALL, BOTH),
+    ({"num_softmaxes": 3, "embedding_size": 16}, ALL, BOTH),
 ]
 
 
@@ -52,6 +69,7 @@ def test_every_registered_choice_has_a_row():
     for field, choices in (
         ("norm_type", NORM_CLASSES),
         ("position_embedding_type", POSITION_EMBEDDING_TYPES),
+        ("block_sharing", BLOCK_SHARING),
     ):
         missing = [c for c in choices if (field, c) not in covered]
         assert not missing, f"{field} values without a VARIANTS row: {missing}"

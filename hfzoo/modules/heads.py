@@ -6,14 +6,17 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
+from .embeddings import VocabProjection
 from .norms import build_norm
 
 
 class MaskedLMHead(nn.Module):
     """BERT's masked-LM head (Devlin et al. 2019; `BertLMPredictionHead`): transform, then vocabulary projection.
 
-    `decoder(norm(act(dense(h))))` with a per-token output bias. `decoder.weight` is tied to the input
-    embeddings when `config.tie_word_embeddings` (declared by the model's `_tied_weights_keys`).
+    `decoder(norm(act(dense(h))))` with a per-token output bias. `decoder` is a
+    `hfzoo.modules.embeddings.VocabProjection` (factorized when tied to factorized embeddings; a mixture
+    of softmaxes returning log-probabilities when `config.num_softmaxes > 1`); its weight is tied to the
+    input embeddings when `config.tie_word_embeddings` (declared by the model's `_tied_weights_keys`).
 
     Shapes:
         `(batch_size, seq_len, hidden_size)` -> logits `(batch_size, seq_len, vocab_size)`.
@@ -24,7 +27,7 @@ class MaskedLMHead(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act_fn = ACT2FN[config.hidden_act]
         self.norm = build_norm(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+        self.decoder = VocabProjection(config, bias=True, tied=config.tie_word_embeddings)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Map hidden states `(..., hidden_size)` to vocabulary logits `(..., vocab_size)`."""

@@ -8,6 +8,12 @@ decides only whether self-attention is causal and whether the layers cross-atten
 - encoder model: one bidirectional stack (with token types);
 - encoder-decoder: a bidirectional stack and a causal stack with cross-attention, sharing embeddings.
 
+Block sharing (`config.block_sharing`, ALBERT: Lan et al. 2020 §3.1; options in `BLOCK_SHARING` at the
+bottom) keeps `num_layers` distinct `HfzooLayer` modules, each with its own `layer_idx`, and ties every
+parameter of layers 1..N-1 to layer 0's through the model's `_tied_weights_keys`
+(`shared_layer_tied_keys`). So the KV cache has one layer per application, gradient checkpointing wraps
+each application, checkpoints store layer 0 only, and DeepSpeed ZeRO-3 partitions each tensor once.
+
 `stack_forward` is the one forward pass; the base models of the decoder and encoder families call it
 on themselves (they carry the same attributes), so their checkpoints keep flat key names
 (`model.embed_tokens`, `model.layers.N`, `model.norm`).
@@ -34,8 +40,10 @@ def build_stack_modules(
     Sets `embed_positions` (or None), `token_type_embeddings` (when `config.type_vocab_size > 0`,
     else None), `embed_dropout`, `layers` (`num_layers` `HfzooLayer`s) and `norm` (the final norm with
     `norm_position="pre"`, an identity with `"post"`), `embed_norm` (a norm of the summed embeddings
-    when `config.embedding_norm`, else None), plus the flags `is_causal` and
-    `has_cross_attention`. Token embeddings are set by the caller (they may be shared).
+    when `config.embedding_norm`, else None), plus the flags `is_causal`, `has_cross_attention` and
+    `shares_layers` (`config.block_sharing` covers this stack; the model then declares
+    `shared_layer_tied_keys`). Token embeddings (`hfzoo.modules.embeddings.TokenEmbedding`) are set by
+    the caller (they may be shared).
 
     Args:
         module: the model or stack to populate.
@@ -43,9 +51,14 @@ def build_stack_modules(
         num_layers: number of layers.
         is_causal: causal self-attention.
         has_cross_attention: layers attend to encoder outputs.
+
+    Raises:
+        ValueError: block sharing over layers whose parameters differ (a per-layer setting).
     """
     module.is_causal = is_causal
     module.has_cross_attention = has_cross_attention
+    # The encoder-decoder's causal stack is its "decoder"; a single-stack family's stack counts as both.
+    module.shares_layers = ("decoder" if is_causal else "encoder") in BLOCK_SHARING[config.block_sharing]
     module.embed_positions = build_position_embedding(config)
     type_vocab_size = getattr(config, "type_vocab_size", 0)
     module.token_type_embeddings = nn.Embedding(type_vocab_size, config.hidden_size) if type_vocab_size else None
@@ -55,6 +68,31 @@ def build_stack_modules(
         [HfzooLayer(config, i, is_causal=is_causal, has_cross_attention=has_cross_attention) for i in range(num_layers)]
     )
     module.norm = build_norm(config) if config.norm_position == "pre" else nn.Identity()
+    if module.shares_layers:
+        first = [(name, p.shape) for name, p in module.layers[0].named_parameters()]
+        for i, layer in enumerate(module.layers):
+            if [(name, p.shape) for name, p in layer.named_parameters()] != first:
+                raise ValueError(
+                    f"block_sharing={config.block_sharing!r}: layer {i} has different parameters than layer 0, "
+                    "so one set of parameters cannot serve every layer; use block_sharing='none'"
+                )
+
+
+def shared_layer_tied_keys(module: nn.Module) -> dict[str, str]:
+    """`_tied_weights_keys` entries tying every layer of a block-sharing stack to its layer 0.
+
+    Args:
+        module: a stack built by `build_stack_modules` (or a model still being built: then `{}`).
+
+    Returns:
+        `{"layers.i.<param>": "layers.0.<param>"}` for i >= 1 and every parameter of layer 0, or `{}`
+        when the stack does not share its layers.
+    """
+    layers = getattr(module, "layers", None)
+    if not getattr(module, "shares_layers", False) or layers is None:
+        return {}
+    names = [name for name, _ in layers[0].named_parameters()]
+    return {f"layers.{i}.{name}": f"layers.0.{name}" for i in range(1, len(layers)) for name in names}
 
 
 def stack_forward(
@@ -155,3 +193,13 @@ def stack_forward(
         )
     hidden_states = module.norm(hidden_states)
     return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, past_key_values=past_key_values)
+
+
+#: `config.block_sharing` -> the stacks whose layers share one set of parameters (ALBERT, Lan et al. 2020).
+#: `encoder` and `decoder` exist for the encoder-decoder only (validated in `HfzooConfig`).
+BLOCK_SHARING = {
+    "none": (),
+    "all": ("encoder", "decoder"),
+    "encoder": ("encoder",),
+    "decoder": ("decoder",),
+}

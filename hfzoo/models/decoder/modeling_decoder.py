@@ -17,8 +17,9 @@ from transformers.utils.generic import can_return_tuple, merge_with_config_defau
 from transformers.utils.output_capturing import capture_outputs
 
 from ...modeling_utils import HfzooPreTrainedModel
+from ...modules.embeddings import TokenEmbedding, VocabProjection, tied_embedding_keys
 from ...modules.heads import check_classification_labels
-from ...modules.stack import build_stack_modules, stack_forward
+from ...modules.stack import build_stack_modules, shared_layer_tied_keys, stack_forward
 from .configuration_decoder import HfzooDecoderConfig
 
 
@@ -33,7 +34,8 @@ class HfzooDecoderModel(HfzooDecoderPreTrainedModel):
     """The bare decoder: token (+ position) embeddings, `num_hidden_layers` causal layers, final norm.
 
     The final norm exists with `norm_position="pre"` (as in GPT-2) and is an identity with `"post"`
-    (each post-LN layer already ends with a norm).
+    (each post-LN layer already ends with a norm). With `block_sharing="all"` every layer's parameters
+    are tied to layer 0's.
 
     Args:
         config: an `HfzooDecoderConfig`.
@@ -41,9 +43,14 @@ class HfzooDecoderModel(HfzooDecoderPreTrainedModel):
 
     def __init__(self, config: HfzooDecoderConfig) -> None:
         super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = TokenEmbedding(config)
         build_stack_modules(self, config, config.num_hidden_layers, is_causal=True)
         self.post_init()
+
+    @property
+    def _tied_weights_keys(self) -> dict[str, str]:
+        """Layer ties of block sharing (`hfzoo.modules.stack.shared_layer_tied_keys`)."""
+        return shared_layer_tied_keys(self)
 
     @merge_with_config_defaults
     @capture_outputs
@@ -94,21 +101,27 @@ class HfzooDecoderModel(HfzooDecoderPreTrainedModel):
 class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
     """Decoder with a language-modelling head: next-token prediction (causal LM), `generate()` ready.
 
-    The head `lm_head` shares its weight with `model.embed_tokens` when `tie_word_embeddings=True`
-    (Press & Wolf 2017), declared through `_tied_weights_keys` so that safetensors stores it once and
-    DeepSpeed ZeRO-3 partitions it once.
+    The head `lm_head` (`hfzoo.modules.embeddings.VocabProjection`) shares its weight with
+    `model.embed_tokens` when `tie_word_embeddings=True` (Press & Wolf 2017), declared through
+    `_tied_weights_keys` so that safetensors stores it once and DeepSpeed ZeRO-3 partitions it once.
+    With `num_softmaxes > 1` the `logits` are log-probabilities of a mixture of softmaxes.
 
     Args:
         config: an `HfzooDecoderConfig`.
     """
 
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
-
     def __init__(self, config: HfzooDecoderConfig) -> None:
         super().__init__(config)
         self.model = HfzooDecoderModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = VocabProjection(config, bias=False, tied=config.tie_word_embeddings)
         self.post_init()
+
+    @property
+    def _tied_weights_keys(self) -> dict[str, str]:
+        """`lm_head` -> `model.embed_tokens` when `tie_word_embeddings` (the layers' ties are `model`'s)."""
+        if not self.config.tie_word_embeddings:
+            return {}
+        return tied_embedding_keys(self.config, "lm_head", "model.embed_tokens")
 
     @can_return_tuple
     def forward(

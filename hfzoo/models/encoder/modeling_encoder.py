@@ -15,8 +15,9 @@ from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
 from ...modeling_utils import HfzooPreTrainedModel
+from ...modules.embeddings import TokenEmbedding, tied_embedding_keys
 from ...modules.heads import MaskedLMHead, SequenceClassificationHead, check_classification_labels, token_cross_entropy
-from ...modules.stack import build_stack_modules, stack_forward
+from ...modules.stack import build_stack_modules, shared_layer_tied_keys, stack_forward
 from .configuration_encoder import HfzooEncoderConfig
 
 
@@ -39,9 +40,14 @@ class HfzooEncoderModel(HfzooEncoderPreTrainedModel):
 
     def __init__(self, config: HfzooEncoderConfig) -> None:
         super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = TokenEmbedding(config)
         build_stack_modules(self, config, config.num_hidden_layers, is_causal=False)
         self.post_init()
+
+    @property
+    def _tied_weights_keys(self) -> dict[str, str]:
+        """Layer ties of block sharing (`hfzoo.modules.stack.shared_layer_tied_keys`)."""
+        return shared_layer_tied_keys(self)
 
     @capture_outputs
     def forward(
@@ -94,13 +100,18 @@ class HfzooEncoderForMaskedLM(HfzooEncoderPreTrainedModel):
         config: an `HfzooEncoderConfig`.
     """
 
-    _tied_weights_keys = {"lm_head.decoder.weight": "model.embed_tokens.weight"}
-
     def __init__(self, config: HfzooEncoderConfig) -> None:
         super().__init__(config)
         self.model = HfzooEncoderModel(config)
         self.lm_head = MaskedLMHead(config)
         self.post_init()
+
+    @property
+    def _tied_weights_keys(self) -> dict[str, str]:
+        """`lm_head.decoder` -> `model.embed_tokens` when `tie_word_embeddings`."""
+        if not self.config.tie_word_embeddings:
+            return {}
+        return tied_embedding_keys(self.config, "lm_head.decoder", "model.embed_tokens")
 
     @can_return_tuple
     def forward(

@@ -20,9 +20,13 @@ class HfzooEncoderDecoderConfig(HfzooConfig):
         decoder_start_token_id: first decoder input; labels are shifted right behind it as in T5
             (Raffel et al. 2020), which uses the padding id 0.
         classifier_dropout: dropout in the sequence-classification head (None: `hidden_dropout_prob`).
+        tie_encoder_decoder_embeddings: one token embedding matrix for the encoder and decoder inputs
+            (Vaswani et al. 2017 §3.4, T5); False gives the decoder its own.
 
-    The token embedding matrix is shared by encoder and decoder; `tie_word_embeddings` also ties it to
-    the output projection (the vanilla setup of Narang et al. 2021).
+    The three vocabulary matrices (encoder input, decoder input, decoder output) of Narang et al. 2021:
+    `(tie_encoder_decoder_embeddings, tie_word_embeddings)` = `(True, True)` is their baseline (all three
+    shared), `(True, False)` "Tied encoder/decoder input embeddings", `(False, True)` "Tied decoder input
+    and output embeddings", `(False, False)` "Untied embeddings". `block_sharing` may also be `encoder` or `decoder`.
     """
 
     model_type = "hfzoo_encoder_decoder"
@@ -33,6 +37,7 @@ class HfzooEncoderDecoderConfig(HfzooConfig):
     decoder_start_token_id: int | None = 0
     classifier_dropout: float | int | None = None
     is_encoder_decoder: bool = True
+    tie_encoder_decoder_embeddings: bool = True
 
     def __post_init__(self, **kwargs):
         if self.num_decoder_layers is None:

@@ -1,13 +1,15 @@
 """The hfzoo encoder-decoder family: a bidirectional encoder stack, a causal decoder stack with cross-attention.
 
-The token embedding matrix `model.shared` feeds both stacks (Vaswani et al. 2017, §3.4; T5) and, with
-`tie_word_embeddings`, the output projection. Generation uses transformers' `EncoderDecoderCache`.
+The model has three vocabulary matrices, each tied or not (Narang et al. 2021, "embedding" rows):
+the encoder input `model.shared` (= `model.encoder.embed_tokens`), the decoder input
+`model.decoder.embed_tokens` (the same module as `model.shared` when `tie_encoder_decoder_embeddings`,
+as in Vaswani et al. 2017 §3.4 and T5) and the output projection `lm_head` (tied to the decoder input
+when `tie_word_embeddings`). Generation uses transformers' `EncoderDecoderCache`.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import nn
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import (
@@ -22,9 +24,10 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from ...modeling_utils import HfzooPreTrainedModel
 from ...modules.attention import HfzooAttention
+from ...modules.embeddings import TokenEmbedding, VocabProjection, tied_embedding_keys
 from ...modules.heads import SequenceClassificationHead, check_classification_labels, token_cross_entropy
 from ...modules.layer import HfzooLayer
-from ...modules.stack import build_stack_modules, stack_forward
+from ...modules.stack import build_stack_modules, shared_layer_tied_keys, stack_forward
 from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
 
 
@@ -66,17 +69,24 @@ class HfzooStack(HfzooEncoderDecoderPreTrainedModel):
 
     Args:
         config: an `HfzooEncoderDecoderConfig`.
-        embed_tokens: the shared token embedding module.
+        embed_tokens: this side's token embedding module (possibly the shared one).
         is_decoder: build the decoder side (`num_decoder_layers` causal layers with cross-attention)
             instead of the encoder side (`num_hidden_layers` bidirectional layers).
+
+    With `block_sharing` "all" or this side's name, the layers' parameters are tied to layer 0's.
     """
 
-    def __init__(self, config: HfzooEncoderDecoderConfig, embed_tokens: nn.Embedding, is_decoder: bool) -> None:
+    def __init__(self, config: HfzooEncoderDecoderConfig, embed_tokens: TokenEmbedding, is_decoder: bool) -> None:
         super().__init__(config)
         self.embed_tokens = embed_tokens
         num_layers = config.num_decoder_layers if is_decoder else config.num_hidden_layers
         build_stack_modules(self, config, num_layers, is_causal=is_decoder, has_cross_attention=is_decoder)
         self.post_init()
+
+    @property
+    def _tied_weights_keys(self) -> dict[str, str]:
+        """Layer ties of block sharing (`hfzoo.modules.stack.shared_layer_tied_keys`)."""
+        return shared_layer_tied_keys(self)
 
     @merge_with_config_defaults
     @capture_outputs
@@ -110,31 +120,39 @@ class HfzooStack(HfzooEncoderDecoderPreTrainedModel):
 class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
     """The bare encoder-decoder (Vaswani et al. 2017): `shared` embeddings, `encoder`, `decoder`.
 
+    `shared` is the encoder's input embedding; the decoder uses it too when
+    `config.tie_encoder_decoder_embeddings`, else its own `decoder.embed_tokens`.
+
     Args:
         config: an `HfzooEncoderDecoderConfig`.
     """
 
-    _tied_weights_keys = {
-        "encoder.embed_tokens.weight": "shared.weight",
-        "decoder.embed_tokens.weight": "shared.weight",
-    }
-
     def __init__(self, config: HfzooEncoderDecoderConfig) -> None:
         super().__init__(config)
-        self.shared = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.shared = TokenEmbedding(config)
+        decoder_embeddings = self.shared if config.tie_encoder_decoder_embeddings else TokenEmbedding(config)
         self.encoder = HfzooStack(config, self.shared, is_decoder=False)
-        self.decoder = HfzooStack(config, self.shared, is_decoder=True)
+        self.decoder = HfzooStack(config, decoder_embeddings, is_decoder=True)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        """Return the shared token embeddings."""
+    @property
+    def _tied_weights_keys(self) -> dict[str, str]:
+        """`encoder.embed_tokens` -> `shared`, and `decoder.embed_tokens` -> `shared` when tied."""
+        keys = tied_embedding_keys(self.config, "encoder.embed_tokens", "shared")
+        if self.config.tie_encoder_decoder_embeddings:
+            keys.update(tied_embedding_keys(self.config, "decoder.embed_tokens", "shared"))
+        return keys
+
+    def get_input_embeddings(self) -> TokenEmbedding:
+        """Return the encoder's (shared) token embeddings."""
         return self.shared
 
-    def set_input_embeddings(self, new_embeddings: nn.Embedding) -> None:
-        """Replace the shared token embeddings in both stacks."""
+    def set_input_embeddings(self, new_embeddings: TokenEmbedding) -> None:
+        """Replace the shared token embeddings (in the decoder too when `tie_encoder_decoder_embeddings`)."""
         self.shared = new_embeddings
         self.encoder.embed_tokens = new_embeddings
-        self.decoder.embed_tokens = new_embeddings
+        if self.config.tie_encoder_decoder_embeddings:
+            self.decoder.embed_tokens = new_embeddings
 
     def get_encoder(self, modality=None) -> HfzooStack:
         """Return the encoder stack (used by `generate` to encode once)."""
@@ -207,23 +225,27 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
     """Encoder-decoder with a language-modelling head: T5-style text-to-text (Raffel et al. 2020).
 
     `labels` are shifted right behind `decoder_start_token_id` to make the decoder inputs when none
-    are given. With `tie_word_embeddings`, `lm_head` shares `model.shared`.
+    are given. With `tie_word_embeddings`, `lm_head` (a `hfzoo.modules.embeddings.VocabProjection`)
+    shares the decoder's input embedding (`model.shared` when `tie_encoder_decoder_embeddings`). With
+    `num_softmaxes > 1` the `logits` are log-probabilities of a mixture of softmaxes.
 
     Args:
         config: an `HfzooEncoderDecoderConfig`.
     """
 
-    _tied_weights_keys = {
-        "model.encoder.embed_tokens.weight": "model.shared.weight",
-        "model.decoder.embed_tokens.weight": "model.shared.weight",
-        "lm_head.weight": "model.shared.weight",
-    }
-
     def __init__(self, config: HfzooEncoderDecoderConfig) -> None:
         super().__init__(config)
         self.model = HfzooEncoderDecoderModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = VocabProjection(config, bias=False, tied=config.tie_word_embeddings)
         self.post_init()
+
+    @property
+    def _tied_weights_keys(self) -> dict[str, str]:
+        """`lm_head` -> the decoder's input embedding when `tie_word_embeddings` (other ties are `model`'s)."""
+        if not self.config.tie_word_embeddings:
+            return {}
+        source = "model.shared" if self.config.tie_encoder_decoder_embeddings else "model.decoder.embed_tokens"
+        return tied_embedding_keys(self.config, "lm_head", source)
 
     def get_encoder(self, modality=None) -> HfzooStack:
         """Return the encoder stack (used by `generate`)."""
@@ -308,11 +330,6 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
     Args:
         config: an `HfzooEncoderDecoderConfig` (`num_labels`, `problem_type`, `eos_token_id`).
     """
-
-    _tied_weights_keys = {
-        "model.encoder.embed_tokens.weight": "model.shared.weight",
-        "model.decoder.embed_tokens.weight": "model.shared.weight",
-    }
 
     def __init__(self, config: HfzooEncoderDecoderConfig) -> None:
         super().__init__(config)
