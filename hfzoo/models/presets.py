@@ -215,4 +215,38 @@ PRESETS: dict[str, dict[str, Any]] = {
         "mlp_bias": True,
         "tie_word_embeddings": True,
     },
+    # The baseline of Narang et al. 2021 ("Do Transformer Modifications Transfer...", §2 and Table 1): a
+    # T5-base-sized encoder-decoder as Mesh TensorFlow builds it: 12 + 12 pre-LN layers, ReLU, d_kv 64,
+    # no biases, T5's bucketed relative attention bias shared across layers, unscaled attention scores
+    # (T5 folds 1/sqrt(d_kv) into the initialisation), the three vocabulary matrices tied, no dropout in
+    # pre-training. 222.9M parameters (the paper: 223M; tests/test_param_counts.py). Its Table 2 uses
+    # learned absolute positions instead: `position_embedding_type=learned`.
+    "narang-vanilla": {
+        "model_type": "hfzoo_encoder_decoder",
+        "vocab_size": 32128,
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_decoder_layers": 12,
+        "num_attention_heads": 12,
+        "head_dim": 64,
+        "intermediate_size": 3072,
+        "hidden_act": "relu",
+        "norm_type": "layer_norm",
+        "norm_position": "pre",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "position_embedding_type": "relative_attention_bias",
+        "relative_attention_num_buckets": 32,
+        "relative_attention_max_distance": 128,
+        "share_relative_attention_bias": True,
+        "scale_attention_scores": False,
+        "max_position_embeddings": 512,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "tie_word_embeddings": True,
+        "tie_encoder_decoder_embeddings": True,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+        "decoder_start_token_id": 0,
+    },
 }
