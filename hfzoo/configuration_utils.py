@@ -57,7 +57,7 @@ class HfzooConfig(PreTrainedConfig):
         block_sharing: ALBERT-style cross-layer parameter sharing (Lan et al. 2020 §3.1): one layer's
             parameters used by every layer of a stack; one of `hfzoo.modules.stack.BLOCK_SHARING`
             (`none`; `all`; `encoder` / `decoder`: one stack of the encoder-decoder only). Refused together
-            with a per-layer structure (experts on every k-th layer only).
+            with a per-layer structure (experts on every k-th layer only, a relative bias table per layer).
         num_softmaxes: K > 1 makes every LM head a mixture of K softmaxes (Yang et al. 2018) whose
             `logits` are log-probabilities (see `hfzoo.modules.embeddings.VocabProjection`); 1: one softmax.
         use_cache: return key/value caches from the forward pass (generation).
@@ -162,6 +162,15 @@ class HfzooConfig(PreTrainedConfig):
                 f"block_sharing={self.block_sharing!r} is not supported by {self.model_type}; choose one of {allowed}"
             )
         # One set of layer parameters cannot also differ between layers.
+        per_layer_bias = self.position_embedding_type == "relative_attention_bias" and not getattr(
+            self, "share_relative_attention_bias", True
+        )
+        if self.block_sharing != "none" and per_layer_bias:
+            raise ValueError(
+                f"block_sharing={self.block_sharing!r} shares one layer's parameters across layers, which "
+                "contradicts share_relative_attention_bias=False (one bias table per layer); "
+                "use share_relative_attention_bias=True or block_sharing='none'"
+            )
         interval = getattr(self, "moe_layer_interval", 1)
         if self.block_sharing != "none" and getattr(self, "num_experts", 0) > 0 and interval > 1:
             raise ValueError(

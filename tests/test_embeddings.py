@@ -24,6 +24,7 @@ from hfzoo import (
     HfzooEncoderForMaskedLM,
 )
 from hfzoo.modules.embeddings import TokenEmbedding, VocabProjection
+from hfzoo.modules.positions import POSITION_EMBEDDING_TYPES
 
 TINY = dict(
     vocab_size=97,
@@ -243,6 +244,16 @@ def test_block_sharing_with_gradient_checkpointing_gives_the_same_gradients():
 def test_invalid_embedding_and_sharing_settings_are_refused(config_class, overrides, message):
     with pytest.raises(StrictDataclassClassValidationError, match=message):
         config_class(**TINY, **overrides)
+
+
+@pytest.mark.skipif(
+    "relative_attention_bias" not in POSITION_EMBEDDING_TYPES, reason="needs the positions branch's T5 bias"
+)
+def test_block_sharing_refuses_a_relative_bias_per_layer():
+    overrides = {"position_embedding_type": "relative_attention_bias", "share_relative_attention_bias": False}
+    with pytest.raises(StrictDataclassClassValidationError, match="block_sharing='all'.*share_relative_attention_bias"):
+        HfzooEncoderDecoderConfig(**TINY, block_sharing="all", **overrides)
+    assert HfzooEncoderDecoderConfig(**TINY, **overrides).block_sharing == "none"
 
 
 def test_experts_on_every_layer_may_share_blocks():
