@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 
+from .feed_forward import ACTIVATIONS
 from .norms import build_norm
 
 
 class MaskedLMHead(nn.Module):
     """BERT's masked-LM head (Devlin et al. 2019; `BertLMPredictionHead`): transform, then vocabulary projection.
 
-    `decoder(norm(act(dense(h))))` with a per-token output bias. `decoder.weight` is tied to the input
+    `decoder(norm(act(dense(h))))` with a per-token output bias; `norm` follows `config.norm_type` (an
+    identity with `none`). `decoder.weight` is tied to the input
     embeddings when `config.tie_word_embeddings` (declared by the model's `_tied_weights_keys`).
 
     Shapes:
@@ -22,7 +23,7 @@ class MaskedLMHead(nn.Module):
     def __init__(self, config) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act_fn = ACT2FN[config.hidden_act]
+        self.act_fn = ACTIVATIONS[config.hidden_act]
         self.norm = build_norm(config)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=True)
 
