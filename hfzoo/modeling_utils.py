@@ -14,7 +14,7 @@ from transformers.utils.output_capturing import OutputRecorder
 from .configuration_utils import HfzooConfig
 from .modules.attention import HfzooAttention
 from .modules.experts import HfzooRouter
-from .modules.layer import HfzooLayer, Residual, init_residual_branches
+from .modules.layer import HfzooLayer, Residual
 
 
 class HfzooPreTrainedModel(PreTrainedModel):
@@ -23,7 +23,7 @@ class HfzooPreTrainedModel(PreTrainedModel):
     Weights are initialised by transformers' default `_init_weights` (normal(0, `initializer_range`)
     for linear and embedding matrices, zero biases, unit norm weights), plus the residual schemes:
     ReZero's scalars start at 0, Fixup's multipliers at 1 and biases at 0, and DeepNorm / Fixup rescale
-    the residual branches (`hfzoo.modules.layer.init_residual_branches`). transformers applies
+    the residual branches (`hfzoo.modules.layer.mark_residual_branch_init`). transformers applies
     `_init_weights` only to modules that `from_pretrained` did not load, and every write goes through
     `transformers.initialization`, which skips loaded tensors, so loaded weights are never overwritten.
     """
@@ -45,7 +45,16 @@ class HfzooPreTrainedModel(PreTrainedModel):
     }
 
     def _init_weights(self, module: nn.Module) -> None:
-        """Initialise `module`'s own tensors (transformers calls this bottom-up, only on unloaded modules)."""
+        """Initialise `module`'s own tensors (transformers calls this only on modules with tensors to initialise)."""
+        scale = getattr(module, "residual_init_scale", None)
+        if scale is not None:  # a residual-branch projection rescaled by DeepNorm or Fixup
+            if scale == 0:
+                init.zeros_(module.weight)
+            else:
+                init.normal_(module.weight, mean=0.0, std=self.config.initializer_range * scale)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+            return
         super()._init_weights(module)
         if isinstance(module, Residual):
             if module.rezero_alpha is not None:
@@ -54,8 +63,6 @@ class HfzooPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.fixup_bias_in)
                 init.ones_(module.fixup_scale)
                 init.zeros_(module.fixup_bias_out)
-        elif isinstance(module, HfzooLayer):
-            init_residual_branches(module, self.config)
 
 
 @dataclass

@@ -10,7 +10,7 @@ rezero   (Bachlechner et al. 2020, eq. 3):                 F(.) -> a * F(.), sca
 fixup    (Zhang et al. 2019, §3; with norm_type "none"):   F(.) -> s * F(. + b_in) + b_out, s=1, b=0 at init
 ```
 `norm_type="none"` makes Norm an identity (ReZero alone, Fixup). DeepNorm and Fixup also rescale the
-initialisation of the residual branches (`init_residual_branches`, called by the models' `_init_weights`).
+initialisation of the residual branches (`mark_residual_branch_init`, applied by the models' `_init_weights`).
 Options are registered in `NORM_POSITIONS` at the bottom of this file.
 """
 
@@ -21,7 +21,6 @@ from functools import partial
 
 import torch
 from torch import nn
-from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -129,11 +128,13 @@ class Residual(nn.Module):
         return f"norm_position={self.norm_position}{alpha}"
 
 
-def init_residual_branches(layer: HfzooLayer, config) -> None:
-    """Rescale the initialisation of a layer's residual branches for DeepNorm or Fixup (no-op otherwise).
+def mark_residual_branch_init(layer: HfzooLayer, config) -> None:
+    """Tag the projections whose initialisation DeepNorm or Fixup rescales (no-op otherwise).
 
-    Uses transformers' `initialization` functions, which skip tensors that `from_pretrained` loaded, and
-    redraws from the normal(0, `initializer_range`) initialisation the models use:
+    Sets `residual_init_scale` on those `nn.Linear`s: the models' `_init_weights` then draws their weight
+    from normal(0, `initializer_range * residual_init_scale`), zero when the scale is 0, through
+    transformers' `initialization` functions (which skip tensors that `from_pretrained` loaded). Tagging
+    the projections themselves is needed because transformers initialises only modules that own tensors.
 
     - DeepNorm (Wang et al. 2022, Algorithm 1 / torchscale): v_proj, o_proj and the feed-forward
       projections (every expert's) scaled by beta; q_proj and k_proj unchanged.
@@ -143,31 +144,24 @@ def init_residual_branches(layer: HfzooLayer, config) -> None:
       output layer is not zeroed (it is usually tied to the input embeddings).
 
     Args:
-        layer: a freshly built `HfzooLayer`.
+        layer: an `HfzooLayer` being built.
         config: its config.
     """
-    std = config.initializer_range
     if config.norm_position == "deepnorm":
-        beta = layer.mlp_residual.deepnorm_beta
-        for attn in (layer.self_attn, layer.cross_attn):
-            if attn is not None:
-                init.normal_(attn.v_proj.weight, std=std * beta)
-                init.normal_(attn.o_proj.weight, std=std * beta)
-        for mlp in _feed_forwards(layer.mlp):
-            for proj in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-                if proj is not None:
-                    init.normal_(proj.weight, std=std * beta)
-    if config.fixup_init:
-        scale = num_residual_branches(config) ** (-1 / (2 * 2 - 2))
-        for attn in (layer.self_attn, layer.cross_attn):
-            if attn is not None:
-                init.normal_(attn.v_proj.weight, std=std * scale)
-                init.zeros_(attn.o_proj.weight)
-        for mlp in _feed_forwards(layer.mlp):
-            for proj in (mlp.gate_proj, mlp.up_proj):
-                if proj is not None:
-                    init.normal_(proj.weight, std=std * scale)
-            init.zeros_(mlp.down_proj.weight)
+        first = last = layer.mlp_residual.deepnorm_beta
+    elif config.fixup_init:
+        first, last = num_residual_branches(config) ** (-1 / (2 * 2 - 2)), 0.0
+    else:
+        return
+    for attn in (layer.self_attn, layer.cross_attn):
+        if attn is not None:
+            attn.v_proj.residual_init_scale = first
+            attn.o_proj.residual_init_scale = last
+    for mlp in _feed_forwards(layer.mlp):
+        for proj in (mlp.gate_proj, mlp.up_proj):
+            if proj is not None:
+                proj.residual_init_scale = first
+        mlp.down_proj.residual_init_scale = last
 
 
 def _feed_forwards(mlp: nn.Module) -> list[FeedForward]:
@@ -207,6 +201,7 @@ class HfzooLayer(GradientCheckpointingLayer):
         self.mlp_norm = build_norm(config)
         self.mlp_residual = Residual(config, has_cross_attention)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        mark_residual_branch_init(self, config)
 
     def forward(
         self,
