@@ -20,6 +20,7 @@ from transformers.models.t5.modeling_t5 import T5DenseGatedActDense
 from variant_checks import FAMILIES, TINY, build_model, make_batch, run
 
 from hfzoo import HfzooDecoderConfig
+from hfzoo.convert import gpt2_config_from_hfzoo
 from hfzoo.modules.experts import (
     SparseMoeFeedForward,
     load_balancing_loss,
@@ -425,3 +426,18 @@ def test_aux_loss_trains_the_router_under_gradient_checkpointing():
 def test_invalid_combinations_are_refused_naming_the_field(family, bad, field):
     with pytest.raises(StrictDataclassClassValidationError, match=field):
         FAMILIES[family][0](**{**TINY, **bad})
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"gated_mlp": True}, "gated_mlp"),
+        ({"rezero": True}, "rezero"),
+        ({"norm_type": "none", "fixup_init": True}, "norm_type"),
+        ({"num_experts": 2}, "num_experts"),
+        ({"norm_position": "sandwich"}, "norm_position"),
+    ],
+)
+def test_gpt2_conversion_refuses_what_gpt2_cannot_express(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        gpt2_config_from_hfzoo(HfzooDecoderConfig(**{**TINY, **overrides}))
