@@ -172,12 +172,16 @@ def _feed_forwards(mlp: nn.Module) -> list[FeedForward]:
 class HfzooLayer(GradientCheckpointingLayer):
     """Self-attention, (cross-attention,) feed-forward, each wrapped in a residual connection with normalization.
 
+    Each sub-block has its norm (`self_attn_norm`, `cross_attn_norm`, `mlp_norm`) and a `Residual`
+    (`*_residual`) that wires it by `config.norm_position` and holds the ReZero / Fixup scalars. The
+    feed-forward `mlp` is a `FeedForward`, or a `SparseMoeFeedForward` on the layers selected by
+    `config.num_experts` / `moe_layer_interval` (`hfzoo.modules.experts.is_moe_layer`).
     Subclassing `GradientCheckpointingLayer` makes `model.gradient_checkpointing_enable()` recompute
     this layer in the backward pass.
 
     Args:
         config: an hfzoo config.
-        layer_idx: index of the layer (for the KV cache).
+        layer_idx: index of the layer in its stack (for the KV cache and the choice of MoE layers).
         is_causal: causal self-attention (decoder) or bidirectional (encoder).
         has_cross_attention: add a cross-attention sub-block between self-attention and the
             feed-forward (the decoder of an encoder-decoder, Vaswani et al. 2017 §3.1).
