@@ -2,16 +2,17 @@
 
 Every field is a plain JSON value (`config.json` stays readable) and is validated when the config is
 built: a bad value raises an error naming the field, the value and what is allowed. Choices are the
-keys of the registries in `hfzoo/modules/` (norms, norm positions, position embeddings) and of
-transformers' `ACT2FN` (activations).
+keys of the registries in `hfzoo/modules/` (activations, norms, norm positions, routers, position
+embeddings).
 """
 
 from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
-from transformers.activations import ACT2FN
 
+from .modules.experts import ROUTERS
+from .modules.feed_forward import ACTIVATIONS
 from .modules.layer import NORM_POSITIONS
 from .modules.norms import NORM_CLASSES
 from .modules.positions import POSITION_EMBEDDING_TYPES
@@ -29,14 +30,20 @@ class HfzooConfig(PreTrainedConfig):
         num_attention_heads: attention heads per layer.
         head_dim: size of each head (T5's d_kv); None means `hidden_size // num_attention_heads`.
         intermediate_size: feed-forward inner width d_ff.
-        hidden_act: feed-forward activation, a key of `transformers.activations.ACT2FN`.
+        hidden_act: feed-forward activation, a key of `hfzoo.modules.feed_forward.ACTIVATIONS`
+            (transformers' `ACT2FN` plus `elu`, `selu`, `softplus`): e.g. relu, gelu, gelu_new, silu/swish,
+            elu, selu, sigmoid, softplus, linear.
         max_position_embeddings: longest sequence (tokens) the position scheme supports.
         position_embedding_type: one of `hfzoo.modules.positions.POSITION_EMBEDDING_TYPES`
             (`learned`: trained absolute embeddings added to the tokens; `sinusoidal`: the fixed
             sin/cos encodings of Vaswani et al. 2017; `none`: no position information).
-        norm_type: `layer_norm` or `rms_norm` (`hfzoo.modules.norms.NORM_CLASSES`).
-        norm_position: `pre` (norm before each sub-block, plus a final norm) or `post` (norm after
-            each residual addition, no final norm), see `hfzoo.modules.layer`.
+        norm_type: `layer_norm`, `rms_norm` (Zhang & Sennrich 2019) or `none` (no normalization:
+            ReZero alone, Fixup), see `hfzoo.modules.norms.NORM_CLASSES`.
+        norm_position: `pre` (norm before each sub-block, plus a final norm), `post` (norm after each
+            residual addition, no final norm), `sandwich` (norm before and after each sub-block, plus a
+            final norm; Ding et al. 2021) or `deepnorm` (post-norm with the residual scaled by alpha and
+            branch initialisation scaled by beta; Wang et al. 2022), see `hfzoo.modules.layer`.
+            `sandwich` and `deepnorm` need a `norm_type` other than `none`.
         embedding_norm: normalize the sum of token, position and token-type embeddings before the first
             layer (BERT's `embeddings.LayerNorm`, Devlin et al. 2019); uses `norm_type`.
         layer_norm_eps: epsilon of `nn.LayerNorm` (used when `norm_type="layer_norm"`).
@@ -61,6 +68,31 @@ class HfzooConfig(PreTrainedConfig):
         num_softmaxes: K > 1 makes every LM head a mixture of K softmaxes (Yang et al. 2018) whose
             `logits` are log-probabilities (see `hfzoo.modules.embeddings.VocabProjection`); 1: one softmax.
         use_cache: return key/value caches from the forward pass (generation).
+        gated_mlp: gated feed-forward `down_proj(act(gate_proj(x)) * up_proj(x))`, the GLU family
+            (Dauphin et al. 2017; Shazeer 2020): GLU = `hidden_act="sigmoid"`, ReGLU = "relu", GeGLU =
+            "gelu" (T5 v1.1: "gelu_new"), SwiGLU = "silu", LiGLU = "linear". Adds one
+            `hidden_size x intermediate_size` matrix.
+        rezero: scale each residual branch by a scalar initialised to 0 (Bachlechner et al. 2020);
+            with `norm_type` none / layer_norm / rms_norm these are the paper's three ReZero rows. Not
+            with `norm_position="deepnorm"` nor `fixup_init`.
+        fixup_init: Fixup (Zhang et al. 2019): scalar biases and multiplier per residual branch, the last
+            projection of each branch zero-initialised, the others scaled by L^(-1/2) (L = number of
+            residual branches). Requires `norm_type="none"`; not with `rezero`.
+        num_experts: experts of the mixture-of-experts feed-forward; 0 = dense feed-forward everywhere,
+            otherwise >= 2 (see `hfzoo.modules.experts`).
+        num_experts_per_tok: experts per token (top-k; Shazeer et al. 2017, GShard top-2); at most
+            `num_experts`, and 1 with `router_type="switch"`.
+        router_type: `top_k` (Shazeer et al. 2017 / GShard, no capacity limit) or `switch` (Fedus et al.
+            2021: top-1 with capacity and token dropping), see `hfzoo.modules.experts.ROUTERS`.
+        expert_capacity_factor: Switch capacity factor (> 0): each expert takes at most
+            `ceil(factor * tokens / num_experts)` tokens of a sequence.
+        router_aux_loss_coef: weight of the load-balancing loss (Fedus et al. 2021, eq. 4) in the loss.
+        router_z_loss_coef: weight of the router z-loss (Zoph et al. 2022, ST-MoE eq. 5) in the loss.
+        moe_layer_interval: experts on every k-th layer of each stack (layers with
+            `(layer_idx + 1) % k == 0`), dense feed-forward elsewhere; at most the depth of the deepest stack.
+        output_router_logits: return the routers' logits (`router_logits`) in the model outputs, as
+            transformers' MoE models. The auxiliary losses are added to the loss and returned as
+            `aux_loss` whenever the model has experts.
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
@@ -101,6 +133,18 @@ class HfzooConfig(PreTrainedConfig):
     scale_embeddings: bool = False
     block_sharing: str = "none"
     num_softmaxes: int = 1
+    # --- feed-forward / norms / experts (issue 4)
+    gated_mlp: bool = False
+    rezero: bool = False
+    fixup_init: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 1
+    router_type: str = "top_k"
+    expert_capacity_factor: float | int = 1.25
+    router_aux_loss_coef: float | int = 0.01
+    router_z_loss_coef: float | int = 0.001
+    moe_layer_interval: int = 1
+    output_router_logits: bool = False
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:
@@ -134,7 +178,7 @@ class HfzooConfig(PreTrainedConfig):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
         choices = {
-            "hidden_act": sorted(ACT2FN),
+            "hidden_act": sorted(ACTIVATIONS),
             "position_embedding_type": list(POSITION_EMBEDDING_TYPES),
             "norm_type": list(NORM_CLASSES),
             "norm_position": list(NORM_POSITIONS),
@@ -147,6 +191,7 @@ class HfzooConfig(PreTrainedConfig):
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name}={value} is outside the vocabulary [0, {self.vocab_size})")
         self._validate_embeddings()
+        self._validate_ffn_norms()
 
     def _validate_embeddings(self) -> None:
         """Check `embedding_size`, `num_softmaxes` and `block_sharing` (and what block sharing contradicts)."""
@@ -178,3 +223,45 @@ class HfzooConfig(PreTrainedConfig):
                 f"contradicts experts on every {interval}-th layer only (num_experts={self.num_experts}, "
                 f"moe_layer_interval={interval}); use moe_layer_interval=1 or block_sharing='none'"
             )
+
+    def _validate_ffn_norms(self) -> None:
+        """Check the feed-forward, normalization and mixture-of-experts fields and their combinations."""
+        if self.norm_type == "none":
+            for name, value in (("norm_position", self.norm_position), ("embedding_norm", self.embedding_norm)):
+                if value in ("sandwich", "deepnorm", True):
+                    raise ValueError(f"{name}={value!r} needs a normalization; norm_type='none' has none")
+        if self.fixup_init and self.norm_type != "none":
+            raise ValueError(
+                f"fixup_init=True requires norm_type='none' (Fixup replaces normalization), got {self.norm_type!r}"
+            )
+        if self.fixup_init and self.rezero:
+            raise ValueError("fixup_init=True and rezero=True are alternative residual schemes; choose one")
+        if self.rezero and self.norm_position == "deepnorm":
+            raise ValueError("rezero=True cannot be combined with norm_position='deepnorm' (both rescale the residual)")
+        if not isinstance(self.num_experts, int) or self.num_experts < 0 or self.num_experts == 1:
+            raise ValueError(f"num_experts must be 0 (dense) or an integer >= 2, got {self.num_experts!r}")
+        for name in ("num_experts_per_tok", "moe_layer_interval"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.router_type not in ROUTERS:
+            raise ValueError(f"router_type={self.router_type!r} is not supported; choose one of {list(ROUTERS)}")
+        if self.expert_capacity_factor <= 0:
+            raise ValueError(f"expert_capacity_factor must be positive, got {self.expert_capacity_factor!r}")
+        for name in ("router_aux_loss_coef", "router_z_loss_coef"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.num_experts:
+            if self.num_experts_per_tok > self.num_experts:
+                raise ValueError(
+                    f"num_experts_per_tok={self.num_experts_per_tok} exceeds num_experts={self.num_experts}"
+                )
+            if self.router_type == "switch" and self.num_experts_per_tok != 1:
+                raise ValueError(
+                    f"num_experts_per_tok={self.num_experts_per_tok} with router_type='switch'; Switch routing is top-1"
+                )
+            depth = max(self.num_hidden_layers, getattr(self, "num_decoder_layers", None) or 0)
+            if self.moe_layer_interval > depth:
+                raise ValueError(
+                    f"moe_layer_interval={self.moe_layer_interval} exceeds the number of layers ({depth}): "
+                    "no layer would have experts"
+                )

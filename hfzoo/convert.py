@@ -181,7 +181,8 @@ def gpt2_config_from_hfzoo(config: HfzooDecoderConfig) -> GPT2Config:
             `norm_position` other than `"pre"`, `norm_type` other than `"layer_norm"`,
             `position_embedding_type` other than `"learned"`, `head_dim != hidden_size //
             num_attention_heads`, `attention_bias=False` or `mlp_bias=False` (GPT-2's `Conv1D`
-            always has a bias), or a `hidden_act` unknown to `ACT2FN`.
+            always has a bias), `gated_mlp`, `rezero`, `fixup_init` or `num_experts > 0`, or a
+            `hidden_act` unknown to `ACT2FN`.
     """
     if not isinstance(config, HfzooDecoderConfig):
         raise TypeError(f"expected an HfzooDecoderConfig, got {type(config).__name__}")
@@ -191,6 +192,10 @@ def gpt2_config_from_hfzoo(config: HfzooDecoderConfig) -> GPT2Config:
         "position_embedding_type": ("learned", "GPT-2 has learned absolute positions (wpe)"),
         "attention_bias": (True, "GPT-2's Conv1D projections always have a bias"),
         "mlp_bias": (True, "GPT-2's Conv1D projections always have a bias"),
+        "gated_mlp": (False, "GPT-2's MLP has no gate projection"),
+        "rezero": (False, "GPT-2 has no residual scalars"),
+        "fixup_init": (False, "GPT-2 has no residual scalars"),
+        "num_experts": (0, "GPT-2's MLP is dense"),
     }
     for name, (value, why) in required.items():
         if getattr(config, name) != value:

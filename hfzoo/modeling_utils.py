@@ -1,20 +1,31 @@
-"""The `PreTrainedModel` base shared by the three hfzoo families."""
+"""The `PreTrainedModel` base shared by the three hfzoo families, and the outputs transformers lacks."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+from torch import nn
 from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import MaskedLMOutput, Seq2SeqMoEOutput
+from transformers.utils.output_capturing import OutputRecorder
 
 from .configuration_utils import HfzooConfig
 from .modules.attention import HfzooAttention
-from .modules.layer import HfzooLayer
+from .modules.experts import HfzooRouter
+from .modules.layer import HfzooLayer, Residual
 
 
 class HfzooPreTrainedModel(PreTrainedModel):
     """Base class of every hfzoo model: weight initialisation, backends, gradient checkpointing.
 
     Weights are initialised by transformers' default `_init_weights` (normal(0, `initializer_range`)
-    for linear and embedding matrices, zero biases, unit norm weights); transformers applies it only
-    to tensors that `from_pretrained` did not load, so loaded weights are never overwritten.
+    for linear and embedding matrices, zero biases, unit norm weights), plus the residual schemes:
+    ReZero's scalars start at 0, Fixup's multipliers at 1 and biases at 0, and DeepNorm / Fixup rescale
+    the residual branches (`hfzoo.modules.layer.mark_residual_branch_init`). transformers applies
+    `_init_weights` only to modules that `from_pretrained` did not load, and every write goes through
+    `transformers.initialization`, which skips loaded tensors, so loaded weights are never overwritten.
     """
 
     config_class = HfzooConfig
@@ -27,7 +38,11 @@ class HfzooPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
-    _can_record_outputs = {"hidden_states": HfzooLayer, "attentions": HfzooAttention}
+    _can_record_outputs = {
+        "hidden_states": HfzooLayer,
+        "attentions": HfzooAttention,
+        "router_logits": OutputRecorder(HfzooRouter, index=0),
+    }
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
         """The `{target: source}` parameter ties of this model (and with `all_submodels`, of its submodels).
@@ -40,3 +55,54 @@ class HfzooPreTrainedModel(PreTrainedModel):
         if all_submodels:
             return super().get_expanded_tied_weights_keys(all_submodels=True)
         return dict(self._tied_weights_keys or {})
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Initialise `module`'s own tensors (transformers calls this only on modules with tensors to initialise)."""
+        scale = getattr(module, "residual_init_scale", None)
+        if scale is not None:  # a residual-branch projection rescaled by DeepNorm or Fixup
+            if scale == 0:
+                init.zeros_(module.weight)
+            else:
+                init.normal_(module.weight, mean=0.0, std=self.config.initializer_range * scale)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+            return
+        super()._init_weights(module)
+        if isinstance(module, Residual):
+            if module.rezero_alpha is not None:
+                init.zeros_(module.rezero_alpha)
+            if module.fixup_scale is not None:
+                init.zeros_(module.fixup_bias_in)
+                init.ones_(module.fixup_scale)
+                init.zeros_(module.fixup_bias_out)
+
+
+@dataclass
+class MoeMaskedLMOutput(MaskedLMOutput):
+    """`MaskedLMOutput` plus the mixture-of-experts fields of transformers' `MoeCausalLMOutputWithPast`.
+
+    Args:
+        aux_loss: float32 scalar, the experts' auxiliary loss included in `loss`
+            (`hfzoo.modules.experts.router_aux_losses`), or None for a dense model.
+        router_logits: one `(batch_size * seq_len, num_experts)` tensor per MoE layer, when
+            `output_router_logits`.
+    """
+
+    aux_loss: torch.FloatTensor | None = None
+    router_logits: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class Seq2SeqMoELMOutput(Seq2SeqMoEOutput):
+    """transformers' `Seq2SeqMoEOutput` (Switch Transformers) plus `aux_loss`, the total auxiliary loss in `loss`.
+
+    `encoder_aux_loss` / `decoder_aux_loss` are each stack's load-balancing loss and `encoder_z_loss` /
+    `decoder_z_loss` its router z-loss (unweighted, averaged over the stack's MoE layers);
+    `aux_loss = router_aux_loss_coef * (encoder_aux_loss + decoder_aux_loss) + router_z_loss_coef *
+    (encoder_z_loss + decoder_z_loss)`, as transformers' `SwitchTransformersForConditionalGeneration` adds them.
+
+    Args:
+        aux_loss: float32 scalar, or None for a dense model.
+    """
+
+    aux_loss: torch.FloatTensor | None = None

@@ -7,8 +7,12 @@ row x family. A new modification adds its rows here (one per value); the checks 
 from __future__ import annotations
 
 import pytest
+from transformers.activations import ACT2FN
 from variant_checks import FAMILIES, check_variant
 
+from hfzoo.modules.experts import ROUTERS
+from hfzoo.modules.feed_forward import ACTIVATIONS
+from hfzoo.modules.layer import NORM_POSITIONS
 from hfzoo.modules.norms import NORM_CLASSES
 from hfzoo.modules.positions import POSITION_EMBEDDING_TYPES
 from hfzoo.modules.stack import BLOCK_SHARING
@@ -19,11 +23,24 @@ BOTH = ("eager", "sdpa")
 VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
     ({}, ALL, BOTH),
     # ---- feed-forward
-    *[({"hidden_act": act}, ALL, BOTH) for act in ("relu", "gelu", "silu", "swish", "gelu_new")],
+    *[
+        ({"hidden_act": act}, ALL, BOTH)
+        for act in ("relu", "gelu", "silu", "swish", "gelu_new", "elu", "selu", "sigmoid", "softplus")
+    ],
     ({"mlp_bias": False}, ALL, BOTH),
+    # GLU, ReGLU, GeGLU, SwiGLU, LiGLU (Shazeer 2020)
+    *[({"gated_mlp": True, "hidden_act": act}, ALL, BOTH) for act in ("sigmoid", "relu", "gelu", "silu", "linear")],
+    # mixture of experts: top-k (Shazeer et al. 2017 / GShard), Switch (Fedus et al. 2021) with token dropping
+    ({"num_experts": 4, "num_experts_per_tok": 2, "router_type": "top_k"}, ALL, BOTH),
+    ({"num_experts": 3, "num_experts_per_tok": 1, "gated_mlp": True}, ALL, BOTH),
+    ({"num_experts": 4, "router_type": "switch", "expert_capacity_factor": 0.5, "moe_layer_interval": 2}, ALL, BOTH),
     # ---- normalization
     *[({"norm_type": norm}, ALL, BOTH) for norm in NORM_CLASSES],
-    *[({"norm_position": position}, ALL, BOTH) for position in ("pre", "post")],
+    *[({"norm_position": position}, ALL, BOTH) for position in NORM_POSITIONS],
+    ({"norm_position": "sandwich", "norm_type": "rms_norm"}, ALL, BOTH),
+    # ReZero alone, + LayerNorm, + RMSNorm (Narang et al. 2021's three rows)
+    *[({"rezero": True, "norm_type": norm}, ALL, BOTH) for norm in NORM_CLASSES],
+    ({"fixup_init": True, "norm_type": "none"}, ALL, BOTH),
     ({"embedding_norm": True}, ALL, BOTH),
     # ---- positions
     *[({"position_embedding_type": kind}, ALL, BOTH) for kind in POSITION_EMBEDDING_TYPES],
@@ -68,6 +85,9 @@ def test_every_registered_choice_has_a_row():
     covered = {(k, v) for overrides, _, _ in VARIANTS for k, v in overrides.items()}
     for field, choices in (
         ("norm_type", NORM_CLASSES),
+        ("norm_position", NORM_POSITIONS),
+        ("hidden_act", [name for name in ACTIVATIONS if name not in ACT2FN]),  # hfzoo's own activations
+        ("router_type", ROUTERS),
         ("position_embedding_type", POSITION_EMBEDDING_TYPES),
         ("block_sharing", BLOCK_SHARING),
     ):

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 
 from .embeddings import VocabProjection
+from .feed_forward import ACTIVATIONS
 from .norms import build_norm
 
 
 class MaskedLMHead(nn.Module):
     """BERT's masked-LM head (Devlin et al. 2019; `BertLMPredictionHead`): transform, then vocabulary projection.
 
-    `decoder(norm(act(dense(h))))` with a per-token output bias. `decoder` is a
+    `decoder(norm(act(dense(h))))` with a per-token output bias; `norm` follows `config.norm_type` (an
+    identity with `none`). `decoder` is a
     `hfzoo.modules.embeddings.VocabProjection` (factorized when tied to factorized embeddings; a mixture
     of softmaxes returning log-probabilities when `config.num_softmaxes > 1`); its weight is tied to the
     input embeddings when `config.tie_word_embeddings` (declared by the model's `_tied_weights_keys`).
@@ -25,7 +26,7 @@ class MaskedLMHead(nn.Module):
     def __init__(self, config) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act_fn = ACT2FN[config.hidden_act]
+        self.act_fn = ACTIVATIONS[config.hidden_act]
         self.norm = build_norm(config)
         self.decoder = VocabProjection(config, bias=True, tied=config.tie_word_embeddings)
 

@@ -1,7 +1,9 @@
 """Normalization layers, selected by `config.norm_type`.
 
-Options are registered in `NORM_CLASSES` at the bottom of this file; the residual wiring that
-places them (`config.norm_position`: pre / post) lives in `hfzoo/modules/layer.py`.
+Options are registered in `NORM_CLASSES` at the bottom of this file: `layer_norm` (Ba et al. 2016),
+`rms_norm` (Zhang & Sennrich 2019) and `none` (an identity: no normalization, for ReZero alone and
+Fixup). The residual wiring that places them (`config.norm_position`: pre / post / sandwich /
+deepnorm) and the residual scalings (ReZero, Fixup, DeepNorm) live in `hfzoo/modules/layer.py`.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class RMSNorm(nn.Module):
 def build_norm(config) -> nn.Module:
     """Build the normalization layer named by `config.norm_type` over `config.hidden_size` features.
 
-    `layer_norm` reads `config.layer_norm_eps`; `rms_norm` reads `config.rms_norm_eps`.
+    `layer_norm` reads `config.layer_norm_eps`; `rms_norm` reads `config.rms_norm_eps`; `none` is an
+    `nn.Identity` (no parameters).
 
     Args:
         config: an hfzoo config (validated, so `norm_type` is a key of `NORM_CLASSES`).
@@ -59,4 +62,5 @@ def build_norm(config) -> nn.Module:
 NORM_CLASSES = {
     "layer_norm": lambda config: nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps),
     "rms_norm": lambda config: RMSNorm(config.hidden_size, eps=config.rms_norm_eps),
+    "none": lambda config: nn.Identity(),
 }

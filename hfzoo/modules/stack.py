@@ -27,7 +27,8 @@ from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
-from .layer import HfzooLayer
+from .experts import token_padding_mask
+from .layer import NORM_POSITIONS, HfzooLayer
 from .norms import build_norm
 from .positions import build_position_embedding
 
@@ -39,9 +40,9 @@ def build_stack_modules(
 
     Sets `embed_positions` (or None), `token_type_embeddings` (when `config.type_vocab_size > 0`,
     else None), `embed_dropout`, `layers` (`num_layers` `HfzooLayer`s) and `norm` (the final norm with
-    `norm_position="pre"`, an identity with `"post"`), `embed_norm` (a norm of the summed embeddings
-    when `config.embedding_norm`, else None), plus the flags `is_causal`, `has_cross_attention` and
-    `shares_layers` (`config.block_sharing` covers this stack; the model then declares
+    `norm_position` "pre" or "sandwich", an identity with "post" or "deepnorm"), `embed_norm` (a norm
+    of the summed embeddings when `config.embedding_norm`, else None), plus the flags `is_causal`,
+    `has_cross_attention` and `shares_layers` (`config.block_sharing` covers this stack; the model then declares
     `shared_layer_tied_keys`). Token embeddings (`hfzoo.modules.embeddings.TokenEmbedding`) are set by
     the caller (they may be shared).
 
@@ -67,7 +68,7 @@ def build_stack_modules(
     module.layers = nn.ModuleList(
         [HfzooLayer(config, i, is_causal=is_causal, has_cross_attention=has_cross_attention) for i in range(num_layers)]
     )
-    module.norm = build_norm(config) if config.norm_position == "pre" else nn.Identity()
+    module.norm = build_norm(config) if NORM_POSITIONS[config.norm_position]["final_norm"] else nn.Identity()
     if module.shares_layers:
         first = [(name, p.shape) for name, p in module.layers[0].named_parameters()]
         for i, layer in enumerate(module.layers):
@@ -182,6 +183,7 @@ def stack_forward(
             attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
         )
+    padding_mask = token_padding_mask(attention_mask, seq_length)  # for mixture-of-experts routing
     for layer in module.layers:
         hidden_states = layer(
             hidden_states,
@@ -189,6 +191,7 @@ def stack_forward(
             past_key_values=past_key_values,
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=cross_mask,
+            padding_mask=padding_mask,
             **kwargs,
         )
     hidden_states = module.norm(hidden_states)

@@ -11,13 +11,14 @@ from torch import nn
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GenericForSequenceClassification
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, MoeCausalLMOutputWithPast
 from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from ...modeling_utils import HfzooPreTrainedModel
 from ...modules.embeddings import TokenEmbedding, VocabProjection, tied_embedding_keys
+from ...modules.experts import router_aux_losses, token_padding_mask
 from ...modules.heads import check_classification_labels
 from ...modules.stack import build_stack_modules, shared_layer_tied_keys, stack_forward
 from .configuration_decoder import HfzooDecoderConfig
@@ -95,7 +96,7 @@ class HfzooDecoderModel(HfzooDecoderPreTrainedModel):
         )
         return BaseModelOutputWithPast(
             last_hidden_state=outputs.last_hidden_state, past_key_values=outputs.past_key_values
-        )
+        )  # `router_logits` is added by `capture_outputs` when requested
 
 
 class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
@@ -135,8 +136,8 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
-    ) -> CausalLMOutputWithPast:
-        """Compute next-token logits and, with `labels`, the mean cross-entropy loss.
+    ) -> MoeCausalLMOutputWithPast:
+        """Compute next-token logits and, with `labels`, the mean cross-entropy loss (+ the experts' auxiliary loss).
 
         Args:
             input_ids: `(batch_size, seq_len)` int64 token ids (or give `inputs_embeds`).
@@ -149,13 +150,19 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
                 label t+1), -100 ignored. `num_items_in_batch` in kwargs normalises the summed loss
                 over a whole accumulated batch instead of this micro-batch.
             logits_to_keep: compute logits only for the last `logits_to_keep` positions (0 = all).
-            **kwargs: forwarded to the base model and the loss.
+            **kwargs: forwarded to the base model and the loss; `output_router_logits` (default
+                `config.output_router_logits`) returns the routers' logits.
 
         Returns:
-            `CausalLMOutputWithPast` with `logits` `(batch_size, seq_len, vocab_size)` (float dtype of
+            `MoeCausalLMOutputWithPast` with `logits` `(batch_size, seq_len, vocab_size)` (float dtype of
             the model), `loss` (scalar, nats per predicted token) when labels are given, and
-            `past_key_values`.
+            `past_key_values`. With experts (`config.num_experts > 0`): `aux_loss`, the float32 scalar
+            `router_aux_loss_coef * load balancing + router_z_loss_coef * z-loss` included in `loss`
+            (see `hfzoo.modules.experts.router_aux_losses`), and with `output_router_logits` the
+            per-MoE-layer `router_logits` `(batch_size * seq_len, num_experts)`.
         """
+        has_experts = self.config.num_experts > 0
+        output_router_logits = kwargs.pop("output_router_logits", self.config.output_router_logits)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -163,19 +170,26 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
             past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            output_router_logits=has_experts,
             **kwargs,
         )
         hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
         logits = self.lm_head(hidden_states)
-        loss = None
+        loss = aux_loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(
+        if has_experts:
+            padding_mask = token_padding_mask(attention_mask, outputs.last_hidden_state.shape[1])
+            aux_loss = router_aux_losses(outputs.router_logits, self.config, padding_mask)[0]
+            loss = None if loss is None else loss + aux_loss.to(loss.device)
+        return MoeCausalLMOutputWithPast(
             loss=loss,
+            aux_loss=aux_loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
+            router_logits=outputs.get("router_logits") if output_router_logits and has_experts else None,
         )
 
 

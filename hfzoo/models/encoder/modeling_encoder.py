@@ -7,15 +7,15 @@ from torch import nn
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import (
     BaseModelOutputWithPastAndCrossAttentions,
-    MaskedLMOutput,
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
-from ...modeling_utils import HfzooPreTrainedModel
+from ...modeling_utils import HfzooPreTrainedModel, MoeMaskedLMOutput
 from ...modules.embeddings import TokenEmbedding, tied_embedding_keys
+from ...modules.experts import router_aux_losses, token_padding_mask
 from ...modules.heads import MaskedLMHead, SequenceClassificationHead, check_classification_labels, token_cross_entropy
 from ...modules.stack import build_stack_modules, shared_layer_tied_keys, stack_forward
 from .configuration_encoder import HfzooEncoderConfig
@@ -123,7 +123,7 @@ class HfzooEncoderForMaskedLM(HfzooEncoderPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         **kwargs,
-    ) -> MaskedLMOutput:
+    ) -> MoeMaskedLMOutput:
         """Predict the original token at every position; with `labels`, the mean masked-LM loss.
 
         Args:
@@ -136,23 +136,36 @@ class HfzooEncoderForMaskedLM(HfzooEncoderPreTrainedModel):
             **kwargs: forwarded to the encoder.
 
         Returns:
-            `MaskedLMOutput` with `logits` `(batch_size, seq_len, vocab_size)` and the mean
-            cross-entropy `loss` over positions whose label is not -100.
+            `MoeMaskedLMOutput` (a `MaskedLMOutput`) with `logits` `(batch_size, seq_len, vocab_size)` and
+            the mean cross-entropy `loss` over positions whose label is not -100; with experts, plus
+            `aux_loss` (included in `loss`) and, with `output_router_logits`, `router_logits`.
         """
+        has_experts = self.config.num_experts > 0
+        output_router_logits = kwargs.pop("output_router_logits", self.config.output_router_logits)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
+            output_router_logits=has_experts,
             **kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)
-        loss = None
+        loss = aux_loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels)
-        return MaskedLMOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        if has_experts:
+            padding_mask = token_padding_mask(attention_mask, logits.shape[1])
+            aux_loss = router_aux_losses(outputs.router_logits, self.config, padding_mask)[0]
+            loss = None if loss is None else loss + aux_loss.to(loss.device)
+        return MoeMaskedLMOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            aux_loss=aux_loss,
+            router_logits=outputs.get("router_logits") if output_router_logits and has_experts else None,
         )
 
 

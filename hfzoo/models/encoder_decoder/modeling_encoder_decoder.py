@@ -15,16 +15,16 @@ from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
-    Seq2SeqLMOutput,
-    Seq2SeqModelOutput,
+    Seq2SeqMoEModelOutput,
     Seq2SeqSequenceClassifierOutput,
 )
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from ...modeling_utils import HfzooPreTrainedModel
+from ...modeling_utils import HfzooPreTrainedModel, Seq2SeqMoELMOutput
 from ...modules.attention import HfzooAttention
 from ...modules.embeddings import TokenEmbedding, VocabProjection, tied_embedding_keys
+from ...modules.experts import HfzooRouter, router_aux_losses, token_padding_mask
 from ...modules.heads import SequenceClassificationHead, check_classification_labels, token_cross_entropy
 from ...modules.layer import HfzooLayer
 from ...modules.stack import build_stack_modules, shared_layer_tied_keys, stack_forward
@@ -61,6 +61,7 @@ class HfzooEncoderDecoderPreTrainedModel(HfzooPreTrainedModel):
         "hidden_states": HfzooLayer,
         "attentions": OutputRecorder(HfzooAttention, index=1, layer_name="self_attn"),
         "cross_attentions": OutputRecorder(HfzooAttention, index=1, layer_name="cross_attn"),
+        "router_logits": OutputRecorder(HfzooRouter, index=0),
     }
 
 
@@ -172,7 +173,7 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
         decoder_position_ids: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         **kwargs,
-    ) -> Seq2SeqModelOutput:
+    ) -> Seq2SeqMoEModelOutput:
         """Encode the source (unless `encoder_outputs` are given) and decode the target.
 
         Args:
@@ -189,8 +190,9 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
             **kwargs: `output_hidden_states`, `output_attentions`, attention-backend options.
 
         Returns:
-            `Seq2SeqModelOutput` (decoder `last_hidden_state` `(batch_size, tgt_len, hidden_size)`,
-            `encoder_last_hidden_state` `(batch_size, src_len, hidden_size)`, caches, optional states).
+            `Seq2SeqMoEModelOutput` (decoder `last_hidden_state` `(batch_size, tgt_len, hidden_size)`,
+            `encoder_last_hidden_state` `(batch_size, src_len, hidden_size)`, caches, optional states,
+            and with `output_router_logits` the `encoder_router_logits` / `decoder_router_logits`).
         """
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
@@ -209,7 +211,7 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
             use_cache=use_cache,
             **kwargs,
         )
-        return Seq2SeqModelOutput(
+        return Seq2SeqMoEModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
             past_key_values=decoder_outputs.past_key_values,
             decoder_hidden_states=decoder_outputs.hidden_states,
@@ -218,6 +220,8 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
+            decoder_router_logits=decoder_outputs.get("router_logits"),
+            encoder_router_logits=encoder_outputs.get("router_logits"),
         )
 
 
@@ -269,7 +273,7 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         **kwargs,
-    ) -> Seq2SeqLMOutput:
+    ) -> Seq2SeqMoELMOutput:
         """Compute target-token logits and, with `labels`, the mean cross-entropy loss.
 
         Args:
@@ -287,9 +291,14 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
             **kwargs: forwarded to the model.
 
         Returns:
-            `Seq2SeqLMOutput` with `logits` `(batch_size, tgt_len, vocab_size)` and `loss` (nats per
-            target token).
+            `Seq2SeqMoELMOutput` (a `Seq2SeqMoEOutput`) with `logits` `(batch_size, tgt_len, vocab_size)`
+            and `loss` (nats per target token). With experts, plus `aux_loss` (included in `loss`), its
+            parts `encoder_aux_loss` / `decoder_aux_loss` / `encoder_z_loss` / `decoder_z_loss` (the
+            encoder's are None when `encoder_outputs` are given), and with `output_router_logits`,
+            `encoder_router_logits` / `decoder_router_logits`.
         """
+        has_experts = self.config.num_experts > 0
+        output_router_logits = kwargs.pop("output_router_logits", self.config.output_router_logits)
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         outputs = self.model(
@@ -302,13 +311,21 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
+            output_router_logits=has_experts,
             **kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels)
-        return Seq2SeqLMOutput(
+        moe = {}
+        if has_experts:
+            moe = self._moe_losses(outputs, attention_mask, decoder_attention_mask, logits.shape[1])
+            loss = None if loss is None else loss + moe["aux_loss"].to(loss.device)
+            if output_router_logits:
+                moe["encoder_router_logits"] = outputs.encoder_router_logits
+                moe["decoder_router_logits"] = outputs.decoder_router_logits
+        return Seq2SeqMoELMOutput(
             loss=loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
@@ -318,7 +335,28 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
+            **moe,
         )
+
+    def _moe_losses(self, outputs, attention_mask, decoder_attention_mask, tgt_len: int) -> dict:
+        """Each stack's load-balancing and z-losses and their weighted sum `aux_loss` (Switch Transformers' recipe)."""
+        parts = {}
+        aux_loss = torch.zeros((), device=outputs.last_hidden_state.device)
+        for side, router_logits, padding_mask in (
+            (
+                "encoder",
+                outputs.encoder_router_logits,
+                token_padding_mask(attention_mask, outputs.encoder_last_hidden_state.shape[1]),
+            ),
+            ("decoder", outputs.decoder_router_logits, token_padding_mask(decoder_attention_mask, tgt_len)),
+        ):
+            if not router_logits:  # no MoE layer in this stack, or the encoder did not run (encoder_outputs given)
+                continue
+            side_aux, parts[f"{side}_aux_loss"], parts[f"{side}_z_loss"] = router_aux_losses(
+                router_logits, self.config, padding_mask
+            )
+            aux_loss = aux_loss + side_aux
+        return {"aux_loss": aux_loss, **parts}
 
 
 class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrainedModel):
