@@ -32,7 +32,12 @@ class HfzooConfig(PreTrainedConfig):
         max_position_embeddings: longest sequence (tokens) the position scheme supports.
         position_embedding_type: one of `hfzoo.modules.positions.POSITION_EMBEDDING_TYPES`
             (`learned`: trained absolute embeddings added to the tokens; `sinusoidal`: the fixed
-            sin/cos encodings of Vaswani et al. 2017; `none`: no position information).
+            sin/cos encodings of Vaswani et al. 2017; `none`: no position information;
+            `relative_attention_bias`: T5's learned bucketed bias on the attention scores, Raffel et al.
+            2020 §2.1; `shaw`: relative position representations on keys and values with clipped
+            distances, Shaw et al. 2018 (eager attention only); `rotary`: rotary embeddings of queries
+            and keys, Su et al. 2021; `alibi`: fixed linear distance biases per head, Press et al. 2022).
+            The backends each supports are in `hfzoo.modules.positions.POSITION_ATTENTION_BACKENDS`.
         norm_type: `layer_norm` or `rms_norm` (`hfzoo.modules.norms.NORM_CLASSES`).
         norm_position: `pre` (norm before each sub-block, plus a final norm) or `post` (norm after
             each residual addition, no final norm), see `hfzoo.modules.layer`.
@@ -47,12 +52,31 @@ class HfzooConfig(PreTrainedConfig):
         initializer_range: standard deviation of the normal initialisation of weight matrices.
         tie_word_embeddings: share the input embedding matrix with the output projection.
         use_cache: return key/value caches from the forward pass (generation).
+        gated_mlp: gated feed-forward `down_proj(act(gate_proj(x)) * up_proj(x))` (the GLU family,
+            Dauphin et al. 2017, Shazeer 2020; GeGLU with `hidden_act="gelu_new"` is T5 v1.1's).
+        relative_attention_num_buckets: buckets of the T5 relative bias (`relative_attention_bias`
+            only; at least 4).
+        relative_attention_max_distance: distance (tokens) from which the T5 bias uses a single bucket
+            (`relative_attention_bias` only; more than `relative_attention_num_buckets // 2`).
+        share_relative_attention_bias: one T5 bias table per stack, shared by its layers, as T5 (True), or
+            one per layer (False): Narang et al. 2021's "relative attention with shared bias" / "with bias".
+        max_relative_positions: Shaw et al.'s clipping distance k (`shaw` only): 2k + 1 learned key and
+            value vectors per layer.
+        rope_theta: base of the rotary angles (`rotary` only).
+        scale_attention_scores: multiply attention scores by `head_dim ** -0.5` (Vaswani et al. 2017,
+            eq. 1). False is T5 (Mesh TensorFlow), which folds that factor into the initialisation: hfzoo
+            then draws `q_proj` with standard deviation `initializer_range * head_dim ** -0.5`.
+        scale_lm_head_input: multiply the final hidden states by `hidden_size ** -0.5` right before the
+            vocabulary projection of the language-model head, as T5 v1.0 (Mesh TensorFlow) does with its
+            tied embeddings (transformers' T5 calls it `scale_decoder_outputs`).
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
         huggingface_hub.errors.StrictDataclassClassValidationError: a field has a value outside its
             allowed set or range; the message names the field.
-        ValueError: `hidden_size` not divisible by `num_attention_heads` when `head_dim` is not set.
+        ValueError: `hidden_size` not divisible by `num_attention_heads` when `head_dim` is not set; a
+            position field set (to a non-default value) for a scheme that is not selected, e.g.
+            `rope_theta` with `position_embedding_type="alibi"`; `rotary` with an odd `head_dim`.
     """
 
     model_type = "hfzoo"
@@ -82,6 +106,16 @@ class HfzooConfig(PreTrainedConfig):
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
+    # --- feed-forward (issue 4; minimal gated branch for T5 v1.1, the "ffn-norms" helper owns this field)
+    gated_mlp: bool = False
+    # --- positions and attention (issue 4)
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    share_relative_attention_bias: bool = True
+    max_relative_positions: int = 16
+    rope_theta: float | int = 10000.0
+    scale_attention_scores: bool = True
+    scale_lm_head_input: bool = False
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:
@@ -127,3 +161,43 @@ class HfzooConfig(PreTrainedConfig):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name}={value} is outside the vocabulary [0, {self.vocab_size})")
+        self._validate_positions()
+
+    def _validate_positions(self) -> None:
+        """Check the position / attention fields and their combinations; raise `ValueError` naming the field."""
+        kind = self.position_embedding_type
+        for name in ("relative_attention_num_buckets", "relative_attention_max_distance", "max_relative_positions"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.rope_theta <= 0:
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
+        if self.relative_attention_num_buckets < 4:
+            raise ValueError(
+                f"relative_attention_num_buckets={self.relative_attention_num_buckets} is too small: T5's bucketing "
+                "needs at least 4 (exact and logarithmic buckets, per direction in the encoder)"
+            )
+        if self.relative_attention_max_distance <= self.relative_attention_num_buckets // 2:
+            raise ValueError(
+                f"relative_attention_max_distance={self.relative_attention_max_distance} must exceed "
+                f"relative_attention_num_buckets // 2 = {self.relative_attention_num_buckets // 2} (the exact buckets)"
+            )
+        if kind == "rotary" and self.head_dim % 2:
+            raise ValueError(
+                f"position_embedding_type='rotary' needs an even head_dim (it rotates feature pairs), "
+                f"got head_dim={self.head_dim}"
+            )
+        # A field of a scheme that is not selected would be a silent no-op: refuse non-default values.
+        fields_of_scheme = {
+            "relative_attention_num_buckets": ("relative_attention_bias", 32),
+            "relative_attention_max_distance": ("relative_attention_bias", 128),
+            "share_relative_attention_bias": ("relative_attention_bias", True),
+            "max_relative_positions": ("shaw", 16),
+            "rope_theta": ("rotary", 10000.0),
+        }
+        for name, (scheme, default) in fields_of_scheme.items():
+            if kind != scheme and getattr(self, name) != default:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} only applies to position_embedding_type={scheme!r}, but "
+                    f"position_embedding_type={kind!r}; leave it at its default {default!r}"
+                )

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from transformers import PreTrainedModel
+from transformers import initialization as init
 
 from .configuration_utils import HfzooConfig
 from .modules.attention import HfzooAttention
 from .modules.layer import HfzooLayer
+from .modules.positions import POSITION_ATTENTION_BACKENDS
 
 
 class HfzooPreTrainedModel(PreTrainedModel):
@@ -14,7 +16,14 @@ class HfzooPreTrainedModel(PreTrainedModel):
 
     Weights are initialised by transformers' default `_init_weights` (normal(0, `initializer_range`)
     for linear and embedding matrices, zero biases, unit norm weights); transformers applies it only
-    to tensors that `from_pretrained` did not load, so loaded weights are never overwritten.
+    to tensors that `from_pretrained` did not load, so loaded weights are never overwritten. With
+    `scale_attention_scores=False` (T5), `q_proj` is drawn with standard deviation
+    `initializer_range * head_dim ** -0.5`: the score scaling moves into the initialisation, so
+    attention starts out as in a scaled model (Mesh TensorFlow's T5 initialisation does the same).
+
+    Which attention backends a model supports depends on its `position_embedding_type`
+    (`hfzoo.modules.positions.POSITION_ATTENTION_BACKENDS`): transformers then falls back from SDPA to
+    eager by default, and refuses an explicitly requested backend the scheme cannot use.
     """
 
     config_class = HfzooConfig
@@ -23,8 +32,27 @@ class HfzooPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["HfzooLayer"]
     _skip_keys_device_placement = ["past_key_values"]
-    _supports_sdpa = True
-    _supports_flash_attn = True
-    _supports_flex_attn = True
     _supports_attention_backend = True
     _can_record_outputs = {"hidden_states": HfzooLayer, "attentions": HfzooAttention}
+
+    def _supports_backend(self, backend: str) -> bool:
+        return backend in POSITION_ATTENTION_BACKENDS[self.config.position_embedding_type]
+
+    @property
+    def _supports_sdpa(self) -> bool:
+        return self._supports_backend("sdpa")
+
+    @property
+    def _supports_flash_attn(self) -> bool:
+        return self._supports_backend("flash_attention")
+
+    @property
+    def _supports_flex_attn(self) -> bool:
+        return self._supports_backend("flex_attention")
+
+    def _init_weights(self, module) -> None:
+        """Apply transformers' default initialisation, plus the folded score scaling of unscaled attention (T5)."""
+        super()._init_weights(module)
+        if isinstance(module, HfzooAttention) and not self.config.scale_attention_scores:
+            # Children are initialised first (transformers' smart_apply), so this overrides q_proj's default.
+            init.normal_(module.q_proj.weight, mean=0.0, std=self.config.initializer_range * module.head_dim**-0.5)

@@ -14,8 +14,8 @@ from transformers.activations import ACT2FN
 class FeedForward(nn.Module):
     """`down_proj(dropout(act(up_proj(x))))`: FFN(x) = act(x W1 + b1) W2 + b2 (Vaswani et al. 2017, eq. 2).
 
-    Reads `hidden_size`, `intermediate_size` (d_ff), `hidden_act`, `mlp_bias` and
-    `hidden_dropout_prob` from the config.
+    Reads `hidden_size`, `intermediate_size` (d_ff), `hidden_act`, `mlp_bias`, `hidden_dropout_prob` and
+    `gated_mlp` (then `down_proj(dropout(act(gate_proj(x)) * up_proj(x)))`, Shazeer 2020) from the config.
 
     Shapes:
         input `(batch_size, seq_len, hidden_size)` -> output of the same shape and dtype.
@@ -23,6 +23,10 @@ class FeedForward(nn.Module):
 
     def __init__(self, config) -> None:
         super().__init__()
+        # Gated (GLU family, Shazeer 2020 eq. 5-6): down_proj(act(gate_proj(x)) * up_proj(x)).
+        self.gate_proj = (
+            nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias) if config.gated_mlp else None
+        )
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
         self.act_fn = ACT2FN[config.hidden_act]
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
@@ -30,4 +34,8 @@ class FeedForward(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Apply the MLP to `hidden_states` `(batch_size, seq_len, hidden_size)`."""
-        return self.down_proj(self.dropout(self.act_fn(self.up_proj(hidden_states))))
+        if self.gate_proj is not None:
+            hidden = self.act_fn(self.gate_proj(hidden_states)) * self.up_proj(hidden_states)
+        else:
+            hidden = self.act_fn(self.up_proj(hidden_states))
+        return self.down_proj(self.dropout(hidden))

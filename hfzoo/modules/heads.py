@@ -12,7 +12,8 @@ from .norms import build_norm
 class MaskedLMHead(nn.Module):
     """BERT's masked-LM head (Devlin et al. 2019; `BertLMPredictionHead`): transform, then vocabulary projection.
 
-    `decoder(norm(act(dense(h))))` with a per-token output bias. `decoder.weight` is tied to the input
+    `decoder(norm(act(dense(h))))` with a per-token output bias (with `config.scale_lm_head_input`, the
+    input of `decoder` is multiplied by `hidden_size ** -0.5`). `decoder.weight` is tied to the input
     embeddings when `config.tie_word_embeddings` (declared by the model's `_tied_weights_keys`).
 
     Shapes:
@@ -25,10 +26,27 @@ class MaskedLMHead(nn.Module):
         self.act_fn = ACT2FN[config.hidden_act]
         self.norm = build_norm(config)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+        self.output_scale = config.hidden_size**-0.5 if config.scale_lm_head_input else None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Map hidden states `(..., hidden_size)` to vocabulary logits `(..., vocab_size)`."""
-        return self.decoder(self.norm(self.act_fn(self.dense(hidden_states))))
+        return self.decoder(scale_lm_head_input(self.norm(self.act_fn(self.dense(hidden_states))), self.output_scale))
+
+
+def scale_lm_head_input(hidden_states: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """Multiply the hidden states entering a vocabulary projection by `scale` (`config.scale_lm_head_input`).
+
+    T5 v1.0 (Raffel et al. 2020, Mesh TensorFlow) rescales the decoder output by `d_model ** -0.5`
+    before its tied output embedding, whose entries are initialised with standard deviation 1.
+
+    Args:
+        hidden_states: `(..., hidden_size)`.
+        scale: the factor (`hidden_size ** -0.5`), or None for no scaling.
+
+    Returns:
+        `(..., hidden_size)`, same dtype.
+    """
+    return hidden_states if scale is None else hidden_states * scale
 
 
 class SequenceClassificationHead(nn.Module):

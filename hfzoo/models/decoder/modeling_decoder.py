@@ -17,7 +17,7 @@ from transformers.utils.generic import can_return_tuple, merge_with_config_defau
 from transformers.utils.output_capturing import capture_outputs
 
 from ...modeling_utils import HfzooPreTrainedModel
-from ...modules.heads import check_classification_labels
+from ...modules.heads import check_classification_labels, scale_lm_head_input
 from ...modules.stack import build_stack_modules, stack_forward
 from .configuration_decoder import HfzooDecoderConfig
 
@@ -108,6 +108,7 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = HfzooDecoderModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head_input_scale = config.hidden_size**-0.5 if config.scale_lm_head_input else None
         self.post_init()
 
     @can_return_tuple
@@ -153,7 +154,7 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
             **kwargs,
         )
         hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
-        logits = self.lm_head(hidden_states)
+        logits = self.lm_head(scale_lm_head_input(hidden_states, self.lm_head_input_scale))
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)

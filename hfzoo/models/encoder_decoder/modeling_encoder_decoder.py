@@ -22,7 +22,12 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from ...modeling_utils import HfzooPreTrainedModel
 from ...modules.attention import HfzooAttention
-from ...modules.heads import SequenceClassificationHead, check_classification_labels, token_cross_entropy
+from ...modules.heads import (
+    SequenceClassificationHead,
+    check_classification_labels,
+    scale_lm_head_input,
+    token_cross_entropy,
+)
 from ...modules.layer import HfzooLayer
 from ...modules.stack import build_stack_modules, stack_forward
 from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
@@ -223,6 +228,7 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
         super().__init__(config)
         self.model = HfzooEncoderDecoderModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head_input_scale = config.hidden_size**-0.5 if config.scale_lm_head_input else None
         self.post_init()
 
     def get_encoder(self, modality=None) -> HfzooStack:
@@ -282,7 +288,7 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
             use_cache=use_cache,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)
+        logits = self.lm_head(scale_lm_head_input(outputs.last_hidden_state, self.lm_head_input_scale))
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels)
