@@ -170,6 +170,9 @@ class HfzooConfig(PreTrainedConfig):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("share_relative_attention_bias", "scale_attention_scores", "scale_lm_head_input"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.rope_theta <= 0:
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
         if self.relative_attention_num_buckets < 4:

@@ -51,8 +51,13 @@ class HfzooPreTrainedModel(PreTrainedModel):
         return self._supports_backend("flex_attention")
 
     def _init_weights(self, module) -> None:
-        """Apply transformers' default initialisation, plus the folded score scaling of unscaled attention (T5)."""
+        """Apply transformers' default initialisation, then a module's own `init_std_scale` factor, if it has one.
+
+        `HfzooAttention` gives its `q_proj` the factor `head_dim ** -0.5` when `scale_attention_scores=False`.
+        (transformers skips parameter-less containers such as the attention module itself for custom
+        code, so the factor is set on the linear layer.)
+        """
         super()._init_weights(module)
-        if isinstance(module, HfzooAttention) and not self.config.scale_attention_scores:
-            # Children are initialised first (transformers' smart_apply), so this overrides q_proj's default.
-            init.normal_(module.q_proj.weight, mean=0.0, std=self.config.initializer_range * module.head_dim**-0.5)
+        scale = getattr(module, "init_std_scale", None)
+        if scale is not None:
+            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range * scale)

@@ -176,6 +176,8 @@ class HfzooAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, inner, bias=config.attention_bias)
         self.v_proj = nn.Linear(config.hidden_size, inner, bias=config.attention_bias)
         self.o_proj = nn.Linear(inner, config.hidden_size, bias=config.attention_bias)
+        if not config.scale_attention_scores:
+            self.q_proj.init_std_scale = self.head_dim**-0.5  # read by HfzooPreTrainedModel._init_weights
         # Per-layer position modules of self-attention (shared ones live on the stack and arrive as arguments).
         kind = config.position_embedding_type
         self.relative_attention_bias = self.relative_positions = None
