@@ -36,7 +36,12 @@ class HfzooConfig(PreTrainedConfig):
         max_position_embeddings: longest sequence (tokens) the position scheme supports.
         position_embedding_type: one of `hfzoo.modules.positions.POSITION_EMBEDDING_TYPES`
             (`learned`: trained absolute embeddings added to the tokens; `sinusoidal`: the fixed
-            sin/cos encodings of Vaswani et al. 2017; `none`: no position information).
+            sin/cos encodings of Vaswani et al. 2017; `none`: no position information;
+            `relative_attention_bias`: T5's learned bucketed bias on the attention scores, Raffel et al.
+            2020 §2.1; `shaw`: relative position representations on keys and values with clipped
+            distances, Shaw et al. 2018 (eager attention only); `rotary`: rotary embeddings of queries
+            and keys, Su et al. 2021; `alibi`: fixed linear distance biases per head, Press et al. 2022).
+            The backends each supports are in `hfzoo.modules.positions.POSITION_ATTENTION_BACKENDS`.
         norm_type: `layer_norm`, `rms_norm` (Zhang & Sennrich 2019) or `none` (no normalization:
             ReZero alone, Fixup), see `hfzoo.modules.norms.NORM_CLASSES`.
         norm_position: `pre` (norm before each sub-block, plus a final norm), `post` (norm after each
@@ -93,12 +98,29 @@ class HfzooConfig(PreTrainedConfig):
         output_router_logits: return the routers' logits (`router_logits`) in the model outputs, as
             transformers' MoE models. The auxiliary losses are added to the loss and returned as
             `aux_loss` whenever the model has experts.
+        relative_attention_num_buckets: buckets of the T5 relative bias (`relative_attention_bias`
+            only; at least 4).
+        relative_attention_max_distance: distance (tokens) from which the T5 bias uses a single bucket
+            (`relative_attention_bias` only; more than `relative_attention_num_buckets // 2`).
+        share_relative_attention_bias: one T5 bias table per stack, shared by its layers, as T5 (True), or
+            one per layer (False): Narang et al. 2021's "relative attention with shared bias" / "with bias".
+        max_relative_positions: Shaw et al.'s clipping distance k (`shaw` only): 2k + 1 learned key and
+            value vectors per layer.
+        rope_theta: base of the rotary angles (`rotary` only).
+        scale_attention_scores: multiply attention scores by `head_dim ** -0.5` (Vaswani et al. 2017,
+            eq. 1). False is T5 (Mesh TensorFlow), which folds that factor into the initialisation: hfzoo
+            then draws `q_proj` with standard deviation `initializer_range * head_dim ** -0.5`.
+        scale_lm_head_input: multiply the final hidden states by `hidden_size ** -0.5` right before the
+            vocabulary projection of the language-model head, as T5 v1.0 (Mesh TensorFlow) does with its
+            tied embeddings (transformers' T5 calls it `scale_decoder_outputs`).
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
         huggingface_hub.errors.StrictDataclassClassValidationError: a field has a value outside its
             allowed set or range; the message names the field.
-        ValueError: `hidden_size` not divisible by `num_attention_heads` when `head_dim` is not set.
+        ValueError: `hidden_size` not divisible by `num_attention_heads` when `head_dim` is not set; a
+            position field set (to a non-default value) for a scheme that is not selected, e.g.
+            `rope_theta` with `position_embedding_type="alibi"`; `rotary` with an odd `head_dim`.
     """
 
     model_type = "hfzoo"
@@ -145,6 +167,14 @@ class HfzooConfig(PreTrainedConfig):
     router_z_loss_coef: float | int = 0.001
     moe_layer_interval: int = 1
     output_router_logits: bool = False
+    # --- positions and attention (issue 4)
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    share_relative_attention_bias: bool = True
+    max_relative_positions: int = 16
+    rope_theta: float | int = 10000.0
+    scale_attention_scores: bool = True
+    scale_lm_head_input: bool = False
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:
@@ -192,6 +222,7 @@ class HfzooConfig(PreTrainedConfig):
                 raise ValueError(f"{name}={value} is outside the vocabulary [0, {self.vocab_size})")
         self._validate_embeddings()
         self._validate_ffn_norms()
+        self._validate_positions()
 
     def _validate_embeddings(self) -> None:
         """Check `embedding_size`, `num_softmaxes` and `block_sharing` (and what block sharing contradicts)."""
@@ -264,4 +295,46 @@ class HfzooConfig(PreTrainedConfig):
                 raise ValueError(
                     f"moe_layer_interval={self.moe_layer_interval} exceeds the number of layers ({depth}): "
                     "no layer would have experts"
+                )
+
+    def _validate_positions(self) -> None:
+        """Check the position / attention fields and their combinations; raise `ValueError` naming the field."""
+        kind = self.position_embedding_type
+        for name in ("relative_attention_num_buckets", "relative_attention_max_distance", "max_relative_positions"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("share_relative_attention_bias", "scale_attention_scores", "scale_lm_head_input"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.rope_theta <= 0:
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}")
+        if self.relative_attention_num_buckets < 4:
+            raise ValueError(
+                f"relative_attention_num_buckets={self.relative_attention_num_buckets} is too small: T5's bucketing "
+                "needs at least 4 (exact and logarithmic buckets, per direction in the encoder)"
+            )
+        if self.relative_attention_max_distance <= self.relative_attention_num_buckets // 2:
+            raise ValueError(
+                f"relative_attention_max_distance={self.relative_attention_max_distance} must exceed "
+                f"relative_attention_num_buckets // 2 = {self.relative_attention_num_buckets // 2} (the exact buckets)"
+            )
+        if kind == "rotary" and self.head_dim % 2:
+            raise ValueError(
+                f"position_embedding_type='rotary' needs an even head_dim (it rotates feature pairs), "
+                f"got head_dim={self.head_dim}"
+            )
+        # A field of a scheme that is not selected would be a silent no-op: refuse non-default values.
+        fields_of_scheme = {
+            "relative_attention_num_buckets": ("relative_attention_bias", 32),
+            "relative_attention_max_distance": ("relative_attention_bias", 128),
+            "share_relative_attention_bias": ("relative_attention_bias", True),
+            "max_relative_positions": ("shaw", 16),
+            "rope_theta": ("rotary", 10000.0),
+        }
+        for name, (scheme, default) in fields_of_scheme.items():
+            if kind != scheme and getattr(self, name) != default:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} only applies to position_embedding_type={scheme!r}, but "
+                    f"position_embedding_type={kind!r}; leave it at its default {default!r}"
                 )

@@ -15,6 +15,7 @@ from .configuration_utils import HfzooConfig
 from .modules.attention import HfzooAttention
 from .modules.experts import HfzooRouter
 from .modules.layer import HfzooLayer, Residual
+from .modules.positions import POSITION_ATTENTION_BACKENDS
 
 
 class HfzooPreTrainedModel(PreTrainedModel):
@@ -26,6 +27,13 @@ class HfzooPreTrainedModel(PreTrainedModel):
     the residual branches (`hfzoo.modules.layer.mark_residual_branch_init`). transformers applies
     `_init_weights` only to modules that `from_pretrained` did not load, and every write goes through
     `transformers.initialization`, which skips loaded tensors, so loaded weights are never overwritten.
+    With `scale_attention_scores=False` (T5), `q_proj` is drawn with standard deviation
+    `initializer_range * head_dim ** -0.5`: the score scaling moves into the initialisation, so
+    attention starts out as in a scaled model (Mesh TensorFlow's T5 initialisation does the same).
+
+    Which attention backends a model supports depends on its `position_embedding_type`
+    (`hfzoo.modules.positions.POSITION_ATTENTION_BACKENDS`): transformers then falls back from SDPA to
+    eager by default, and refuses an explicitly requested backend the scheme cannot use.
     """
 
     config_class = HfzooConfig
@@ -34,15 +42,27 @@ class HfzooPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["HfzooLayer"]
     _skip_keys_device_placement = ["past_key_values"]
-    _supports_sdpa = True
-    _supports_flash_attn = True
-    _supports_flex_attn = True
     _supports_attention_backend = True
     _can_record_outputs = {
         "hidden_states": HfzooLayer,
         "attentions": HfzooAttention,
         "router_logits": OutputRecorder(HfzooRouter, index=0),
     }
+
+    def _supports_backend(self, backend: str) -> bool:
+        return backend in POSITION_ATTENTION_BACKENDS[self.config.position_embedding_type]
+
+    @property
+    def _supports_sdpa(self) -> bool:
+        return self._supports_backend("sdpa")
+
+    @property
+    def _supports_flash_attn(self) -> bool:
+        return self._supports_backend("flash_attention")
+
+    @property
+    def _supports_flex_attn(self) -> bool:
+        return self._supports_backend("flex_attention")
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
         """The `{target: source}` parameter ties of this model (and with `all_submodels`, of its submodels).
@@ -68,6 +88,9 @@ class HfzooPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias)
             return
         super()._init_weights(module)
+        scale = getattr(module, "init_std_scale", None)
+        if scale is not None:  # q_proj with scale_attention_scores=False (T5): head_dim ** -0.5
+            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range * scale)
         if isinstance(module, Residual):
             if module.rezero_alpha is not None:
                 init.zeros_(module.rezero_alpha)

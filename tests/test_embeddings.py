@@ -24,7 +24,6 @@ from hfzoo import (
     HfzooEncoderForMaskedLM,
 )
 from hfzoo.modules.embeddings import TokenEmbedding, VocabProjection
-from hfzoo.modules.positions import POSITION_EMBEDDING_TYPES
 
 TINY = dict(
     vocab_size=97,
@@ -246,9 +245,6 @@ def test_invalid_embedding_and_sharing_settings_are_refused(config_class, overri
         config_class(**TINY, **overrides)
 
 
-@pytest.mark.skipif(
-    "relative_attention_bias" not in POSITION_EMBEDDING_TYPES, reason="needs the positions branch's T5 bias"
-)
 def test_block_sharing_refuses_a_relative_bias_per_layer():
     overrides = {"position_embedding_type": "relative_attention_bias", "share_relative_attention_bias": False}
     with pytest.raises(StrictDataclassClassValidationError, match="block_sharing='all'.*share_relative_attention_bias"):

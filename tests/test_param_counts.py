@@ -19,7 +19,6 @@ from conftest import shared_data_dir
 
 from hfzoo import HfzooEncoderDecoderConfig, HfzooEncoderDecoderForConditionalGeneration
 from hfzoo.models.presets import PRESETS
-from hfzoo.modules.positions import POSITION_EMBEDDING_TYPES
 
 REFERENCE_DIR = Path(os.environ.get("HFZOO_REFERENCE_DIR", shared_data_dir().parent / "reference"))
 TABLE_1 = REFERENCE_DIR / "narang2021_table1_relative_attention.tsv"
@@ -56,9 +55,6 @@ ROWS: dict[str, dict] = {
 }
 
 FIELDS = {field.name for field in dataclasses.fields(HfzooEncoderDecoderConfig)}
-# TODO(merge): the positions branch adds "relative_attention_bias" and its fields; until then the variant
-# rows are counted without the relative bias (768 of 223M parameters) and the baseline row is skipped.
-HAS_RELATIVE_BIAS = "relative_attention_bias" in POSITION_EMBEDDING_TYPES
 
 
 def paper_params() -> dict[str, float]:
@@ -72,17 +68,11 @@ def paper_params() -> dict[str, float]:
 
 
 def row_config(name: str) -> tuple[dict | None, str]:
-    """The config fields of a row, or `(None, reason)` while a field it needs is not implemented yet."""
+    """The config fields of a row (the narang-vanilla preset plus the row's changes)."""
     fields = {**PRESETS["narang-vanilla"], **ROWS[name]}
     fields.pop("model_type")
     missing = sorted(key for key in ROWS[name] if key not in FIELDS)
-    if missing:
-        return None, f"needs config fields not implemented yet: {missing}"
-    if not HAS_RELATIVE_BIAS:
-        if name == "Vanilla Transformer":
-            return None, "needs position_embedding_type='relative_attention_bias' (positions branch)"
-        fields = {k: v for k, v in fields.items() if k in FIELDS}
-        fields["position_embedding_type"] = "none"
+    assert not missing, f"{name}: unknown config fields {missing}"
     return fields, ""
 
 
@@ -135,8 +125,6 @@ def test_shared_factorized_row_is_the_sum_of_its_parts():
 def test_narang_vanilla_preset_uses_only_existing_fields():
     """A misspelt preset field would be stored silently and change nothing."""
     unknown = sorted(set(PRESETS["narang-vanilla"]) - FIELDS - {"model_type"})
-    if unknown and not HAS_RELATIVE_BIAS:
-        pytest.skip(f"fields of the positions branch not merged yet: {unknown}")
     assert not unknown
 
 

@@ -14,11 +14,17 @@ from hfzoo.modules.experts import ROUTERS
 from hfzoo.modules.feed_forward import ACTIVATIONS
 from hfzoo.modules.layer import NORM_POSITIONS
 from hfzoo.modules.norms import NORM_CLASSES
-from hfzoo.modules.positions import POSITION_EMBEDDING_TYPES
+from hfzoo.modules.positions import POSITION_ATTENTION_BACKENDS, POSITION_EMBEDDING_TYPES
 from hfzoo.modules.stack import BLOCK_SHARING
 
 ALL = tuple(FAMILIES)
 BOTH = ("eager", "sdpa")
+
+
+def backends_of(kind: str) -> tuple[str, ...]:
+    """The CPU-testable backends (eager, SDPA) a position scheme supports."""
+    return tuple(b for b in BOTH if b in POSITION_ATTENTION_BACKENDS[kind])
+
 
 VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
     ({}, ALL, BOTH),
@@ -43,7 +49,24 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
     ({"fixup_init": True, "norm_type": "none"}, ALL, BOTH),
     ({"embedding_norm": True}, ALL, BOTH),
     # ---- positions
-    *[({"position_embedding_type": kind}, ALL, BOTH) for kind in POSITION_EMBEDDING_TYPES],
+    *[({"position_embedding_type": kind}, ALL, backends_of(kind)) for kind in POSITION_EMBEDDING_TYPES],
+    ({"position_embedding_type": "relative_attention_bias", "share_relative_attention_bias": False}, ALL, BOTH),
+    # few buckets and a short max distance, so 11 tokens reach the logarithmic and the last bucket
+    (
+        {
+            "position_embedding_type": "relative_attention_bias",
+            "relative_attention_num_buckets": 8,
+            "relative_attention_max_distance": 6,
+        },
+        ALL,
+        BOTH,
+    ),
+    ({"position_embedding_type": "shaw", "max_relative_positions": 2}, ALL, ("eager",)),  # clipping in reach
+    ({"position_embedding_type": "rotary", "rope_theta": 100.0}, ALL, BOTH),
+    ({"position_embedding_type": "alibi", "num_attention_heads": 8, "head_dim": 4}, ALL, BOTH),  # 8 slopes
+    ({"position_embedding_type": "alibi", "num_attention_heads": 3, "head_dim": 8}, ALL, BOTH),  # not a power of 2
+    ({"scale_attention_scores": False}, ALL, BOTH),
+    ({"scale_lm_head_input": True}, ALL, BOTH),
     # ---- attention shape
     ({"head_dim": 12}, ALL, BOTH),
     ({"attention_bias": False}, ALL, BOTH),

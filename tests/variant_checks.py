@@ -97,10 +97,12 @@ def valid_logits(family: str, batch: Batch, logits: torch.Tensor) -> torch.Tenso
     return logits if family == "encoder-decoder" else logits[batch.attention_mask.bool()]
 
 
-def check_forward_backward(family: str, overrides: dict, allow_unused: tuple[str, ...] = ()) -> None:
+def check_forward_backward(
+    family: str, overrides: dict, allow_unused: tuple[str, ...] = (), attn: str = "sdpa"
+) -> None:
     """Finite loss, logits and gradients in fp32 and bf16 autocast; every parameter gets a gradient."""
     for dtype in (torch.float32, torch.bfloat16):
-        model = build_model(family, overrides).train()
+        model = build_model(family, overrides, attn).train()
         batch = make_batch(family)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is torch.bfloat16):
             out = run(model, batch, labels=batch.labels)
@@ -116,14 +118,14 @@ def check_forward_backward(family: str, overrides: dict, allow_unused: tuple[str
             assert torch.isfinite(param.grad).all(), f"non-finite gradient for {name} ({dtype})"
 
 
-def check_round_trip(family: str, overrides: dict, tmp_path: Path) -> None:
+def check_round_trip(family: str, overrides: dict, tmp_path: Path, attn: str = "sdpa") -> None:
     """`save_pretrained` then `from_pretrained` gives identical logits."""
-    model = build_model(family, overrides)
+    model = build_model(family, overrides, attn)
     batch = make_batch(family)
     with torch.no_grad():
         before = run(model, batch).logits
     model.save_pretrained(tmp_path)
-    loaded = type(model).from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    loaded = type(model).from_pretrained(tmp_path, attn_implementation=attn).eval()
     with torch.no_grad():
         after = run(loaded, batch).logits
     assert torch.equal(before, after)
@@ -195,8 +197,8 @@ def check_variant(
     """
     attn = "sdpa" if "sdpa" in backends else backends[0]
     overrides = dict(overrides)
-    check_forward_backward(family, overrides, allow_unused)
-    check_round_trip(family, overrides, tmp_path)
+    check_forward_backward(family, overrides, allow_unused, attn)
+    check_round_trip(family, overrides, tmp_path, attn)
     check_padding_invariance(family, overrides, attn)
     check_causality(family, overrides, attn)
     if {"eager", "sdpa"} <= set(backends):

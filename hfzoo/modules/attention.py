@@ -4,6 +4,11 @@
 and calls the backend named by `config._attn_implementation` ("eager", "sdpa", "flash_attention_2",
 "flex_attention", ... as registered in `transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS`).
 `eager_attention_forward` below is the reference implementation every backend must agree with.
+
+Position schemes that act inside attention (`hfzoo/modules/positions.py`) enter self-attention here:
+rotary rotates the new queries and keys before the cache stores the keys; an additive score bias
+(T5's relative bias, ALiBi) is folded into the additive mask, so eager and SDPA both apply it; Shaw's
+relative representations run `shaw_attention_forward` (eager). Cross-attention uses no positions.
 """
 
 from __future__ import annotations
@@ -12,6 +17,13 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .positions import (
+    RELATIVE_POSITION_REPRESENTATIONS,
+    RelativeAttentionBias,
+    apply_rotary_pos_emb,
+    token_positions,
+)
 
 
 def eager_attention_forward(
@@ -57,12 +69,84 @@ def eager_attention_forward(
     return output, weights
 
 
+def shaw_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    relative_keys: torch.Tensor,
+    relative_values: torch.Tensor,
+    dropout: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention with relative position representations (Shaw et al. 2018, §3.1, eqs. 3-5), written out.
+
+    `e_ij = q_i . (k_j + a^K_ij) * scaling + mask_ij`, `p = softmax(e)` (float32),
+    `z_i = sum_j p_ij (v_j + a^V_ij)`.
+
+    Args:
+        module: the calling attention module (for `training`).
+        query: `(batch_size, num_heads, q_len, head_dim)`.
+        key: `(batch_size, num_heads, kv_len, head_dim)`.
+        value: `(batch_size, num_heads, kv_len, head_dim)`.
+        attention_mask: additive float mask broadcastable to `(batch_size, num_heads, q_len, kv_len)`, or None.
+        scaling: multiplier of the scores.
+        relative_keys: `a^K`, `(q_len, kv_len, head_dim)`, shared across heads.
+        relative_values: `a^V`, `(q_len, kv_len, head_dim)`, shared across heads.
+        dropout: dropout probability on the attention weights (applied only in training).
+
+    Returns:
+        `(attn_output, attn_weights)`: `(batch_size, q_len, num_heads, head_dim)` and
+        `(batch_size, num_heads, q_len, kv_len)`.
+    """
+    scores = torch.matmul(query, key.transpose(2, 3))  # (batch, heads, q_len, kv_len)
+    scores = scores + torch.einsum("bhqd,qkd->bhqk", query, relative_keys.to(query.dtype))
+    scores = scores * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, :, : key.shape[-2]]
+    weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value) + torch.einsum("bhqk,qkd->bhqd", weights, relative_values.to(weights.dtype))
+    return output.transpose(1, 2).contiguous(), weights  # (batch, q_len, heads, head_dim)
+
+
+def add_bias_to_mask(
+    attention_mask: torch.Tensor | None, position_bias: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Fold an additive score bias into the attention mask, giving one additive float mask.
+
+    Backends that take an additive float mask (eager, SDPA's `attn_mask`) then apply the bias. Masked
+    positions keep the dtype's minimum (the bias is added to it, which leaves it at the minimum).
+
+    Args:
+        attention_mask: a boolean mask (True = attend, SDPA's format), an additive float mask (eager's
+            format), each broadcastable to `(batch_size, 1, q_len, kv_len)`, or None (attend everywhere).
+        position_bias: `(batch_size or 1, num_heads, q_len, kv_len)`.
+        dtype: dtype of the result (the queries' dtype: SDPA requires the mask to match it).
+
+    Returns:
+        `(batch_size or 1, num_heads, q_len, kv_len)` additive mask of `dtype`.
+    """
+    bias = position_bias.to(dtype)
+    if attention_mask is None:
+        return bias
+    kv_len = bias.shape[-1]
+    attention_mask = attention_mask[..., :kv_len]
+    if attention_mask.dtype == torch.bool:
+        return bias.masked_fill(~attention_mask, torch.finfo(dtype).min)
+    return (bias + attention_mask.to(dtype)).clamp(min=torch.finfo(dtype).min)
+
+
 class HfzooAttention(nn.Module):
     """Multi-head attention (Vaswani et al. 2017, §3.2.2) with a pluggable backend and KV cache.
 
     Self-attention, or cross-attention to encoder outputs when `is_cross_attention`. Reads
     `hidden_size`, `num_attention_heads`, `head_dim` (T5's d_kv; defaults to
-    `hidden_size // num_attention_heads`), `attention_bias` and `attention_probs_dropout_prob`.
+    `hidden_size // num_attention_heads`), `attention_bias`, `attention_probs_dropout_prob`,
+    `scale_attention_scores` (scores times `head_dim ** -0.5`, or unscaled as T5) and
+    `position_embedding_type`: self-attention owns a `relative_attention_bias` (T5 bias, one per layer
+    when `share_relative_attention_bias=False`) or `relative_positions` (Shaw) module.
     The projections are named `q_proj`, `k_proj`, `v_proj`, `o_proj` (PEFT's usual `target_modules`).
 
     Args:
@@ -85,12 +169,22 @@ class HfzooAttention(nn.Module):
         self.is_cross_attention = is_cross_attention
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
-        self.scaling = self.head_dim**-0.5
+        # Without scaling (T5), the 1/sqrt(head_dim) is folded into q_proj's initialisation (see HfzooPreTrainedModel).
+        self.scaling = self.head_dim**-0.5 if config.scale_attention_scores else 1.0
         inner = self.num_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, inner, bias=config.attention_bias)
         self.k_proj = nn.Linear(config.hidden_size, inner, bias=config.attention_bias)
         self.v_proj = nn.Linear(config.hidden_size, inner, bias=config.attention_bias)
         self.o_proj = nn.Linear(inner, config.hidden_size, bias=config.attention_bias)
+        if not config.scale_attention_scores:
+            self.q_proj.init_std_scale = self.head_dim**-0.5  # read by HfzooPreTrainedModel._init_weights
+        # Per-layer position modules of self-attention (shared ones live on the stack and arrive as arguments).
+        kind = config.position_embedding_type
+        self.relative_attention_bias = self.relative_positions = None
+        if not is_cross_attention and kind == "relative_attention_bias" and not config.share_relative_attention_bias:
+            self.relative_attention_bias = RelativeAttentionBias(config, bidirectional=not is_causal)
+        if not is_cross_attention and kind in RELATIVE_POSITION_REPRESENTATIONS:
+            self.relative_positions = RELATIVE_POSITION_REPRESENTATIONS[kind](config)
 
     def _project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (*states.shape[:-1], self.num_heads, self.head_dim)
@@ -103,6 +197,8 @@ class HfzooAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         key_value_states: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        position_bias: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from `hidden_states` to itself (plus cached keys/values) or to `key_value_states`.
@@ -115,6 +211,10 @@ class HfzooAttention(nn.Module):
                 self-attention uses its `self_attention_cache`; cross-attention stores the encoder's
                 keys/values in its `cross_attention_cache` once and reuses them at later steps.
             key_value_states: `(batch_size, kv_len, hidden_size)` encoder outputs (cross-attention).
+            position_embeddings: rotary `(cos, sin)`, each `(batch_size or 1, q_len, head_dim)`, from the
+                stack's `RotaryEmbedding` (self-attention only; ignored by cross-attention).
+            position_bias: additive score bias `(batch_size or 1, num_heads, q_len, kv_len)` shared by the
+                stack's layers (T5 shared bias, ALiBi; ignored by cross-attention).
             **kwargs: forwarded to the attention backend.
 
         Returns:
@@ -140,6 +240,8 @@ class HfzooAttention(nn.Module):
                     past_key_values.is_updated[self.layer_idx] = True
         else:
             key, value = self._project_key_value(hidden_states)
+            if position_embeddings is not None:
+                query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
             cache = (
                 past_key_values.self_attention_cache
                 if isinstance(past_key_values, EncoderDecoderCache)
@@ -147,16 +249,24 @@ class HfzooAttention(nn.Module):
             )
             if cache is not None:
                 key, value = cache.update(key, value, self.layer_idx)
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        output, weights = attention(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.config.attention_probs_dropout_prob if self.training else 0.0,
-            scaling=self.scaling,
-            **kwargs,
-        )
+        dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
+        if self.is_cross_attention:
+            position_bias = None
+        elif self.relative_attention_bias is not None:
+            position_bias = self.relative_attention_bias(*token_positions(q_len, key.shape[-2], query.device))
+        if self.relative_positions is not None:
+            relative_keys, relative_values = self.relative_positions(
+                *token_positions(q_len, key.shape[-2], query.device)
+            )
+            output, weights = shaw_attention_forward(
+                self, query, key, value, attention_mask, self.scaling, relative_keys, relative_values, dropout
+            )
+        else:
+            if position_bias is not None:
+                attention_mask = add_bias_to_mask(attention_mask, position_bias, query.dtype)
+            attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+            output, weights = attention(
+                self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
+            )
         output = output.reshape(batch_size, q_len, -1).contiguous()  # (batch, q_len, heads * head_dim)
         return self.o_proj(output), weights

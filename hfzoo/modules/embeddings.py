@@ -85,6 +85,10 @@ class VocabProjection(nn.Linear):
         h_k = tanh(h W_h + b_h)[k]                    W_h: (hidden_size, K * hidden_size)     (mos_latent)
         log P(y | h) = logsumexp_k( log pi_k + log_softmax(logits(h_k))_y )
     ```
+    With `config.scale_lm_head_input` the hidden states are first multiplied by `hidden_size ** -0.5`,
+    as T5 v1.0 (Raffel et al. 2020, Mesh TensorFlow) does before its tied output embedding, whose
+    entries are initialised with standard deviation 1 (transformers' T5: `scale_decoder_outputs`).
+
     When tied (`tie_word_embeddings`, declared by the model's `_tied_weights_keys`), `weight` is the
     `TokenEmbedding`'s `(vocab_size, embedding_size)` matrix and `embed_proj` its `embed_proj`, used
     transposed. An untied head is a full `(vocab_size, hidden_size)` matrix even when the input
@@ -96,7 +100,8 @@ class VocabProjection(nn.Linear):
     them is its negative log-likelihood, so losses, `generate()` and sampling work unchanged.
 
     Args:
-        config: an hfzoo config (`vocab_size`, `hidden_size`, `embedding_size`, `num_softmaxes`).
+        config: an hfzoo config (`vocab_size`, `hidden_size`, `embedding_size`, `num_softmaxes`,
+            `scale_lm_head_input`).
         bias: add a per-token output bias (BERT's masked-LM head).
         tied: the weight will be tied to a `TokenEmbedding` (then a factorized embedding makes this head
             factorized too).
@@ -110,6 +115,7 @@ class VocabProjection(nn.Linear):
         super().__init__(config.embedding_size if factorized else config.hidden_size, config.vocab_size, bias=bias)
         self.embed_proj = TransposedLinear(config.embedding_size, config.hidden_size) if factorized else None
         self.num_softmaxes = config.num_softmaxes
+        self.input_scale = config.hidden_size**-0.5 if config.scale_lm_head_input else None
         if self.num_softmaxes > 1:
             self.mos_prior = nn.Linear(config.hidden_size, self.num_softmaxes, bias=False)
             self.mos_latent = nn.Linear(config.hidden_size, self.num_softmaxes * config.hidden_size)
@@ -123,6 +129,8 @@ class VocabProjection(nn.Linear):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Score `hidden_states` `(..., hidden_size)` against the vocabulary: `(..., vocab_size)`."""
+        if self.input_scale is not None:
+            hidden_states = hidden_states * self.input_scale
         if self.mos_prior is None:
             return self._logits(hidden_states)
         log_prior = torch.log_softmax(self.mos_prior(hidden_states).float(), dim=-1)  # (..., K)

@@ -1,11 +1,25 @@
 """Position information, selected by `config.position_embedding_type`.
 
-Absolute schemes (added to the token embeddings) are registered in `ABSOLUTE_POSITION_EMBEDDINGS`;
-`POSITION_EMBEDDING_TYPES` lists every accepted value. Schemes that act on queries/keys or on
-attention scores hook into `hfzoo/modules/attention.py`.
+Each scheme hooks in at one of three points (registries at the bottom of this file):
+
+- the embeddings (`ABSOLUTE_POSITION_EMBEDDINGS`: `learned`, `sinusoidal`), added to the token embeddings
+  by the stack;
+- the queries and keys (`ROTARY_POSITION_EMBEDDINGS`: `rotary`), rotated in `HfzooAttention` before the
+  KV cache stores the keys;
+- the attention scores: `ATTENTION_SCORE_BIASES` (`relative_attention_bias`, `alibi`) give an additive
+  `(1, num_heads, q_len, kv_len)` bias that any backend taking an additive mask can use (eager, SDPA);
+  `RELATIVE_POSITION_REPRESENTATIONS` (`shaw`) also add position vectors to the values, which needs the
+  attention probabilities, so it runs in hfzoo's eager attention only.
+
+`POSITION_EMBEDDING_TYPES` lists every accepted value and `POSITION_ATTENTION_BACKENDS` the attention
+backends each supports. Relative schemes measure distances in token indices (`past_len + i` for query
+`i`, `j` for key `j`), as T5 does, so they need no `position_ids` and are invariant to padding on
+either side; rotary reads `position_ids`, as Llama does.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -51,6 +65,210 @@ class SinusoidalPositionalEmbedding(nn.Module):
         return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)[..., : self.hidden_size]
 
 
+def token_positions(q_len: int, kv_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token indices of the queries and keys when the queries are the last `q_len` of `kv_len` tokens.
+
+    Args:
+        q_len: number of queries (new tokens).
+        kv_len: number of keys (cached + new tokens).
+        device: device of the result.
+
+    Returns:
+        `(query_positions, key_positions)`: int64 `(q_len,)` = `kv_len - q_len, ..., kv_len - 1` and
+        `(kv_len,)` = `0, ..., kv_len - 1`.
+    """
+    key_positions = torch.arange(kv_len, device=device)
+    return key_positions[kv_len - q_len :], key_positions
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embeddings, RoPE (Su et al. 2021, "RoFormer", §3.4.2, eq. 34), on the full head_dim.
+
+    Feature pairs `(i, i + head_dim / 2)` of each query and key are rotated by the angle
+    `position * rope_theta^(-2i / head_dim)` (the "rotate half" layout of GPT-NeoX and Llama), so the
+    score `q_m . k_n` depends on the positions only through `m - n`. Computed on the fly in float32:
+    no parameters and no buffers. Reads `head_dim` and `rope_theta`.
+
+    Shapes:
+        `position_ids` `(batch_size or 1, seq_len)` int64 -> `(cos, sin)`, each
+        `(batch_size or 1, seq_len, head_dim)` float32.
+    """
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.rope_theta = float(config.rope_theta)
+
+    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cosines and sines of the rotation angles for `position_ids` `(batch_size or 1, seq_len)`."""
+        exponent = torch.arange(0, self.head_dim, 2, device=position_ids.device, dtype=torch.float32) / self.head_dim
+        inv_freq = 1.0 / (self.rope_theta**exponent)  # (head_dim / 2,)
+        angles = position_ids.float()[..., None] * inv_freq  # (batch, seq, head_dim / 2)
+        angles = torch.cat([angles, angles], dim=-1)  # (batch, seq, head_dim)
+        return angles.cos(), angles.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """`[x1, x2] -> [-x2, x1]` on the last dimension (split in halves): a 90-degree turn of each feature pair."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(
+    query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate queries and keys by the angles of `RotaryEmbedding` (Su et al. 2021, eq. 34).
+
+    Args:
+        query: `(batch_size, num_heads, seq_len, head_dim)`.
+        key: `(batch_size, num_heads, seq_len, head_dim)` (the new keys only; cached keys are already rotated).
+        cos: `(batch_size or 1, seq_len, head_dim)`.
+        sin: `(batch_size or 1, seq_len, head_dim)`.
+
+    Returns:
+        The rotated `(query, key)`, same shapes and dtypes as the inputs.
+    """
+    cos, sin = cos.unsqueeze(1).to(query.dtype), sin.unsqueeze(1).to(query.dtype)  # broadcast over heads
+    return query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
+
+
+def relative_position_bucket(
+    relative_position: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int
+) -> torch.Tensor:
+    """T5's bucket of a relative position `key_position - query_position` (Raffel et al. 2020, §2.1).
+
+    Half the buckets (per direction when `bidirectional`) hold the exact distances `0 .. max_exact - 1`
+    (`max_exact = buckets / 2`); the others cover distances up to `max_distance` in logarithmically
+    growing ranges, and all larger distances share the last bucket. A causal stack
+    (`bidirectional=False`) only sees keys at or before the query and maps later ones to bucket 0.
+
+    Args:
+        relative_position: int64 `(...)` = key position - query position.
+        bidirectional: separate buckets for keys before and after the query (encoder).
+        num_buckets: number of buckets (`relative_attention_num_buckets`).
+        max_distance: distance from which all positions share one bucket (`relative_attention_max_distance`).
+
+    Returns:
+        int64 `(...)` bucket ids in `[0, num_buckets)`.
+    """
+    buckets = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).long() * num_buckets  # keys after the query
+        distance = relative_position.abs()
+    else:
+        distance = (-relative_position).clamp(min=0)  # keys before the query; later keys -> distance 0
+    max_exact = num_buckets // 2
+    # Logarithmic buckets between max_exact and max_distance (distance 0 would give log(0); `where` drops it).
+    log_ratio = torch.log(distance.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
+    large = (max_exact + (log_ratio * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
+    return buckets + torch.where(distance < max_exact, distance, large)
+
+
+class RelativeAttentionBias(nn.Embedding):
+    """T5's bucketed relative attention bias (Raffel et al. 2020, §2.1; Shaw et al. 2018 simplified to a scalar).
+
+    A learned scalar per (bucket, head) is added to the attention scores: `score[h, i, j] +=
+    weight[bucket(j - i), h]`. One table per stack shared by all its layers
+    (`share_relative_attention_bias=True`, T5, Narang et al.'s "relative attention with shared bias")
+    or one per layer. The weight is `(relative_attention_num_buckets, num_attention_heads)`, as T5's
+    `relative_attention_bias`.
+
+    Args:
+        config: an hfzoo config (`relative_attention_num_buckets`, `relative_attention_max_distance`,
+            `num_attention_heads`).
+        bidirectional: bucket keys after the query separately (encoder) or not (causal stack).
+
+    Shapes:
+        `query_positions` `(q_len,)`, `key_positions` `(kv_len,)` int64 -> bias `(1, num_heads, q_len, kv_len)`
+        in the weight's dtype.
+    """
+
+    def __init__(self, config, bidirectional: bool) -> None:
+        super().__init__(config.relative_attention_num_buckets, config.num_attention_heads)
+        self.bidirectional = bidirectional
+        self.max_distance = config.relative_attention_max_distance
+
+    def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        """Bias `(1, num_heads, q_len, kv_len)` for queries at `query_positions` and keys at `key_positions`."""
+        relative = key_positions[None, :] - query_positions[:, None]  # (q_len, kv_len)
+        bucket = relative_position_bucket(relative, self.bidirectional, self.num_embeddings, self.max_distance)
+        return super().forward(bucket).permute(2, 0, 1).unsqueeze(0)  # (q, kv, heads) -> (1, heads, q, kv)
+
+    def extra_repr(self) -> str:
+        """Show the table size, direction and maximum distance in `print(model)`."""
+        return f"{super().extra_repr()}, bidirectional={self.bidirectional}, max_distance={self.max_distance}"
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi's head-specific slopes (Press et al. 2022, §3): the geometric sequence `2^(-8 h / n)`, h = 1..n.
+
+    For a number of heads that is not a power of two, the slopes of the closest smaller power of two
+    are followed by every other slope of the next power of two (the authors' reference code).
+
+    Args:
+        num_heads: number of attention heads.
+
+    Returns:
+        float32 `(num_heads,)`.
+    """
+    closest = 2 ** math.floor(math.log2(num_heads))
+    slopes = [2 ** (-8 * h / closest) for h in range(1, closest + 1)]
+    if closest < num_heads:
+        slopes += [2 ** (-8 * h / (2 * closest)) for h in range(1, 2 * closest + 1, 2)][: num_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class AlibiBias(nn.Module):
+    """Attention with linear biases, ALiBi (Press et al. 2022, "Train Short, Test Long", §3).
+
+    `score[h, i, j] += -m_h * |i - j|` with the fixed slopes `m_h` of `alibi_slopes`; no parameters.
+    For a causal stack (the paper's setting) only `j <= i` is unmasked, so this is the paper's
+    `-m_h * (i - j)`; the symmetric distance extends it to bidirectional stacks (as MosaicBERT does).
+
+    Shapes:
+        `query_positions` `(q_len,)`, `key_positions` `(kv_len,)` int64 -> bias `(1, num_heads, q_len, kv_len)`
+        float32.
+    """
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+
+    def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        """Bias `(1, num_heads, q_len, kv_len)` for queries at `query_positions` and keys at `key_positions`."""
+        distance = (key_positions[None, :] - query_positions[:, None]).abs().float()  # (q_len, kv_len)
+        slopes = alibi_slopes(self.num_heads).to(distance.device)
+        return -(slopes[:, None, None] * distance).unsqueeze(0)
+
+
+class ShawRelativePositions(nn.Module):
+    """Relative position representations (Shaw et al. 2018, §3, eqs. 3-5), with clipped distances.
+
+    Learned vectors `a^K_{ij} = key_embeddings[clip(j - i, -k, k) + k]` and
+    `a^V_{ij} = value_embeddings[clip(j - i, -k, k) + k]` of size head_dim, shared across heads (as in
+    the paper) and owned by each layer's self-attention, which computes
+    `e_ij = q_i . (k_j + a^K_ij) * scaling` and `z_i = sum_j p_ij (v_j + a^V_ij)` (see
+    `hfzoo.modules.attention.shaw_attention_forward`). `k = max_relative_positions`.
+
+    Shapes:
+        `query_positions` `(q_len,)`, `key_positions` `(kv_len,)` int64 -> `(a_k, a_v)`, each
+        `(q_len, kv_len, head_dim)` in the weights' dtype.
+    """
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.max_relative_positions = config.max_relative_positions
+        self.key_embeddings = nn.Embedding(2 * config.max_relative_positions + 1, config.head_dim)
+        self.value_embeddings = nn.Embedding(2 * config.max_relative_positions + 1, config.head_dim)
+
+    def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value representations `(q_len, kv_len, head_dim)` of every (query, key) pair."""
+        k = self.max_relative_positions
+        index = (key_positions[None, :] - query_positions[:, None]).clamp(-k, k) + k  # (q_len, kv_len)
+        return self.key_embeddings(index), self.value_embeddings(index)
+
+
 def build_position_embedding(config) -> nn.Module | None:
     """Build the absolute position embedding for `config.position_embedding_type`, or None if it adds none.
 
@@ -59,15 +277,52 @@ def build_position_embedding(config) -> nn.Module | None:
 
     Returns:
         A module mapping `position_ids` `(batch_size, seq_len)` to `(batch_size, seq_len, hidden_size)`
-        (`learned`, `sinusoidal`), or None (`none`: no position information at all, a "NoPE" model).
+        (`learned`, `sinusoidal`), or None (`none`, and the schemes that act inside attention).
     """
     factory = ABSOLUTE_POSITION_EMBEDDINGS.get(config.position_embedding_type)
     return factory(config) if factory is not None else None
 
 
+# Added to the token embeddings (stack).
 ABSOLUTE_POSITION_EMBEDDINGS = {
     "learned": LearnedPositionalEmbedding,
     "sinusoidal": SinusoidalPositionalEmbedding,
 }
 
-POSITION_EMBEDDING_TYPES = ("none", *ABSOLUTE_POSITION_EMBEDDINGS)
+# Rotate queries and keys (attention, before the KV cache); the stack computes (cos, sin) once.
+ROTARY_POSITION_EMBEDDINGS = {
+    "rotary": RotaryEmbedding,
+}
+
+# Additive attention-score biases `(config, bidirectional) -> module`; computed once per stack when shared.
+ATTENTION_SCORE_BIASES = {
+    "relative_attention_bias": RelativeAttentionBias,
+    "alibi": lambda config, bidirectional: AlibiBias(config),
+}
+
+# Position vectors added to keys and values inside attention (per layer; eager attention only).
+RELATIVE_POSITION_REPRESENTATIONS = {
+    "shaw": ShawRelativePositions,
+}
+
+POSITION_EMBEDDING_TYPES = (
+    "none",
+    *ABSOLUTE_POSITION_EMBEDDINGS,
+    *ROTARY_POSITION_EMBEDDINGS,
+    *ATTENTION_SCORE_BIASES,
+    *RELATIVE_POSITION_REPRESENTATIONS,
+)
+
+# The attention backends (`config._attn_implementation`) each scheme supports. Score biases travel in the
+# additive float mask, which flash-attention and transformers' flex-attention path do not take; Shaw's value
+# term needs the attention probabilities, which only the eager path exposes.
+_ALL_BACKENDS = ("eager", "sdpa", "flash_attention", "flex_attention")
+POSITION_ATTENTION_BACKENDS = {
+    "none": _ALL_BACKENDS,
+    "learned": _ALL_BACKENDS,
+    "sinusoidal": _ALL_BACKENDS,
+    "rotary": _ALL_BACKENDS,
+    "relative_attention_bias": ("eager", "sdpa"),
+    "alibi": ("eager", "sdpa"),
+    "shaw": ("eager",),
+}

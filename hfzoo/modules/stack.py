@@ -30,7 +30,12 @@ from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttenti
 from .experts import token_padding_mask
 from .layer import NORM_POSITIONS, HfzooLayer
 from .norms import build_norm
-from .positions import build_position_embedding
+from .positions import (
+    ATTENTION_SCORE_BIASES,
+    ROTARY_POSITION_EMBEDDINGS,
+    build_position_embedding,
+    token_positions,
+)
 
 
 def build_stack_modules(
@@ -38,7 +43,9 @@ def build_stack_modules(
 ) -> None:
     """Create a stack's submodules on `module`: positions, token types, dropout, layers, final norm.
 
-    Sets `embed_positions` (or None), `token_type_embeddings` (when `config.type_vocab_size > 0`,
+    Sets `embed_positions` (absolute positions, or None), `rotary_emb` (rotary, or None),
+    `relative_attention_bias` (the score bias shared by all layers: T5's with
+    `share_relative_attention_bias`, or ALiBi; else None), `token_type_embeddings` (when `config.type_vocab_size > 0`,
     else None), `embed_dropout`, `layers` (`num_layers` `HfzooLayer`s) and `norm` (the final norm with
     `norm_position` "pre" or "sandwich", an identity with "post" or "deepnorm"), `embed_norm` (a norm
     of the summed embeddings when `config.embedding_norm`, else None), plus the flags `is_causal`,
@@ -61,6 +68,16 @@ def build_stack_modules(
     # The encoder-decoder's causal stack is its "decoder"; a single-stack family's stack counts as both.
     module.shares_layers = ("decoder" if is_causal else "encoder") in BLOCK_SHARING[config.block_sharing]
     module.embed_positions = build_position_embedding(config)
+    # Position schemes computed once per stack and handed to every layer's self-attention.
+    kind = config.position_embedding_type
+    rotary = ROTARY_POSITION_EMBEDDINGS.get(kind)
+    module.rotary_emb = rotary(config) if rotary is not None else None
+    shared_bias = kind in ATTENTION_SCORE_BIASES and (
+        kind != "relative_attention_bias" or config.share_relative_attention_bias
+    )
+    module.relative_attention_bias = (
+        ATTENTION_SCORE_BIASES[kind](config, bidirectional=not is_causal) if shared_bias else None
+    )
     type_vocab_size = getattr(config, "type_vocab_size", 0)
     module.token_type_embeddings = nn.Embedding(type_vocab_size, config.hidden_size) if type_vocab_size else None
     module.embed_norm = build_norm(config) if config.embedding_norm else None
@@ -170,9 +187,23 @@ def stack_forward(
         hidden_states = module.embed_norm(hidden_states)
     hidden_states = module.embed_dropout(hidden_states)
 
+    # Rotary angles and a shared score bias, computed once for all layers (self-attention only).
+    position_kwargs = {}
+    if module.rotary_emb is not None:
+        position_kwargs["position_embeddings"] = module.rotary_emb(position_ids)
+    if module.relative_attention_bias is not None:
+        positions = token_positions(seq_length, past_length + seq_length, inputs_embeds.device)
+        position_kwargs["position_bias"] = module.relative_attention_bias(*positions)
+
     mask_kwargs = {"config": config, "inputs_embeds": inputs_embeds, "attention_mask": attention_mask}
     if module.is_causal:
-        self_mask = create_causal_mask(**mask_kwargs, past_key_values=self_cache, position_ids=position_ids)
+        # A score bias travels in the mask, so SDPA must get a causal mask instead of its `is_causal` shortcut.
+        self_mask = create_causal_mask(
+            **mask_kwargs,
+            past_key_values=self_cache,
+            position_ids=position_ids,
+            allow_is_causal_skip=config.position_embedding_type not in ATTENTION_SCORE_BIASES,
+        )
     else:
         self_mask = create_bidirectional_mask(**mask_kwargs, past_key_values=self_cache)
     cross_mask = None
@@ -192,6 +223,7 @@ def stack_forward(
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=cross_mask,
             padding_mask=padding_mask,
+            **position_kwargs,
             **kwargs,
         )
     hidden_states = module.norm(hidden_states)

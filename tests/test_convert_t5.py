@@ -1,0 +1,292 @@
+"""T5 <-> hfzoo encoder-decoder conversion: logit parity with padding (v1.0 and v1.1), exact round trips, presets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import T5Config, T5ForConditionalGeneration
+
+from hfzoo import HfzooEncoderDecoderConfig, HfzooEncoderDecoderForConditionalGeneration
+from hfzoo.convert import hfzoo_config_from_t5, hfzoo_to_t5, t5_config_from_hfzoo, t5_to_hfzoo
+from hfzoo.models.presets import build_config
+
+# Two tiny sizes; the second has d_kv != d_model / num_heads, unequal stack depths and few buckets with a
+# short max distance, so 12-token inputs reach T5's logarithmic and last buckets.
+SIZES = {
+    "d32-l2-h4": dict(vocab_size=97, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4),
+    "d48-l3x2-h3-kv12": dict(
+        vocab_size=131,
+        d_model=48,
+        d_kv=12,
+        d_ff=80,
+        num_layers=3,
+        num_decoder_layers=2,
+        num_heads=3,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=7,
+    ),
+}
+VERSIONS = {
+    # v1.0: ReLU, lm_head tied to the embeddings, its input scaled by d_model ** -0.5
+    "v1.0": dict(feed_forward_proj="relu"),
+    # v1.1: GeGLU (gelu_new), untied lm_head, no scaling
+    "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+}
+TOLERANCE = 1e-4
+
+
+def t5_config(size: str, version: str) -> T5Config:
+    return T5Config(**SIZES[size], **VERSIONS[version], dropout_rate=0.0, decoder_start_token_id=0)
+
+
+def random_t5(size: str, version: str, seed: int = 0) -> T5ForConditionalGeneration:
+    """A T5 with T5's own random initialisation, random norm weights and biases, and (v1.1) an untied lm_head.
+
+    transformers 5 builds every T5 with `lm_head` tied to `shared` (a v1.1 checkpoint unties it when
+    loaded), so the v1.1 reference gets its own `lm_head` here, as after loading google/t5-v1_1-*.
+    """
+    torch.manual_seed(seed)
+    model = T5ForConditionalGeneration(t5_config(size, version))
+    if version == "v1.1":
+        model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight))
+        model.all_tied_weights_keys.pop("lm_head.weight", None)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "layer_norm" in name:
+                param.copy_(1 + 0.3 * torch.randn_like(param))
+            elif "relative_attention_bias" in name:
+                param.normal_(0.0, 1.0)
+    model.set_attn_implementation("eager")
+    return model.eval()
+
+
+def padded_batch(vocab_size: int, side: str, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Encoder inputs `(4, 12)` (12, 9, 5, 1 real tokens, padded on `side`) and right-padded decoder inputs `(4, 7)`."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, vocab_size, (4, 12), generator=g)
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate([12, 9, 5, 1]):
+        if side == "right":
+            mask[row, :length] = 1
+        else:
+            mask[row, 12 - length :] = 1
+    decoder_ids = torch.randint(2, vocab_size, (4, 7), generator=g)
+    decoder_mask = torch.ones_like(decoder_ids)
+    decoder_mask[1, 5:] = decoder_mask[3, 2:] = 0
+    return dict(
+        input_ids=ids.masked_fill(mask == 0, 0),
+        attention_mask=mask,
+        decoder_input_ids=decoder_ids.masked_fill(decoder_mask == 0, 0),
+        decoder_attention_mask=decoder_mask,
+    )
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("size", list(SIZES))
+def test_t5_to_hfzoo_logits_match_with_padding(size, version, backend, side):
+    t5 = random_t5(size, version)
+    model = t5_to_hfzoo(t5, attn_implementation=backend)
+    assert isinstance(model, HfzooEncoderDecoderForConditionalGeneration)
+    assert model.config._attn_implementation == backend
+    assert model.config.tie_word_embeddings == model.config.scale_lm_head_input == (version == "v1.0")
+    assert model.config.gated_mlp == (version == "v1.1")
+    batch = padded_batch(t5.config.vocab_size, side)
+    with torch.no_grad():
+        expected = t5(**batch).logits
+        actual = model(**batch).logits
+    real = batch["decoder_attention_mask"].bool()
+    assert expected.dtype == actual.dtype == torch.float32
+    diff = (actual[real] - expected[real]).abs().max().item()
+    print(f"\n{size} {version} {backend} {side}-padded: max |logit diff| = {diff:.3e} (std {expected[real].std():.2f})")
+    assert expected[real].std() > 0.5  # far from trivial logits
+    assert diff <= TOLERANCE
+
+
+@pytest.mark.parametrize(
+    "mistake",
+    ["swap encoder/decoder relative bias", "share decoder bias direction", "drop lm_head scaling"],
+)
+def test_parity_check_is_sensitive_to_a_conversion_mistake(mistake):
+    t5 = random_t5("d48-l3x2-h3-kv12", "v1.0")
+    model = t5_to_hfzoo(t5, attn_implementation="eager")
+    with torch.no_grad():
+        if mistake == "swap encoder/decoder relative bias":
+            enc, dec = model.model.encoder.relative_attention_bias, model.model.decoder.relative_attention_bias
+            enc_w = enc.weight.clone()
+            enc.weight.copy_(dec.weight)
+            dec.weight.copy_(enc_w)
+        elif mistake == "share decoder bias direction":
+            model.model.decoder.relative_attention_bias.bidirectional = True
+        else:
+            model.lm_head.input_scale = None
+    batch = padded_batch(t5.config.vocab_size, "right")
+    with torch.no_grad():
+        diff = (model(**batch).logits - t5(**batch).logits)[batch["decoder_attention_mask"].bool()]
+    assert diff.abs().max() > 100 * TOLERANCE
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("size", list(SIZES))
+def test_round_trip_gives_the_original_state_dict_exactly(size, version):
+    t5 = random_t5(size, version)
+    original = t5.state_dict()
+    back = hfzoo_to_t5(t5_to_hfzoo(t5))
+    assert isinstance(back, T5ForConditionalGeneration)
+    state = back.state_dict()
+    assert list(state) == list(original)
+    for key, value in original.items():
+        assert state[key].dtype == value.dtype and state[key].shape == value.shape, key
+        assert torch.equal(state[key], value), key
+    assert (back.lm_head.weight is back.shared.weight) == (version == "v1.0")
+    assert back.config.scale_decoder_outputs == (version == "v1.0")
+    batch = padded_batch(t5.config.vocab_size, "right")
+    with torch.no_grad():
+        assert torch.equal(back(**batch).logits, t5(**batch).logits)
+    # and the other way round
+    model = t5_to_hfzoo(t5)
+    again = t5_to_hfzoo(hfzoo_to_t5(model)).state_dict()
+    assert list(again) == list(model.state_dict())
+    assert all(torch.equal(again[key], value) for key, value in model.state_dict().items())
+
+
+def test_bfloat16_round_trip_keeps_dtype_and_values():
+    t5 = random_t5("d32-l2-h4", "v1.1").to(torch.bfloat16)
+    model = t5_to_hfzoo(t5)
+    assert model.dtype == torch.bfloat16
+    back = hfzoo_to_t5(model).state_dict()
+    assert all(back[k].dtype == torch.bfloat16 and torch.equal(back[k], v) for k, v in t5.state_dict().items())
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_greedy_generation_with_kv_cache_matches(version):
+    t5 = random_t5("d48-l3x2-h3-kv12", version)
+    model = t5_to_hfzoo(t5, attn_implementation="sdpa")
+    batch = padded_batch(t5.config.vocab_size, "right")
+    kwargs = dict(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        max_new_tokens=9,  # past the 7-token max distance of the decoder bias
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    with torch.no_grad():
+        expected = t5.generate(**kwargs, use_cache=True)
+        assert torch.equal(model.generate(**kwargs, use_cache=True), expected)
+        assert torch.equal(model.generate(**kwargs, use_cache=False), expected)
+
+
+def test_state_dict_input_without_tied_copies_and_key_errors():
+    t5 = random_t5("d32-l2-h4", "v1.0")
+    # safetensors checkpoints store tied weights once: only shared.weight
+    state = {
+        k: v for k, v in t5.state_dict().items() if not k.endswith("embed_tokens.weight") and k != "lm_head.weight"
+    }
+    state["decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight"] = torch.zeros(32, 4)  # legacy
+    model = t5_to_hfzoo(state, t5.config)
+    assert model.lm_head.weight is model.model.shared.weight
+    batch = padded_batch(t5.config.vocab_size, "right")
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch).logits, t5(**batch).logits, rtol=0, atol=TOLERANCE)
+    with pytest.raises(TypeError, match="needs its config"):
+        t5_to_hfzoo(state)
+    with pytest.raises(ValueError, match="missing .*encoder.block.1.layer.0.layer_norm.weight"):
+        t5_to_hfzoo({k: v for k, v in state.items() if k != "encoder.block.1.layer.0.layer_norm.weight"}, t5.config)
+    untied = dict(t5.state_dict(), **{"lm_head.weight": torch.randn_like(t5.lm_head.weight)})
+    with pytest.raises(ValueError, match="tie_word_embeddings=True but"):
+        t5_to_hfzoo(untied, hfzoo_config_from_t5(t5.config))
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+@pytest.mark.parametrize("size", list(SIZES))
+def test_config_round_trip(size, version):
+    t5 = t5_config(size, version)
+    config = hfzoo_config_from_t5(t5)
+    back = t5_config_from_hfzoo(config)
+    for name in (
+        "vocab_size",
+        "d_model",
+        "d_kv",
+        "d_ff",
+        "num_layers",
+        "num_decoder_layers",
+        "num_heads",
+        "relative_attention_num_buckets",
+        "relative_attention_max_distance",
+        "dropout_rate",
+        "layer_norm_epsilon",
+        "feed_forward_proj",
+        "dense_act_fn",
+        "is_gated_act",
+        "scale_decoder_outputs",
+        "pad_token_id",
+        "eos_token_id",
+        "decoder_start_token_id",
+    ):
+        assert getattr(back, name) == getattr(t5, name), name
+    assert hfzoo_config_from_t5(back).to_dict() == config.to_dict()
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"position_embedding_type": "rotary"}, "position_embedding_type"),
+        ({"share_relative_attention_bias": False}, "share_relative_attention_bias"),
+        ({"norm_type": "layer_norm"}, "norm_type"),
+        ({"norm_position": "post"}, "norm_position"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"mlp_bias": True}, "mlp_bias"),
+        ({"scale_attention_scores": True}, "scale_attention_scores"),
+        ({"embedding_norm": True}, "embedding_norm"),
+        ({"attention_probs_dropout_prob": 0.2}, "attention_probs_dropout_prob"),
+    ],
+)
+def test_hfzoo_settings_t5_cannot_express_are_refused(overrides, field):
+    fields = {**build_config("t5-v1.0").to_dict(), "num_hidden_layers": 1, "num_decoder_layers": 1, **overrides}
+    for key in ("model_type", "transformers_version", "architectures"):
+        fields.pop(key, None)
+    with pytest.raises(ValueError, match=field):
+        t5_config_from_hfzoo(HfzooEncoderDecoderConfig(**fields))
+
+
+def test_wrong_config_and_model_types_are_refused():
+    with pytest.raises(TypeError, match="T5Config"):
+        hfzoo_config_from_t5(HfzooEncoderDecoderConfig())
+    with pytest.raises(TypeError, match="HfzooEncoderDecoderConfig"):
+        t5_config_from_hfzoo(T5Config())
+    with pytest.raises(TypeError, match="T5ForConditionalGeneration"):
+        t5_to_hfzoo(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize(
+    "preset, t5_fields",
+    [
+        ("t5-v1.0", dict(d_model=768, d_ff=3072, num_layers=12, num_heads=12, dropout_rate=0.1)),  # google-t5/t5-base
+        (
+            "t5-v1.1",  # google/t5-v1_1-base
+            dict(
+                d_model=768,
+                d_ff=2048,
+                num_layers=12,
+                num_heads=12,
+                dropout_rate=0.1,
+                feed_forward_proj="gated-gelu",
+                tie_word_embeddings=False,
+            ),
+        ),
+    ],
+)
+def test_t5_presets_are_t5_base_with_t5s_parameter_count(preset, t5_fields):
+    config = build_config(preset)
+    reference = hfzoo_config_from_t5(T5Config(**t5_fields))
+    assert config.to_dict() == reference.to_dict()
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        ours = HfzooEncoderDecoderForConditionalGeneration(config)
+        theirs = T5ForConditionalGeneration(T5Config(**t5_fields))
+    if not config.tie_word_embeddings:  # transformers 5 builds T5 tied; a v1.1 checkpoint has its own lm_head
+        theirs.lm_head.weight = torch.nn.Parameter(torch.empty_like(theirs.lm_head.weight))
+    count = sum(p.numel() for p in ours.parameters())
+    assert count == sum(p.numel() for p in theirs.parameters())
+    print(f"\n{preset}: {count / 1e6:.1f}M parameters")
