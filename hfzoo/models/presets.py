@@ -282,36 +282,15 @@ PRESETS: dict[str, dict[str, Any]] = {
         "decoder_start_token_id": 0,
         "classifier_dropout": 0.0,
     },
-    # T5 v1.1 base (google/t5-v1_1-base, 248M parameters): as v1.0 but a GeGLU feed-forward (gelu_new) with
-    # d_ff 2048 and an untied output layer without input scaling.
-    "t5-v1.1": {
-        "model_type": "hfzoo_encoder_decoder",
-        "vocab_size": 32128,
-        "hidden_size": 768,
-        "num_hidden_layers": 12,
-        "num_decoder_layers": 12,
-        "num_attention_heads": 12,
-        "head_dim": 64,
-        "intermediate_size": 2048,
-        "hidden_act": "gelu_new",
-        "gated_mlp": True,
-        "position_embedding_type": "relative_attention_bias",
-        "relative_attention_num_buckets": 32,
-        "relative_attention_max_distance": 128,
-        "share_relative_attention_bias": True,
-        "norm_type": "rms_norm",
-        "norm_position": "pre",
-        "rms_norm_eps": 1e-6,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "scale_attention_scores": False,
-        "tie_word_embeddings": False,
-        "scale_lm_head_input": False,
-        "hidden_dropout_prob": 0.1,
-        "attention_probs_dropout_prob": 0.1,
-        "pad_token_id": 0,
-        "eos_token_id": 1,
-        "decoder_start_token_id": 0,
-        "classifier_dropout": 0.0,
-    },
+}
+
+# T5 v1.1 base (google/t5-v1_1-base, 248M parameters): v1.0 with a GeGLU feed-forward (gelu_new, d_ff 2048)
+# and an untied output layer without input scaling.
+PRESETS["t5-v1.1"] = {
+    **PRESETS["t5-v1.0"],
+    "intermediate_size": 2048,
+    "hidden_act": "gelu_new",
+    "gated_mlp": True,
+    "tie_word_embeddings": False,
+    "scale_lm_head_input": False,
 }
