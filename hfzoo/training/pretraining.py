@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -139,11 +140,18 @@ def find_latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     A checkpoint is complete when its `training_state.json` exists (written last, and the folder
     is renamed into place only after it).
     """
-    root = Path(output_dir) / CHECKPOINT_DIR
+    done = _complete_checkpoints(Path(output_dir) / CHECKPOINT_DIR)
+    return done[-1] if done else None
+
+
+def _complete_checkpoints(root: Path) -> list[Path]:
+    """The complete `step_N` folders under `root`, oldest first (`step_N.tmp` folders are unfinished saves)."""
     if not root.is_dir():
-        return None
-    done = [p for p in root.glob("step_*") if p.is_dir() and (p / TRAINING_STATE).is_file()]
-    return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
+        return []
+    done = [
+        p for p in root.iterdir() if re.fullmatch(r"step_\d+", p.name) and p.is_dir() and (p / TRAINING_STATE).is_file()
+    ]
+    return sorted(done, key=lambda p: int(p.name.split("_")[1]))
 
 
 def _resolve_resume(args: argparse.Namespace) -> Path | None:
@@ -492,10 +500,7 @@ def save_checkpoint(run: PretrainingRun, step: int, tokens_seen: int) -> Path:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        done = sorted(
-            (p for p in root.glob("step_*") if p.is_dir() and (p / TRAINING_STATE).is_file()),
-            key=lambda p: int(p.name.split("_")[1]),
-        )
+        done = _complete_checkpoints(root)
         for old in done[: max(0, len(done) - args.checkpoints_total_limit)]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
@@ -629,7 +634,9 @@ def train(run: PretrainingRun) -> dict[str, float]:
     window_start, window_steps, window_loss = start, 0, 0.0
     history: list[dict[str, float]] = []
     first_window = True
-    for epoch in range(start_epoch, run.num_train_epochs):
+    # A run resumed from its last checkpoint has nothing left to train.
+    epochs = range(start_epoch, run.num_train_epochs) if completed_steps < run.max_train_steps else range(0)
+    for epoch in epochs:
         run.train_dataloader.set_epoch(epoch)
         loader = run.train_dataloader
         if epoch == start_epoch and skip_batches:
