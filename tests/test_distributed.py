@@ -363,3 +363,20 @@ def test_fp16_on_cpu_and_resume_of_another_model_config_fail_before_training(
     message = str(exc.value.code)
     assert "saved with a different model config (" in message and "hidden_size=32 there, 48 here" in message
     assert "\n" not in message and not (tmp_path / "b" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_lora_adapter_and_full_weights_saved_from_zero3_are_complete(tmp_path):
+    pytest.importorskip("peft")
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(REPO_ROOT / "accelerate_configs" / "deepspeed_zero3.yaml"),
+        str(REPO_ROOT / "tests" / "zero3_lora_check.py"), str(tmp_path),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, env=launch_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    checks = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert checks["adapter_tensors"] == checks["lora_parameters"] == 8  # q_proj, v_proj x A, B x 2 layers
+    assert checks["adapter_min_numel"] > 0 and checks["adapter_equal"] and checks["lora_B_trained"]
+    assert checks["full_tensors"] >= checks["full_parameters"] and checks["full_min_numel"] > 0
+    assert checks["full_equal"]

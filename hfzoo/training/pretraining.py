@@ -275,6 +275,20 @@ def check_resume_config(resume_path: Path, config) -> None:
         raise ValueError(f"--resume_from_checkpoint {resume_path}: saved with a different model config ({shown})")
 
 
+def _check_resume_topology(resume_path: Path, accelerator: Accelerator) -> None:
+    """DeepSpeed checkpoints hold one ZeRO partition per process: resume them with the same world and backend."""
+    state = json.loads((resume_path / TRAINING_STATE).read_text())
+    saved_type, saved_processes = state.get("distributed_type"), state.get("num_processes")
+    if saved_type != DistributedType.DEEPSPEED.value and accelerator.distributed_type != DistributedType.DEEPSPEED:
+        return
+    if saved_type != accelerator.distributed_type.value or saved_processes != accelerator.num_processes:
+        raise ValueError(
+            f"--resume_from_checkpoint {resume_path}: written by {saved_processes} process(es) with {saved_type}; "
+            f"this run has {accelerator.num_processes} with {accelerator.distributed_type.value} "
+            "(convert it with recipes/consolidate_checkpoint.py and start from --model_name_or_path)"
+        )
+
+
 def build_collator(args: argparse.Namespace, tokenizer, block_size: int):
     """Return the objective's batch collator and the length of the raw packed blocks it consumes.
 
@@ -374,6 +388,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     config = build_model_config(args, tokenizer)
     if resume_path is not None:
         check_resume_config(resume_path, config)
+        _check_resume_topology(resume_path, accelerator)
     block_size = _check_block_size(args, config)
     collator, raw_block_size = build_collator(args, tokenizer, block_size)
 
@@ -634,6 +649,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
     window_start, window_steps, window_loss = start, 0, 0.0
     history: list[dict[str, float]] = []
     first_window = True
+    last_saved = completed_steps  # a resumed run's starting point is already a checkpoint
     # A run resumed from its last checkpoint has nothing left to train.
     epochs = range(start_epoch, run.num_train_epochs) if completed_steps < run.max_train_steps else range(0)
     for epoch in epochs:
@@ -688,6 +704,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
                 window_start, window_steps, window_loss = time.perf_counter(), 0, 0.0
             if args.checkpointing_steps not in (None, "epoch") and completed_steps % int(args.checkpointing_steps) == 0:
                 save_checkpoint(run, completed_steps, tokens_seen)
+                last_saved = completed_steps
             if args.eval_steps and completed_steps % args.eval_steps == 0 and completed_steps < run.max_train_steps:
                 metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=args.seed)
                 logger.info(f"step {completed_steps}: {metrics}")
@@ -697,8 +714,11 @@ def train(run: PretrainingRun) -> dict[str, float]:
                 break
         if args.checkpointing_steps == "epoch":
             save_checkpoint(run, completed_steps, tokens_seen)
+            last_saved = completed_steps
         if completed_steps >= run.max_train_steps:
             break
+    if args.checkpointing_steps is not None and last_saved != completed_steps:
+        save_checkpoint(run, completed_steps, tokens_seen)  # the end of training is always a checkpoint
     progress.close()
     train_runtime = time.perf_counter() - start
 
