@@ -12,7 +12,8 @@ The model is an hfzoo decoder of about 23M parameters (hidden 512, 6 layers, voc
 with AdamW in fp32 on random tokens (memory does not depend on the data). At the second optimizer
 step, after the backward pass and before the update (gradients and optimizer state both exist), every
 tensor reachable from Python is listed (`gc`), and the bytes of their distinct storages are summed
-on each process. This counts the parameter, gradient and optimizer-state tensors of both DDP and
+on each process. DeepSpeed's bucket sizes are set from the model as in the recipe
+(`size_buckets_from_model`). This counts the parameter, gradient and optimizer-state tensors of both DDP and
 DeepSpeed (whose partitions and flat buffers are Python attributes); DDP's gradient buckets live in
 C++ and are not counted, so the DDP figure is a lower bound and the ZeRO/DDP ratio an upper bound.
 """
@@ -28,8 +29,9 @@ from pathlib import Path
 import torch
 
 
-def live_tensor_bytes() -> int:
-    """Bytes of the distinct storages of every tensor reachable from Python (int)."""
+def live_tensor_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the distinct storages of every tensor reachable from Python, gradients included (int)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]  # give them Python objects  # noqa: F841
     gc.collect()
     storages: dict[int, int] = {}
     for obj in gc.get_objects():
@@ -42,20 +44,28 @@ def live_tensor_bytes() -> int:
     return sum(storages.values())
 
 
-def measure(output: str, hidden_size: int, layers: int, vocab_size: int) -> None:
-    """Train two steps and write `{"mode", "num_processes", "parameters", "model_state_bytes": [per rank]}`."""
+def measure(output: str, hidden_size: int, layers: int, vocab_size: int, mixed_precision: str) -> None:
+    """Train two steps and write `{"mode", "num_processes", "parameters", "model_state_bytes": [per rank], ...}`.
+
+    For DDP, `ddp_bucket_bytes` adds the size of DDP's gradient buckets as reported by DDP's own logging
+    data (C++ tensors that `gc` cannot see; a private torch API, so best effort, 0 when unavailable).
+    """
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, InitProcessGroupKwargs
     from transformers import AutoModelForCausalLM
 
     from hfzoo.models.presets import build_config
+    from hfzoo.training.pretraining import size_buckets_from_model
 
     on_gpu = torch.cuda.is_available()
     use_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     accelerator = Accelerator(
+        mixed_precision=mixed_precision,
         cpu=not on_gpu and not use_deepspeed,
         kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")] if use_deepspeed and not on_gpu else [],
     )
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        size_buckets_from_model(accelerator.state.deepspeed_plugin.deepspeed_config)  # as the recipe does
     config = build_config(
         "decoder-small",
         f"hidden_size={hidden_size},num_hidden_layers={layers},num_attention_heads=8,"
@@ -79,24 +89,30 @@ def measure(output: str, hidden_size: int, layers: int, vocab_size: int) -> None
         if deepspeed:
             model.backward(loss)  # the engine: reduce (and partition) the gradients, no update yet
             if step == 1:
-                measured = live_tensor_bytes()
+                measured = live_tensor_bytes(model)
             model.step()
         else:
             accelerator.backward(loss)
             if step == 1:
-                measured = live_tensor_bytes()
+                measured = live_tensor_bytes(model)
             optimizer.step()
             optimizer.zero_grad()
         if step == 1:
             break
     per_rank = accelerator.gather(torch.tensor([measured], dtype=torch.float64)).tolist()
+    bucket_bytes = 0
+    if not deepspeed and hasattr(model, "_get_ddp_logging_data"):
+        sizes = str(model._get_ddp_logging_data().get("bucket_sizes", ""))
+        bucket_bytes = sum(int(x) for x in sizes.split(",") if x.strip().isdigit())
     if accelerator.is_main_process:
         result = {
             "mode": mode,
+            "mixed_precision": accelerator.mixed_precision,
             "num_processes": accelerator.num_processes,
             "parameters": n_params,
             "model_state_bytes": per_rank,
             "bytes_per_parameter": [b / n_params for b in per_rank],
+            "ddp_bucket_bytes": bucket_bytes,
         }
         Path(output).write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result))
@@ -109,10 +125,15 @@ def compare(baseline: str, other: str) -> None:
     ratio = max(b["model_state_bytes"]) / max(a["model_state_bytes"])
     for r in (a, b):
         print(
-            f"{r['mode']:>6} x{r['num_processes']}: {r['parameters'] / 1e6:.1f}M parameters, per process "
+            f"{r['mode']:>6} x{r['num_processes']} ({r.get('mixed_precision')}): {r['parameters'] / 1e6:.1f}M "
+            "parameters, per process "
             + ", ".join(f"{x / 2**20:.1f} MiB ({x / r['parameters']:.1f} B/param)" for x in r["model_state_bytes"])
+            + (f" + DDP gradient buckets {r['ddp_bucket_bytes'] / 2**20:.1f} MiB" if r.get("ddp_bucket_bytes") else "")
         )
-    print(f"{b['mode']} / {a['mode']} per-process model-state memory: {100 * ratio:.1f}%")
+    print(f"{b['mode']} / {a['mode']} per-process model-state memory (tensors seen by gc): {100 * ratio:.1f}%")
+    if a.get("ddp_bucket_bytes"):
+        with_buckets = max(b["model_state_bytes"]) / (max(a["model_state_bytes"]) + a["ddp_bucket_bytes"])
+        print(f"{b['mode']} / {a['mode']} including DDP's gradient buckets: {100 * with_buckets:.1f}%")
 
 
 if __name__ == "__main__":
@@ -121,9 +142,10 @@ if __name__ == "__main__":
     parser.add_argument("--hidden_size", type=int, default=512)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--vocab_size", type=int, default=8192)
+    parser.add_argument("--mixed_precision", choices=("no", "bf16", "fp16"), default="no")
     parser.add_argument("--compare", nargs=2, metavar=("BASELINE", "OTHER"), help="Compare two result files.")
     args = parser.parse_args()
     if args.compare:
         compare(*args.compare)
     else:
-        measure(args.output, args.hidden_size, args.layers, args.vocab_size)
+        measure(args.output, args.hidden_size, args.layers, args.vocab_size, args.mixed_precision)

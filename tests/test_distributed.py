@@ -301,6 +301,7 @@ def test_deepspeed_auto_values_are_filled_from_the_recipe(tmp_path):
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": 3,
         "gradient_clipping": 0.5,
+        "zero_optimization": {"reduce_bucket_size": "auto"},  # sized from hidden_size by accelerate
     }
 
 

@@ -209,6 +209,23 @@ def create_accelerator(args: argparse.Namespace) -> Accelerator:
     return accelerator
 
 
+def size_buckets_from_model(ds_config: dict[str, Any]) -> None:
+    """Let accelerate size DeepSpeed's communication buckets from the model's hidden size, in place.
+
+    Bucket sizes not set in the config become `"auto"`, which `accelerator.prepare` fills with
+    hidden_size-based values (as transformers' DeepSpeed examples do). DeepSpeed's own defaults ignore
+    the model size: the ZeRO-3 gradient bucket alone is 5e8 elements (2 GB in fp32) per process.
+
+    Args:
+        ds_config: the DeepSpeed config dict (`accelerator.state.deepspeed_plugin.deepspeed_config`).
+    """
+    zero = ds_config.setdefault("zero_optimization", {})
+    zero.setdefault("reduce_bucket_size", "auto")
+    if zero.get("stage") == 3:
+        zero.setdefault("stage3_prefetch_bucket_size", "auto")
+        zero.setdefault("stage3_param_persistence_threshold", "auto")
+
+
 def reconcile_deepspeed_config(ds_config: dict[str, Any], args: argparse.Namespace, num_processes: int) -> None:
     """Fill DeepSpeed's `"auto"` batch, accumulation and clipping values from the recipe, in place.
 
@@ -241,6 +258,7 @@ def reconcile_deepspeed_config(ds_config: dict[str, Any], args: argparse.Namespa
             ds_config[key] = value
         elif float(current) != float(value):
             raise ValueError(f'the DeepSpeed config sets {key}={current}, which contradicts {source}; set it to "auto"')
+    size_buckets_from_model(ds_config)
     precision = args.mixed_precision
     for section in ("bf16", "fp16"):
         enabled = ds_config.get(section, {}).get("enabled", "auto")
