@@ -11,10 +11,12 @@ resumable checkpoints, and writes a standard `save_pretrained` folder with `eval
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ import torch
 import transformers
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.logging import get_logger
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import (
@@ -54,6 +56,8 @@ CHECKPOINT_DIR = "checkpoints"
 #: objective -> the Auto class whose head it trains (and so which model families can take it).
 OBJECTIVE_AUTO_CLASSES = {"clm": AutoModelForCausalLM, "mlm": AutoModelForMaskedLM, "span": AutoModelForSeq2SeqLM}
 TRAINING_STATE = "training_state.json"
+#: Config fields that may differ between a checkpoint and the run resuming from it.
+_RESUME_IGNORED_CONFIG_KEYS = {"architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype"}
 
 
 @dataclass
@@ -136,11 +140,18 @@ def find_latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     A checkpoint is complete when its `training_state.json` exists (written last, and the folder
     is renamed into place only after it).
     """
-    root = Path(output_dir) / CHECKPOINT_DIR
+    done = _complete_checkpoints(Path(output_dir) / CHECKPOINT_DIR)
+    return done[-1] if done else None
+
+
+def _complete_checkpoints(root: Path) -> list[Path]:
+    """The complete `step_N` folders under `root`, oldest first (`step_N.tmp` folders are unfinished saves)."""
     if not root.is_dir():
-        return None
-    done = [p for p in root.glob("step_*") if p.is_dir() and (p / TRAINING_STATE).is_file()]
-    return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
+        return []
+    done = [
+        p for p in root.iterdir() if re.fullmatch(r"step_\d+", p.name) and p.is_dir() and (p / TRAINING_STATE).is_file()
+    ]
+    return sorted(done, key=lambda p: int(p.name.split("_")[1]))
 
 
 def _resolve_resume(args: argparse.Namespace) -> Path | None:
@@ -155,6 +166,145 @@ def _resolve_resume(args: argparse.Namespace) -> Path | None:
     if not (path / TRAINING_STATE).is_file():
         raise ValueError(f"--resume_from_checkpoint {path}: not a checkpoint folder (no {TRAINING_STATE})")
     return path
+
+
+def create_accelerator(args: argparse.Namespace) -> Accelerator:
+    """Create the run's `Accelerator` for whatever `accelerate launch` started (one process, DDP or DeepSpeed).
+
+    On a machine without a GPU, several processes need help to form a process group: DDP runs with
+    `cpu=True` (accelerate's `MULTI_CPU`, gloo backend) and DeepSpeed with an explicit gloo process
+    group. The world size is logged; a launch that started several processes (`WORLD_SIZE` > 1) but
+    produced a world of one process is refused, so a "distributed" run never silently runs alone.
+
+    Gradient accumulation is driven by the training loop in whole windows of
+    `--gradient_accumulation_steps` micro-batches (`sync_with_dataloader=False`).
+
+    Raises:
+        ValueError: `--mixed_precision fp16` without a GPU, or a multi-process launch that yields one process.
+    """
+    on_gpu = torch.cuda.is_available()
+    if args.mixed_precision == "fp16" and not on_gpu:
+        raise ValueError("--mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
+    use_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes")
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    kwargs_handlers = [InitProcessGroupKwargs(backend="gloo")] if use_deepspeed and not on_gpu else []
+    accelerator = Accelerator(
+        cpu=not on_gpu and not use_deepspeed,
+        mixed_precision=args.mixed_precision,
+        gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=args.gradient_accumulation_steps, sync_with_dataloader=False
+        ),
+        log_with=args.report_to if args.with_tracking else None,
+        project_dir=args.output_dir,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        kwargs_handlers=kwargs_handlers,
+    )
+    if launched > 1 and accelerator.num_processes == 1:
+        raise ValueError(
+            f"the launcher started WORLD_SIZE={launched} processes but this one runs alone "
+            f"(distributed_type {accelerator.distributed_type.value}); see accelerate_configs/ for working configs"
+        )
+    if accelerator.mixed_precision == "fp16" and not on_gpu:
+        raise ValueError("mixed_precision fp16 (from the accelerate config) needs a GPU; on CPU use bf16 or no")
+    return accelerator
+
+
+def size_buckets_from_model(ds_config: dict[str, Any]) -> None:
+    """Let accelerate size DeepSpeed's communication buckets from the model's hidden size, in place.
+
+    Bucket sizes not set in the config become `"auto"`, which `accelerator.prepare` fills with
+    hidden_size-based values (as transformers' DeepSpeed examples do). DeepSpeed's own defaults ignore
+    the model size: the ZeRO-3 gradient bucket alone is 5e8 elements (2 GB in fp32) per process.
+
+    Args:
+        ds_config: the DeepSpeed config dict (`accelerator.state.deepspeed_plugin.deepspeed_config`).
+    """
+    zero = ds_config.setdefault("zero_optimization", {})
+    zero.setdefault("reduce_bucket_size", "auto")
+    if zero.get("stage") == 3:
+        zero.setdefault("stage3_prefetch_bucket_size", "auto")
+        zero.setdefault("stage3_param_persistence_threshold", "auto")
+
+
+def reconcile_deepspeed_config(ds_config: dict[str, Any], args: argparse.Namespace, num_processes: int) -> None:
+    """Fill DeepSpeed's `"auto"` batch, accumulation and clipping values from the recipe, in place.
+
+    Values already written in the DeepSpeed config must agree with the recipe (no settings to keep in
+    sync by hand): global batch = `num_processes x per_device_train_batch_size x gradient_accumulation_steps`.
+    Precision (`bf16`/`fp16` sections) is filled by accelerate from `--mixed_precision`; an explicit
+    `enabled: true` that contradicts it is refused here.
+
+    Args:
+        ds_config: the DeepSpeed config dict (`accelerator.state.deepspeed_plugin.deepspeed_config`).
+        args: the recipe's arguments.
+        num_processes: the world size.
+
+    Raises:
+        ValueError: a value in the DeepSpeed config contradicts the recipe (one line naming both).
+    """
+    per_device, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
+    wanted = {
+        "train_micro_batch_size_per_gpu": (per_device, f"--per_device_train_batch_size {per_device}"),
+        "gradient_accumulation_steps": (accumulation, f"--gradient_accumulation_steps {accumulation}"),
+        "train_batch_size": (
+            per_device * accumulation * num_processes,
+            f"{num_processes} processes x {per_device} per device x {accumulation} accumulation",
+        ),
+        "gradient_clipping": (args.max_grad_norm, f"--max_grad_norm {args.max_grad_norm}"),
+    }
+    for key, (value, source) in wanted.items():
+        current = ds_config.get(key, "auto")
+        if current == "auto":
+            ds_config[key] = value
+        elif float(current) != float(value):
+            raise ValueError(f'the DeepSpeed config sets {key}={current}, which contradicts {source}; set it to "auto"')
+    size_buckets_from_model(ds_config)
+    precision = args.mixed_precision
+    for section in ("bf16", "fp16"):
+        enabled = ds_config.get(section, {}).get("enabled", "auto")
+        if enabled is True and precision is not None and precision != section:
+            raise ValueError(
+                f"the DeepSpeed config enables {section}, which contradicts --mixed_precision {precision}; "
+                'set its "enabled" to "auto"'
+            )
+
+
+def check_resume_config(resume_path: Path, config) -> None:
+    """Refuse to resume from a checkpoint saved with a different model config.
+
+    Raises:
+        ValueError: a config field differs (names the first fields and both values).
+    """
+    saved_file = resume_path / "config.json"
+    if not saved_file.is_file():
+        return
+    saved_type = json.loads(saved_file.read_text()).get("model_type")
+    if saved_type != config.model_type:
+        raise ValueError(
+            f"--resume_from_checkpoint {resume_path}: saved from a {saved_type!r} model, "
+            f"this run builds {config.model_type!r}"
+        )
+    saved = type(config).from_json_file(saved_file).to_dict()
+    current = config.to_dict()
+    keys = sorted((set(saved) | set(current)) - _RESUME_IGNORED_CONFIG_KEYS)
+    diffs = [k for k in keys if saved.get(k) != current.get(k)]
+    if diffs:
+        shown = ", ".join(f"{k}={saved.get(k)!r} there, {current.get(k)!r} here" for k in diffs[:3])
+        raise ValueError(f"--resume_from_checkpoint {resume_path}: saved with a different model config ({shown})")
+
+
+def _check_resume_topology(resume_path: Path, accelerator: Accelerator) -> None:
+    """DeepSpeed checkpoints hold one ZeRO partition per process: resume them with the same world and backend."""
+    state = json.loads((resume_path / TRAINING_STATE).read_text())
+    saved_type, saved_processes = state.get("distributed_type"), state.get("num_processes")
+    if saved_type != DistributedType.DEEPSPEED.value and accelerator.distributed_type != DistributedType.DEEPSPEED:
+        return
+    if saved_type != accelerator.distributed_type.value or saved_processes != accelerator.num_processes:
+        raise ValueError(
+            f"--resume_from_checkpoint {resume_path}: written by {saved_processes} process(es) with {saved_type}; "
+            f"this run has {accelerator.num_processes} with {accelerator.distributed_type.value} "
+            "(convert it with recipes/consolidate_checkpoint.py and start from --model_name_or_path)"
+        )
 
 
 def build_collator(args: argparse.Namespace, tokenizer, block_size: int):
@@ -192,6 +342,36 @@ def build_collator(args: argparse.Namespace, tokenizer, block_size: int):
     return default_data_collator, block_size
 
 
+def _build_model(args: argparse.Namespace, config) -> torch.nn.Module:
+    auto_class = OBJECTIVE_AUTO_CLASSES[args.objective]
+    if args.model_name_or_path is not None:
+        return auto_class.from_pretrained(
+            args.model_name_or_path, config=config, attn_implementation=args.attn_implementation
+        )
+    return auto_class.from_config(config, attn_implementation=args.attn_implementation)
+
+
+@contextlib.contextmanager
+def _zero3_init(accelerator: Accelerator):
+    """Build the model partitioned (DeepSpeed `zero.Init`) only when the accelerate config asks for it.
+
+    accelerate registers its ZeRO-3 config with transformers, which then always builds models under
+    `zero.Init`; with `zero3_init_flag: false` the model is built whole instead, so that a seed gives
+    the same initial weights as a single-process run.
+    """
+    plugin = accelerator.state.deepspeed_plugin if accelerator.distributed_type == DistributedType.DEEPSPEED else None
+    if plugin is None or plugin.zero_stage != 3 or plugin.zero3_init_flag:
+        yield
+        return
+    from transformers.integrations.deepspeed import set_hf_deepspeed_config, unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        set_hf_deepspeed_config(plugin.dschf)
+
+
 def prepare(args: argparse.Namespace) -> PretrainingRun:
     """Build and check everything before the first step: accelerator, tokenizer, config, data, model.
 
@@ -204,17 +384,15 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     Raises:
         ValueError, FileNotFoundError: bad input, with a message naming it.
     """
-    if args.mixed_precision == "fp16" and not torch.cuda.is_available():
-        raise ValueError("--mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
-    accelerator = Accelerator(
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        mixed_precision=args.mixed_precision,
-        log_with=args.report_to if args.with_tracking else None,
-        project_dir=args.output_dir,
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-    )
+    accelerator = create_accelerator(args)
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
     logger.info(accelerator.state, main_process_only=False)
+    logger.info(
+        f"world size {accelerator.num_processes} (distributed_type {accelerator.distributed_type.value}, "
+        f"mixed_precision {accelerator.mixed_precision})"
+    )
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        reconcile_deepspeed_config(accelerator.state.deepspeed_plugin.deepspeed_config, args, accelerator.num_processes)
     if accelerator.is_local_main_process:
         datasets.utils.logging.set_verbosity_warning()
         transformers.utils.logging.set_verbosity_warning()
@@ -226,6 +404,9 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
 
     tokenizer = _load_tokenizer(args.tokenizer_name or args.model_name_or_path, "--tokenizer_name")
     config = build_model_config(args, tokenizer)
+    if resume_path is not None:
+        check_resume_config(resume_path, config)
+        _check_resume_topology(resume_path, accelerator)
     block_size = _check_block_size(args, config)
     collator, raw_block_size = build_collator(args, tokenizer, block_size)
 
@@ -255,16 +436,13 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         eval_dataset = eval_dataset.select(range(min(args.max_eval_samples, len(eval_dataset))))
     logger.info(f"{len(train_dataset)} training and {len(eval_dataset)} validation blocks of {raw_block_size} tokens")
 
-    auto_class = OBJECTIVE_AUTO_CLASSES[args.objective]
-    if args.model_name_or_path is not None:
-        model = auto_class.from_pretrained(
-            args.model_name_or_path, config=config, attn_implementation=args.attn_implementation
-        )
-    else:
-        model = auto_class.from_config(config, attn_implementation=args.attn_implementation)
+    with _zero3_init(accelerator):
+        model = _build_model(args, config)
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()
-    n_params = sum(p.numel() for p in model.parameters())
+    # Under DeepSpeed ZeRO-3 the parameters may already be partitioned (zero.Init): use their full shapes.
+    shapes = [tuple(getattr(p, "ds_shape", p.shape)) for p in model.parameters()]
+    n_params = sum(math.prod(shape) for shape in shapes)
     logger.info(f"model {type(model).__name__}: {n_params / 1e6:.2f}M parameters")
 
     train_dataloader = DataLoader(
@@ -272,16 +450,22 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     )
     eval_dataloader = DataLoader(eval_dataset, collate_fn=collator, batch_size=args.per_device_eval_batch_size)
     # No weight decay on biases and normalization weights (1-D tensors), as in BERT and GPT-2.
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    decay = [p for p, shape in zip(model.parameters(), shapes) if len(shape) >= 2]
+    no_decay = [p for p, shape in zip(model.parameters(), shapes) if len(shape) < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=args.learning_rate,
         betas=(args.adam_beta1, args.adam_beta2),
     )
-    steps_per_epoch = math.ceil(
-        math.ceil(len(train_dataloader) / accelerator.num_processes) / args.gradient_accumulation_steps
-    )
+    # Each optimizer step takes a whole window of accumulation micro-batches; an incomplete last window
+    # of an epoch is skipped, so that every step sees the same global batch.
+    steps_per_epoch = math.ceil(len(train_dataloader) / accelerator.num_processes) // args.gradient_accumulation_steps
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"{len(train_dataset)} training blocks make fewer than one global batch of "
+            f"{accelerator.num_processes} processes x {args.per_device_train_batch_size} per device x "
+            f"{args.gradient_accumulation_steps} accumulation"
+        )
     max_train_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
     num_train_epochs = math.ceil(max_train_steps / steps_per_epoch)
     # accelerate steps the scheduler once per process per optimizer step (run_clm_no_trainer does the same).
@@ -315,8 +499,10 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
 def save_checkpoint(run: PretrainingRun, step: int, tokens_seen: int) -> Path:
     """Save a resumable checkpoint (model, optimizer, scheduler, RNG and sampler states) atomically.
 
-    The state is written to `checkpoints/step_N.tmp` and renamed to `checkpoints/step_N` once
-    complete, so an interrupted save never replaces a good checkpoint; the oldest checkpoints beyond
+    Every process writes its part (DeepSpeed: its ZeRO partition) to `checkpoints/step_N.tmp`; once all
+    are done, the main process adds `config.json`, the tokenizer and `training_state.json`, then renames
+    the folder to `checkpoints/step_N`, so a crash during a save never leaves a partial `step_N`
+    (`find_latest_checkpoint` only sees complete folders). The oldest checkpoints beyond
     `--checkpoints_total_limit` are then removed.
 
     Returns:
@@ -329,20 +515,100 @@ def save_checkpoint(run: PretrainingRun, step: int, tokens_seen: int) -> Path:
         shutil.rmtree(tmp)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()  # all processes' files are written before the folder is published
     if accelerator.is_main_process:
-        state = {"step": step, "tokens_seen": tokens_seen, "max_train_steps": run.max_train_steps}
+        unwrapped = accelerator.unwrap_model(run.model)
+        unwrapped.config.architectures = [type(unwrapped).__name__]
+        unwrapped.config.save_pretrained(tmp)
+        run.tokenizer.save_pretrained(tmp)
+        state = {
+            "step": step,
+            "tokens_seen": tokens_seen,
+            "max_train_steps": run.max_train_steps,
+            "objective": args.objective,
+            "num_processes": accelerator.num_processes,
+            "distributed_type": accelerator.distributed_type.value,
+        }
         (tmp / TRAINING_STATE).write_text(json.dumps(state))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        done = sorted(
-            (p for p in root.glob("step_*") if p.is_dir() and (p / TRAINING_STATE).is_file()),
-            key=lambda p: int(p.name.split("_")[1]),
-        )
+        done = _complete_checkpoints(root)
         for old in done[: max(0, len(done) - args.checkpoints_total_limit)]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def count_predicted_tokens(batch: dict[str, torch.Tensor], objective: str) -> torch.Tensor:
+    """Number of labelled positions the loss averages over in `batch` (int64 scalar tensor).
+
+    `clm` models shift labels inside (position t predicts label t+1), so the first label of each row is
+    never predicted; `mlm` and `span` count every label that is not -100.
+    """
+    labels = batch["labels"]
+    if objective == "clm":
+        labels = labels[..., 1:]
+    return (labels != -100).sum()
+
+
+def accumulation_step(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    optimizer,
+    lr_scheduler,
+    micro_batches: list[dict[str, torch.Tensor]],
+    objective: str,
+    max_grad_norm: float,
+) -> tuple[torch.Tensor, float | None]:
+    """One optimizer step over a window of micro-batches, with the loss normalised over the global batch.
+
+    Each micro-batch's mean loss is reweighted by its share of the predicted tokens of the whole global
+    batch (all micro-batches of all processes), so the gradient is that of the per-token mean over the
+    global batch whatever the split into processes, micro-batches and padding; this is what
+    transformers' `Trainer` does with `num_items_in_batch`. accelerate (or DeepSpeed) divides each
+    backward by the accumulation steps and DDP/ZeRO average over processes; the weight undoes both.
+
+    Args:
+        accelerator: the run's `Accelerator`; `len(micro_batches)` must equal its `gradient_accumulation_steps`.
+        model: the prepared model (DDP module or DeepSpeed engine).
+        optimizer: the prepared optimizer.
+        lr_scheduler: the prepared scheduler.
+        micro_batches: the process's micro-batches, each with `labels` `(batch_size, seq_len)` int64.
+        objective: `clm`, `mlm` or `span` (how labels are counted, see `count_predicted_tokens`).
+        max_grad_norm: clip the global gradient norm to this (0: no clipping; the norm is still measured).
+
+    Returns:
+        `(loss, grad_norm)`: the float32 scalar per-token mean loss over the global batch (same on every
+        process) and the gradient norm before clipping (None where the backend does not report it).
+    """
+    counts = [count_predicted_tokens(batch, objective) for batch in micro_batches]
+    global_count = accelerator.reduce(torch.stack(counts).sum().to(accelerator.device), reduction="sum")
+    weight = accelerator.num_processes * len(micro_batches) / global_count.clamp(min=1).float()
+    total = torch.zeros((), dtype=torch.float32, device=accelerator.device)
+    grad_norm = None
+    for batch, count in zip(micro_batches, counts):
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            accelerator.backward(loss * (count * weight))
+            if accelerator.sync_gradients:
+                norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
+                grad_norm = None if norm is None else float(norm)
+            optimizer.step()
+            lr_scheduler.step()
+            optimizer.zero_grad()
+        total += loss.detach().float() * count
+    return accelerator.reduce(total, reduction="sum") / global_count.clamp(min=1), grad_norm
+
+
+def _windows(loader, size: int):
+    """Yield lists of `size` consecutive batches of `loader` (an incomplete last list is dropped)."""
+    window = []
+    for batch in loader:
+        window.append(batch)
+        if len(window) == size:
+            yield window
+            window = []
 
 
 def _write_json(path: Path, values: dict) -> None:
@@ -385,7 +651,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
         state = json.loads((run.resume_path / TRAINING_STATE).read_text())
         completed_steps, tokens_seen = state["step"], state["tokens_seen"]
         logger.info(f"Resumed from {run.resume_path} at step {completed_steps}")
-    steps_per_epoch = math.ceil(len(run.train_dataloader) / args.gradient_accumulation_steps)
+    steps_per_epoch = len(run.train_dataloader) // args.gradient_accumulation_steps
     start_epoch = completed_steps // steps_per_epoch
     skip_batches = (completed_steps % steps_per_epoch) * args.gradient_accumulation_steps
 
@@ -398,27 +664,37 @@ def train(run: PretrainingRun) -> dict[str, float]:
     )
     model.train()
     start = time.perf_counter()
-    window_start, window_steps, window_loss, window_batches = start, 0, 0.0, 0
+    window_start, window_steps, window_loss = start, 0, 0.0
     history: list[dict[str, float]] = []
-    grad_norm = None
-    for epoch in range(start_epoch, run.num_train_epochs):
+    first_window = True
+    last_saved = completed_steps  # a resumed run's starting point is already a checkpoint
+    # A run resumed from its last checkpoint has nothing left to train.
+    epochs = range(start_epoch, run.num_train_epochs) if completed_steps < run.max_train_steps else range(0)
+    for epoch in epochs:
         run.train_dataloader.set_epoch(epoch)
         loader = run.train_dataloader
         if epoch == start_epoch and skip_batches:
             loader = accelerator.skip_first_batches(run.train_dataloader, skip_batches)
-        for batch in loader:
-            with accelerator.accumulate(model):
-                loss = model(**batch).loss
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and args.max_grad_norm > 0:
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                run.optimizer.step()
-                run.lr_scheduler.step()
-                run.optimizer.zero_grad()
-            window_loss += loss.detach().float()  # a tensor: no device sync until the log line reads it
-            window_batches += 1
-            if not accelerator.sync_gradients:
-                continue
+        for micro_batches in _windows(loader, args.gradient_accumulation_steps):
+            if first_window:
+                # Which blocks each process trains on (sums of token ids per row): different on every process.
+                row_sums = micro_batches[0]["input_ids"].sum(dim=-1).tolist()
+                logger.info(
+                    f"process {accelerator.process_index}/{accelerator.num_processes}: "
+                    f"first micro-batch row token-id sums {row_sums}",
+                    main_process_only=False,
+                )
+                first_window = False
+            loss, grad_norm = accumulation_step(
+                accelerator,
+                model,
+                run.optimizer,
+                run.lr_scheduler,
+                micro_batches,
+                args.objective,
+                args.max_grad_norm,
+            )
+            window_loss += loss  # a tensor: no device sync until the log line reads it
             completed_steps += 1
             tokens_seen += tokens_per_step
             window_steps += 1
@@ -426,7 +702,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
             if completed_steps % args.logging_steps == 0 or completed_steps == run.max_train_steps:
                 elapsed = time.perf_counter() - window_start
                 record = {
-                    "train_loss": float(window_loss) / window_batches,
+                    "train_loss": float(window_loss) / window_steps,
                     "learning_rate": run.lr_scheduler.get_last_lr()[0],
                     "tokens_per_second": window_steps * tokens_per_step / elapsed,
                     "tokens_seen": tokens_seen,
@@ -434,7 +710,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
                     "epoch": epoch,
                 }
                 if grad_norm is not None:
-                    record["grad_norm"] = float(grad_norm)
+                    record["grad_norm"] = grad_norm
                 history.append(record)
                 progress.set_postfix(
                     loss=f"{record['train_loss']:.4f}",
@@ -443,9 +719,10 @@ def train(run: PretrainingRun) -> dict[str, float]:
                 )
                 if args.with_tracking:
                     accelerator.log(record, step=completed_steps)
-                window_start, window_steps, window_loss, window_batches = time.perf_counter(), 0, 0.0, 0
+                window_start, window_steps, window_loss = time.perf_counter(), 0, 0.0
             if args.checkpointing_steps not in (None, "epoch") and completed_steps % int(args.checkpointing_steps) == 0:
                 save_checkpoint(run, completed_steps, tokens_seen)
+                last_saved = completed_steps
             if args.eval_steps and completed_steps % args.eval_steps == 0 and completed_steps < run.max_train_steps:
                 metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=args.seed)
                 logger.info(f"step {completed_steps}: {metrics}")
@@ -455,8 +732,11 @@ def train(run: PretrainingRun) -> dict[str, float]:
                 break
         if args.checkpointing_steps == "epoch":
             save_checkpoint(run, completed_steps, tokens_seen)
+            last_saved = completed_steps
         if completed_steps >= run.max_train_steps:
             break
+    if args.checkpointing_steps is not None and last_saved != completed_steps:
+        save_checkpoint(run, completed_steps, tokens_seen)  # the end of training is always a checkpoint
     progress.close()
     train_runtime = time.perf_counter() - start
 
@@ -492,8 +772,8 @@ def train(run: PretrainingRun) -> dict[str, float]:
         )
     if args.with_tracking:
         accelerator.log({k: v for k, v in results.items() if isinstance(v, (int, float))}, step=completed_steps)
-        accelerator.end_training()
     save_final_model(run, results, history)
+    accelerator.end_training()  # also ends the process group, so that launched processes exit promptly
     return results
 
 
@@ -531,7 +811,12 @@ def save_final_model(run: PretrainingRun, results: dict[str, Any], history: list
         _write_json(output_dir / "train_history.json", {"log_history": history})
         card = build_model_card(output_dir, results, args, model_name=args.hub_model_id or output_dir.name)
         card.save(output_dir / "README.md")
-        if args.sample_prompt and args.objective != "mlm":
+        zero3 = accelerator.distributed_type == DistributedType.DEEPSPEED and (
+            accelerator.state.deepspeed_plugin.zero_stage == 3
+        )
+        if args.sample_prompt and zero3:
+            logger.warning("--sample_prompt is skipped under ZeRO-3 (partitioned weights); sample from the saved model")
+        elif args.sample_prompt and args.objective != "mlm":
             inputs = run.tokenizer(args.sample_prompt, return_tensors="pt").to(accelerator.device)
             with torch.no_grad():
                 generated = unwrapped.eval().generate(**inputs, max_new_tokens=32, do_sample=False)
