@@ -189,6 +189,7 @@ def minilm_path() -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_real_minilm_checkpoint_converts_with_matching_hidden_states(tmp_path):
     from transformers import AutoTokenizer
 

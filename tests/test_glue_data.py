@@ -105,6 +105,7 @@ def test_every_task_loads_from_its_glue_layout(task, tmp_path):
     assert loaded["train"].features["label"].dtype == ("float32" if task == "stsb" else "int64")
 
 
+@pytest.mark.slow
 def test_real_glue_files_have_official_sizes_and_label_counts(data_dir):
     glue = data_dir / "glue"
     expected = {"cola": (8551, 1043, {0: 322, 1: 721}), "sst2": (67349, 872, {0: 428, 1: 444}),

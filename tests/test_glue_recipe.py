@@ -148,6 +148,7 @@ def test_bad_input_fails_before_training(change, message, checkpoints, glue_dir,
     assert not out.exists()  # nothing trained or written
 
 
+@pytest.mark.slow
 def test_sweep_writes_markdown_and_json_tables(checkpoints, glue_dir, tmp_path):
     out = tmp_path / "sweep"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
