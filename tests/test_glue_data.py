@@ -183,3 +183,18 @@ def test_csv_and_json_files_with_hub_columns(tmp_path):
     (tmp_path / "bad.csv").write_text("sentence1,sentence2,label\nx,y,7\n")
     with pytest.raises(ValueError, match="label 7 is outside"):
         load_glue("rte", train_file=tmp_path / "train.jsonl", validation_file=tmp_path / "bad.csv")
+
+
+def test_without_files_the_hub_dataset_is_used_without_its_test_splits(monkeypatch):
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(path, name):
+        calls.append((path, name))
+        split = datasets.Dataset.from_dict({"sentence": ["a"], "label": [1], "idx": [0]})
+        return datasets.DatasetDict({"train": split, "validation": split, "test": split})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    loaded = load_glue("SST-2")
+    assert calls == [("nyu-mll/glue", "sst2")] and set(loaded) == {"train", "validation"}
