@@ -214,3 +214,29 @@ def test_real_minilm_checkpoint_converts_with_matching_hidden_states(tmp_path):
     assert isinstance(classifier, HfzooEncoderForSequenceClassification)
     assert torch.equal(classifier.classifier.dense.weight, bert.pooler.dense.weight)
     assert AutoTokenizer.from_pretrained(out)("a b")["input_ids"] == tokenizer("a b")["input_ids"]
+
+
+def test_finetuning_the_converted_model_follows_bert_step_by_step():
+    """Same weights, same batches, no dropout: AdamW full finetuning of both models stays in step (gradients match)."""
+    bert = random_bert(BertForSequenceClassification, "h32-l2-a4", num_labels=2)
+    with torch.no_grad():  # BERT's own init scale, so that training behaves as usual
+        for param in bert.parameters():
+            param.mul_(0.1)
+    model = bert_to_hfzoo(bert)
+    batch = padded_batch(bert.config)
+    before = outputs(bert, batch)
+    bert.train(), model.train()
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (bert, model)]
+    labels = torch.tensor([0, 1, 1, 0])
+    for _ in range(5):
+        losses = []
+        for m, optimizer in zip((bert, model), optimizers):
+            loss = m(**batch, labels=labels).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        assert abs(losses[0] - losses[1]) < 1e-5
+    bert.eval(), model.eval()
+    assert (outputs(bert, batch) - outputs(model, batch)).abs().max() < 1e-4
+    assert (outputs(bert, batch) - before).abs().max() > 1e-3  # training moved the model
