@@ -282,6 +282,30 @@ PRESETS: dict[str, dict[str, Any]] = {
         "decoder_start_token_id": 0,
         "classifier_dropout": 0.0,
     },
+    # BERT-base uncased (Devlin et al. 2019; 110M parameters), as `hfzoo.convert.hfzoo_config_from_bert(BertConfig())`:
+    # post-LN, a LayerNorm over the summed embeddings, token types, exact GELU, eps 1e-12.
+    "bert": {
+        "model_type": "hfzoo_encoder",
+        "vocab_size": 30522,
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+        "max_position_embeddings": 512,
+        "type_vocab_size": 2,
+        "hidden_act": "gelu",
+        "layer_norm_eps": 1e-12,
+        "norm_type": "layer_norm",
+        "norm_position": "post",
+        "embedding_norm": True,
+        "position_embedding_type": "learned",
+        "attention_bias": True,
+        "mlp_bias": True,
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+        "tie_word_embeddings": True,
+        "pad_token_id": 0,
+    },
 }
 
 # T5 v1.1 base (google/t5-v1_1-base, 248M parameters): v1.0 with a GeGLU feed-forward (gelu_new, d_ff 2048)

@@ -212,14 +212,16 @@ class HfzooDecoderForSequenceClassification(GenericForSequenceClassification, Hf
         self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, labels=None, past_key_values=None, **kwargs):
         """Classify each sequence; see `transformers.modeling_layers.GenericForSequenceClassification.forward`.
 
         Args:
             input_ids: `(batch_size, seq_len)` int64 token ids.
             attention_mask: `(batch_size, seq_len)` padding mask.
             labels: `(batch_size,)` class ids, or float targets (regression / multi-label).
-            **kwargs: `position_ids`, `inputs_embeds`, `past_key_values`, ... for the decoder.
+            past_key_values: a `Cache`, e.g. PEFT prefix tuning's prefix keys/values (named in the
+                signature, where PEFT looks for it).
+            **kwargs: `position_ids`, `inputs_embeds`, ... for the decoder.
 
         Returns:
             `SequenceClassifierOutputWithPast` with `logits` `(batch_size, num_labels)` and `loss`.
@@ -228,4 +230,6 @@ class HfzooDecoderForSequenceClassification(GenericForSequenceClassification, Hf
             ValueError: an integer label outside `[0, num_labels)`.
         """
         check_classification_labels(labels, self.config)
-        return super().forward(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+        return super().forward(
+            input_ids=input_ids, attention_mask=attention_mask, labels=labels, past_key_values=past_key_values, **kwargs
+        )

@@ -195,6 +195,7 @@ class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> SequenceClassifierOutput:
         """Classify each sequence.
@@ -207,6 +208,8 @@ class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
             inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
             labels: `(batch_size,)` int64 class ids, `(batch_size, num_labels)` float targets
                 (multi-label), or `(batch_size,)` float (regression).
+            past_key_values: prefix keys/values for every layer (PEFT prefix tuning; `attention_mask`
+                then covers prefix + tokens), or None.
             **kwargs: forwarded to the encoder.
 
         Returns:
@@ -222,6 +225,7 @@ class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
+            past_key_values=past_key_values,
             **kwargs,
         )
         logits = self.classifier(outputs.last_hidden_state[:, 0])

@@ -10,7 +10,7 @@ when `tie_word_embeddings`). Generation uses transformers' `EncoderDecoderCache`
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -50,6 +50,29 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     shifted = labels.new_full(labels.shape, decoder_start_token_id)
     shifted[:, 1:] = labels[:, :-1]
     return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def split_prefix_cache(cache: Cache, num_encoder_layers: int) -> tuple[DynamicCache, EncoderDecoderCache]:
+    """Split a prefix for both stacks (encoder layers first, then decoder layers) into one cache per stack.
+
+    Prefix tuning (Li & Liang 2021, §4.2: "we prepend prefixes for both encoder and decoder") gives
+    every self-attention layer of both stacks learned keys/values. PEFT hands a model one cache; hfzoo's
+    encoder-decoder accepts one holding `num_hidden_layers + num_decoder_layers` layers and routes
+    the first `num_hidden_layers` to the encoder and the rest to the decoder.
+
+    Args:
+        cache: a cache whose layer `i` holds keys/values `(batch_size, num_heads, prefix_len, head_dim)`.
+        num_encoder_layers: number of encoder layers (the first layers of `cache`).
+
+    Returns:
+        `(encoder_cache, decoder_cache)`: a `DynamicCache` for the encoder and an `EncoderDecoderCache`
+        (self-attention prefix, empty cross-attention cache) for the decoder, layers re-indexed from 0.
+    """
+    encoder, decoder = DynamicCache(), DynamicCache()
+    for index, layer in enumerate(cache.layers):
+        target, target_index = (encoder, index) if index < num_encoder_layers else (decoder, index - num_encoder_layers)
+        target.update(layer.keys, layer.values, target_index)
+    return encoder, EncoderDecoderCache(decoder, DynamicCache())
 
 
 class HfzooEncoderDecoderPreTrainedModel(HfzooPreTrainedModel):
@@ -182,7 +205,9 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
             decoder_input_ids: `(batch_size, tgt_len)` int64 decoder inputs.
             decoder_attention_mask: `(batch_size, past_len + tgt_len)` decoder padding mask.
             encoder_outputs: precomputed encoder outputs (generation), `last_hidden_state` first.
-            past_key_values: an `EncoderDecoderCache` (generation, prefix tuning).
+            past_key_values: an `EncoderDecoderCache` (generation, decoder prefix), or a prefix for both
+                stacks: a cache of `num_hidden_layers + num_decoder_layers` layers (see
+                `split_prefix_cache`; `attention_mask` then covers prefix + source tokens).
             inputs_embeds: `(batch_size, src_len, hidden_size)` instead of `input_ids`.
             decoder_inputs_embeds: `(batch_size, tgt_len, hidden_size)` instead of `decoder_input_ids`.
             decoder_position_ids: `(batch_size, tgt_len)` decoder positions.
@@ -194,12 +219,27 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
             `encoder_last_hidden_state` `(batch_size, src_len, hidden_size)`, caches, optional states,
             and with `output_router_logits` the `encoder_router_logits` / `decoder_router_logits`).
         """
+        encoder_prefix = None
+        if (
+            encoder_outputs is None
+            and isinstance(past_key_values, Cache)
+            and not isinstance(past_key_values, EncoderDecoderCache)
+            and len(past_key_values.layers) == self.config.num_hidden_layers + self.config.num_decoder_layers
+        ):
+            encoder_prefix, past_key_values = split_prefix_cache(past_key_values, self.config.num_hidden_layers)
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
-                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                past_key_values=encoder_prefix,
+                **kwargs,
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
+        source_length = encoder_outputs.last_hidden_state.shape[1]
+        if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape[1] > source_length:
+            attention_mask = attention_mask[:, -source_length:]  # cross-attention sees the source, not the prefix
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,
@@ -384,6 +424,7 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> Seq2SeqSequenceClassifierOutput:
         """Classify each source sequence.
@@ -394,6 +435,8 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
             decoder_input_ids: `(batch_size, src_len)` decoder inputs (default: `input_ids` shifted right).
             decoder_attention_mask: decoder padding mask (default: `attention_mask`).
             labels: class ids `(batch_size,)`, or float targets (regression / multi-label).
+            past_key_values: PEFT prefix tuning's prefix for both stacks (see `split_prefix_cache`;
+                `attention_mask` then covers prefix + source tokens), or None.
             **kwargs: forwarded to the model.
 
         Returns:
@@ -413,6 +456,7 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
             attention_mask=attention_mask,
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
+            past_key_values=past_key_values,
             **kwargs,
         )
         hidden = outputs.last_hidden_state

@@ -1,0 +1,351 @@
+"""GLUE finetuning (Wang et al. 2019) with LoRA, prefix tuning or full finetuning, behind `recipes/finetune_glue.py`.
+
+Arguments follow transformers' `examples/pytorch/text-classification/run_glue_no_trainer.py`
+(`--model_name_or_path`, `--task_name`, `--train_file`, `--validation_file`, `--max_length`,
+`--pad_to_max_length`, `--per_device_train_batch_size`, `--learning_rate`, `--num_train_epochs`,
+`--max_train_steps`, `--seed`, `--output_dir`, `--with_tracking`, `--push_to_hub`, ...) plus
+`--data_dir` (a folder in the GLUE layout), `--max_train_samples`, `--mixed_precision` and the PEFT
+options (`--peft lora|prefix|none`, `--lora_r`, `--lora_alpha`, `--lora_dropout`, `--target_modules`,
+`--num_virtual_tokens`, `--prefix_projection`, `--prefix_hidden_size`). Every input is checked
+before the model is loaded; errors are one line.
+
+Outputs in `--output_dir`: the adapter (PEFT; classification head included) or the full model,
+the tokenizer, `all_results.json` (dev metrics, trainable parameters and fraction, steps, wall time)
+and `eval_history.json` (metrics after every epoch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch.utils.data import DataLoader
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    DataCollatorWithPadding,
+    get_scheduler,
+)
+
+from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, load_glue
+from ..metrics import load_glue_metric
+from .arguments import SCHEDULERS, OneLineErrorParser, non_negative_int, positive_float, positive_int
+from .peft_utils import (
+    PEFT_METHODS,
+    build_peft_config,
+    check_prefix_fits,
+    count_parameters,
+    wrap_with_peft,
+)
+
+__all__ = ["build_glue_parser", "evaluate_glue", "main", "parse_glue_args", "run_glue"]
+
+
+def build_glue_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of `recipes/finetune_glue.py` (run_glue_no_trainer names + PEFT options)."""
+    p = OneLineErrorParser(prog="finetune_glue.py", description="Finetune a model on a GLUE task (PEFT or full).")
+    p.add_argument("--task_name", required=True, help=f"one of {sorted(GLUE_TASKS)}")
+    p.add_argument("--model_name_or_path", required=True, help="hfzoo or transformers checkpoint (folder or hub id)")
+    p.add_argument("--data_dir", default=None, help="folder in the GLUE layout (<dir>/SST-2/train.tsv, ...)")
+    p.add_argument("--train_file", default=None, help="training file: TSV in the task's GLUE layout, CSV or JSON")
+    p.add_argument("--validation_file", default=None, help="dev file: TSV in the task's GLUE layout, CSV or JSON")
+    p.add_argument("--max_length", type=positive_int, default=128, help="tokens per example after truncation")
+    p.add_argument("--pad_to_max_length", action="store_true", help="pad every batch to --max_length")
+    p.add_argument("--per_device_train_batch_size", type=positive_int, default=32)
+    p.add_argument("--per_device_eval_batch_size", type=positive_int, default=128)
+    p.add_argument("--learning_rate", type=positive_float, default=5e-5)
+    p.add_argument("--weight_decay", type=float, default=0.0)
+    p.add_argument("--num_train_epochs", type=positive_int, default=3)
+    p.add_argument("--max_train_steps", type=positive_int, default=None, help="overrides --num_train_epochs")
+    p.add_argument("--gradient_accumulation_steps", type=positive_int, default=1)
+    p.add_argument("--lr_scheduler_type", choices=SCHEDULERS, default="linear")
+    p.add_argument("--num_warmup_steps", type=non_negative_int, default=0)
+    p.add_argument("--max_train_samples", type=positive_int, default=None, help="use a seeded random subset")
+    p.add_argument("--max_eval_samples", type=positive_int, default=None)
+    p.add_argument("--output_dir", required=True)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--mixed_precision", choices=("no", "bf16", "fp16"), default="no")
+    p.add_argument("--attn_implementation", default=None, help="eager | sdpa | ... (default: the model's)")
+    p.add_argument("--ignore_mismatched_sizes", action="store_true", help="re-initialise a head of another size")
+    p.add_argument("--trust_remote_code", action="store_true")
+    p.add_argument("--with_tracking", action="store_true", help="log to --report_to (tensorboard)")
+    p.add_argument("--report_to", default="tensorboard")
+    p.add_argument("--push_to_hub", action="store_true")
+    p.add_argument("--hub_model_id", default=None)
+    p.add_argument("--hub_token", default=None)
+    g = p.add_argument_group("PEFT")
+    g.add_argument("--peft", choices=PEFT_METHODS, default="lora", help="lora | prefix | none (full finetuning)")
+    g.add_argument("--lora_r", type=positive_int, default=8)
+    g.add_argument("--lora_alpha", type=positive_float, default=16)
+    g.add_argument("--lora_dropout", type=float, default=0.1)
+    g.add_argument("--target_modules", nargs="+", default=None, help="LoRA modules (default: per family)")
+    g.add_argument("--num_virtual_tokens", type=positive_int, default=20, help="prefix length (tokens)")
+    g.add_argument("--prefix_projection", action="store_true", help="reparametrize the prefix with an MLP")
+    g.add_argument("--prefix_hidden_size", type=positive_int, default=None, help="hidden size of that MLP")
+    return p
+
+
+def parse_glue_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and check the arguments (the task name, data sources, dropout ranges).
+
+    Raises:
+        SystemExit: an argparse error (one line).
+        ValueError: an unknown task; `--lora_dropout` outside [0, 1).
+    """
+    args = build_glue_parser().parse_args(argv)
+    get_glue_task(args.task_name)
+    if not 0.0 <= args.lora_dropout < 1.0:
+        raise ValueError(f"--lora_dropout must be in [0, 1), got {args.lora_dropout}")
+    return args
+
+
+def _tokenize(dataset, task: GlueTask, tokenizer, args: argparse.Namespace):
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        texts = [batch[name] for name in task.text_names]
+        encoded = tokenizer(
+            *texts,
+            padding="max_length" if args.pad_to_max_length else False,
+            max_length=args.max_length,
+            truncation=True,
+        )
+        encoded["labels"] = batch["label"]
+        return encoded
+
+    return dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc="tokenize")
+
+
+def evaluate_glue(model, dataloader, task: GlueTask, accelerator: Accelerator, metric_name: str) -> dict[str, float]:
+    """Predict a dev set and compute the task's official metric(s) with hfzoo's offline `evaluate` module.
+
+    Args:
+        model: the (possibly PEFT-wrapped, accelerate-prepared) sequence classifier.
+        dataloader: batches with `labels`.
+        task: the GLUE task (regression: the single logit is the prediction; else the argmax).
+        accelerator: gathers predictions across processes.
+        metric_name: the `evaluate` config name (`mnli_matched` / `mnli_mismatched` for MNLI's dev sets).
+
+    Returns:
+        `{metric: value}` as floats.
+    """
+    metric = load_glue_metric(metric_name)
+    model.eval()
+    for batch in dataloader:
+        with torch.no_grad():
+            logits = model(**batch).logits.float()
+        predictions = logits.squeeze(-1) if task.is_regression else logits.argmax(-1)
+        predictions, references = accelerator.gather_for_metrics((predictions, batch["labels"]))
+        metric.add_batch(predictions=predictions.cpu().numpy(), references=references.cpu().numpy())
+    return {k: float(v) for k, v in metric.compute().items()}
+
+
+def _load_model(args: argparse.Namespace, task: GlueTask, config, tokenizer):
+    labels = {}
+    if not task.is_regression:
+        labels = {
+            "id2label": dict(enumerate(task.label_names)),
+            "label2id": {n: i for i, n in enumerate(task.label_names)},
+        }
+    kwargs: dict[str, Any] = {}
+    if args.attn_implementation:
+        kwargs["attn_implementation"] = args.attn_implementation
+    if config.pad_token_id is None and tokenizer.pad_token_id is not None:
+        kwargs["pad_token_id"] = tokenizer.pad_token_id
+    return AutoModelForSequenceClassification.from_pretrained(
+        args.model_name_or_path,
+        num_labels=task.num_labels,
+        problem_type="regression" if task.is_regression else "single_label_classification",
+        ignore_mismatched_sizes=args.ignore_mismatched_sizes,
+        trust_remote_code=args.trust_remote_code,
+        **labels,
+        **kwargs,
+    )
+
+
+def run_glue(args: argparse.Namespace) -> dict[str, Any]:
+    """Finetune and evaluate one GLUE task as `args` say; write the results to `args.output_dir`.
+
+    Args:
+        args: from `parse_glue_args`.
+
+    Returns:
+        The results dict written to `all_results.json`: `task`, `peft`, dev metrics (per dev split for
+        MNLI), `trainable_parameters`, `total_parameters`, `trainable_fraction`, `train_steps`,
+        `train_examples`, `train_seconds`, `final_train_loss`.
+
+    Raises:
+        ValueError, FileNotFoundError: bad input (unknown task, missing files, bad rows, a prefix
+            that does not fit the position table), before any training.
+    """
+    task = get_glue_task(args.task_name)
+    raw = load_glue(task, args.data_dir, args.train_file, args.validation_file)
+    config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    if args.peft == "prefix":
+        check_prefix_fits(config, args.num_virtual_tokens, args.max_length)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        mixed_precision=args.mixed_precision,
+        log_with=args.report_to if args.with_tracking else None,
+        project_dir=args.output_dir,
+    )
+    set_seed(args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if args.max_train_samples is not None and args.max_train_samples < len(raw["train"]):
+        raw["train"] = raw["train"].shuffle(seed=args.seed).select(range(args.max_train_samples))
+    eval_splits = [s for s in raw if s.startswith("validation")]
+    if args.max_eval_samples is not None:
+        for split in eval_splits:
+            raw[split] = raw[split].select(range(min(args.max_eval_samples, len(raw[split]))))
+    with accelerator.main_process_first():
+        encoded = {split: _tokenize(ds, task, tokenizer, args) for split, ds in raw.items()}
+
+    model = _load_model(args, task, config, tokenizer)
+    peft_config = build_peft_config(
+        args.peft,
+        model.config,
+        lora_r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=args.target_modules,
+        num_virtual_tokens=args.num_virtual_tokens,
+        prefix_projection=args.prefix_projection,
+        encoder_hidden_size=args.prefix_hidden_size,
+    )
+    model = wrap_with_peft(model, peft_config)
+    trainable, total = count_parameters(model)
+    accelerator.print(
+        f"{task.name} {args.peft}: trainable parameters {trainable:,} of {total:,} ({100 * trainable / total:.3f}%)"
+    )
+
+    collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if args.mixed_precision != "no" else None)
+    train_loader = DataLoader(
+        encoded["train"], shuffle=True, collate_fn=collator, batch_size=args.per_device_train_batch_size
+    )
+    eval_loaders = {
+        split: DataLoader(encoded[split], collate_fn=collator, batch_size=args.per_device_eval_batch_size)
+        for split in eval_splits
+    }
+    no_decay = ("bias", "norm", "LayerNorm")
+    groups = [
+        {
+            "params": [p for n, p in model.named_parameters() if p.requires_grad and not any(k in n for k in no_decay)],
+            "weight_decay": args.weight_decay,
+        },
+        {
+            "params": [p for n, p in model.named_parameters() if p.requires_grad and any(k in n for k in no_decay)],
+            "weight_decay": 0.0,
+        },
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate)
+    steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
+    max_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
+    epochs = math.ceil(max_steps / steps_per_epoch)
+    scheduler = get_scheduler(
+        args.lr_scheduler_type, optimizer, num_warmup_steps=args.num_warmup_steps, num_training_steps=max_steps
+    )
+    model, optimizer, train_loader, scheduler, *loaders = accelerator.prepare(
+        model, optimizer, train_loader, scheduler, *eval_loaders.values()
+    )
+    eval_loaders = dict(zip(eval_loaders, loaders))
+    if args.with_tracking:
+        accelerator.init_trackers(
+            "glue", {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
+        )
+
+    def metric_name(split: str) -> str:
+        return {"validation_matched": "mnli_matched", "validation_mismatched": "mnli_mismatched"}.get(split, task.name)
+
+    step, history, start = 0, [], time.perf_counter()
+    running = torch.zeros((), device=accelerator.device)
+    for epoch in range(epochs):
+        model.train()
+        losses = []
+        for batch in train_loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            running += loss.detach().float()
+            if accelerator.sync_gradients:
+                step += 1
+                if step % 50 == 0:
+                    mean = (running / (50 * args.gradient_accumulation_steps)).item()
+                    losses.append(mean)
+                    running.zero_()
+                    accelerator.print(f"step {step}/{max_steps} loss {mean:.4f} ({time.perf_counter() - start:.0f} s)")
+                    if args.with_tracking:
+                        accelerator.log({"train_loss": mean, "lr": scheduler.get_last_lr()[0]}, step=step)
+                if step >= max_steps:
+                    break
+        metrics = {split: evaluate_glue(model, loader, task, accelerator, metric_name(split))
+                   for split, loader in eval_loaders.items()}  # fmt: skip
+        history.append({"epoch": epoch + 1, "step": step, "train_loss": losses[-1] if losses else None, **metrics})
+        accelerator.print(f"epoch {epoch + 1}: {json.dumps(metrics)}")
+        if args.with_tracking:
+            flat = {f"{split}/{k}": v for split, m in metrics.items() for k, v in m.items()}
+            accelerator.log(flat, step=step)
+        if step >= max_steps:
+            break
+    seconds = time.perf_counter() - start
+    results: dict[str, Any] = {
+        "task": task.name,
+        "model_name_or_path": str(args.model_name_or_path),
+        "peft": args.peft,
+        **(metrics if len(metrics) > 1 else next(iter(metrics.values()))),
+        "trainable_parameters": trainable,
+        "total_parameters": total,
+        "trainable_fraction": trainable / total,
+        "train_steps": step,
+        "train_examples": len(encoded["train"]),
+        "train_seconds": round(seconds, 1),
+        "final_train_loss": next((h["train_loss"] for h in reversed(history) if h["train_loss"] is not None), None),
+    }
+    _save(args, accelerator, model, tokenizer, results, history)
+    if args.with_tracking:
+        accelerator.end_training()
+    return results
+
+
+def _save(args, accelerator: Accelerator, model, tokenizer, results: dict, history: list) -> None:
+    accelerator.wait_for_everyone()
+    output_dir = Path(args.output_dir)
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.save_pretrained(output_dir, is_main_process=accelerator.is_main_process, save_function=accelerator.save)
+    if accelerator.is_main_process:
+        tokenizer.save_pretrained(output_dir)
+        (output_dir / "all_results.json").write_text(json.dumps(results, indent=2) + "\n")
+        (output_dir / "eval_history.json").write_text(json.dumps(history, indent=2) + "\n")
+        if args.push_to_hub:
+            from ..hub import push_to_hub
+
+            push_to_hub(output_dir, args.hub_model_id or output_dir.name, token=args.hub_token, training_args=args)
+    accelerator.wait_for_everyone()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Entry point of `recipes/finetune_glue.py`.
+
+    Args:
+        argv: arguments without the program name (default: `sys.argv[1:]`).
+
+    Returns:
+        The results (see `run_glue`).
+
+    Raises:
+        SystemExit: bad input (one-line message) or an argparse error.
+    """
+    try:
+        return run_glue(parse_glue_args(argv))
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
