@@ -12,6 +12,7 @@ from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_apply_rotary_pos_emb
 from transformers.models.t5.modeling_t5 import T5Attention
+from variant_checks import TINY
 
 from hfzoo import (
     HfzooDecoderConfig,
@@ -31,17 +32,6 @@ from hfzoo.modules.positions import (
     alibi_slopes,
     apply_rotary_pos_emb,
     relative_position_bucket,
-)
-
-TINY = dict(
-    vocab_size=97,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=64,
-    pad_token_id=0,
-    eos_token_id=1,
 )
 
 
