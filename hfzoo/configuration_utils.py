@@ -55,8 +55,13 @@ class HfzooConfig(PreTrainedConfig):
         rms_norm_eps: epsilon of `RMSNorm` (used when `norm_type="rms_norm"`).
         attention_bias: biases in the q/k/v/o projections.
         mlp_bias: biases in the feed-forward projections.
-        hidden_dropout_prob: dropout on embeddings, sub-block outputs and the feed-forward hidden layer.
+        hidden_dropout_prob: dropout on embeddings and sub-block outputs (and the feed-forward hidden
+            layer, unless `activation_dropout` is set).
         attention_probs_dropout_prob: dropout on attention probabilities.
+        activation_dropout: dropout on the feed-forward hidden layer, after the activation (and gating), as
+            T5's `DenseReluDense`; None uses `hidden_dropout_prob`. BERT and GPT-2 have none there: their
+            presets and conversions set 0.0, so that finetuning a converted checkpoint trains as the
+            original does.
         initializer_range: standard deviation of the normal initialisation of weight matrices.
         tie_word_embeddings: share the input embedding matrix with the output projection (Press & Wolf
             2017). In the encoder-decoder, the decoder's input embedding (see
@@ -144,6 +149,7 @@ class HfzooConfig(PreTrainedConfig):
     mlp_bias: bool = True
     hidden_dropout_prob: float | int = 0.0
     attention_probs_dropout_prob: float | int = 0.0
+    activation_dropout: float | int | None = None
     initializer_range: float | int = 0.02
     tie_word_embeddings: bool = True
     use_cache: bool = True
@@ -200,8 +206,10 @@ class HfzooConfig(PreTrainedConfig):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "activation_dropout"):
             value = getattr(self, name)
+            if name == "activation_dropout" and value is None:
+                continue
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {value!r}")
         for name in ("layer_norm_eps", "rms_norm_eps", "initializer_range"):

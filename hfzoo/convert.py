@@ -134,10 +134,9 @@ def hfzoo_config_from_gpt2(gpt2_config: GPT2Config) -> HfzooDecoderConfig:
     `layer_norm_epsilon` -> `layer_norm_eps`, `resid_pdrop` (= `embd_pdrop`) -> `hidden_dropout_prob`,
     `attn_pdrop` -> `attention_probs_dropout_prob`, `initializer_range`, `tie_word_embeddings`,
     `use_cache` and the special token ids. The architecture choices are fixed to GPT-2's: pre-LN
-    layer norm, learned positions, biases in every projection. `reorder_and_upcast_attn` is accepted
-    and dropped (it changes only the precision of eager attention; hfzoo's eager softmax is float32).
-    Training-only difference: hfzoo also applies `hidden_dropout_prob` to the feed-forward hidden
-    layer, where GPT-2 has no dropout; inference is identical.
+    layer norm, learned positions, biases in every projection, no dropout on the feed-forward hidden
+    layer (`activation_dropout=0.0`). `reorder_and_upcast_attn` is accepted and dropped (it changes
+    only the precision of eager attention; hfzoo's eager softmax is float32).
 
     Args:
         gpt2_config: the GPT-2 config.
@@ -187,6 +186,7 @@ def hfzoo_config_from_gpt2(gpt2_config: GPT2Config) -> HfzooDecoderConfig:
         mlp_bias=True,
         hidden_dropout_prob=c.resid_pdrop,
         attention_probs_dropout_prob=c.attn_pdrop,
+        activation_dropout=0.0,
         initializer_range=c.initializer_range,
         tie_word_embeddings=c.tie_word_embeddings,
         use_cache=c.use_cache,
@@ -856,7 +856,8 @@ def hfzoo_config_from_bert(bert_config: BertConfig) -> HfzooEncoderConfig:
     `type_vocab_size`, `layer_norm_eps`, `hidden_dropout_prob`, `attention_probs_dropout_prob`,
     `classifier_dropout`, `initializer_range`, `tie_word_embeddings`, the special token ids and the
     task fields (`num_labels` via `id2label`, `label2id`, `problem_type`). BERT's architecture is fixed:
-    post-LN, a LayerNorm over the summed embeddings, learned absolute positions, biases everywhere.
+    post-LN, a LayerNorm over the summed embeddings, learned absolute positions, biases everywhere, no
+    dropout on the feed-forward hidden layer (`activation_dropout=0.0`).
 
     Args:
         bert_config: the BERT config.
@@ -898,6 +899,7 @@ def hfzoo_config_from_bert(bert_config: BertConfig) -> HfzooEncoderConfig:
         mlp_bias=True,
         hidden_dropout_prob=c.hidden_dropout_prob,
         attention_probs_dropout_prob=c.attention_probs_dropout_prob,
+        activation_dropout=0.0,
         classifier_dropout=c.classifier_dropout,
         initializer_range=c.initializer_range,
         tie_word_embeddings=c.tie_word_embeddings,

@@ -240,3 +240,27 @@ def test_finetuning_the_converted_model_follows_bert_step_by_step():
     bert.eval(), model.eval()
     assert (outputs(bert, batch) - outputs(model, batch)).abs().max() < 1e-4
     assert (outputs(bert, batch) - before).abs().max() > 1e-3  # training moved the model
+
+
+def test_training_mode_dropout_matches_bert():
+    """With hidden dropout on, a converted model in train mode drops exactly what BERT drops (same seed, same masks).
+
+    BERT has no dropout on the feed-forward hidden layer nor before the pooler; hfzoo's converted config
+    (`activation_dropout=0.0`) and classification head match that, so the two draw the same dropout
+    masks in the same order and give the same training-mode logits.
+    """
+    bert = random_bert(BertForSequenceClassification, "h32-l2-a4", hidden_dropout_prob=0.1)
+    model = bert_to_hfzoo(bert)
+    assert model.config.activation_dropout == 0.0
+    batch = padded_batch(bert.config)
+    bert.train(), model.train()
+    logits = []
+    for m in (bert, model):
+        torch.manual_seed(123)
+        with torch.no_grad():
+            logits.append(m(**batch).logits)
+    assert (logits[0] - logits[1]).abs().max() < 1e-4
+    torch.manual_seed(124)
+    with torch.no_grad():
+        other = model(**batch).logits
+    assert (other - logits[1]).abs().max() > 1e-3  # dropout is really on

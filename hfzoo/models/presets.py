@@ -51,7 +51,7 @@ def _convert(key: str, value: Any, current: Any, annotation: str) -> Any:
         return None
     kind = type(current) if current is not None else None
     if kind is None:  # a field that is None by default: infer from its annotation
-        kind = int if "int" in annotation else float if "float" in annotation else bool if "bool" in annotation else str
+        kind = float if "float" in annotation else int if "int" in annotation else bool if "bool" in annotation else str
     try:
         if kind is bool:
             if value.lower() in ("true", "1", "yes"):
@@ -207,6 +207,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "intermediate_size": 3072,
         "max_position_embeddings": 1024,
         "hidden_act": "gelu_new",
+        "activation_dropout": 0.0,
         "layer_norm_eps": 1e-5,
         "norm_type": "layer_norm",
         "norm_position": "pre",
@@ -303,6 +304,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "mlp_bias": True,
         "hidden_dropout_prob": 0.1,
         "attention_probs_dropout_prob": 0.1,
+        "activation_dropout": 0.0,
         "tie_word_embeddings": True,
         "pad_token_id": 0,
     },

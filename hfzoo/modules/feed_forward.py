@@ -30,7 +30,7 @@ class FeedForward(nn.Module):
     the gating), as T5's `T5DenseGatedActDense`: `gate_proj`/`up_proj`/`down_proj` are its `wi_0`/`wi_1`/`wo`.
 
     Reads `hidden_size`, `intermediate_size` (d_ff), `hidden_act` (a key of `ACTIVATIONS`), `gated_mlp`,
-    `mlp_bias` and `hidden_dropout_prob` from the config.
+    `mlp_bias` and `activation_dropout` (None: `hidden_dropout_prob`) from the config.
 
     Shapes:
         input `(batch_size, seq_len, hidden_size)` (or `(num_tokens, hidden_size)`) -> output of the same
@@ -45,7 +45,8 @@ class FeedForward(nn.Module):
         )
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.act_fn = ACTIVATIONS[config.hidden_act]
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        dropout = getattr(config, "activation_dropout", None)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:

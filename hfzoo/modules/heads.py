@@ -36,10 +36,11 @@ class MaskedLMHead(nn.Module):
 
 
 class SequenceClassificationHead(nn.Module):
-    """Pooled-representation classifier: `out_proj(dropout(tanh(dense(dropout(x)))))`.
+    """Pooled-representation classifier: `out_proj(dropout(tanh(dense(x))))`.
 
-    BERT's pooler + classifier (Devlin et al. 2019, §4.1) in one module, as RoBERTa's
-    `RobertaClassificationHead`; models name it `classifier`, so PEFT saves it with an adapter.
+    BERT's pooler + classifier (Devlin et al. 2019, §4.1; `BertPooler` then dropout and `classifier` in
+    `BertForSequenceClassification`) in one module; models name it `classifier`, so PEFT saves it with
+    an adapter. The dropout rate is `classifier_dropout`, or `hidden_dropout_prob` when that is None.
 
     Shapes:
         `(batch_size, hidden_size)` -> `(batch_size, num_labels)`.
@@ -54,7 +55,7 @@ class SequenceClassificationHead(nn.Module):
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
         """Classify pooled representations `(batch_size, hidden_size)` into `(batch_size, num_labels)` logits."""
-        return self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(pooled)))))
+        return self.out_proj(self.dropout(torch.tanh(self.dense(pooled))))
 
 
 def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
