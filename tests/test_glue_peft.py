@@ -149,18 +149,22 @@ def test_lora_adapter_saved_reloaded_and_merged_gives_the_same_predictions(prese
     del base_only
 
 
-def test_lora_default_targets_cover_every_attention_of_each_family():
+def test_lora_default_targets_cover_every_block_projection_of_each_family():
+    """Default LoRA: the 4 projections of every attention and the 2 of every (dense) feed-forward; never the head."""
     for preset in FAMILIES:
         model = tiny_classifier(preset)
         peft_model = wrap_with_peft(model, build_peft_config("lora", model.config))
-        targeted = {n.rsplit(".lora_A", 1)[0] for n, _ in peft_model.named_parameters() if ".lora_A." in n}
-        expected = {
-            n.removeprefix("base_model.model.")
-            for n, m in peft_model.named_modules()
-            if n.endswith(("q_proj", "v_proj")) and hasattr(m, "lora_A")
-        }
+        targeted = {n.split(".lora_A", 1)[0].removeprefix("base_model.model.")
+                    for n, _ in peft_model.named_parameters() if ".lora_A." in n}  # fmt: skip
         attention = [n for n, _ in model.named_modules() if n.endswith(("self_attn", "cross_attn"))]
-        assert len(targeted) == len(expected) == 2 * len(attention), preset
+        feed_forward = {n: m for n, m in model.named_modules() if type(m).__name__ == "FeedForward"}
+        assert attention and feed_forward
+        expected = {f"{a}.{p}" for a in attention for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
+        for name, module in feed_forward.items():
+            gated = ("gate_proj",) if module.gate_proj is not None else ()
+            expected |= {f"{name}.{p}" for p in ("up_proj", "down_proj", *gated)}
+        assert targeted == expected, preset
+        assert not any("classifier" in n or "score" in n for n in targeted)
 
 
 def test_prefix_longer_than_the_position_table_is_refused():

@@ -174,3 +174,35 @@ def test_accelerate_launch(checkpoints, glue_dir, tmp_path):
     subprocess.run(cmd, check=True, env=env, cwd=tmp_path, capture_output=True)
     assert json.loads((tmp_path / "run" / "all_results.json").read_text())["train_steps"] == 3
     assert list((tmp_path / "run").rglob("events.out.tfevents.*"))
+
+
+def test_max_grad_norm_clips_the_updates(checkpoints, glue_dir, tmp_path):
+    """A tiny clipping norm leaves the weights where they were (AdamW's step shrinks below eps); the default 1.0 does not."""
+    from safetensors.torch import load_file
+
+    base = load_file(checkpoints["encoder-tiny"] / "model.safetensors")
+    moved = {}
+    for norm in ("1e-12", "1.0"):
+        out = tmp_path / norm
+        finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "sst2", "--peft", "none", "--max_grad_norm", norm))
+        trained = load_file(out / "model.safetensors")
+        body = {k.removeprefix("model."): v for k, v in trained.items()}  # the head's model wraps the body as `model`
+        shared = [k for k in base if k in body]
+        assert len(shared) == len(base)
+        moved[norm] = max((body[k].float() - base[k].float()).abs().max().item() for k in shared)
+    assert moved["1e-12"] < 1e-5 < 1e-4 < moved["1.0"]
+
+
+def test_cudnn_attention_is_switched_off_on_cuda_only(monkeypatch):
+    """The recipes turn off cuDNN SDPA on CUDA machines (NaN gradients with masks), unless HFZOO_ALLOW_CUDNN_SDPA=1."""
+    from hfzoo.training.cuda import disable_cudnn_sdpa
+
+    calls = []
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", lambda enabled: calls.append(enabled))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert disable_cudnn_sdpa() is False and calls == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("HFZOO_ALLOW_CUDNN_SDPA", "1")
+    assert disable_cudnn_sdpa() is False and calls == []
+    monkeypatch.delenv("HFZOO_ALLOW_CUDNN_SDPA")
+    assert disable_cudnn_sdpa() is True and calls == [False]

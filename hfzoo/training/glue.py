@@ -38,6 +38,7 @@ from transformers import (
 from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, load_glue
 from ..metrics import load_glue_metric
 from .arguments import SCHEDULERS, OneLineErrorParser, non_negative_int, positive_float, positive_int
+from .cuda import disable_cudnn_sdpa
 from .peft_utils import (
     PEFT_METHODS,
     build_peft_config,
@@ -63,6 +64,7 @@ def build_glue_parser() -> argparse.ArgumentParser:
     p.add_argument("--per_device_eval_batch_size", type=positive_int, default=128)
     p.add_argument("--learning_rate", type=positive_float, default=5e-5)
     p.add_argument("--weight_decay", type=float, default=0.0)
+    p.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (0 or less: none)")
     p.add_argument("--num_train_epochs", type=positive_int, default=3)
     p.add_argument("--max_train_steps", type=positive_int, default=None, help="overrides --num_train_epochs")
     p.add_argument("--gradient_accumulation_steps", type=positive_int, default=1)
@@ -189,6 +191,7 @@ def run_glue(args: argparse.Namespace) -> dict[str, Any]:
     config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     if args.peft == "prefix":
         check_prefix_fits(config, args.num_virtual_tokens, args.max_length)
+    disable_cudnn_sdpa()
     accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision=args.mixed_precision,
@@ -273,6 +276,8 @@ def run_glue(args: argparse.Namespace) -> dict[str, Any]:
             with accelerator.accumulate(model):
                 loss = model(**batch).loss
                 accelerator.backward(loss)
+                if accelerator.sync_gradients and args.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()

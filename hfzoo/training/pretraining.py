@@ -47,6 +47,7 @@ from ..data.packing import token_counts, tokenize_and_pack
 from ..hub import build_model_card, push_to_hub
 from ..models.presets import PRESETS, build_config, parse_overrides
 from .arguments import parse_pretrain_args
+from .cuda import disable_cudnn_sdpa
 from .evaluation import evaluate_lm, unigram_perplexity
 
 logger = get_logger(__name__)
@@ -182,7 +183,7 @@ def create_accelerator(args: argparse.Namespace) -> Accelerator:
     Raises:
         ValueError: `--mixed_precision fp16` without a GPU, or a multi-process launch that yields one process.
     """
-    on_gpu = torch.cuda.is_available()
+    on_gpu = disable_cudnn_sdpa() or torch.cuda.is_available()
     if args.mixed_precision == "fp16" and not on_gpu:
         raise ValueError("--mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
     use_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes")
