@@ -48,6 +48,7 @@ def run(precision: str, args: argparse.Namespace, tokenizer: Path) -> dict:
         "--config_overrides", "hidden_size=512,num_hidden_layers=4,num_attention_heads=8,intermediate_size=2048,"
         "max_position_embeddings=256",
         "--block_size", "256",
+        "--attn_implementation", "eager",  # as the CPU recipe configs: SDPA's CPU backward is slow in bf16
         "--per_device_train_batch_size", "8",
         "--per_device_eval_batch_size", "8",
         "--max_train_steps", str(args.steps),

@@ -191,18 +191,3 @@ def test_max_grad_norm_clips_the_updates(checkpoints, glue_dir, tmp_path):
         assert len(shared) == len(base)
         moved[norm] = max((body[k].float() - base[k].float()).abs().max().item() for k in shared)
     assert moved["1e-12"] < 1e-5 < 1e-4 < moved["1.0"]
-
-
-def test_cudnn_attention_is_switched_off_on_cuda_only(monkeypatch):
-    """The recipes turn off cuDNN SDPA on CUDA machines (NaN gradients with masks), unless HFZOO_ALLOW_CUDNN_SDPA=1."""
-    from hfzoo.training.cuda import disable_cudnn_sdpa
-
-    calls = []
-    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", lambda enabled: calls.append(enabled))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert disable_cudnn_sdpa() is False and calls == []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setenv("HFZOO_ALLOW_CUDNN_SDPA", "1")
-    assert disable_cudnn_sdpa() is False and calls == []
-    monkeypatch.delenv("HFZOO_ALLOW_CUDNN_SDPA")
-    assert disable_cudnn_sdpa() is True and calls == [False]

@@ -215,6 +215,13 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--adam_beta1", type=float, default=0.9)
     train.add_argument("--adam_beta2", type=float, default=0.999)
+    train.add_argument(
+        "--optim",
+        choices=("adamw_torch_fused", "adamw_torch"),
+        default="adamw_torch_fused",
+        help="torch AdamW, fused (one kernel for all parameters; transformers' default) or foreach. "
+        "Under DeepSpeed the foreach form is used: DeepSpeed steps the optimizer on its own partitions.",
+    )
     train.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping (0 disables).")
     train.add_argument(
         "--lr_scheduler_type",

@@ -38,7 +38,6 @@ from transformers import (
 from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, load_glue
 from ..metrics import load_glue_metric
 from .arguments import SCHEDULERS, OneLineErrorParser, non_negative_int, positive_float, positive_int
-from .cuda import disable_cudnn_sdpa
 from .peft_utils import (
     PEFT_METHODS,
     build_peft_config,
@@ -46,6 +45,7 @@ from .peft_utils import (
     count_parameters,
     wrap_with_peft,
 )
+from .runtime import disable_cudnn_sdpa, tune_glibc_malloc
 
 __all__ = ["build_glue_parser", "evaluate_glue", "main", "parse_glue_args", "run_glue"]
 
@@ -191,6 +191,7 @@ def run_glue(args: argparse.Namespace) -> dict[str, Any]:
     config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     if args.peft == "prefix":
         check_prefix_fits(config, args.num_virtual_tokens, args.max_length)
+    tune_glibc_malloc()
     disable_cudnn_sdpa()
     accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,

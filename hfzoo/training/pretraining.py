@@ -47,8 +47,8 @@ from ..data.packing import token_counts, tokenize_and_pack
 from ..hub import build_model_card, push_to_hub
 from ..models.presets import PRESETS, build_config, parse_overrides
 from .arguments import parse_pretrain_args
-from .cuda import disable_cudnn_sdpa
 from .evaluation import evaluate_lm, unigram_perplexity
+from .runtime import disable_cudnn_sdpa, tune_glibc_malloc
 
 logger = get_logger(__name__)
 
@@ -183,6 +183,7 @@ def create_accelerator(args: argparse.Namespace) -> Accelerator:
     Raises:
         ValueError: `--mixed_precision fp16` without a GPU, or a multi-process launch that yields one process.
     """
+    tune_glibc_malloc()
     on_gpu = disable_cudnn_sdpa() or torch.cuda.is_available()
     if args.mixed_precision == "fp16" and not on_gpu:
         raise ValueError("--mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
@@ -453,10 +454,12 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     # No weight decay on biases and normalization weights (1-D tensors), as in BERT and GPT-2.
     decay = [p for p, shape in zip(model.parameters(), shapes) if len(shape) >= 2]
     no_decay = [p for p, shape in zip(model.parameters(), shapes) if len(shape) < 2]
+    fused = args.optim == "adamw_torch_fused" and accelerator.distributed_type != DistributedType.DEEPSPEED
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=args.learning_rate,
         betas=(args.adam_beta1, args.adam_beta2),
+        fused=fused or None,
     )
     # Each optimizer step takes a whole window of accumulation micro-batches; an incomplete last window
     # of an epoch is skipped, so that every step sees the same global batch.
