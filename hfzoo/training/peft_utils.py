@@ -38,6 +38,10 @@ PEFT_METHODS = ("lora", "prefix", "none")
 _HFZOO_MODEL_TYPES = ("hfzoo_encoder", "hfzoo_decoder", "hfzoo_encoder_decoder")
 
 
+# Every linear projection of hfzoo's blocks (names in hfzoo.modules.attention and .feed_forward).
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 def default_lora_target_modules(config) -> list[str] | None:
     """LoRA's default `target_modules`: every linear projection of the attention and feed-forward blocks.
 
@@ -57,10 +61,6 @@ def default_lora_target_modules(config) -> list[str] | None:
         default for the architecture (e.g. BERT's `query`, `value`).
     """
     return list(LORA_TARGET_MODULES) if config.model_type in _HFZOO_MODEL_TYPES else None
-
-
-# Every linear projection of hfzoo's blocks (names in hfzoo.modules.attention and .feed_forward).
-LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def prefix_num_layers(config) -> int:

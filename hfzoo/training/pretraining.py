@@ -184,7 +184,8 @@ def create_accelerator(args: argparse.Namespace) -> Accelerator:
         ValueError: `--mixed_precision fp16` without a GPU, or a multi-process launch that yields one process.
     """
     tune_glibc_malloc()
-    on_gpu = disable_cudnn_sdpa() or torch.cuda.is_available()
+    disable_cudnn_sdpa()
+    on_gpu = torch.cuda.is_available()
     if args.mixed_precision == "fp16" and not on_gpu:
         raise ValueError("--mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
     use_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes")

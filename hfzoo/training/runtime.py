@@ -64,14 +64,8 @@ def tune_glibc_malloc() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # not glibc (e.g. musl)
         return False
-    ok = all(
-        mallopt(param, value)
-        for param, value in (
-            (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
-            (_M_TRIM_THRESHOLD, 2**31 - 1),
-            (_M_TOP_PAD, 512 * 1024 * 1024),
-        )
-    )
+    settings = ((_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, 2**31 - 1), (_M_TOP_PAD, 512 * 1024 * 1024))
+    ok = all([mallopt(param, value) == 1 for param, value in settings])  # mallopt returns 1 on success
     if ok:
         logger.info("glibc malloc: mmap threshold 32 MiB, no heap trimming (HFZOO_TUNE_MALLOC=0 turns this off)")
-    return bool(ok)
+    return ok
