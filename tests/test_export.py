@@ -24,6 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+from variant_checks import TINY as VARIANT_TINY
 
 import hfzoo
 from hfzoo import AUTO_CLASSES, HfzooDecoderConfig, HfzooEncoderConfig, HfzooEncoderDecoderConfig
@@ -31,17 +32,7 @@ from hfzoo.export import ExportError, export_for_remote_code, family_source_file
 from hfzoo.tokenization import train_bpe_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(
-    vocab_size=100,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=64,
-    pad_token_id=0,
-    eos_token_id=1,
-    bos_token_id=2,
-)
+TINY = {**VARIANT_TINY, "vocab_size": 100, "bos_token_id": 2}  # the tokenizer below has 100 tokens
 FAMILIES = {
     "decoder": HfzooDecoderConfig,
     "encoder": HfzooEncoderConfig,

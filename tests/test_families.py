@@ -13,6 +13,7 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 from transformers.cache_utils import DynamicCache
+from variant_checks import TINY
 
 import hfzoo
 from hfzoo import (
@@ -25,17 +26,6 @@ from hfzoo import (
     HfzooEncoderForMaskedLM,
     HfzooEncoderForSequenceClassification,
     HfzooEncoderForTokenClassification,
-)
-
-TINY = dict(
-    vocab_size=97,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=64,
-    pad_token_id=0,
-    eos_token_id=1,
 )
 
 
