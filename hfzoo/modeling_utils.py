@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +13,7 @@ from transformers.modeling_outputs import MaskedLMOutput, Seq2SeqMoEOutput
 from transformers.utils.output_capturing import OutputRecorder
 
 from .configuration_utils import HfzooConfig
+from .integrity import check_weight_files
 from .modules.attention import HfzooAttention
 from .modules.experts import HfzooRouter
 from .modules.layer import HfzooLayer, Residual
@@ -48,6 +50,18 @@ class HfzooPreTrainedModel(PreTrainedModel):
         "attentions": HfzooAttention,
         "router_logits": OutputRecorder(HfzooRouter, index=0),
     }
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, after checking a local folder's weight files (headers and sizes).
+
+        Raises:
+            hfzoo.integrity.WeightFileError: a weight file is truncated or corrupt (the message names it);
+                safetensors' own error names no file.
+        """
+        if pretrained_model_name_or_path is not None and os.path.isdir(pretrained_model_name_or_path):
+            check_weight_files(pretrained_model_name_or_path, kwargs.get("subfolder") or "")
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
 
     def _supports_backend(self, backend: str) -> bool:
         return backend in POSITION_ATTENTION_BACKENDS[self.config.position_embedding_type]

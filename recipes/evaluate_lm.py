@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, default_data_colla
 import hfzoo  # noqa: F401  (registers the hfzoo Auto classes)
 from hfzoo.data.loading import load_local_files
 from hfzoo.data.packing import tokenize_and_pack
+from hfzoo.integrity import check_weight_files
 from hfzoo.training.arguments import OneLineErrorParser, positive_int
 from hfzoo.training.evaluation import evaluate_lm
 
@@ -44,6 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     try:
+        if Path(args.model_name_or_path).is_dir():
+            check_weight_files(args.model_name_or_path)  # names a truncated or corrupt weight file
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
         model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path).eval()
     except (OSError, ValueError) as err:

@@ -23,7 +23,8 @@ from hfzoo.data.loading import clean_text
 from hfzoo.tokenization import train_bpe_tokenizer
 from hfzoo.training import pretraining
 from hfzoo.training.arguments import parse_pretrain_args
-from hfzoo.training.pretraining import find_latest_checkpoint, main, reconcile_deepspeed_config
+from hfzoo.training.checkpointing import find_latest_checkpoint
+from hfzoo.training.pretraining import main, reconcile_deepspeed_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY_OVERRIDES = (

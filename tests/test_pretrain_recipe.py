@@ -236,6 +236,11 @@ def test_objective_trains_its_family(objective, small_jsonl_xz, family_tokenizer
     argv = base_args(small_jsonl_xz, family_tokenizers[family], tmp_path / "out", "--objective", objective,
                      "--max_train_steps", "25", "--learning_rate", "3e-3", "--per_device_train_batch_size", "8")  # fmt: skip
     argv[argv.index("decoder-tiny")] = preset
+    if objective == "mlm":
+        # With learned positions the tiny encoder may sit on the unigram plateau for the whole 25 steps, or not,
+        # depending on the masks drawn (seeds 42, 1, 2, 3: 0.17, 0.43, 0.64, 0.45 lower); with rotary positions,
+        # as the shipped encoder recipe, it leaves it (0.34, 0.45, 0.52).
+        argv[argv.index(TINY_OVERRIDES)] += ",position_embedding_type=rotary"
     results = main(argv)
     assert results["objective"] == objective and results["train_steps"] == 25
     assert results["eval_loss"] < results["init_eval_loss"] - 0.25

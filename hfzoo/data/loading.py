@@ -9,15 +9,24 @@ CRLF line endings).
 
 from __future__ import annotations
 
+import codecs
+import lzma
 import os
 import re
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import datasets
+import fsspec
 
 #: Suffixes `datasets` decompresses on the fly (fsspec compression inferred from the file name).
 COMPRESSION_SUFFIXES = (".xz", ".gz", ".bz2", ".zst", ".lz4")
+
+#: Bytes read at a time when checking a file's encoding.
+_SCAN_CHUNK = 1 << 22
+#: Bytes checked per file when the data is streamed (the whole file is checked otherwise).
+STREAMING_SCAN_BYTES = 1 << 20
 
 #: File suffix (after removing a compression suffix) -> `datasets` builder name.
 BUILDER_BY_SUFFIX = {
@@ -97,34 +106,105 @@ def infer_builder(path: str | os.PathLike) -> str:
     return BUILDER_BY_SUFFIX.get(Path(name).suffix, "text")
 
 
-def check_data_files(files: Sequence[str | os.PathLike], argument: str = "--train_file") -> tuple[str, list[str]]:
-    """Check that local data files exist, are non-empty and share one format.
+def check_text_encoding(path: str | os.PathLike, argument: str = "--train_file", limit: int | None = None) -> bool:
+    """Check that a (possibly compressed) text file is valid UTF-8, reading it in 4 MiB chunks.
+
+    Compressed files (`COMPRESSION_SUFFIXES`) are decompressed on the fly, as `datasets` reads them; the
+    byte offset in an error is then an offset in the decompressed text.
+
+    Args:
+        path: the file.
+        argument: the command-line argument the file came from, used in error messages.
+        limit: check only the first `limit` (decompressed) bytes (None: the whole file).
+
+    Returns:
+        Whether the file holds anything other than whitespace (in the part checked).
+
+    Raises:
+        ValueError: invalid UTF-8 (the message names the file, the byte and its offset), or compressed
+            data that is truncated or corrupt.
+    """
+    offset, pending, has_text = 0, b"", False
+    try:
+        with fsspec.open(str(path), "rb", compression="infer") as f:
+            while limit is None or offset < limit:
+                chunk = f.read(_SCAN_CHUNK)
+                data = pending + chunk
+                try:
+                    _, consumed = codecs.utf_8_decode(data, "strict", not chunk)
+                except UnicodeDecodeError as err:
+                    where = "decompressed byte" if infer_compression(path) else "byte"
+                    raise ValueError(
+                        f"{argument} {path}: not valid UTF-8 text: {where} {offset + err.start} is "
+                        f"0x{data[err.start]:02x} ({err.reason}); convert the file to UTF-8"
+                    ) from None
+                has_text = has_text or not data[:consumed].isspace() and consumed > 0
+                offset, pending = offset + consumed, data[consumed:]
+                if not chunk:
+                    break
+    except (EOFError, lzma.LZMAError, zlib.error, OSError) as err:
+        if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError)):
+            raise
+        raise ValueError(f"{argument} {path}: truncated or corrupt compressed data ({err})") from None
+    return has_text
+
+
+def infer_compression(path: str | os.PathLike) -> str | None:
+    """The compression suffix of a file name (`.xz`, `.gz`, ...), or None."""
+    name = Path(path).name.lower()
+    return next((suffix for suffix in COMPRESSION_SUFFIXES if name.endswith(suffix)), None)
+
+
+def check_data_files(
+    files: Sequence[str | os.PathLike], argument: str = "--train_file", check_encoding: bool | int = True
+) -> tuple[str, list[str]]:
+    """Check local data files before anything reads them: existence, type, readability, size, format, encoding.
+
+    Text, JSON lines and CSV files (compressed or not) must be valid UTF-8 (`check_text_encoding`); a
+    plain text file must hold more than whitespace. Parquet files are binary and left to `datasets`.
 
     Args:
         files: paths (absolute, or relative to the current working directory).
         argument: the command-line argument the files came from, used in error messages.
+        check_encoding: check the whole of each file (True), only its first N bytes (an int, e.g.
+            `STREAMING_SCAN_BYTES` for streamed data), or not at all (False).
 
     Returns:
         `(builder, absolute_paths)`: the `datasets` builder name and the resolved paths.
 
     Raises:
         FileNotFoundError: a file does not exist.
-        ValueError: no file given, a file is empty (0 bytes), or the files mix formats.
+        ValueError: no file given, a directory given as a file, an unreadable or empty (0 bytes) file,
+            files mixing formats, invalid UTF-8 (naming the byte offset), or a text file of whitespace only.
     """
     if not files:
         raise ValueError(f"{argument}: no file given")
     resolved, builders = [], set()
     for file in files:
         path = Path(file).expanduser()
+        if path.is_dir():
+            raise ValueError(f"{argument} {file!s}: is a directory, not a file (give the files in it)")
         if not path.is_file():
             raise FileNotFoundError(f"{argument} {file!s}: no such file")
+        try:
+            with open(path, "rb") as f:
+                f.read(1)
+        except OSError as err:
+            raise ValueError(f"{argument} {file!s}: cannot be read ({err.strerror or err})") from None
         if path.stat().st_size == 0:
             raise ValueError(f"{argument} {file!s}: the file is empty")
         resolved.append(str(path.resolve()))
         builders.add(infer_builder(path))
     if len(builders) > 1:
         raise ValueError(f"{argument}: files mix formats {sorted(builders)}; give files of one format")
-    return builders.pop(), resolved
+    builder = builders.pop()
+    if check_encoding is not False and builder != "parquet":
+        limit = None if check_encoding is True else int(check_encoding)
+        for file in files:
+            has_text = check_text_encoding(Path(file).expanduser(), argument, limit)
+            if builder == "text" and not has_text and limit is None:
+                raise ValueError(f"{argument} {file!s}: no text (the file holds only whitespace)")
+    return builder, resolved
 
 
 def load_local_files(
@@ -133,6 +213,7 @@ def load_local_files(
     streaming: bool = False,
     cache_dir: str | None = None,
     sample_by: str = "line",
+    check: bool = True,
 ) -> datasets.Dataset | datasets.IterableDataset:
     """Load local files as one `datasets` split.
 
@@ -147,6 +228,7 @@ def load_local_files(
         streaming: return an `IterableDataset` that reads lazily (bounded memory).
         cache_dir: `datasets` cache folder.
         sample_by: for plain text files, `"line"`, `"paragraph"` or `"document"`.
+        check: run `check_data_files` first (False: the caller already did).
 
     Returns:
         A `datasets.Dataset` (or `IterableDataset` when streaming) with the files' columns.
@@ -154,7 +236,10 @@ def load_local_files(
     Raises:
         FileNotFoundError, ValueError: see `check_data_files`.
     """
-    builder, paths = check_data_files(files, argument)
+    if check:
+        builder, paths = check_data_files(files, argument, True if not streaming else STREAMING_SCAN_BYTES)
+    else:
+        builder, paths = infer_builder(files[0]), [str(Path(f).expanduser().resolve()) for f in files]
     kwargs = {"keep_linebreaks": True, "sample_by": sample_by} if builder == "text" else {}
     return datasets.load_dataset(
         builder, data_files={"data": paths}, split="data", streaming=streaming, cache_dir=cache_dir, **kwargs
@@ -195,6 +280,22 @@ def check_text_column(dataset: datasets.Dataset | datasets.IterableDataset, text
         )
 
 
+def check_input_files(
+    train_file: Sequence[str] | None, validation_file: Sequence[str] | None = None, streaming: bool = False
+) -> None:
+    """Check every local training and validation file (`check_data_files`) before any of them is loaded.
+
+    Streamed data is checked on its first `STREAMING_SCAN_BYTES` bytes per file, other data in full.
+
+    Raises:
+        FileNotFoundError, ValueError: see `check_data_files`.
+    """
+    check_encoding = STREAMING_SCAN_BYTES if streaming else True
+    for files, argument in ((train_file, "--train_file"), (validation_file, "--validation_file")):
+        if files:
+            check_data_files(files, argument, check_encoding)
+
+
 def load_raw_datasets(
     train_file: Sequence[str] | None = None,
     validation_file: Sequence[str] | None = None,
@@ -205,6 +306,7 @@ def load_raw_datasets(
     streaming: bool = False,
     cache_dir: str | None = None,
     sample_by: str = "document",
+    check_files: bool = True,
 ) -> datasets.DatasetDict | datasets.IterableDatasetDict:
     """Load `train` and `validation` splits from local files or a hub dataset.
 
@@ -225,13 +327,15 @@ def load_raw_datasets(
         cache_dir: `datasets` cache folder.
         sample_by: how plain text files are split into rows (see `load_local_files`); the default
             `"document"` makes each text file one document.
+        check_files: check the local files first (`check_input_files`; False: the caller did).
 
     Returns:
         A `DatasetDict` (or `IterableDatasetDict`) with `train` and `validation` splits.
 
     Raises:
-        ValueError: neither files nor a dataset name, a missing text column, an empty file, a bad
-            percentage, or streaming without validation data.
+        ValueError: neither files nor a dataset name, a missing text column, a bad local file (see
+            `check_data_files`; all files are checked before any is loaded), a bad percentage, or
+            streaming without validation data.
         FileNotFoundError: a local file does not exist.
     """
     if not train_file and not dataset_name:
@@ -239,11 +343,15 @@ def load_raw_datasets(
     if not 1 <= validation_split_percentage <= 50:
         raise ValueError(f"--validation_split_percentage must be in [1, 50], got {validation_split_percentage}")
     container = datasets.IterableDatasetDict if streaming else datasets.DatasetDict
+    if check_files:
+        check_input_files(train_file, validation_file, streaming)
     if train_file:
-        raw = container(train=load_local_files(train_file, "--train_file", streaming, cache_dir, sample_by))
+        raw = container(train=load_local_files(train_file, "--train_file", streaming, cache_dir, sample_by, False))
         sources = {"train": f"--train_file {list(train_file)}"}
         if validation_file:
-            raw["validation"] = load_local_files(validation_file, "--validation_file", streaming, cache_dir, sample_by)
+            raw["validation"] = load_local_files(
+                validation_file, "--validation_file", streaming, cache_dir, sample_by, False
+            )
             sources["validation"] = f"--validation_file {list(validation_file)}"
     else:
         raw = datasets.load_dataset(dataset_name, dataset_config_name, streaming=streaming, cache_dir=cache_dir)
@@ -252,7 +360,9 @@ def load_raw_datasets(
         raw = container({k: v for k, v in raw.items() if k in ("train", "validation")})
         sources = {split: f"--dataset_name {dataset_name}" for split in raw}
         if validation_file:
-            raw["validation"] = load_local_files(validation_file, "--validation_file", streaming, cache_dir, sample_by)
+            raw["validation"] = load_local_files(
+                validation_file, "--validation_file", streaming, cache_dir, sample_by, False
+            )
             sources["validation"] = f"--validation_file {list(validation_file)}"
     if "validation" not in raw:
         if streaming:

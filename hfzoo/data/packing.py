@@ -86,20 +86,32 @@ def tokenize_and_pack(
         A `DatasetDict` with `input_ids` (and `labels`) columns (int64 lists of length `block_size`).
 
     Raises:
-        ValueError: `block_size < 2`, or a split that yields no complete block (the message gives
-            the split and its token count).
+        ValueError: `block_size < 2`, a split with no text left after cleaning, or a split that yields
+            no complete block (the message gives the split and its token count).
     """
     if block_size < 2:
         raise ValueError(f"--block_size must be at least 2, got {block_size}")
-    tokenized = raw_datasets.map(
-        tokenize_function(tokenizer, text_column_name, clean),
-        batched=True,
-        batch_size=16,
-        num_proc=num_proc,
-        remove_columns=list(next(iter(raw_datasets.values())).column_names),
-        load_from_cache_file=load_from_cache_file,
-        desc="Tokenizing",
+    tokenized = datasets.DatasetDict(
+        {
+            split: dataset.map(  # each split drops its own columns (local files and hub splits may differ)
+                tokenize_function(tokenizer, text_column_name, clean),
+                batched=True,
+                batch_size=16,
+                num_proc=num_proc,
+                remove_columns=list(dataset.column_names),
+                load_from_cache_file=load_from_cache_file,
+                desc="Tokenizing",
+            )
+            for split, dataset in raw_datasets.items()
+        }
     )
+    for split, dataset in tokenized.items():
+        if len(dataset) == 0:
+            what = "empty, whitespace or Project Gutenberg boilerplate" if clean else "empty or whitespace"
+            raise ValueError(
+                f"the {split} data has no text{' after cleaning' if clean else ''}: its "
+                f"{len(raw_datasets[split])} row(s) of {text_column_name!r} are {what}"
+            )
     packed = tokenized.map(
         group_texts(block_size, with_labels),
         batched=True,

@@ -48,7 +48,20 @@ class TokenEmbedding(nn.Embedding):
         self.scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Embed `input_ids` `(batch_size, seq_len)` into `(batch_size, seq_len, hidden_size)`."""
+        """Embed `input_ids` `(batch_size, seq_len)` into `(batch_size, seq_len, hidden_size)`.
+
+        Raises:
+            ValueError: an id outside `[0, vocab_size)` (checked in eager mode: one min/max pass over the ids and
+                one host sync; skipped under `torch.compile`, where the lookup itself fails on such an id).
+        """
+        if not torch.compiler.is_compiling() and input_ids.numel():
+            low, high = torch.aminmax(input_ids)
+            if (low < 0) | (high >= self.num_embeddings):
+                bad = int(low) if int(low) < 0 else int(high)
+                raise ValueError(
+                    f"token id {bad} is outside the vocabulary: input ids must be in [0, vocab_size="
+                    f"{self.num_embeddings}) (a tokenizer larger than the model's vocab_size, or ids from another one?)"
+                )
         embeddings = super().forward(input_ids)  # (batch, seq, embedding_size)
         if self.embed_proj is not None:
             embeddings = self.embed_proj(embeddings)  # (batch, seq, hidden_size)

@@ -245,6 +245,20 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
         help="Default: what the accelerate config says.",
     )
     train.add_argument("--seed", type=int, default=42, help="Random seed.")
+    train.add_argument(
+        "--max_nonfinite_steps",
+        type=non_negative_int,
+        default=0,
+        help="Optimizer steps with a non-finite loss or gradient norm that may be skipped (not applied, logged) "
+        "before the run stops; 0 stops at the first one.",
+    )
+    train.add_argument(
+        "--ddp_timeout",
+        type=positive_int,
+        default=1800,
+        help="Seconds a collective operation waits for the other processes before the run stops with an error "
+        "(a failed or stuck process).",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--output_dir", type=str, required=False, default=None, help="Where to write the model.")
     out.add_argument(

@@ -36,6 +36,7 @@ from transformers import (
 )
 
 from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, load_glue
+from ..integrity import check_weight_files
 from ..metrics import load_glue_metric
 from .arguments import SCHEDULERS, OneLineErrorParser, non_negative_int, positive_float, positive_int
 from .peft_utils import (
@@ -189,6 +190,8 @@ def run_glue(args: argparse.Namespace) -> dict[str, Any]:
     task = get_glue_task(args.task_name)
     raw = load_glue(task, args.data_dir, args.train_file, args.validation_file)
     config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    if Path(args.model_name_or_path).is_dir():
+        check_weight_files(args.model_name_or_path)  # a truncated or corrupt file, named, before any work
     if args.peft == "prefix":
         check_prefix_fits(config, args.num_virtual_tokens, args.max_length)
     tune_glibc_malloc()

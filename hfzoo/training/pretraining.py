@@ -16,8 +16,6 @@ import json
 import logging
 import math
 import os
-import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +27,13 @@ import torch
 import transformers
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.logging import get_logger
-from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs, set_seed
+from accelerate.utils import (
+    DistributedType,
+    GradientAccumulationPlugin,
+    InitProcessGroupKwargs,
+    send_to_device,
+    set_seed,
+)
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import (
@@ -42,23 +46,29 @@ from transformers import (
 )
 
 from ..data.collators import DataCollatorForMaskedLM, DataCollatorForSpanCorruption
-from ..data.loading import load_raw_datasets
+from ..data.loading import check_input_files, load_raw_datasets
 from ..data.packing import token_counts, tokenize_and_pack
 from ..hub import build_model_card, push_to_hub
+from ..integrity import check_weight_files
 from ..models.presets import PRESETS, build_config, parse_overrides
+from . import faults
 from .arguments import parse_pretrain_args
+from .checkpointing import (
+    _check_resume_topology,
+    _resolve_resume,
+    check_resume_config,
+    checkpoint_folder,
+    load_checkpoint,
+    prepare_output_dir,
+    save_checkpoint,
+)
 from .evaluation import evaluate_lm, unigram_perplexity
 from .runtime import disable_cudnn_sdpa, tune_glibc_malloc
 
 logger = get_logger(__name__)
 
-CHECKPOINT_DIR = "checkpoints"
-
 #: objective -> the Auto class whose head it trains (and so which model families can take it).
 OBJECTIVE_AUTO_CLASSES = {"clm": AutoModelForCausalLM, "mlm": AutoModelForMaskedLM, "span": AutoModelForSeq2SeqLM}
-TRAINING_STATE = "training_state.json"
-#: Config fields that may differ between a checkpoint and the run resuming from it.
-_RESUME_IGNORED_CONFIG_KEYS = {"architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype"}
 
 
 @dataclass
@@ -79,6 +89,8 @@ class PretrainingRun:
     num_train_epochs: int
     resume_path: Path | None
     block_size: int
+    train_collator: Any = default_data_collator  # applied to each micro-batch's examples in the loop
+    nonfinite_guard: faults.NonFiniteGuard | None = None
 
 
 def _load_tokenizer(name: str, argument: str):
@@ -135,40 +147,6 @@ def _check_block_size(args: argparse.Namespace, config) -> int:
     return block_size
 
 
-def find_latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    """Return the newest complete checkpoint folder under `output_dir/checkpoints`, or None.
-
-    A checkpoint is complete when its `training_state.json` exists (written last, and the folder
-    is renamed into place only after it).
-    """
-    done = _complete_checkpoints(Path(output_dir) / CHECKPOINT_DIR)
-    return done[-1] if done else None
-
-
-def _complete_checkpoints(root: Path) -> list[Path]:
-    """The complete `step_N` folders under `root`, oldest first (`step_N.tmp` folders are unfinished saves)."""
-    if not root.is_dir():
-        return []
-    done = [
-        p for p in root.iterdir() if re.fullmatch(r"step_\d+", p.name) and p.is_dir() and (p / TRAINING_STATE).is_file()
-    ]
-    return sorted(done, key=lambda p: int(p.name.split("_")[1]))
-
-
-def _resolve_resume(args: argparse.Namespace) -> Path | None:
-    if not args.resume_from_checkpoint:
-        return None
-    if args.resume_from_checkpoint == "latest":
-        path = find_latest_checkpoint(args.output_dir)
-        if path is None:
-            logger.warning(f"--resume_from_checkpoint latest: no checkpoint in {args.output_dir}; starting fresh")
-        return path
-    path = Path(args.resume_from_checkpoint)
-    if not (path / TRAINING_STATE).is_file():
-        raise ValueError(f"--resume_from_checkpoint {path}: not a checkpoint folder (no {TRAINING_STATE})")
-    return path
-
-
 def create_accelerator(args: argparse.Namespace) -> Accelerator:
     """Create the run's `Accelerator` for whatever `accelerate launch` started (one process, DDP or DeepSpeed).
 
@@ -178,7 +156,8 @@ def create_accelerator(args: argparse.Namespace) -> Accelerator:
     produced a world of one process is refused, so a "distributed" run never silently runs alone.
 
     Gradient accumulation is driven by the training loop in whole windows of
-    `--gradient_accumulation_steps` micro-batches (`sync_with_dataloader=False`).
+    `--gradient_accumulation_steps` micro-batches (`sync_with_dataloader=False`). Collectives wait at
+    most `--ddp_timeout` seconds for the other processes.
 
     Raises:
         ValueError: `--mixed_precision fp16` without a GPU, or a multi-process launch that yields one process.
@@ -190,7 +169,9 @@ def create_accelerator(args: argparse.Namespace) -> Accelerator:
         raise ValueError("--mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
     use_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes")
     launched = int(os.environ.get("WORLD_SIZE", "1"))
-    kwargs_handlers = [InitProcessGroupKwargs(backend="gloo")] if use_deepspeed and not on_gpu else []
+    timeout = faults.collective_timeout(args.ddp_timeout)
+    backend = "gloo" if use_deepspeed and not on_gpu else None  # None: accelerate's choice
+    kwargs_handlers = [InitProcessGroupKwargs(backend=backend, timeout=timeout)]
     accelerator = Accelerator(
         cpu=not on_gpu and not use_deepspeed,
         mixed_precision=args.mixed_precision,
@@ -272,44 +253,6 @@ def reconcile_deepspeed_config(ds_config: dict[str, Any], args: argparse.Namespa
             )
 
 
-def check_resume_config(resume_path: Path, config) -> None:
-    """Refuse to resume from a checkpoint saved with a different model config.
-
-    Raises:
-        ValueError: a config field differs (names the first fields and both values).
-    """
-    saved_file = resume_path / "config.json"
-    if not saved_file.is_file():
-        return
-    saved_type = json.loads(saved_file.read_text()).get("model_type")
-    if saved_type != config.model_type:
-        raise ValueError(
-            f"--resume_from_checkpoint {resume_path}: saved from a {saved_type!r} model, "
-            f"this run builds {config.model_type!r}"
-        )
-    saved = type(config).from_json_file(saved_file).to_dict()
-    current = config.to_dict()
-    keys = sorted((set(saved) | set(current)) - _RESUME_IGNORED_CONFIG_KEYS)
-    diffs = [k for k in keys if saved.get(k) != current.get(k)]
-    if diffs:
-        shown = ", ".join(f"{k}={saved.get(k)!r} there, {current.get(k)!r} here" for k in diffs[:3])
-        raise ValueError(f"--resume_from_checkpoint {resume_path}: saved with a different model config ({shown})")
-
-
-def _check_resume_topology(resume_path: Path, accelerator: Accelerator) -> None:
-    """DeepSpeed checkpoints hold one ZeRO partition per process: resume them with the same world and backend."""
-    state = json.loads((resume_path / TRAINING_STATE).read_text())
-    saved_type, saved_processes = state.get("distributed_type"), state.get("num_processes")
-    if saved_type != DistributedType.DEEPSPEED.value and accelerator.distributed_type != DistributedType.DEEPSPEED:
-        return
-    if saved_type != accelerator.distributed_type.value or saved_processes != accelerator.num_processes:
-        raise ValueError(
-            f"--resume_from_checkpoint {resume_path}: written by {saved_processes} process(es) with {saved_type}; "
-            f"this run has {accelerator.num_processes} with {accelerator.distributed_type.value} "
-            "(convert it with recipes/consolidate_checkpoint.py and start from --model_name_or_path)"
-        )
-
-
 def build_collator(args: argparse.Namespace, tokenizer, block_size: int):
     """Return the objective's batch collator and the length of the raw packed blocks it consumes.
 
@@ -387,6 +330,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     Raises:
         ValueError, FileNotFoundError: bad input, with a message naming it.
     """
+    prepare_output_dir(args.output_dir, checkpointing=args.checkpointing_steps is not None)
     accelerator = create_accelerator(args)
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
     logger.info(accelerator.state, main_process_only=False)
@@ -403,16 +347,19 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         datasets.utils.logging.set_verbosity_error()
         transformers.utils.logging.set_verbosity_error()
     set_seed(args.seed)
-    resume_path = _resolve_resume(args)
+    resume_path = _resolve_resume(args, accelerator)
 
     tokenizer = _load_tokenizer(args.tokenizer_name or args.model_name_or_path, "--tokenizer_name")
     config = build_model_config(args, tokenizer)
+    if args.model_name_or_path is not None and os.path.isdir(args.model_name_or_path):
+        check_weight_files(args.model_name_or_path)  # before the data: names a truncated or corrupt file
     if resume_path is not None:
         check_resume_config(resume_path, config)
         _check_resume_topology(resume_path, accelerator)
     block_size = _check_block_size(args, config)
     collator, raw_block_size = build_collator(args, tokenizer, block_size)
 
+    check_input_files(args.train_file, args.validation_file)  # on every process, before any waits for another
     with accelerator.main_process_first():
         raw = load_raw_datasets(
             train_file=args.train_file,
@@ -421,6 +368,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
             dataset_config_name=args.dataset_config_name,
             text_column_name=args.text_column_name,
             validation_split_percentage=args.validation_split_percentage,
+            check_files=False,
         )
         packed = tokenize_and_pack(
             raw,
@@ -448,8 +396,16 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     n_params = sum(math.prod(shape) for shape in shapes)
     logger.info(f"model {type(model).__name__}: {n_params / 1e6:.2f}M parameters")
 
+    # Exact resume: a checkpoint's RNG state must be the one the next micro-batch's random masking (mlm, span) and
+    # dropout draw from. So the loader yields lists of examples and the training loop collates each micro-batch
+    # (the loader prepares one batch ahead of the step), and creating a loader iterator draws its seed from the
+    # loader's own generator, not from torch's global RNG. The order of the blocks is the seedable sampler's.
     train_dataloader = DataLoader(
-        train_dataset, shuffle=True, collate_fn=collator, batch_size=args.per_device_train_batch_size
+        train_dataset,
+        shuffle=True,
+        collate_fn=list,
+        batch_size=args.per_device_train_batch_size,
+        generator=torch.Generator().manual_seed(args.seed),
     )
     eval_dataloader = DataLoader(eval_dataset, collate_fn=collator, batch_size=args.per_device_eval_batch_size)
     # No weight decay on biases and normalization weights (1-D tensors), as in BERT and GPT-2.
@@ -498,51 +454,11 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         num_train_epochs=num_train_epochs,
         resume_path=resume_path,
         block_size=block_size,
+        train_collator=collator,
+        nonfinite_guard=faults.NonFiniteGuard(
+            args.max_nonfinite_steps, check_grad_norm=accelerator.mixed_precision != "fp16"
+        ),
     )
-
-
-def save_checkpoint(run: PretrainingRun, step: int, tokens_seen: int) -> Path:
-    """Save a resumable checkpoint (model, optimizer, scheduler, RNG and sampler states) atomically.
-
-    Every process writes its part (DeepSpeed: its ZeRO partition) to `checkpoints/step_N.tmp`; once all
-    are done, the main process adds `config.json`, the tokenizer and `training_state.json`, then renames
-    the folder to `checkpoints/step_N`, so a crash during a save never leaves a partial `step_N`
-    (`find_latest_checkpoint` only sees complete folders). The oldest checkpoints beyond
-    `--checkpoints_total_limit` are then removed.
-
-    Returns:
-        The checkpoint folder.
-    """
-    accelerator, args = run.accelerator, run.args
-    root = Path(args.output_dir) / CHECKPOINT_DIR
-    final, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
-    if accelerator.is_main_process and tmp.exists():
-        shutil.rmtree(tmp)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()  # all processes' files are written before the folder is published
-    if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(run.model)
-        unwrapped.config.architectures = [type(unwrapped).__name__]
-        unwrapped.config.save_pretrained(tmp)
-        run.tokenizer.save_pretrained(tmp)
-        state = {
-            "step": step,
-            "tokens_seen": tokens_seen,
-            "max_train_steps": run.max_train_steps,
-            "objective": args.objective,
-            "num_processes": accelerator.num_processes,
-            "distributed_type": accelerator.distributed_type.value,
-        }
-        (tmp / TRAINING_STATE).write_text(json.dumps(state))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        done = _complete_checkpoints(root)
-        for old in done[: max(0, len(done) - args.checkpoints_total_limit)]:
-            shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    return final
 
 
 def count_predicted_tokens(batch: dict[str, torch.Tensor], objective: str) -> torch.Tensor:
@@ -583,6 +499,9 @@ def accumulation_step(
         objective: `clm`, `mlm` or `span` (how labels are counted, see `count_predicted_tokens`).
         max_grad_norm: clip the global gradient norm to this (0: no clipping; the norm is still measured).
 
+    A step whose gradient norm is not finite is not applied: neither the optimizer nor the scheduler
+    steps (under DeepSpeed, the engine skips it itself; under fp16, the loss scaler does).
+
     Returns:
         `(loss, grad_norm)`: the float32 scalar per-token mean loss over the global batch (same on every
         process) and the gradient norm before clipping (None where the backend does not report it).
@@ -599,8 +518,10 @@ def accumulation_step(
             if accelerator.sync_gradients:
                 norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
                 grad_norm = None if norm is None else float(norm)
-            optimizer.step()
-            lr_scheduler.step()
+            # A non-finite gradient norm is never applied (under fp16 loss scaling the scaler skips the step).
+            if grad_norm is None or math.isfinite(grad_norm) or accelerator.scaler is not None:
+                optimizer.step()
+                lr_scheduler.step()
             optimizer.zero_grad()
         total += loss.detach().float() * count
     return accelerator.reduce(total, reduction="sum") / global_count.clamp(min=1), grad_norm
@@ -652,8 +573,8 @@ def train(run: PretrainingRun) -> dict[str, float]:
         init_metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=args.seed)
         logger.info(f"validation loss at initialization: {init_metrics['eval_loss']:.4f}")
     else:
-        accelerator.load_state(str(run.resume_path))
-        state = json.loads((run.resume_path / TRAINING_STATE).read_text())
+        state = load_checkpoint(accelerator, run.resume_path)
+        run.nonfinite_guard.load_state_dict(state)
         completed_steps, tokens_seen = state["step"], state["tokens_seen"]
         logger.info(f"Resumed from {run.resume_path} at step {completed_steps}")
     steps_per_epoch = len(run.train_dataloader) // args.gradient_accumulation_steps
@@ -669,18 +590,20 @@ def train(run: PretrainingRun) -> dict[str, float]:
     )
     model.train()
     start = time.perf_counter()
-    window_start, window_steps, window_loss = start, 0, 0.0
+    window_start, window_steps, window_loss, window_skipped = start, 0, 0.0, 0
     history: list[dict[str, float]] = []
     first_window = True
     last_saved = completed_steps  # a resumed run's starting point is already a checkpoint
     # A run resumed from its last checkpoint has nothing left to train.
     epochs = range(start_epoch, run.num_train_epochs) if completed_steps < run.max_train_steps else range(0)
+    preemption = faults.PreemptionHandler().install()  # SIGTERM/SIGINT: stop after the current step
     for epoch in epochs:
         run.train_dataloader.set_epoch(epoch)
         loader = run.train_dataloader
         if epoch == start_epoch and skip_batches:
             loader = accelerator.skip_first_batches(run.train_dataloader, skip_batches)
-        for micro_batches in _windows(loader, args.gradient_accumulation_steps):
+        for window in _windows(loader, args.gradient_accumulation_steps):
+            micro_batches = [send_to_device(run.train_collator(examples), accelerator.device) for examples in window]
             if first_window:
                 # Which blocks each process trains on (sums of token ids per row): different on every process.
                 row_sums = micro_batches[0]["input_ids"].sum(dim=-1).tolist()
@@ -699,15 +622,18 @@ def train(run: PretrainingRun) -> dict[str, float]:
                 args.objective,
                 args.max_grad_norm,
             )
-            window_loss += loss  # a tensor: no device sync until the log line reads it
             completed_steps += 1
+            if run.nonfinite_guard.check(completed_steps, loss, grad_norm):  # raises unless skips are allowed
+                window_skipped += 1
+            else:
+                window_loss += loss  # a tensor: no device sync until the log line reads it
             tokens_seen += tokens_per_step
             window_steps += 1
             progress.update(1)
             if completed_steps % args.logging_steps == 0 or completed_steps == run.max_train_steps:
                 elapsed = time.perf_counter() - window_start
                 record = {
-                    "train_loss": float(window_loss) / window_steps,
+                    "train_loss": float(window_loss) / max(window_steps - window_skipped, 1),
                     "learning_rate": run.lr_scheduler.get_last_lr()[0],
                     "tokens_per_second": window_steps * tokens_per_step / elapsed,
                     "tokens_seen": tokens_seen,
@@ -724,7 +650,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
                 )
                 if args.with_tracking:
                     accelerator.log(record, step=completed_steps)
-                window_start, window_steps, window_loss = time.perf_counter(), 0, 0.0
+                window_start, window_steps, window_loss, window_skipped = time.perf_counter(), 0, 0.0, 0
             if args.checkpointing_steps not in (None, "epoch") and completed_steps % int(args.checkpointing_steps) == 0:
                 save_checkpoint(run, completed_steps, tokens_seen)
                 last_saved = completed_steps
@@ -733,6 +659,11 @@ def train(run: PretrainingRun) -> dict[str, float]:
                 logger.info(f"step {completed_steps}: {metrics}")
                 if args.with_tracking:
                     accelerator.log(metrics, step=completed_steps)
+            signal_name = preemption.requested(accelerator)  # all processes agree on the step to stop at
+            if signal_name is not None:
+                if last_saved != completed_steps:
+                    save_checkpoint(run, completed_steps, tokens_seen)
+                raise faults.TrainingPreempted(signal_name, completed_steps, checkpoint_folder(args, completed_steps))
             if completed_steps >= run.max_train_steps:
                 break
         if args.checkpointing_steps == "epoch":
@@ -742,6 +673,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
             break
     if args.checkpointing_steps is not None and last_saved != completed_steps:
         save_checkpoint(run, completed_steps, tokens_seen)  # the end of training is always a checkpoint
+    preemption.uninstall()
     progress.close()
     train_runtime = time.perf_counter() - start
 
@@ -790,6 +722,9 @@ def save_final_model(run: PretrainingRun, results: dict[str, Any], history: list
     """
     args, accelerator = run.args, run.accelerator
     accelerator.wait_for_everyone()
+    bad = faults.first_nonfinite_parameter(accelerator, run.model)
+    if bad is not None:
+        raise faults.NonFiniteError(f"refusing to save the final model: parameter {bad} is not finite")
     unwrapped = accelerator.unwrap_model(run.model)
     output_dir = Path(args.output_dir)
     if unwrapped.can_generate():
@@ -841,11 +776,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         The final metrics.
 
     Raises:
-        SystemExit: bad input (one-line message) or an argparse error.
+        SystemExit: bad input (one-line message) or an argparse error; a run stopped by SIGTERM/SIGINT
+            (exit code `faults.EXIT_PREEMPTED`, after writing a checkpoint), by a non-finite loss
+            (`faults.EXIT_NONFINITE`), by a failed checkpoint save or a failed process (1). See
+            `hfzoo.training.faults.handle_training_faults`.
     """
     try:
         args = parse_pretrain_args(argv)
         run = prepare(args)
     except (ValueError, FileNotFoundError) as err:
+        faults.end_process_group()
         raise SystemExit(f"error: {err}") from None
-    return train(run)
+    with faults.handle_training_faults(run.accelerator, args.output_dir):
+        return train(run)

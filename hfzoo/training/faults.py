@@ -1,0 +1,393 @@
+"""Faults a long training run must survive: preemption signals, non-finite values, failing processes.
+
+- `PreemptionHandler`: SIGTERM / SIGINT ask the run to stop; the training loop finishes its current
+  optimizer step, writes a checkpoint and exits with `EXIT_PREEMPTED`. Several processes agree on the
+  step to stop at (one all-reduce of a flag per step over a CPU process group).
+- `NonFiniteGuard`: a non-finite gradient norm (or loss) stops the run at the step it happens, without
+  applying that step's update; `--max_nonfinite_steps N` skips up to N such steps instead.
+  `first_nonfinite_parameter` keeps non-finite weights out of checkpoints.
+- `handle_training_faults`: the context manager around the training loop that turns these faults (and
+  failed collectives) into a one-line message and an exit code, and always destroys the process group.
+
+Exit codes: 0 success, 1 error (including a failed checkpoint save or collective), 2 bad arguments,
+`EXIT_PREEMPTED` = 75 (stopped by a signal after writing a checkpoint; sysexits' EX_TEMPFAIL: run
+again with `--resume_from_checkpoint latest`), `EXIT_NONFINITE` = 76 (stopped on a non-finite loss or
+gradient norm; the last checkpoint is intact).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+#: Exit code of a run stopped by SIGTERM/SIGINT after writing its checkpoint (sysexits.h EX_TEMPFAIL).
+EXIT_PREEMPTED = 75
+#: Exit code of a run stopped on a non-finite loss or gradient norm.
+EXIT_NONFINITE = 76
+#: The signals that ask a run to stop at the end of its current optimizer step.
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class TrainingPreempted(Exception):
+    """The run stopped on a signal after writing a checkpoint.
+
+    Attributes:
+        signal_name: e.g. `"SIGTERM"`.
+        step: the optimizer step the checkpoint holds.
+        checkpoint: the checkpoint folder (None when the run had nothing to save).
+    """
+
+    def __init__(self, signal_name: str, step: int, checkpoint: Path | None) -> None:
+        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
+        where = f"checkpoint {checkpoint} written" if checkpoint is not None else "no checkpoint written"
+        super().__init__(
+            f"stopped by {signal_name} after step {step}; {where}; continue with --resume_from_checkpoint latest"
+        )
+
+
+class NonFiniteError(RuntimeError):
+    """A non-finite loss, gradient norm or weight stopped the run (the message names the step)."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be written or read (the message names the folder or file and the cause)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Agreement between processes
+# ---------------------------------------------------------------------------------------------------
+
+_CONTROL_GROUP: dict[str, object] = {}
+
+
+def _control_group(accelerator):
+    """A process group for small CPU messages: the default group when it is gloo, else one gloo group.
+
+    Created on first use; every process reaches the same calls in the same order, as `new_group` needs.
+    """
+    if "group" not in _CONTROL_GROUP:
+        if "gloo" in str(dist.get_backend()):
+            _CONTROL_GROUP["group"] = None  # the default group
+        else:
+            timeout = getattr(getattr(accelerator, "init_handler", None), "timeout", None)
+            _CONTROL_GROUP["group"] = dist.new_group(backend="gloo", timeout=timeout)
+    return _CONTROL_GROUP["group"]
+
+
+def agree_max(accelerator, value: int) -> int:
+    """The largest of `value` over all processes (`value` itself in a one-process run).
+
+    Uses a CPU (gloo) all-reduce, so it never waits for the accelerator's queued work.
+
+    Args:
+        accelerator: the run's `Accelerator`.
+        value: this process's integer.
+
+    Returns:
+        The maximum over processes.
+    """
+    if accelerator.num_processes == 1 or not dist.is_initialized():
+        return value
+    flag = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_control_group(accelerator))
+    return int(flag.item())
+
+
+def gather_messages(accelerator, message: str | None) -> list[str]:
+    """Collect one optional message from every process (the non-None ones, in process order).
+
+    Args:
+        accelerator: the run's `Accelerator`.
+        message: this process's message, or None.
+
+    Returns:
+        The messages of all processes that had one.
+    """
+    if accelerator.num_processes == 1 or not dist.is_initialized():
+        return [message] if message is not None else []
+    gathered: list[str | None] = [None] * accelerator.num_processes
+    dist.all_gather_object(gathered, message, group=_control_group(accelerator))
+    return [m for m in gathered if m is not None]
+
+
+def broadcast_from_main(accelerator, obj):
+    """The main process's `obj` (any picklable value), on every process.
+
+    Args:
+        accelerator: the run's `Accelerator`.
+        obj: the value (only the main process's is used).
+
+    Returns:
+        The main process's value.
+    """
+    if accelerator.num_processes == 1 or not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=_control_group(accelerator))
+    return box[0]
+
+
+def end_process_group() -> None:
+    """Destroy the default process group if there is one (so that the process exits without hanging).
+
+    With gloo, the other processes' pending collectives then fail at once instead of waiting for
+    their timeout.
+    """
+    _CONTROL_GROUP.clear()
+    if dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def collective_timeout(seconds: float) -> timedelta:
+    """The `timeout` for `init_process_group` from `--ddp_timeout` seconds (transformers' argument name).
+
+    One millisecond is added so that accelerate passes the value on even when it equals its own
+    default (`InitProcessGroupKwargs.to_kwargs` drops default values, and the backends' defaults differ).
+    """
+    return timedelta(seconds=seconds, milliseconds=1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Preemption
+# ---------------------------------------------------------------------------------------------------
+
+_ACTIVE_HANDLERS: list[PreemptionHandler] = []
+
+
+class PreemptionHandler:
+    """Turn SIGTERM / SIGINT into a request to stop at the end of the current optimizer step.
+
+    The first signal is recorded (and a line is written to stderr); later ones are reported and
+    otherwise ignored while the step finishes and the checkpoint is written (SIGKILL still ends the
+    process at once). `requested` is checked once per optimizer step; with several processes it
+    all-reduces the flag, so every process stops after the same step even when the signal reached them
+    at different times (or reached only one of them).
+
+    Handlers can only be installed from the main thread; elsewhere `install` does nothing.
+    """
+
+    def __init__(self, signals: tuple[signal.Signals, ...] = PREEMPTION_SIGNALS) -> None:
+        self.signals = signals
+        self.received: int = 0
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> PreemptionHandler:
+        """Install the handlers (remembering the previous ones); returns self."""
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning("not in the main thread: SIGTERM/SIGINT will not stop training gracefully")
+            return self
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        _ACTIVE_HANDLERS.append(self)
+        return self
+
+    def uninstall(self) -> None:
+        """Restore the handlers that were installed before `install`."""
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+        if self in _ACTIVE_HANDLERS:
+            _ACTIVE_HANDLERS.remove(self)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.received:
+            sys.stderr.write(f"{name} received again: still finishing the step and writing the checkpoint\n")
+        else:
+            self.received = signum
+            sys.stderr.write(f"{name} received: finishing the current step, then writing a checkpoint\n")
+        sys.stderr.flush()
+
+    def requested(self, accelerator) -> str | None:
+        """Whether any process received a stop signal: its name (e.g. `"SIGTERM"`), else None.
+
+        Every process must call this at the same point of every step (it is a collective when there
+        are several processes).
+        """
+        signum = agree_max(accelerator, self.received)
+        return signal.Signals(signum).name if signum else None
+
+
+def restore_signal_handlers() -> None:
+    """Uninstall every installed `PreemptionHandler` (newest first)."""
+    for handler in reversed(list(_ACTIVE_HANDLERS)):
+        handler.uninstall()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Non-finite values
+# ---------------------------------------------------------------------------------------------------
+
+
+class NonFiniteGuard:
+    """Decide what happens after an optimizer step whose gradient norm or loss is not finite.
+
+    The training step itself never applies an update with a non-finite gradient norm
+    (`hfzoo.training.pretraining.accumulation_step`); this guard then stops the run (the default,
+    `max_nonfinite_steps=0`) or lets it continue, logging the skipped step, until more than
+    `max_nonfinite_steps` steps have been skipped over the whole run (resumes included).
+
+    The gradient norm is already on the host after each step, so checking it costs nothing; the loss
+    (a device tensor) is read only when there is no usable gradient norm: under fp16 loss scaling an
+    infinite norm is the scaler's business (it skips the step and lowers the scale), and a DeepSpeed
+    config may not compute the norm. A non-finite loss makes the gradients non-finite, so the norm
+    catches it otherwise.
+
+    Args:
+        max_nonfinite_steps: how many such steps may be skipped before the run stops.
+        check_grad_norm: False under fp16 loss scaling (see above).
+    """
+
+    def __init__(self, max_nonfinite_steps: int = 0, check_grad_norm: bool = True) -> None:
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.check_grad_norm = check_grad_norm
+        self.skipped_steps: list[int] = []
+
+    def check(self, step: int, loss: torch.Tensor, grad_norm: float | None) -> bool:
+        """Check one optimizer step.
+
+        Args:
+            step: the step number (1-based) of the step just taken.
+            loss: its float32 scalar loss (same on every process).
+            grad_norm: its gradient norm before clipping (same on every process), or None.
+
+        Returns:
+            True when the step was non-finite and its update skipped (the run goes on).
+
+        Raises:
+            NonFiniteError: the step was non-finite and no more skips are allowed.
+        """
+        if self.check_grad_norm and grad_norm is not None:
+            if math.isfinite(grad_norm):
+                return False
+            what = f"gradient norm ({grad_norm}; loss {float(loss)})"
+        else:
+            value = float(loss)
+            if math.isfinite(value):
+                return False
+            what = f"loss ({value})"
+        if len(self.skipped_steps) >= self.max_nonfinite_steps:
+            allowed = (
+                f"{self.max_nonfinite_steps} such step(s) already skipped ({self.skipped_steps})"
+                if self.max_nonfinite_steps
+                else "skip such steps with --max_nonfinite_steps N"
+            )
+            raise NonFiniteError(
+                f"non-finite {what} at step {step}: its update was not applied and training stopped ({allowed})"
+            )
+        self.skipped_steps.append(step)
+        logger.warning(
+            f"step {step}: non-finite {what}; update skipped "
+            f"({len(self.skipped_steps)} of at most {self.max_nonfinite_steps}, --max_nonfinite_steps)"
+        )
+        return True
+
+    def state_dict(self) -> dict[str, list[int]]:
+        """What a checkpoint records: the steps skipped so far."""
+        return {"nonfinite_steps": list(self.skipped_steps)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the skipped steps from a checkpoint's training state."""
+        self.skipped_steps = list(state.get("nonfinite_steps", []))
+
+
+def first_nonfinite_parameter(accelerator, model: torch.nn.Module) -> str | None:
+    """The name of a parameter holding a NaN or infinity, on any process, or None when all are finite.
+
+    Under DeepSpeed ZeRO-3 each process checks its own partition (`ds_tensor`). One host sync, plus one
+    all-reduce when there are several processes.
+
+    Args:
+        accelerator: the run's `Accelerator`.
+        model: the prepared (possibly wrapped) model.
+
+    Returns:
+        A parameter name (this process's first bad one, or `"(a parameter on another process)"`), or None.
+    """
+    named = [(n, getattr(p, "ds_tensor", p)) for n, p in accelerator.unwrap_model(model).named_parameters()]
+    named = [(n, t) for n, t in named if t.numel() > 0]
+    bad_name = None
+    if named:
+        finite = torch.stack([torch.isfinite(t.detach()).all() for _, t in named])
+        bad = (~finite).nonzero()
+        if bad.numel():
+            bad_name = named[int(bad[0, 0])][0]
+    if agree_max(accelerator, int(bad_name is not None)) and bad_name is None:
+        return "(a parameter on another process)"
+    return bad_name
+
+
+# ---------------------------------------------------------------------------------------------------
+# Turning faults into messages and exit codes
+# ---------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def handle_training_faults(accelerator, output_dir: str | None = None):
+    """Run the training loop; turn its faults into one line on stderr and an exit code; always clean up.
+
+    - `TrainingPreempted`: the main process prints the message; every process exits with `EXIT_PREEMPTED`.
+    - `NonFiniteError`: `error: ...`, exit `EXIT_NONFINITE`.
+    - `CheckpointError` (a save that failed, e.g. a full disk): `error: ...`, exit 1.
+    - a failed or timed-out collective in a multi-process run (another process failed or hangs):
+      `error: process R: ...`, exit 1, instead of a traceback per process.
+
+    Whatever happens, the signal handlers are restored and the process group is destroyed.
+
+    Args:
+        accelerator: the run's `Accelerator`.
+        output_dir: the run's output folder (to name its last checkpoint after a non-finite stop).
+
+    Raises:
+        SystemExit: for the faults above; other exceptions propagate unchanged.
+    """
+    multi = accelerator.num_processes > 1
+    try:
+        yield
+    except TrainingPreempted as err:
+        if accelerator.is_main_process:
+            print(str(err), file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_PREEMPTED) from None
+    except NonFiniteError as err:
+        from .checkpointing import complete_checkpoints  # checkpointing imports this module
+
+        done = complete_checkpoints(Path(output_dir)) if output_dir is not None else []
+        kept = f"; the last checkpoint, {done[-1]}, is intact" if done else "; no checkpoint was written"
+        print(f"error: {err}{kept}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_NONFINITE) from None
+    except CheckpointError as err:
+        raise SystemExit(f"error: {err}") from None
+    except RuntimeError as err:
+        if not (multi and _is_collective_failure(err)):
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise SystemExit(
+            f"error: process {accelerator.process_index}: a collective operation failed or timed out "
+            f"(another process failed or stopped responding; see its output): {first}"
+        ) from None
+    finally:
+        restore_signal_handlers()
+        end_process_group()
+
+
+def _is_collective_failure(err: BaseException) -> bool:
+    """Whether an exception comes from a collective whose peer failed, left, or timed out."""
+    if isinstance(err, dist.DistError):
+        return True
+    text = str(err).lower()
+    return any(
+        marker in text
+        for marker in ("connection closed by peer", "connection reset by peer", "timed out", "gloo", "nccl")
+    )

@@ -1,0 +1,210 @@
+"""Everything checkable is checked before the expensive work: output folders, input files (type, encoding,
+text left after cleaning), damaged weight files, token ids outside the vocabulary."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import test_pretrain_recipe as recipe_tests
+import torch
+from test_pretrain_recipe import REPO_ROOT, TINY_OVERRIDES, base_args, run_main_expecting_error
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, GPT2Config, GPT2LMHeadModel
+
+from hfzoo.data.loading import check_data_files
+from hfzoo.integrity import WeightFileError, check_weight_files
+from hfzoo.models.presets import build_config
+from hfzoo.training import pretraining
+
+tokenizer_dir = recipe_tests.tokenizer_dir  # the same fixture: a 512-token BPE tokenizer of the 4 books
+
+
+@pytest.fixture
+def no_data_work(monkeypatch):
+    """Fail the test if the recipe reaches data loading (the checks must come first)."""
+
+    def reached(*args, **kwargs):
+        raise AssertionError("the data was loaded before the bad input was reported")
+
+    monkeypatch.setattr(pretraining, "load_raw_datasets", reached)
+    monkeypatch.setattr(pretraining, "tokenize_and_pack", reached)
+
+
+def _invalid_utf8_jsonl(tmp: Path, gutenberg_books: list[dict], compress: bool) -> tuple[Path, int]:
+    data = "".join(json.dumps(b) + "\n" for b in gutenberg_books[:2]).encode()
+    offset = len(data) // 2
+    data = data[:offset] + b"\xff" + data[offset:]  # one stray byte in the middle of a book
+    path = tmp / ("bad.jsonl.xz" if compress else "bad.jsonl")
+    path.write_bytes(lzma.compress(data) if compress else data)
+    return path, offset
+
+
+def _whitespace_only(tmp: Path) -> Path:
+    path = tmp / "blank.txt"
+    path.write_text("\n \n\t\n" * 100)
+    return path
+
+
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (lambda tmp, books: (tmp, "--train_file"), "is a directory, not a file"),
+        (lambda tmp, books: (_whitespace_only(tmp), "--train_file"), "no text (the file holds only whitespace)"),
+        (lambda tmp, books: (tmp / "missing.txt", "--train_file"), "missing.txt: no such file"),
+    ],
+    ids=["directory", "whitespace-only", "missing"],
+)
+def test_bad_input_files_are_refused_before_any_data_is_loaded(
+    make, expected, tmp_path, gutenberg_books, small_jsonl_xz, tokenizer_dir, no_data_work, capsys
+):
+    path, _ = make(tmp_path, gutenberg_books)
+    argv = base_args(path, tokenizer_dir, tmp_path / "out")
+    assert expected in run_main_expecting_error(argv, capsys)
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["jsonl", "jsonl.xz"])
+def test_invalid_utf8_names_the_file_and_the_byte_offset(compress, tmp_path, gutenberg_books, small_jsonl_xz,
+                                                          tokenizer_dir, no_data_work, capsys):  # fmt: skip
+    bad, offset = _invalid_utf8_jsonl(tmp_path, gutenberg_books, compress)
+    # The bad file given for validation: still refused before the (good) training file is loaded.
+    argv = base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "out", "--validation_file", str(bad))
+    start = time.perf_counter()
+    message = run_main_expecting_error(argv, capsys)
+    assert f"--validation_file {bad}: not valid UTF-8 text" in message
+    assert f"byte {offset} is 0xff" in message
+    assert time.perf_counter() - start < 10
+
+
+def test_output_dir_that_is_a_file_or_under_a_file_is_refused_first(tmp_path, small_jsonl_xz, tokenizer_dir,
+                                                                    no_data_work, capsys):  # fmt: skip
+    a_file = tmp_path / "results.txt"
+    a_file.write_text("not a folder")
+    message = run_main_expecting_error(base_args(small_jsonl_xz, tokenizer_dir, a_file), capsys)
+    assert f"--output_dir {a_file}: is an existing file, not a folder" in message
+    message = run_main_expecting_error(base_args(small_jsonl_xz, tokenizer_dir, a_file / "run"), capsys)
+    assert f"--output_dir {a_file / 'run'}: cannot write there (Not a directory)" in message
+    # A writable folder is created, checked, and left without probe files.
+    out = tmp_path / "new" / "run"
+    pretraining.prepare_output_dir(out, checkpointing=True)
+    assert (out / "checkpoints").is_dir() and not list(out.rglob(".write_check_*"))
+
+
+def test_one_line_error_and_no_traceback_from_the_command_line(tmp_path, small_jsonl_xz, tokenizer_dir):
+    a_file = tmp_path / "out"
+    a_file.write_text("")
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / "recipes" / "pretrain.py"),
+        *base_args(small_jsonl_xz, tokenizer_dir, a_file),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"error: --output_dir {a_file}: is an existing file, not a folder"
+
+
+def test_no_text_after_cleaning_is_reported_as_such(tmp_path, small_jsonl_xz, tokenizer_dir, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(["", "  \n", "\n\n"])))
+    # Train on the empty texts, validate on real books (whose files have other columns: both splits must load).
+    argv = base_args(empty, tokenizer_dir, tmp_path / "out", "--validation_file", str(small_jsonl_xz))
+    message = run_main_expecting_error(argv, capsys)
+    assert "the train data has no text after cleaning: its 3 row(s) of 'text' are empty" in message
+
+
+def test_check_data_files_reads_a_valid_compressed_shard(small_jsonl_xz):
+    builder, paths = check_data_files([small_jsonl_xz])
+    assert builder == "json" and paths == [str(small_jsonl_xz.resolve())]
+    truncated = small_jsonl_xz.with_name("cut.jsonl.xz")
+    truncated.write_bytes(small_jsonl_xz.read_bytes()[: small_jsonl_xz.stat().st_size // 2])
+    with pytest.raises(ValueError, match="cut.jsonl.xz: truncated or corrupt compressed data"):
+        check_data_files([truncated])
+
+
+TINY = TINY_OVERRIDES + ",vocab_size=96"
+
+
+def _save_tiny(folder: Path, stock: bool = False) -> Path:
+    torch.manual_seed(0)
+    if stock:
+        GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=512, n_positions=64)).save_pretrained(
+            folder
+        )
+    else:
+        AutoModelForCausalLM.from_config(build_config("decoder-tiny", TINY)).save_pretrained(folder)
+    return folder / "model.safetensors"
+
+
+def _truncate(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+def test_from_pretrained_names_a_truncated_or_corrupt_weight_file(tmp_path):
+    weights = _save_tiny(tmp_path / "m")
+    size = weights.stat().st_size
+    _truncate(weights)
+    with pytest.raises(OSError, match=rf"m/model.safetensors: truncated \({size // 2} bytes, its header describes"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    weights = _save_tiny(tmp_path / "h")
+    with open(weights, "r+b") as f:
+        f.seek(12)
+        f.write(b"\x00garbage")  # inside the JSON header
+    with pytest.raises(WeightFileError, match=r"h/model.safetensors: corrupt \(unreadable safetensors header"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "h")
+    # A torch.save (zip) weight file cut short, and a sharded index naming a missing shard.
+    zipped = tmp_path / "z"
+    zipped.mkdir()
+    torch.save({"w": torch.zeros(1000)}, zipped / "pytorch_model.bin")
+    _truncate(zipped / "pytorch_model.bin")
+    with pytest.raises(WeightFileError, match="pytorch_model.bin: truncated or corrupt"):
+        check_weight_files(zipped)
+    (zipped / "pytorch_model.bin").unlink()
+    (zipped / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "model-00001.safetensors"}}))
+    with pytest.raises(WeightFileError, match=r"names shard\(s\) \['model-00001.safetensors'\] that are missing"):
+        check_weight_files(zipped)
+
+
+def test_recipe_refuses_a_damaged_stock_checkpoint_before_the_data(tmp_path, small_jsonl_xz, tokenizer_dir,
+                                                                  no_data_work, capsys):  # fmt: skip
+    """A transformers GPT-2 checkpoint (no hfzoo class involved) with a truncated model.safetensors."""
+    weights = _save_tiny(tmp_path / "gpt2", stock=True)
+    _truncate(weights)
+    argv = base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "out")
+    argv[argv.index("--config_name") : argv.index("--config_overrides") + 2] = [
+        "--model_name_or_path",
+        str(tmp_path / "gpt2"),
+    ]
+    argv += ["--tokenizer_name", str(tokenizer_dir)]
+    message = run_main_expecting_error(argv, capsys)
+    assert f"{weights}: truncated" in message
+
+
+FAMILIES = [("decoder-tiny", AutoModelForCausalLM), ("encoder-tiny", AutoModelForMaskedLM),
+            ("encoder-decoder-tiny", AutoModelForSeq2SeqLM)]  # fmt: skip
+
+
+@pytest.mark.parametrize("preset, auto_class", FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_token_ids_outside_the_vocabulary_raise_a_value_error(preset, auto_class):
+    model = auto_class.from_config(build_config(preset, TINY)).eval()
+    good = torch.tensor([[1, 95, 0]])
+    extra = {"decoder_input_ids": torch.tensor([[0, 1]])} if preset.startswith("encoder-decoder") else {}
+    with torch.no_grad():
+        model(input_ids=good, **extra)  # the largest valid id is accepted
+        for bad_id in (96, -1):
+            with pytest.raises(ValueError, match=rf"token id {bad_id} is outside the vocabulary: .*vocab_size=96\)"):
+                model(input_ids=torch.tensor([[1, bad_id, 0]]), **extra)
+        if extra:  # the decoder side of the encoder-decoder too
+            with pytest.raises(ValueError, match="token id 200 is outside the vocabulary"):
+                model(input_ids=good, decoder_input_ids=torch.tensor([[0, 200]]))
+
+
+def test_token_id_check_adds_no_graph_break_under_torch_compile():
+    embeddings = AutoModelForCausalLM.from_config(build_config("decoder-tiny", TINY)).get_input_embeddings()
+    explanation = torch._dynamo.explain(embeddings)(torch.tensor([[1, 2, 3]]))
+    assert explanation.graph_break_count == 0
