@@ -20,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import signal
 import sys
 import threading
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -248,11 +250,13 @@ class NonFiniteGuard:
     Args:
         max_nonfinite_steps: how many such steps may be skipped before the run stops.
         check_grad_norm: False under fp16 loss scaling (see above).
+        log: log each skipped step (True on the main process only).
     """
 
-    def __init__(self, max_nonfinite_steps: int = 0, check_grad_norm: bool = True) -> None:
+    def __init__(self, max_nonfinite_steps: int = 0, check_grad_norm: bool = True, log: bool = True) -> None:
         self.max_nonfinite_steps = max_nonfinite_steps
         self.check_grad_norm = check_grad_norm
+        self.log = log
         self.skipped_steps: list[int] = []
 
     def check(self, step: int, loss: torch.Tensor, grad_norm: float | None) -> bool:
@@ -288,10 +292,11 @@ class NonFiniteGuard:
                 f"non-finite {what} at step {step}: its update was not applied and training stopped ({allowed})"
             )
         self.skipped_steps.append(step)
-        logger.warning(
-            f"step {step}: non-finite {what}; update skipped "
-            f"({len(self.skipped_steps)} of at most {self.max_nonfinite_steps}, --max_nonfinite_steps)"
-        )
+        if self.log:
+            logger.warning(
+                f"step {step}: non-finite {what}; update skipped "
+                f"({len(self.skipped_steps)} of at most {self.max_nonfinite_steps}, --max_nonfinite_steps)"
+            )
         return True
 
     def state_dict(self) -> dict[str, list[int]]:
@@ -344,42 +349,68 @@ def handle_training_faults(accelerator, output_dir: str | None = None):
     - a failed or timed-out collective in a multi-process run (another process failed or hangs):
       `error: process R: ...`, exit 1, instead of a traceback per process.
 
-    Whatever happens, the signal handlers are restored and the process group is destroyed.
+    Whatever happens, the signal handlers are restored and the process group is destroyed. A process of
+    a multi-process run that stops on any exception then ends with `os._exit` (after flushing its
+    output; other exceptions print their traceback first): the interpreter's own teardown can deadlock
+    there, since the DDP reducer keeps the gloo process group alive until it is garbage-collected with
+    the GIL held, and the group's destructor waits for its worker thread, which may be waiting for the
+    GIL to release the tensors of the last collective.
 
     Args:
         accelerator: the run's `Accelerator`.
         output_dir: the run's output folder (to name its last checkpoint after a non-finite stop).
 
     Raises:
-        SystemExit: for the faults above; other exceptions propagate unchanged.
+        SystemExit: for the faults above (one process); other exceptions propagate unchanged.
     """
     multi = accelerator.num_processes > 1
+    message, code = None, 1
     try:
         yield
+        return
     except TrainingPreempted as err:
-        if accelerator.is_main_process:
-            print(str(err), file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_PREEMPTED) from None
+        message = str(err) if accelerator.is_main_process else None
+        code = EXIT_PREEMPTED
     except NonFiniteError as err:
         from .checkpointing import complete_checkpoints  # checkpointing imports this module
 
         done = complete_checkpoints(Path(output_dir)) if output_dir is not None else []
         kept = f"; the last checkpoint, {done[-1]}, is intact" if done else "; no checkpoint was written"
-        print(f"error: {err}{kept}", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_NONFINITE) from None
+        message, code = f"error: {err}{kept}", EXIT_NONFINITE
     except CheckpointError as err:
-        raise SystemExit(f"error: {err}") from None
-    except RuntimeError as err:
-        if not (multi and _is_collective_failure(err)):
+        message = f"error: {err}"
+    except BaseException as err:
+        if not multi:
             raise
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise SystemExit(
-            f"error: process {accelerator.process_index}: a collective operation failed or timed out "
-            f"(another process failed or stopped responding; see its output): {first}"
-        ) from None
+        if isinstance(err, RuntimeError) and _is_collective_failure(err):
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            message = (
+                f"error: process {accelerator.process_index}: a collective operation failed or timed out "
+                f"(another process failed or stopped responding; see its output): {first}"
+            )
+        else:
+            traceback.print_exc()
     finally:
         restore_signal_handlers()
         end_process_group()
+        _close_progress_bars()
+    if not multi and code == 1:
+        raise SystemExit(message)  # printed by Python; exit status 1
+    if message is not None:
+        print(message, file=sys.stderr, flush=True)
+    if multi:
+        sys.stdout.flush()
+        os._exit(code)
+    raise SystemExit(code)
+
+
+def _close_progress_bars() -> None:
+    """Close the open tqdm bars, so that the message that follows starts on a line of its own."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        with contextlib.suppress(Exception):
+            bar.close()
 
 
 def _is_collective_failure(err: BaseException) -> bool:

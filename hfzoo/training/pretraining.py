@@ -456,7 +456,9 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         block_size=block_size,
         train_collator=collator,
         nonfinite_guard=faults.NonFiniteGuard(
-            args.max_nonfinite_steps, check_grad_norm=accelerator.mixed_precision != "fp16"
+            args.max_nonfinite_steps,
+            check_grad_norm=accelerator.mixed_precision != "fp16",
+            log=accelerator.is_main_process,
         ),
     )
 
@@ -633,7 +635,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
             if completed_steps % args.logging_steps == 0 or completed_steps == run.max_train_steps:
                 elapsed = time.perf_counter() - window_start
                 record = {
-                    "train_loss": float(window_loss) / max(window_steps - window_skipped, 1),
+                    "train_loss": float(window_loss) / (window_steps - window_skipped or math.nan),
                     "learning_rate": run.lr_scheduler.get_last_lr()[0],
                     "tokens_per_second": window_steps * tokens_per_step / elapsed,
                     "tokens_seen": tokens_seen,
