@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-#: Pretraining objectives: causal LM (decoder), masked LM (encoder, BERT), span corruption (encoder-decoder, T5).
-OBJECTIVES = ("clm", "mlm", "span")
+from .objectives import OBJECTIVES
+
 SCHEDULERS = (
     "linear",
     "cosine",
@@ -111,7 +111,7 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=str, default=None, help="YAML file of argument values (flags override it).")
     p.add_argument(
         "--objective",
-        choices=OBJECTIVES,
+        choices=list(OBJECTIVES),
         default="clm",
         help="clm: next-token prediction (decoder); mlm: BERT masked LM (encoder); span: T5 span corruption "
         "(encoder-decoder).",

@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,9 @@ from transformers import (
 
 from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, load_glue
 from ..metrics import load_glue_metric
+from .accelerator import create_accelerator
 from .arguments import SCHEDULERS, OneLineErrorParser, non_negative_int, positive_float, positive_int
+from .optimization import create_optimizer
 from .peft_utils import (
     PEFT_METHODS,
     build_peft_config,
@@ -45,9 +48,21 @@ from .peft_utils import (
     count_parameters,
     wrap_with_peft,
 )
-from .runtime import disable_cudnn_sdpa, tune_glibc_malloc
 
-__all__ = ["build_glue_parser", "evaluate_glue", "main", "parse_glue_args", "run_glue"]
+__all__ = [
+    "GlueRun",
+    "build_glue_model",
+    "build_glue_parser",
+    "evaluate_glue",
+    "glue_results",
+    "load_glue_data",
+    "main",
+    "parse_glue_args",
+    "prepare_glue",
+    "run_glue",
+    "save_glue_outputs",
+    "train_glue",
+]
 
 
 def build_glue_parser() -> argparse.ArgumentParser:
@@ -148,7 +163,57 @@ def evaluate_glue(model, dataloader, task: GlueTask, accelerator: Accelerator, m
     return {k: float(v) for k, v in metric.compute().items()}
 
 
-def _load_model(args: argparse.Namespace, task: GlueTask, config, tokenizer):
+def load_glue_data(args: argparse.Namespace, task: GlueTask, tokenizer, accelerator: Accelerator) -> dict[str, Any]:
+    """Read the task's train and dev splits, take the requested subsets, and tokenize them.
+
+    Args:
+        args: `data_dir` / `train_file` / `validation_file`, `max_train_samples` (a seeded random
+            subset), `max_eval_samples` (the first rows), `max_length`, `pad_to_max_length`, `seed`.
+        task: the GLUE task.
+        tokenizer: the model's tokenizer.
+        accelerator: the main process tokenizes first (datasets' cache serves the others).
+
+    Returns:
+        `{split: tokenized datasets.Dataset}` with `train` and the dev splits (`validation`, or MNLI's
+        `validation_matched` and `validation_mismatched`); columns are the tokenizer's plus `labels`.
+
+    Raises:
+        ValueError, FileNotFoundError: missing files or bad rows (see `hfzoo.data.glue.load_glue`).
+    """
+    raw = load_glue(task, args.data_dir, args.train_file, args.validation_file)
+    if args.max_train_samples is not None and args.max_train_samples < len(raw["train"]):
+        raw["train"] = raw["train"].shuffle(seed=args.seed).select(range(args.max_train_samples))
+    if args.max_eval_samples is not None:
+        for split in _eval_splits(raw):
+            raw[split] = raw[split].select(range(min(args.max_eval_samples, len(raw[split]))))
+    with accelerator.main_process_first():
+        return {split: _tokenize(ds, task, tokenizer, args) for split, ds in raw.items()}
+
+
+def _eval_splits(splits) -> list[str]:
+    return [s for s in splits if s.startswith("validation")]
+
+
+def _metric_name(task: GlueTask, split: str) -> str:
+    """The `evaluate` config of a dev split: MNLI's two dev sets have their own names."""
+    return {"validation_matched": "mnli_matched", "validation_mismatched": "mnli_mismatched"}.get(split, task.name)
+
+
+def build_glue_model(args: argparse.Namespace, task: GlueTask, tokenizer):
+    """Load the checkpoint with a sequence-classification head for `task` and wrap it for `--peft`.
+
+    Args:
+        args: `model_name_or_path`, `attn_implementation`, `ignore_mismatched_sizes`,
+            `trust_remote_code` and the PEFT options (`peft`, `lora_*`, `target_modules`,
+            `num_virtual_tokens`, `prefix_projection`, `prefix_hidden_size`).
+        task: the GLUE task (number of labels, label names, regression or not).
+        tokenizer: supplies the padding id when the checkpoint's config has none.
+
+    Returns:
+        The model: a `PeftModel` (base frozen, adapter and head trainable) or, with `--peft none`, the
+        plain `*ForSequenceClassification`.
+    """
+    config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     labels = {}
     if not task.is_regression:
         labels = {
@@ -160,7 +225,7 @@ def _load_model(args: argparse.Namespace, task: GlueTask, config, tokenizer):
         kwargs["attn_implementation"] = args.attn_implementation
     if config.pad_token_id is None and tokenizer.pad_token_id is not None:
         kwargs["pad_token_id"] = tokenizer.pad_token_id
-    return AutoModelForSequenceClassification.from_pretrained(
+    model = AutoModelForSequenceClassification.from_pretrained(
         args.model_name_or_path,
         num_labels=task.num_labels,
         problem_type="regression" if task.is_regression else "single_label_classification",
@@ -169,50 +234,6 @@ def _load_model(args: argparse.Namespace, task: GlueTask, config, tokenizer):
         **labels,
         **kwargs,
     )
-
-
-def run_glue(args: argparse.Namespace) -> dict[str, Any]:
-    """Finetune and evaluate one GLUE task as `args` say; write the results to `args.output_dir`.
-
-    Args:
-        args: from `parse_glue_args`.
-
-    Returns:
-        The results dict written to `all_results.json`: `task`, `peft`, dev metrics (per dev split for
-        MNLI), `trainable_parameters`, `total_parameters`, `trainable_fraction`, `train_steps`,
-        `train_examples`, `train_seconds`, `final_train_loss`.
-
-    Raises:
-        ValueError, FileNotFoundError: bad input (unknown task, missing files, bad rows, a prefix
-            that does not fit the position table), before any training.
-    """
-    task = get_glue_task(args.task_name)
-    raw = load_glue(task, args.data_dir, args.train_file, args.validation_file)
-    config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
-    if args.peft == "prefix":
-        check_prefix_fits(config, args.num_virtual_tokens, args.max_length)
-    tune_glibc_malloc()
-    disable_cudnn_sdpa()
-    accelerator = Accelerator(
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        mixed_precision=args.mixed_precision,
-        log_with=args.report_to if args.with_tracking else None,
-        project_dir=args.output_dir,
-    )
-    set_seed(args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    if args.max_train_samples is not None and args.max_train_samples < len(raw["train"]):
-        raw["train"] = raw["train"].shuffle(seed=args.seed).select(range(args.max_train_samples))
-    eval_splits = [s for s in raw if s.startswith("validation")]
-    if args.max_eval_samples is not None:
-        for split in eval_splits:
-            raw[split] = raw[split].select(range(min(args.max_eval_samples, len(raw[split]))))
-    with accelerator.main_process_first():
-        encoded = {split: _tokenize(ds, task, tokenizer, args) for split, ds in raw.items()}
-
-    model = _load_model(args, task, config, tokenizer)
     peft_config = build_peft_config(
         args.peft,
         model.config,
@@ -224,7 +245,54 @@ def run_glue(args: argparse.Namespace) -> dict[str, Any]:
         prefix_projection=args.prefix_projection,
         encoder_hidden_size=args.prefix_hidden_size,
     )
-    model = wrap_with_peft(model, peft_config)
+    return wrap_with_peft(model, peft_config)
+
+
+@dataclass
+class GlueRun:
+    """Everything `train_glue` needs, built and checked by `prepare_glue`."""
+
+    args: argparse.Namespace
+    task: GlueTask
+    accelerator: Accelerator
+    tokenizer: Any
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: Any
+    train_dataloader: DataLoader
+    eval_dataloaders: dict[str, DataLoader]
+    train_examples: int
+    trainable_parameters: int
+    total_parameters: int
+    max_train_steps: int
+    num_train_epochs: int
+
+
+def prepare_glue(args: argparse.Namespace) -> GlueRun:
+    """Build and check everything before the first step: accelerator, data, model, optimizer, scheduler.
+
+    Args:
+        args: from `parse_glue_args`.
+
+    Returns:
+        A `GlueRun` whose model, optimizer, scheduler and dataloaders are `accelerator.prepare`d.
+
+    Raises:
+        ValueError, FileNotFoundError: bad input (unknown task, missing files, bad rows, a prefix
+            that does not fit the position table), before any training.
+    """
+    task = get_glue_task(args.task_name)
+    if args.peft == "prefix":
+        config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+        check_prefix_fits(config, args.num_virtual_tokens, args.max_length)
+    accelerator = create_accelerator(args, sync_with_dataloader=True)
+    set_seed(args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    encoded = load_glue_data(args, task, tokenizer, accelerator)
+
+    model = build_glue_model(args, task, tokenizer)
     trainable, total = count_parameters(model)
     accelerator.print(
         f"{task.name} {args.peft}: trainable parameters {trainable:,} of {total:,} ({100 * trainable / total:.3f}%)"
@@ -236,52 +304,64 @@ def run_glue(args: argparse.Namespace) -> dict[str, Any]:
     )
     eval_loaders = {
         split: DataLoader(encoded[split], collate_fn=collator, batch_size=args.per_device_eval_batch_size)
-        for split in eval_splits
+        for split in _eval_splits(encoded)
     }
-    no_decay = ("bias", "norm", "LayerNorm")
-    groups = [
-        {
-            "params": [p for n, p in model.named_parameters() if p.requires_grad and not any(k in n for k in no_decay)],
-            "weight_decay": args.weight_decay,
-        },
-        {
-            "params": [p for n, p in model.named_parameters() if p.requires_grad and any(k in n for k in no_decay)],
-            "weight_decay": 0.0,
-        },
-    ]
-    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate)
+    optimizer = create_optimizer(model, learning_rate=args.learning_rate, weight_decay=args.weight_decay)
     steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
-    epochs = math.ceil(max_steps / steps_per_epoch)
     scheduler = get_scheduler(
         args.lr_scheduler_type, optimizer, num_warmup_steps=args.num_warmup_steps, num_training_steps=max_steps
     )
     model, optimizer, train_loader, scheduler, *loaders = accelerator.prepare(
         model, optimizer, train_loader, scheduler, *eval_loaders.values()
     )
-    eval_loaders = dict(zip(eval_loaders, loaders))
+    return GlueRun(
+        args=args,
+        task=task,
+        accelerator=accelerator,
+        tokenizer=tokenizer,
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        train_dataloader=train_loader,
+        eval_dataloaders=dict(zip(eval_loaders, loaders)),
+        train_examples=len(encoded["train"]),
+        trainable_parameters=trainable,
+        total_parameters=total,
+        max_train_steps=max_steps,
+        num_train_epochs=math.ceil(max_steps / steps_per_epoch),
+    )
+
+
+def train_glue(run: GlueRun) -> list[dict[str, Any]]:
+    """Finetune for `run.max_train_steps` optimizer steps, evaluating every dev split after each epoch.
+
+    Args:
+        run: from `prepare_glue`.
+
+    Returns:
+        The history: one dict per epoch with `epoch`, `step`, `train_loss` (the last logged window's
+        mean, or None) and `{split: {metric: value}}`.
+    """
+    args, accelerator, model = run.args, run.accelerator, run.model
     if args.with_tracking:
         accelerator.init_trackers(
             "glue", {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
         )
-
-    def metric_name(split: str) -> str:
-        return {"validation_matched": "mnli_matched", "validation_mismatched": "mnli_mismatched"}.get(split, task.name)
-
     step, history, start = 0, [], time.perf_counter()
     running = torch.zeros((), device=accelerator.device)
-    for epoch in range(epochs):
+    for epoch in range(run.num_train_epochs):
         model.train()
         losses = []
-        for batch in train_loader:
+        for batch in run.train_dataloader:
             with accelerator.accumulate(model):
                 loss = model(**batch).loss
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and args.max_grad_norm > 0:
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
+                run.optimizer.step()
+                run.lr_scheduler.step()
+                run.optimizer.zero_grad()
             running += loss.detach().float()
             if accelerator.sync_gradients:
                 step += 1
@@ -289,47 +369,65 @@ def run_glue(args: argparse.Namespace) -> dict[str, Any]:
                     mean = (running / (50 * args.gradient_accumulation_steps)).item()
                     losses.append(mean)
                     running.zero_()
-                    accelerator.print(f"step {step}/{max_steps} loss {mean:.4f} ({time.perf_counter() - start:.0f} s)")
+                    accelerator.print(
+                        f"step {step}/{run.max_train_steps} loss {mean:.4f} ({time.perf_counter() - start:.0f} s)"
+                    )
                     if args.with_tracking:
-                        accelerator.log({"train_loss": mean, "lr": scheduler.get_last_lr()[0]}, step=step)
-                if step >= max_steps:
+                        accelerator.log({"train_loss": mean, "lr": run.lr_scheduler.get_last_lr()[0]}, step=step)
+                if step >= run.max_train_steps:
                     break
-        metrics = {split: evaluate_glue(model, loader, task, accelerator, metric_name(split))
-                   for split, loader in eval_loaders.items()}  # fmt: skip
+        metrics = {
+            split: evaluate_glue(model, loader, run.task, accelerator, _metric_name(run.task, split))
+            for split, loader in run.eval_dataloaders.items()
+        }
         history.append({"epoch": epoch + 1, "step": step, "train_loss": losses[-1] if losses else None, **metrics})
         accelerator.print(f"epoch {epoch + 1}: {json.dumps(metrics)}")
         if args.with_tracking:
             flat = {f"{split}/{k}": v for split, m in metrics.items() for k, v in m.items()}
             accelerator.log(flat, step=step)
-        if step >= max_steps:
+        if step >= run.max_train_steps:
             break
-    seconds = time.perf_counter() - start
-    results: dict[str, Any] = {
-        "task": task.name,
-        "model_name_or_path": str(args.model_name_or_path),
-        "peft": args.peft,
+    return history
+
+
+def glue_results(run: GlueRun, history: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """Summarise a finished run: the last epoch's dev metrics, parameter counts, steps and wall time.
+
+    Args:
+        run: the finished run.
+        history: from `train_glue`.
+        seconds: wall time of the training loop (s).
+
+    Returns:
+        `task`, `model_name_or_path`, `peft`, the dev metrics (flat for one dev split; per split for
+        MNLI), `trainable_parameters`, `total_parameters`, `trainable_fraction`, `train_steps`,
+        `train_examples`, `train_seconds`, `final_train_loss`.
+    """
+    metrics = {split: history[-1][split] for split in run.eval_dataloaders}
+    return {
+        "task": run.task.name,
+        "model_name_or_path": str(run.args.model_name_or_path),
+        "peft": run.args.peft,
         **(metrics if len(metrics) > 1 else next(iter(metrics.values()))),
-        "trainable_parameters": trainable,
-        "total_parameters": total,
-        "trainable_fraction": trainable / total,
-        "train_steps": step,
-        "train_examples": len(encoded["train"]),
+        "trainable_parameters": run.trainable_parameters,
+        "total_parameters": run.total_parameters,
+        "trainable_fraction": run.trainable_parameters / run.total_parameters,
+        "train_steps": history[-1]["step"],
+        "train_examples": run.train_examples,
         "train_seconds": round(seconds, 1),
         "final_train_loss": next((h["train_loss"] for h in reversed(history) if h["train_loss"] is not None), None),
     }
-    _save(args, accelerator, model, tokenizer, results, history)
-    if args.with_tracking:
-        accelerator.end_training()
-    return results
 
 
-def _save(args, accelerator: Accelerator, model, tokenizer, results: dict, history: list) -> None:
+def save_glue_outputs(run: GlueRun, results: dict[str, Any], history: list[dict[str, Any]]) -> None:
+    """Write the model (or adapter), the tokenizer, `all_results.json` and `eval_history.json`; push if asked."""
+    args, accelerator = run.args, run.accelerator
     accelerator.wait_for_everyone()
     output_dir = Path(args.output_dir)
-    unwrapped = accelerator.unwrap_model(model)
+    unwrapped = accelerator.unwrap_model(run.model)
     unwrapped.save_pretrained(output_dir, is_main_process=accelerator.is_main_process, save_function=accelerator.save)
     if accelerator.is_main_process:
-        tokenizer.save_pretrained(output_dir)
+        run.tokenizer.save_pretrained(output_dir)
         (output_dir / "all_results.json").write_text(json.dumps(results, indent=2) + "\n")
         (output_dir / "eval_history.json").write_text(json.dumps(history, indent=2) + "\n")
         if args.push_to_hub:
@@ -337,6 +435,32 @@ def _save(args, accelerator: Accelerator, model, tokenizer, results: dict, histo
 
             push_to_hub(output_dir, args.hub_model_id or output_dir.name, token=args.hub_token, training_args=args)
     accelerator.wait_for_everyone()
+
+
+def run_glue(args: argparse.Namespace) -> dict[str, Any]:
+    """Finetune and evaluate one GLUE task as `args` say; write the results to `args.output_dir`.
+
+    `prepare_glue` (data: `load_glue_data`, model: `build_glue_model`), then `train_glue` (the loop),
+    `glue_results` and `save_glue_outputs` (the results).
+
+    Args:
+        args: from `parse_glue_args`.
+
+    Returns:
+        The results dict written to `all_results.json` (see `glue_results`).
+
+    Raises:
+        ValueError, FileNotFoundError: bad input (unknown task, missing files, bad rows, a prefix
+            that does not fit the position table), before any training.
+    """
+    run = prepare_glue(args)
+    start = time.perf_counter()
+    history = train_glue(run)
+    results = glue_results(run, history, time.perf_counter() - start)
+    save_glue_outputs(run, results, history)
+    if args.with_tracking:
+        run.accelerator.end_training()
+    return results
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

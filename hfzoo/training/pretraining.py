@@ -27,35 +27,27 @@ import datasets
 import numpy as np
 import torch
 import transformers
-from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs, set_seed
+from accelerate.utils import DistributedType, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import (
-    AutoModelForCausalLM,
-    AutoModelForMaskedLM,
-    AutoModelForSeq2SeqLM,
-    AutoTokenizer,
-    default_data_collator,
-    get_scheduler,
-)
+from transformers import AutoTokenizer, get_scheduler
 
-from ..data.collators import DataCollatorForMaskedLM, DataCollatorForSpanCorruption
 from ..data.loading import load_raw_datasets
 from ..data.packing import token_counts, tokenize_and_pack
 from ..hub import build_model_card, push_to_hub
 from ..models.presets import PRESETS, build_config, parse_overrides
+from .accelerator import create_accelerator
 from .arguments import parse_pretrain_args
 from .evaluation import evaluate_lm, unigram_perplexity
-from .runtime import disable_cudnn_sdpa, tune_glibc_malloc
+from .objectives import get_objective
+from .optimization import create_optimizer
 
 logger = get_logger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
 
-#: objective -> the Auto class whose head it trains (and so which model families can take it).
-OBJECTIVE_AUTO_CLASSES = {"clm": AutoModelForCausalLM, "mlm": AutoModelForMaskedLM, "span": AutoModelForSeq2SeqLM}
 TRAINING_STATE = "training_state.json"
 #: Config fields that may differ between a checkpoint and the run resuming from it.
 _RESUME_IGNORED_CONFIG_KEYS = {"architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype"}
@@ -117,10 +109,10 @@ def build_model_config(args: argparse.Namespace, tokenizer) -> transformers.PreT
             f"the tokenizer {args.tokenizer_name or args.model_name_or_path} has {len(tokenizer)} tokens, "
             f"more than the model's vocab_size={config.vocab_size}"
         )
-    auto_class = OBJECTIVE_AUTO_CLASSES[args.objective]
-    if type(config) not in auto_class._model_mapping:
+    objective = get_objective(args.objective)
+    if not objective.supports(config):
         raise ValueError(
-            f"--objective {args.objective} needs a model with a {auto_class.__name__} head; "
+            f"--objective {args.objective} needs a model with a {objective.auto_class.__name__} head; "
             f"model_type {config.model_type!r} has none"
         )
     return config
@@ -169,109 +161,6 @@ def _resolve_resume(args: argparse.Namespace) -> Path | None:
     return path
 
 
-def create_accelerator(args: argparse.Namespace) -> Accelerator:
-    """Create the run's `Accelerator` for whatever `accelerate launch` started (one process, DDP or DeepSpeed).
-
-    On a machine without a GPU, several processes need help to form a process group: DDP runs with
-    `cpu=True` (accelerate's `MULTI_CPU`, gloo backend) and DeepSpeed with an explicit gloo process
-    group. The world size is logged; a launch that started several processes (`WORLD_SIZE` > 1) but
-    produced a world of one process is refused, so a "distributed" run never silently runs alone.
-
-    Gradient accumulation is driven by the training loop in whole windows of
-    `--gradient_accumulation_steps` micro-batches (`sync_with_dataloader=False`).
-
-    Raises:
-        ValueError: `--mixed_precision fp16` without a GPU, or a multi-process launch that yields one process.
-    """
-    tune_glibc_malloc()
-    disable_cudnn_sdpa()
-    on_gpu = torch.cuda.is_available()
-    if args.mixed_precision == "fp16" and not on_gpu:
-        raise ValueError("--mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
-    use_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes")
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    kwargs_handlers = [InitProcessGroupKwargs(backend="gloo")] if use_deepspeed and not on_gpu else []
-    accelerator = Accelerator(
-        cpu=not on_gpu and not use_deepspeed,
-        mixed_precision=args.mixed_precision,
-        gradient_accumulation_plugin=GradientAccumulationPlugin(
-            num_steps=args.gradient_accumulation_steps, sync_with_dataloader=False
-        ),
-        log_with=args.report_to if args.with_tracking else None,
-        project_dir=args.output_dir,
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-        kwargs_handlers=kwargs_handlers,
-    )
-    if launched > 1 and accelerator.num_processes == 1:
-        raise ValueError(
-            f"the launcher started WORLD_SIZE={launched} processes but this one runs alone "
-            f"(distributed_type {accelerator.distributed_type.value}); see accelerate_configs/ for working configs"
-        )
-    if accelerator.mixed_precision == "fp16" and not on_gpu:
-        raise ValueError("mixed_precision fp16 (from the accelerate config) needs a GPU; on CPU use bf16 or no")
-    return accelerator
-
-
-def size_buckets_from_model(ds_config: dict[str, Any]) -> None:
-    """Let accelerate size DeepSpeed's communication buckets from the model's hidden size, in place.
-
-    Bucket sizes not set in the config become `"auto"`, which `accelerator.prepare` fills with
-    hidden_size-based values (as transformers' DeepSpeed examples do). DeepSpeed's own defaults ignore
-    the model size: the ZeRO-3 gradient bucket alone is 5e8 elements (2 GB in fp32) per process.
-
-    Args:
-        ds_config: the DeepSpeed config dict (`accelerator.state.deepspeed_plugin.deepspeed_config`).
-    """
-    zero = ds_config.setdefault("zero_optimization", {})
-    zero.setdefault("reduce_bucket_size", "auto")
-    if zero.get("stage") == 3:
-        zero.setdefault("stage3_prefetch_bucket_size", "auto")
-        zero.setdefault("stage3_param_persistence_threshold", "auto")
-
-
-def reconcile_deepspeed_config(ds_config: dict[str, Any], args: argparse.Namespace, num_processes: int) -> None:
-    """Fill DeepSpeed's `"auto"` batch, accumulation and clipping values from the recipe, in place.
-
-    Values already written in the DeepSpeed config must agree with the recipe (no settings to keep in
-    sync by hand): global batch = `num_processes x per_device_train_batch_size x gradient_accumulation_steps`.
-    Precision (`bf16`/`fp16` sections) is filled by accelerate from `--mixed_precision`; an explicit
-    `enabled: true` that contradicts it is refused here.
-
-    Args:
-        ds_config: the DeepSpeed config dict (`accelerator.state.deepspeed_plugin.deepspeed_config`).
-        args: the recipe's arguments.
-        num_processes: the world size.
-
-    Raises:
-        ValueError: a value in the DeepSpeed config contradicts the recipe (one line naming both).
-    """
-    per_device, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
-    wanted = {
-        "train_micro_batch_size_per_gpu": (per_device, f"--per_device_train_batch_size {per_device}"),
-        "gradient_accumulation_steps": (accumulation, f"--gradient_accumulation_steps {accumulation}"),
-        "train_batch_size": (
-            per_device * accumulation * num_processes,
-            f"{num_processes} processes x {per_device} per device x {accumulation} accumulation",
-        ),
-        "gradient_clipping": (args.max_grad_norm, f"--max_grad_norm {args.max_grad_norm}"),
-    }
-    for key, (value, source) in wanted.items():
-        current = ds_config.get(key, "auto")
-        if current == "auto":
-            ds_config[key] = value
-        elif float(current) != float(value):
-            raise ValueError(f'the DeepSpeed config sets {key}={current}, which contradicts {source}; set it to "auto"')
-    size_buckets_from_model(ds_config)
-    precision = args.mixed_precision
-    for section in ("bf16", "fp16"):
-        enabled = ds_config.get(section, {}).get("enabled", "auto")
-        if enabled is True and precision is not None and precision != section:
-            raise ValueError(
-                f"the DeepSpeed config enables {section}, which contradicts --mixed_precision {precision}; "
-                'set its "enabled" to "auto"'
-            )
-
-
 def check_resume_config(resume_path: Path, config) -> None:
     """Refuse to resume from a checkpoint saved with a different model config.
 
@@ -310,43 +199,8 @@ def _check_resume_topology(resume_path: Path, accelerator: Accelerator) -> None:
         )
 
 
-def build_collator(args: argparse.Namespace, tokenizer, block_size: int):
-    """Return the objective's batch collator and the length of the raw packed blocks it consumes.
-
-    - `clm`: blocks of `block_size` tokens, labels = inputs (`default_data_collator`).
-    - `mlm`: blocks of `block_size` tokens, BERT's 80/10/10 masking (`DataCollatorForMaskedLM`).
-    - `span`: raw blocks of T5's expanded length, corrupted into inputs of exactly `block_size` tokens
-      (`DataCollatorForSpanCorruption`).
-
-    Raises:
-        ValueError: the tokenizer lacks what the objective needs (mask token, sentinels, EOS), or bad
-            objective parameters.
-    """
-    if args.objective == "mlm":
-        if not 0.0 < args.mlm_probability < 1.0:
-            raise ValueError(f"--mlm_probability must be in (0, 1), got {args.mlm_probability}")
-        if tokenizer.mask_token is None:
-            raise ValueError(
-                f"--objective mlm needs a tokenizer with a mask token; {args.tokenizer_name} has none "
-                "(train one with --model_family encoder)"
-            )
-        collator = DataCollatorForMaskedLM(
-            tokenizer=tokenizer, mlm_probability=args.mlm_probability, whole_word_mask=args.whole_word_mask
-        )
-        return collator, block_size
-    if args.objective == "span":
-        collator = DataCollatorForSpanCorruption(
-            tokenizer=tokenizer,
-            noise_density=args.noise_density,
-            mean_noise_span_length=args.mean_noise_span_length,
-            inputs_length=block_size,
-        )
-        return collator, collator.expanded_inputs_length
-    return default_data_collator, block_size
-
-
 def _build_model(args: argparse.Namespace, config) -> torch.nn.Module:
-    auto_class = OBJECTIVE_AUTO_CLASSES[args.objective]
+    auto_class = get_objective(args.objective).auto_class
     if args.model_name_or_path is not None:
         return auto_class.from_pretrained(
             args.model_name_or_path, config=config, attn_implementation=args.attn_implementation
@@ -394,8 +248,6 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         f"world size {accelerator.num_processes} (distributed_type {accelerator.distributed_type.value}, "
         f"mixed_precision {accelerator.mixed_precision})"
     )
-    if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        reconcile_deepspeed_config(accelerator.state.deepspeed_plugin.deepspeed_config, args, accelerator.num_processes)
     if accelerator.is_local_main_process:
         datasets.utils.logging.set_verbosity_warning()
         transformers.utils.logging.set_verbosity_warning()
@@ -411,7 +263,8 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         check_resume_config(resume_path, config)
         _check_resume_topology(resume_path, accelerator)
     block_size = _check_block_size(args, config)
-    collator, raw_block_size = build_collator(args, tokenizer, block_size)
+    objective = get_objective(args.objective)
+    collator, raw_block_size = objective.build_collator(args, tokenizer, block_size)
 
     with accelerator.main_process_first():
         raw = load_raw_datasets(
@@ -430,7 +283,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
             num_proc=args.preprocessing_num_workers,
             clean=not args.no_clean_text,
             load_from_cache_file=not args.overwrite_cache,
-            with_labels=args.objective == "clm",
+            with_labels=objective.labels_in_blocks,
         )
     train_dataset, eval_dataset = packed["train"], packed["validation"]
     if args.max_train_samples is not None:
@@ -452,15 +305,13 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         train_dataset, shuffle=True, collate_fn=collator, batch_size=args.per_device_train_batch_size
     )
     eval_dataloader = DataLoader(eval_dataset, collate_fn=collator, batch_size=args.per_device_eval_batch_size)
-    # No weight decay on biases and normalization weights (1-D tensors), as in BERT and GPT-2.
-    decay = [p for p, shape in zip(model.parameters(), shapes) if len(shape) >= 2]
-    no_decay = [p for p, shape in zip(model.parameters(), shapes) if len(shape) < 2]
     fused = args.optim == "adamw_torch_fused" and accelerator.distributed_type != DistributedType.DEEPSPEED
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.learning_rate,
+    optimizer = create_optimizer(
+        model,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
         betas=(args.adam_beta1, args.adam_beta2),
-        fused=fused or None,
+        fused=fused,
     )
     # Each optimizer step takes a whole window of accumulation micro-batches; an incomplete last window
     # of an epoch is skipped, so that every step sees the same global batch.
@@ -545,18 +396,6 @@ def save_checkpoint(run: PretrainingRun, step: int, tokens_seen: int) -> Path:
     return final
 
 
-def count_predicted_tokens(batch: dict[str, torch.Tensor], objective: str) -> torch.Tensor:
-    """Number of labelled positions the loss averages over in `batch` (int64 scalar tensor).
-
-    `clm` models shift labels inside (position t predicts label t+1), so the first label of each row is
-    never predicted; `mlm` and `span` count every label that is not -100.
-    """
-    labels = batch["labels"]
-    if objective == "clm":
-        labels = labels[..., 1:]
-    return (labels != -100).sum()
-
-
 def accumulation_step(
     accelerator: Accelerator,
     model: torch.nn.Module,
@@ -580,14 +419,15 @@ def accumulation_step(
         optimizer: the prepared optimizer.
         lr_scheduler: the prepared scheduler.
         micro_batches: the process's micro-batches, each with `labels` `(batch_size, seq_len)` int64.
-        objective: `clm`, `mlm` or `span` (how labels are counted, see `count_predicted_tokens`).
+        objective: a name in `hfzoo.training.objectives.OBJECTIVES` (how its labels are counted:
+            `Objective.count_predicted_tokens`).
         max_grad_norm: clip the global gradient norm to this (0: no clipping; the norm is still measured).
 
     Returns:
         `(loss, grad_norm)`: the float32 scalar per-token mean loss over the global batch (same on every
         process) and the gradient norm before clipping (None where the backend does not report it).
     """
-    counts = [count_predicted_tokens(batch, objective) for batch in micro_batches]
+    counts = [get_objective(objective).count_predicted_tokens(batch) for batch in micro_batches]
     global_count = accelerator.reduce(torch.stack(counts).sum().to(accelerator.device), reduction="sum")
     weight = accelerator.num_processes * len(micro_batches) / global_count.clamp(min=1).float()
     total = torch.zeros((), dtype=torch.float32, device=accelerator.device)
@@ -765,7 +605,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
             f"validation loss {init_metrics['eval_loss']:.4f} at initialization -> {metrics['eval_loss']:.4f} "
             f"({100 * results['eval_loss_reduction']:.1f}% lower)"
         )
-    if accelerator.is_main_process and args.objective == "clm":
+    if accelerator.is_main_process and get_objective(args.objective).predicts_every_token:
         vocab_size = accelerator.unwrap_model(model).config.vocab_size
         counts = token_counts(run.train_dataset, vocab_size)
         eval_ids = np.asarray(run.eval_dataset.with_format("numpy")["input_ids"])[:, 1:]  # the predicted tokens
@@ -821,7 +661,7 @@ def save_final_model(run: PretrainingRun, results: dict[str, Any], history: list
         )
         if args.sample_prompt and zero3:
             logger.warning("--sample_prompt is skipped under ZeRO-3 (partitioned weights); sample from the saved model")
-        elif args.sample_prompt and args.objective != "mlm":
+        elif args.sample_prompt and get_objective(args.objective).can_generate:
             inputs = run.tokenizer(args.sample_prompt, return_tensors="pt").to(accelerator.device)
             with torch.no_grad():
                 generated = unwrapped.eval().generate(**inputs, max_new_tokens=32, do_sample=False)
