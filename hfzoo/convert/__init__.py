@@ -6,7 +6,8 @@ One module per source model, each with its config mapping, its state-dict tables
 - `hfzoo.convert.bert`: BERT (`BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`) <-> the hfzoo
   encoder, and `convert_bert_checkpoint` (a folder, pooler kept for sequence classification);
 - `hfzoo.convert.t5`: T5 (`T5ForConditionalGeneration`, v1.0 and v1.1) <-> the hfzoo encoder-decoder;
-- `hfzoo.convert.common`: the checks and the loading they share.
+- `hfzoo.convert.common`: the checks and the loading they share;
+- `hfzoo.convert.cli`: `convert_checkpoint(src, dst)` for folders, either direction, and the `hfzoo-convert` CLI.
 
 Every public name is importable from `hfzoo.convert`. Conversions only rename, split, concatenate and
 transpose tensors, so round trips return the original state dict exactly (example in `hfzoo.convert.gpt2`).
@@ -23,6 +24,7 @@ from .bert import (
     hfzoo_config_from_bert,
     hfzoo_to_bert,
 )
+from .cli import convert_checkpoint
 from .gpt2 import (
     GPT2_TO_HFZOO_GLOBAL,
     GPT2_TO_HFZOO_LAYER,
@@ -56,6 +58,7 @@ __all__ = [
     "bert_state_dict_to_hfzoo",
     "bert_to_hfzoo",
     "convert_bert_checkpoint",
+    "convert_checkpoint",
     "gpt2_config_from_hfzoo",
     "gpt2_to_hfzoo",
     "hfzoo_config_from_bert",

@@ -105,6 +105,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
 def build_pretrain_parser() -> argparse.ArgumentParser:
     """Return the parser of `recipes/pretrain.py` (see `--help` for each flag)."""
     p = OneLineErrorParser(
+        prog="hfzoo-pretrain",
         description="Pretrain an hfzoo model (causal LM, masked LM or span corruption) with accelerate.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

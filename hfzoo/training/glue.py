@@ -67,7 +67,7 @@ __all__ = [
 
 def build_glue_parser() -> argparse.ArgumentParser:
     """Return the argument parser of `recipes/finetune_glue.py` (run_glue_no_trainer names + PEFT options)."""
-    p = OneLineErrorParser(prog="finetune_glue.py", description="Finetune a model on a GLUE task (PEFT or full).")
+    p = OneLineErrorParser(prog="hfzoo-finetune-glue", description="Finetune a model on a GLUE task (PEFT or full).")
     p.add_argument("--task_name", required=True, help=f"one of {sorted(GLUE_TASKS)}")
     p.add_argument("--model_name_or_path", required=True, help="hfzoo or transformers checkpoint (folder or hub id)")
     p.add_argument("--data_dir", default=None, help="folder in the GLUE layout (<dir>/SST-2/train.tsv, ...)")
@@ -479,3 +479,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return run_glue(parse_glue_args(argv))
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
+
+
+def cli() -> None:
+    """Console script `hfzoo-finetune-glue` (returns None: setuptools exits with what its function returns)."""
+    main()
+
+
+if __name__ == "__main__":
+    main()

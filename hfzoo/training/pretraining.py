@@ -689,3 +689,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     return train(run)
+
+
+def cli() -> None:
+    """Console script `hfzoo-pretrain` (returns None: setuptools exits with what its function returns)."""
+    main()
+
+
+if __name__ == "__main__":
+    main()
