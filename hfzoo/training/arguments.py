@@ -82,6 +82,21 @@ def checkpointing_steps(value: str) -> str:
     return str(positive_int(value))
 
 
+def scheduler_kwargs(value: str) -> dict[str, Any]:
+    """Argparse type for `--lr_scheduler_kwargs`: a JSON (or YAML flow) mapping, e.g. `'{"min_lr_rate": 0.1}'`.
+
+    Raises:
+        argparse.ArgumentTypeError: not a mapping.
+    """
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"expected a mapping such as '{{\"min_lr_rate\": 0.1}}', got {value!r}")
+    return parsed
+
+
 class _ExtendAction(argparse.Action):
     """`--train_file a b --train_file c` -> `[a, b, c]` (repeatable and multi-valued)."""
 
@@ -229,6 +244,13 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
         choices=SCHEDULERS,
         default="linear",
         help="transformers.get_scheduler name (warmup then decay).",
+    )
+    train.add_argument(
+        "--lr_scheduler_kwargs",
+        type=scheduler_kwargs,
+        default={},
+        help="The schedule's own arguments as JSON, e.g. '{\"min_lr_rate\": 0.1}' (cosine_with_min_lr) or "
+        "'{\"num_decay_steps\": 100}' (warmup_stable_decay).",
     )
     train.add_argument("--num_warmup_steps", type=non_negative_int, default=0, help="Linear warmup steps.")
     train.add_argument(

@@ -9,38 +9,47 @@ options (`--peft lora|prefix|none`, `--lora_r`, `--lora_alpha`, `--lora_dropout`
 `--num_virtual_tokens`, `--prefix_projection`, `--prefix_hidden_size`). Every input is checked
 before the model is loaded; errors are one line.
 
-Outputs in `--output_dir`: the adapter (PEFT; classification head included) or the full model,
-the tokenizer, `all_results.json` (dev metrics, trainable parameters and fraction, steps, wall time)
-and `eval_history.json` (metrics after every epoch).
+Training shows a tqdm progress bar, logs every `--logging_steps`, evaluates after every epoch and
+keeps the weights of the best epoch by the task's main metric (`GlueTask.main_metric`; the last epoch's
+with `--save_last_epoch`). `--checkpointing_steps N|epoch` writes resumable checkpoints under
+`checkpoints/step_N`; `--resume_from_checkpoint PATH|latest` continues exactly where one left off
+(model, optimizer, scheduler, RNG and data order restored, partly done epochs skipped batch by batch).
+
+Outputs in `--output_dir`: the adapter (PEFT; classification head included) or the full model, the
+tokenizer, `eval_results.json` (the saved epoch's dev metrics as `eval_<metric>`, MNLI's mismatched
+dev set as `eval_<metric>_mm`), `all_results.json` (the same, the last epoch's as
+`last_epoch_eval_<metric>`, the best epoch, trainable parameters and fraction, steps, wall time),
+`train_history.json` (training records and dev metrics after every epoch), `training_curves.png`, and
+a model card (`README.md`), also for stock transformers checkpoints; `--push_to_hub` uploads the folder.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
-from transformers import (
-    AutoConfig,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    DataCollatorWithPadding,
-    get_scheduler,
-)
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
 from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, load_glue
-from ..metrics import load_glue_metric
 from .accelerator import create_accelerator
-from .arguments import SCHEDULERS, OneLineErrorParser, non_negative_int, positive_float, positive_int
-from .optimization import create_optimizer
+from .arguments import (
+    SCHEDULERS,
+    OneLineErrorParser,
+    checkpointing_steps,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    scheduler_kwargs,
+)
+from .glue_loop import GlueRun, resolve_glue_resume, train_glue
+from .glue_outputs import glue_results, save_glue_outputs
+from .optimization import create_optimizer, create_scheduler
 from .peft_utils import (
     PEFT_METHODS,
     build_peft_config,
@@ -50,18 +59,13 @@ from .peft_utils import (
 )
 
 __all__ = [
-    "GlueRun",
     "build_glue_model",
     "build_glue_parser",
-    "evaluate_glue",
-    "glue_results",
     "load_glue_data",
     "main",
     "parse_glue_args",
     "prepare_glue",
     "run_glue",
-    "save_glue_outputs",
-    "train_glue",
 ]
 
 
@@ -84,10 +88,29 @@ def build_glue_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_train_steps", type=positive_int, default=None, help="overrides --num_train_epochs")
     p.add_argument("--gradient_accumulation_steps", type=positive_int, default=1)
     p.add_argument("--lr_scheduler_type", choices=SCHEDULERS, default="linear")
+    p.add_argument(
+        "--lr_scheduler_kwargs",
+        type=scheduler_kwargs,
+        default={},
+        help="the schedule's own arguments as JSON, e.g. '{\"min_lr_rate\": 0.1}' for cosine_with_min_lr",
+    )
     p.add_argument("--num_warmup_steps", type=non_negative_int, default=0)
     p.add_argument("--max_train_samples", type=positive_int, default=None, help="use a seeded random subset")
     p.add_argument("--max_eval_samples", type=positive_int, default=None)
     p.add_argument("--output_dir", required=True)
+    p.add_argument("--logging_steps", type=positive_int, default=50, help="log the training loss every N steps")
+    p.add_argument(
+        "--checkpointing_steps",
+        type=checkpointing_steps,
+        default=None,
+        help="save a resumable checkpoint every N steps, or 'epoch' (after each epoch's evaluation)",
+    )
+    p.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint folder, or 'latest' in --output_dir")
+    p.add_argument(
+        "--save_last_epoch",
+        action="store_true",
+        help="save the last epoch's weights (default: the best epoch's by the task's main metric)",
+    )
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--mixed_precision", choices=("no", "bf16", "fp16"), default="no")
     p.add_argument("--attn_implementation", default=None, help="eager | sdpa | ... (default: the model's)")
@@ -139,30 +162,6 @@ def _tokenize(dataset, task: GlueTask, tokenizer, args: argparse.Namespace):
     return dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc="tokenize")
 
 
-def evaluate_glue(model, dataloader, task: GlueTask, accelerator: Accelerator, metric_name: str) -> dict[str, float]:
-    """Predict a dev set and compute the task's official metric(s) with hfzoo's offline `evaluate` module.
-
-    Args:
-        model: the (possibly PEFT-wrapped, accelerate-prepared) sequence classifier.
-        dataloader: batches with `labels`.
-        task: the GLUE task (regression: the single logit is the prediction; else the argmax).
-        accelerator: gathers predictions across processes.
-        metric_name: the `evaluate` config name (`mnli_matched` / `mnli_mismatched` for MNLI's dev sets).
-
-    Returns:
-        `{metric: value}` as floats.
-    """
-    metric = load_glue_metric(metric_name)
-    model.eval()
-    for batch in dataloader:
-        with torch.no_grad():
-            logits = model(**batch).logits.float()
-        predictions = logits.squeeze(-1) if task.is_regression else logits.argmax(-1)
-        predictions, references = accelerator.gather_for_metrics((predictions, batch["labels"]))
-        metric.add_batch(predictions=predictions.cpu().numpy(), references=references.cpu().numpy())
-    return {k: float(v) for k, v in metric.compute().items()}
-
-
 def load_glue_data(args: argparse.Namespace, task: GlueTask, tokenizer, accelerator: Accelerator) -> dict[str, Any]:
     """Read the task's train and dev splits, take the requested subsets, and tokenize them.
 
@@ -192,11 +191,6 @@ def load_glue_data(args: argparse.Namespace, task: GlueTask, tokenizer, accelera
 
 def _eval_splits(splits) -> list[str]:
     return [s for s in splits if s.startswith("validation")]
-
-
-def _metric_name(task: GlueTask, split: str) -> str:
-    """The `evaluate` config of a dev split: MNLI's two dev sets have their own names."""
-    return {"validation_matched": "mnli_matched", "validation_mismatched": "mnli_mismatched"}.get(split, task.name)
 
 
 def build_glue_model(args: argparse.Namespace, task: GlueTask, tokenizer):
@@ -248,26 +242,6 @@ def build_glue_model(args: argparse.Namespace, task: GlueTask, tokenizer):
     return wrap_with_peft(model, peft_config)
 
 
-@dataclass
-class GlueRun:
-    """Everything `train_glue` needs, built and checked by `prepare_glue`."""
-
-    args: argparse.Namespace
-    task: GlueTask
-    accelerator: Accelerator
-    tokenizer: Any
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    lr_scheduler: Any
-    train_dataloader: DataLoader
-    eval_dataloaders: dict[str, DataLoader]
-    train_examples: int
-    trainable_parameters: int
-    total_parameters: int
-    max_train_steps: int
-    num_train_epochs: int
-
-
 def prepare_glue(args: argparse.Namespace) -> GlueRun:
     """Build and check everything before the first step: accelerator, data, model, optimizer, scheduler.
 
@@ -285,6 +259,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
     if args.peft == "prefix":
         config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
         check_prefix_fits(config, args.num_virtual_tokens, args.max_length)
+    resume_path = resolve_glue_resume(args)
     accelerator = create_accelerator(args, sync_with_dataloader=True)
     set_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
@@ -299,8 +274,14 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
     )
 
     collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if args.mixed_precision != "no" else None)
+    # The loader's own generator: starting an epoch's iterator then draws its worker seed from it, not from
+    # torch's global RNG, so the dropout masks of a resumed run continue exactly where the checkpoint left them.
     train_loader = DataLoader(
-        encoded["train"], shuffle=True, collate_fn=collator, batch_size=args.per_device_train_batch_size
+        encoded["train"],
+        shuffle=True,
+        collate_fn=collator,
+        batch_size=args.per_device_train_batch_size,
+        generator=torch.Generator().manual_seed(args.seed),
     )
     eval_loaders = {
         split: DataLoader(encoded[split], collate_fn=collator, batch_size=args.per_device_eval_batch_size)
@@ -309,8 +290,12 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
     optimizer = create_optimizer(model, learning_rate=args.learning_rate, weight_decay=args.weight_decay)
     steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
-    scheduler = get_scheduler(
-        args.lr_scheduler_type, optimizer, num_warmup_steps=args.num_warmup_steps, num_training_steps=max_steps
+    scheduler = create_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=args.num_warmup_steps,
+        num_training_steps=max_steps,
+        scheduler_kwargs=args.lr_scheduler_kwargs,
     )
     model, optimizer, train_loader, scheduler, *loaders = accelerator.prepare(
         model, optimizer, train_loader, scheduler, *eval_loaders.values()
@@ -330,111 +315,8 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
         total_parameters=total,
         max_train_steps=max_steps,
         num_train_epochs=math.ceil(max_steps / steps_per_epoch),
+        resume_path=resume_path,
     )
-
-
-def train_glue(run: GlueRun) -> list[dict[str, Any]]:
-    """Finetune for `run.max_train_steps` optimizer steps, evaluating every dev split after each epoch.
-
-    Args:
-        run: from `prepare_glue`.
-
-    Returns:
-        The history: one dict per epoch with `epoch`, `step`, `train_loss` (the last logged window's
-        mean, or None) and `{split: {metric: value}}`.
-    """
-    args, accelerator, model = run.args, run.accelerator, run.model
-    if args.with_tracking:
-        accelerator.init_trackers(
-            "glue", {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
-        )
-    step, history, start = 0, [], time.perf_counter()
-    running = torch.zeros((), device=accelerator.device)
-    for epoch in range(run.num_train_epochs):
-        model.train()
-        losses = []
-        for batch in run.train_dataloader:
-            with accelerator.accumulate(model):
-                loss = model(**batch).loss
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and args.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                run.optimizer.step()
-                run.lr_scheduler.step()
-                run.optimizer.zero_grad()
-            running += loss.detach().float()
-            if accelerator.sync_gradients:
-                step += 1
-                if step % 50 == 0:
-                    mean = (running / (50 * args.gradient_accumulation_steps)).item()
-                    losses.append(mean)
-                    running.zero_()
-                    accelerator.print(
-                        f"step {step}/{run.max_train_steps} loss {mean:.4f} ({time.perf_counter() - start:.0f} s)"
-                    )
-                    if args.with_tracking:
-                        accelerator.log({"train_loss": mean, "lr": run.lr_scheduler.get_last_lr()[0]}, step=step)
-                if step >= run.max_train_steps:
-                    break
-        metrics = {
-            split: evaluate_glue(model, loader, run.task, accelerator, _metric_name(run.task, split))
-            for split, loader in run.eval_dataloaders.items()
-        }
-        history.append({"epoch": epoch + 1, "step": step, "train_loss": losses[-1] if losses else None, **metrics})
-        accelerator.print(f"epoch {epoch + 1}: {json.dumps(metrics)}")
-        if args.with_tracking:
-            flat = {f"{split}/{k}": v for split, m in metrics.items() for k, v in m.items()}
-            accelerator.log(flat, step=step)
-        if step >= run.max_train_steps:
-            break
-    return history
-
-
-def glue_results(run: GlueRun, history: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
-    """Summarise a finished run: the last epoch's dev metrics, parameter counts, steps and wall time.
-
-    Args:
-        run: the finished run.
-        history: from `train_glue`.
-        seconds: wall time of the training loop (s).
-
-    Returns:
-        `task`, `model_name_or_path`, `peft`, the dev metrics (flat for one dev split; per split for
-        MNLI), `trainable_parameters`, `total_parameters`, `trainable_fraction`, `train_steps`,
-        `train_examples`, `train_seconds`, `final_train_loss`.
-    """
-    metrics = {split: history[-1][split] for split in run.eval_dataloaders}
-    return {
-        "task": run.task.name,
-        "model_name_or_path": str(run.args.model_name_or_path),
-        "peft": run.args.peft,
-        **(metrics if len(metrics) > 1 else next(iter(metrics.values()))),
-        "trainable_parameters": run.trainable_parameters,
-        "total_parameters": run.total_parameters,
-        "trainable_fraction": run.trainable_parameters / run.total_parameters,
-        "train_steps": history[-1]["step"],
-        "train_examples": run.train_examples,
-        "train_seconds": round(seconds, 1),
-        "final_train_loss": next((h["train_loss"] for h in reversed(history) if h["train_loss"] is not None), None),
-    }
-
-
-def save_glue_outputs(run: GlueRun, results: dict[str, Any], history: list[dict[str, Any]]) -> None:
-    """Write the model (or adapter), the tokenizer, `all_results.json` and `eval_history.json`; push if asked."""
-    args, accelerator = run.args, run.accelerator
-    accelerator.wait_for_everyone()
-    output_dir = Path(args.output_dir)
-    unwrapped = accelerator.unwrap_model(run.model)
-    unwrapped.save_pretrained(output_dir, is_main_process=accelerator.is_main_process, save_function=accelerator.save)
-    if accelerator.is_main_process:
-        run.tokenizer.save_pretrained(output_dir)
-        (output_dir / "all_results.json").write_text(json.dumps(results, indent=2) + "\n")
-        (output_dir / "eval_history.json").write_text(json.dumps(history, indent=2) + "\n")
-        if args.push_to_hub:
-            from ..hub import push_to_hub
-
-            push_to_hub(output_dir, args.hub_model_id or output_dir.name, token=args.hub_token, training_args=args)
-    accelerator.wait_for_everyone()
 
 
 def run_glue(args: argparse.Namespace) -> dict[str, Any]:
@@ -455,9 +337,9 @@ def run_glue(args: argparse.Namespace) -> dict[str, Any]:
     """
     run = prepare_glue(args)
     start = time.perf_counter()
-    history = train_glue(run)
-    results = glue_results(run, history, time.perf_counter() - start)
-    save_glue_outputs(run, results, history)
+    progress = train_glue(run)
+    results = glue_results(run, progress, time.perf_counter() - start)
+    save_glue_outputs(run, results, progress)
     if args.with_tracking:
         run.accelerator.end_training()
     return results

@@ -7,8 +7,9 @@
 in this process with the task's defaults from `TASK_DEFAULTS` (3 epochs, as transformers'
 `run_glue_no_trainer.py`; SST-2 on a seeded 20,000-sentence training subset for 1 epoch), then the
 arguments after `--` (which override them).
-After every task, `<output_dir>/results.json` and `results.md` are rewritten (task, metric, value,
-trainable parameters, steps, wall time), so an interrupted sweep keeps what it finished.
+After every task, `<output_dir>/results.json`, `results.md` (task, metric, value, epoch, trainable
+parameters, steps, wall time) and the bar chart `results.png` are rewritten, so an interrupted sweep
+keeps what it finished.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from ..data.glue import GLUE_TASKS, get_glue_task
 from .glue import main as finetune
+from .plots import plot_results_bars
 
 #: Per-task arguments of the sweep (before the user's, which override them).
 TASK_DEFAULTS: dict[str, list[str]] = {
@@ -35,43 +37,45 @@ TASK_DEFAULTS: dict[str, list[str]] = {
 }
 
 
+#: Columns of every row besides task, metric and value (from the task's `all_results.json`).
+ROW_FIELDS = ("peft", "epoch", "best_epoch", "trainable_parameters", "trainable_fraction", "train_steps",
+              "train_examples", "train_seconds")  # fmt: skip
+
+
 def results_rows(results: list[dict]) -> list[dict]:
-    """Flatten per-task results into one row per (task, dev split, metric)."""
+    """Flatten per-task results into one row per (task, dev split, metric): the saved epoch's `eval_<metric>`.
+
+    MNLI's mismatched dev set (`eval_<metric>_mm`) is the task `mnli (mismatched)`.
+    """
     rows = []
-    skip = {"task", "model_name_or_path", "peft"}
     for r in results:
-        metrics = {k: v for k, v in r.items() if isinstance(v, dict)} or {
-            "validation": {m: r[m] for m in get_glue_task(r["task"]).metrics}
-        }
-        for split, values in metrics.items():
-            for metric, value in values.items():
-                rows.append(
-                    {
-                        "task": r["task"] if split == "validation" else f"{r['task']} ({split})",
-                        "metric": metric,
-                        "value": value,
-                        "peft": r["peft"],
-                        **{k: r[k] for k in r if k not in skip and not isinstance(r[k], dict) and k not in values},
-                    }
-                )
+        metrics = get_glue_task(r["task"]).metrics
+        for suffix, task in (("", r["task"]), ("_mm", f"{r['task']} (mismatched)")):
+            for metric in metrics:
+                if f"eval_{metric}{suffix}" in r:
+                    value = r[f"eval_{metric}{suffix}"]
+                    rows.append({"task": task, "metric": metric, "value": value, **{k: r[k] for k in ROW_FIELDS}})
     return rows
 
 
 def write_tables(output_dir: Path, results: list[dict]) -> None:
-    """Write `results.json` (per-task results and flattened rows) and `results.md` (a markdown table)."""
+    """Write `results.json` (per-task results and flattened rows), `results.md` and the bar chart `results.png`."""
     rows = results_rows(results)
     (output_dir / "results.json").write_text(json.dumps({"tasks": results, "rows": rows}, indent=2) + "\n")
     lines = [
-        "| task | metric | value | method | trainable params | trainable % | steps | train examples | wall time (s) |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+        "| task | metric | value | method | epoch (best) | trainable params | trainable % | steps | train examples "
+        "| wall time (s) |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(
-            f"| {row['task']} | {row['metric']} | {row['value']:.4f} | {row['peft']} | "
+            f"| {row['task']} | {row['metric']} | {row['value']:.4f} | {row['peft']} | {row['epoch']} | "
             f"{row['trainable_parameters']:,} | {100 * row['trainable_fraction']:.2f} | {row['train_steps']} | "
             f"{row['train_examples']:,} | {row['train_seconds']:.0f} |"
         )
     (output_dir / "results.md").write_text("\n".join(lines) + "\n")
+    title = f"{results[0]['model_name_or_path']} ({results[0]['peft']})" if results else None
+    plot_results_bars({f"{r['task']} {r['metric']}": r["value"] for r in rows}, output_dir / "results.png", title)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

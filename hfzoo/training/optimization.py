@@ -1,4 +1,4 @@
-"""The optimizer of every recipe: AdamW with weight decay on the weight matrices only.
+"""The optimizer and learning-rate schedule of every recipe: AdamW with weight decay on the weight matrices only.
 
 Decoupled weight decay (Loshchilov & Hutter 2019) shrinks a parameter towards zero. That regularises
 matrices (projections, embeddings), but for a bias, a normalization gain or a residual scalar gain
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers import get_scheduler
 
 #: Modules whose every parameter is a normalization gain or shift (whatever its shape).
 NORM_MODULE_TYPES: tuple[type[nn.Module], ...] = (
@@ -92,3 +93,45 @@ def create_optimizer(
     return torch.optim.AdamW(
         weight_decay_groups(model, weight_decay), lr=learning_rate, betas=betas, fused=fused or None
     )
+
+
+def create_scheduler(
+    name: str,
+    optimizer: torch.optim.Optimizer,
+    *,
+    num_warmup_steps: int,
+    num_training_steps: int,
+    scheduler_kwargs: dict | None = None,
+):
+    """Build the learning-rate schedule `name` (`transformers.get_scheduler`) with its own arguments.
+
+    Args:
+        name: a `transformers.SchedulerType` name (`linear`, `cosine`, `cosine_with_min_lr`,
+            `warmup_stable_decay`, ...).
+        optimizer: the optimizer whose learning rate it scales.
+        num_warmup_steps: scheduler steps of linear warmup.
+        num_training_steps: scheduler steps in total.
+        scheduler_kwargs: the schedule's own arguments (`--lr_scheduler_kwargs`), e.g.
+            `{"min_lr_rate": 0.1}` for `cosine_with_min_lr`, `{"num_decay_steps": 100}` for
+            `warmup_stable_decay`, `{"num_cycles": 2}` for `cosine_with_restarts`.
+
+    Returns:
+        A `torch.optim.lr_scheduler.LambdaLR` (or the schedule's class).
+
+    Raises:
+        ValueError: an argument the schedule does not take, or a required one missing (one line naming
+            `--lr_scheduler_kwargs`).
+    """
+    try:
+        return get_scheduler(
+            name,
+            optimizer=optimizer,
+            num_warmup_steps=num_warmup_steps,
+            num_training_steps=num_training_steps,
+            scheduler_specific_kwargs=scheduler_kwargs or None,
+        )
+    except (TypeError, ValueError) as err:
+        given = scheduler_kwargs or {}
+        raise ValueError(
+            f"--lr_scheduler_type {name} with --lr_scheduler_kwargs {given}: {str(err).splitlines()[0]}"
+        ) from None

@@ -32,7 +32,7 @@ from accelerate.logging import get_logger
 from accelerate.utils import DistributedType, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, get_scheduler
+from transformers import AutoTokenizer
 
 from ..data.loading import load_raw_datasets
 from ..data.packing import token_counts, tokenize_and_pack
@@ -42,7 +42,8 @@ from .accelerator import create_accelerator
 from .arguments import parse_pretrain_args
 from .evaluation import evaluate_lm, unigram_perplexity
 from .objectives import get_objective
-from .optimization import create_optimizer
+from .optimization import create_optimizer, create_scheduler
+from .plots import plot_training_curves
 
 logger = get_logger(__name__)
 
@@ -325,11 +326,12 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     max_train_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
     num_train_epochs = math.ceil(max_train_steps / steps_per_epoch)
     # accelerate steps the scheduler once per process per optimizer step (run_clm_no_trainer does the same).
-    lr_scheduler = get_scheduler(
+    lr_scheduler = create_scheduler(
         args.lr_scheduler_type,
-        optimizer=optimizer,
+        optimizer,
         num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
         num_training_steps=max_train_steps * accelerator.num_processes,
+        scheduler_kwargs=args.lr_scheduler_kwargs,
     )
     model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
         model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
@@ -488,8 +490,10 @@ def train(run: PretrainingRun) -> dict[str, float]:
 
     completed_steps, tokens_seen = 0, 0
     init_metrics = None
+    eval_history: list[dict[str, float]] = []  # validation metrics by step, for train_history.json and the plot
     if run.resume_path is None:
         init_metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=args.seed)
+        eval_history.append({"step": 0, **init_metrics})
         logger.info(f"validation loss at initialization: {init_metrics['eval_loss']:.4f}")
     else:
         accelerator.load_state(str(run.resume_path))
@@ -570,6 +574,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
                 last_saved = completed_steps
             if args.eval_steps and completed_steps % args.eval_steps == 0 and completed_steps < run.max_train_steps:
                 metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=args.seed)
+                eval_history.append({"step": completed_steps, **metrics})
                 logger.info(f"step {completed_steps}: {metrics}")
                 if args.with_tracking:
                     accelerator.log(metrics, step=completed_steps)
@@ -586,6 +591,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
     train_runtime = time.perf_counter() - start
 
     metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=args.seed)
+    eval_history.append({"step": completed_steps, **metrics})
     logger.info(f"validation: eval_loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}")
     results: dict[str, Any] = {
         "objective": args.objective,
@@ -617,13 +623,21 @@ def train(run: PretrainingRun) -> dict[str, float]:
         )
     if args.with_tracking:
         accelerator.log({k: v for k, v in results.items() if isinstance(v, (int, float))}, step=completed_steps)
-    save_final_model(run, results, history)
+    save_final_model(run, results, history, eval_history)
     accelerator.end_training()  # also ends the process group, so that launched processes exit promptly
     return results
 
 
-def save_final_model(run: PretrainingRun, results: dict[str, Any], history: list[dict[str, float]]) -> None:
+def save_final_model(
+    run: PretrainingRun,
+    results: dict[str, Any],
+    history: list[dict[str, float]],
+    eval_history: list[dict[str, float]] | None = None,
+) -> None:
     """Write `save_pretrained` weights + config + generation config, tokenizer, the results files and README.md.
+
+    `train_history.json` holds the training records (`log_history`) and the validation records
+    (`eval_history`); `training_curves.png` plots both (`hfzoo.training.plots.plot_training_curves`).
 
     README.md is the model card of `hfzoo.hub.build_model_card` (results and recipe arguments, without
     the hub token); with `--push_to_hub` the folder is then uploaded by `hfzoo.hub.push_to_hub`.
@@ -653,7 +667,11 @@ def save_final_model(run: PretrainingRun, results: dict[str, Any], history: list
         )
         _write_json(output_dir / "eval_results.json", {k: results[k] for k in eval_keys if k in results})
         _write_json(output_dir / "all_results.json", results)
-        _write_json(output_dir / "train_history.json", {"log_history": history})
+        eval_history = eval_history or []
+        _write_json(output_dir / "train_history.json", {"log_history": history, "eval_history": eval_history})
+        plot_training_curves(
+            history, eval_history, output_dir / "training_curves.png", title=f"{output_dir.name} ({args.objective})"
+        )
         card = build_model_card(output_dir, results, args, model_name=args.hub_model_id or output_dir.name)
         card.save(output_dir / "README.md")
         zero3 = accelerator.distributed_type == DistributedType.DEEPSPEED and (
