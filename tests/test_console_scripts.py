@@ -102,7 +102,7 @@ def test_finetune_glue_script(pretrained, workdir):
         "--data_dir", str(glue), "--max_train_steps", "2", "--per_device_train_batch_size", "2",
         "--max_length", "32", "--output_dir", str(workdir / "mrpc"))  # fmt: skip
     results = json.loads((workdir / "mrpc" / "all_results.json").read_text())
-    assert results["train_steps"] == 2 and 0.0 <= results["accuracy"] <= 1.0
+    assert results["train_steps"] == 2 and 0.0 <= results["eval_accuracy"] <= 1.0
     assert (workdir / "mrpc" / "adapter_config.json").is_file()
 
 
