@@ -187,6 +187,12 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     )
     data.add_argument("--overwrite_cache", action="store_true", help="Ignore datasets' cache of the tokenized data.")
     data.add_argument(
+        "--streaming",
+        action="store_true",
+        help="Read, tokenize and pack the data on the fly (datasets streaming; for data larger than memory or "
+        "disk); each process reads its own shard. Needs --max_train_steps.",
+    )
+    data.add_argument(
         "--no_clean_text",
         action="store_true",
         help="Do not normalise CRLF or strip Project Gutenberg boilerplate.",
@@ -368,6 +374,8 @@ def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("give --config_name (a preset or config) or --model_name_or_path")
     if args.model_name_or_path is None and args.tokenizer_name is None:
         parser.error("give --tokenizer_name (train one with tokenizer_training/train_tokenizer.py)")
+    if args.streaming and args.max_train_steps is None:
+        parser.error("--streaming needs --max_train_steps (a stream's length is unknown)")
     if args.max_grad_norm < 0:
         parser.error(f"--max_grad_norm must be >= 0, got {args.max_grad_norm}")
     return args

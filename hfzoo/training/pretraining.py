@@ -44,6 +44,7 @@ from .evaluation import evaluate_lm, unigram_perplexity
 from .objectives import get_objective
 from .optimization import create_optimizer, create_scheduler
 from .plots import plot_training_curves
+from .streaming import DeviceLoader, StreamingTrainLoader, stream_blocks
 
 logger = get_logger(__name__)
 
@@ -66,12 +67,13 @@ class PretrainingRun:
     lr_scheduler: Any
     train_dataloader: DataLoader
     eval_dataloader: DataLoader
-    train_dataset: datasets.Dataset
-    eval_dataset: datasets.Dataset
+    train_dataset: datasets.Dataset | datasets.IterableDataset
+    eval_dataset: datasets.Dataset | datasets.IterableDataset
     max_train_steps: int
     num_train_epochs: int
     resume_path: Path | None
     block_size: int
+    raw_block_size: int  # text tokens per packed block (span: before corruption)
 
 
 def _load_tokenizer(name: str, argument: str):
@@ -267,6 +269,9 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     objective = get_objective(args.objective)
     collator, raw_block_size = objective.build_collator(args, tokenizer, block_size)
 
+    if args.streaming:
+        return _prepare_streaming(args, accelerator, tokenizer, config, objective, collator, block_size, raw_block_size,
+                                  resume_path)  # fmt: skip
     with accelerator.main_process_first():
         raw = load_raw_datasets(
             train_file=args.train_file,
@@ -293,27 +298,11 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         eval_dataset = eval_dataset.select(range(min(args.max_eval_samples, len(eval_dataset))))
     logger.info(f"{len(train_dataset)} training and {len(eval_dataset)} validation blocks of {raw_block_size} tokens")
 
-    with _zero3_init(accelerator):
-        model = _build_model(args, config)
-    if args.gradient_checkpointing:
-        model.activation_checkpointing_enable()
-    # Under DeepSpeed ZeRO-3 the parameters may already be partitioned (zero.Init): use their full shapes.
-    shapes = [tuple(getattr(p, "ds_shape", p.shape)) for p in model.parameters()]
-    n_params = sum(math.prod(shape) for shape in shapes)
-    logger.info(f"model {type(model).__name__}: {n_params / 1e6:.2f}M parameters")
-
+    model, optimizer = _build_model_and_optimizer(args, accelerator, config)
     train_dataloader = DataLoader(
         train_dataset, shuffle=True, collate_fn=collator, batch_size=args.per_device_train_batch_size
     )
     eval_dataloader = DataLoader(eval_dataset, collate_fn=collator, batch_size=args.per_device_eval_batch_size)
-    fused = args.optim == "adamw_torch_fused" and accelerator.distributed_type != DistributedType.DEEPSPEED
-    optimizer = create_optimizer(
-        model,
-        learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay,
-        betas=(args.adam_beta1, args.adam_beta2),
-        fused=fused,
-    )
     # Each optimizer step takes a whole window of accumulation micro-batches; an incomplete last window
     # of an epoch is skipped, so that every step sees the same global batch.
     steps_per_epoch = math.ceil(len(train_dataloader) / accelerator.num_processes) // args.gradient_accumulation_steps
@@ -326,13 +315,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     max_train_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
     num_train_epochs = math.ceil(max_train_steps / steps_per_epoch)
     # accelerate steps the scheduler once per process per optimizer step (run_clm_no_trainer does the same).
-    lr_scheduler = create_scheduler(
-        args.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
-        num_training_steps=max_train_steps * accelerator.num_processes,
-        scheduler_kwargs=args.lr_scheduler_kwargs,
-    )
+    lr_scheduler = _create_lr_scheduler(args, accelerator, optimizer, max_train_steps)
     model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
         model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
     )
@@ -351,6 +334,79 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         num_train_epochs=num_train_epochs,
         resume_path=resume_path,
         block_size=block_size,
+        raw_block_size=raw_block_size,
+    )
+
+
+def _build_model_and_optimizer(args: argparse.Namespace, accelerator: Accelerator, config):
+    with _zero3_init(accelerator):
+        model = _build_model(args, config)
+    if args.gradient_checkpointing:
+        model.activation_checkpointing_enable()
+    # Under DeepSpeed ZeRO-3 the parameters may already be partitioned (zero.Init): use their full shapes.
+    n_params = sum(math.prod(getattr(p, "ds_shape", p.shape)) for p in model.parameters())
+    logger.info(f"model {type(model).__name__}: {n_params / 1e6:.2f}M parameters")
+    fused = args.optim == "adamw_torch_fused" and accelerator.distributed_type != DistributedType.DEEPSPEED
+    optimizer = create_optimizer(
+        model,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        betas=(args.adam_beta1, args.adam_beta2),
+        fused=fused,
+    )
+    return model, optimizer
+
+
+def _create_lr_scheduler(args: argparse.Namespace, accelerator: Accelerator, optimizer, max_train_steps: int):
+    # accelerate steps the scheduler once per process per optimizer step (run_clm_no_trainer does the same).
+    return create_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
+        num_training_steps=max_train_steps * accelerator.num_processes,
+        scheduler_kwargs=args.lr_scheduler_kwargs,
+    )
+
+
+def _prepare_streaming(
+    args, accelerator, tokenizer, config, objective, collator, block_size, raw_block_size, resume_path
+) -> PretrainingRun:
+    """`prepare` for `--streaming`: per-process shards of the stream, not prepared by accelerate (already split)."""
+    train_dataset, eval_dataset = stream_blocks(
+        args,
+        tokenizer,
+        raw_block_size,
+        objective.labels_in_blocks,
+        accelerator.process_index,
+        accelerator.num_processes,
+    )
+    logger.info(f"streaming blocks of {raw_block_size} tokens; process {accelerator.process_index} reads its shard")
+    model, optimizer = _build_model_and_optimizer(args, accelerator, config)
+    train_dataloader = StreamingTrainLoader(
+        train_dataset, args.per_device_train_batch_size, collator, accelerator, args.gradient_accumulation_steps
+    )
+    accelerator.register_for_checkpointing(train_dataloader)  # its position is saved with every checkpoint
+    eval_dataloader = DeviceLoader(
+        DataLoader(eval_dataset, collate_fn=collator, batch_size=args.per_device_eval_batch_size), accelerator.device
+    )
+    lr_scheduler = _create_lr_scheduler(args, accelerator, optimizer, args.max_train_steps)
+    model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
+    return PretrainingRun(
+        args=args,
+        accelerator=accelerator,
+        tokenizer=tokenizer,
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=lr_scheduler,
+        train_dataloader=train_dataloader,
+        eval_dataloader=eval_dataloader,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        max_train_steps=args.max_train_steps,
+        num_train_epochs=args.max_train_steps,  # every pass over the stream makes at least one step
+        resume_path=resume_path,
+        block_size=block_size,
+        raw_block_size=raw_block_size,
     )
 
 
@@ -472,7 +528,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
     """
     args, accelerator, model = run.args, run.accelerator, run.model
     block_size = run.block_size
-    raw_block_size = len(run.train_dataset[0]["input_ids"])  # text tokens per example (span: before corruption)
+    raw_block_size = run.raw_block_size
     tokens_per_step = (
         args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes * raw_block_size
     )
@@ -481,7 +537,8 @@ def train(run: PretrainingRun) -> dict[str, float]:
             "pretrain", {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
         )
     logger.info("***** Running training *****")
-    logger.info(f"  Blocks = {len(run.train_dataset)}, epochs = {run.num_train_epochs}")
+    if not args.streaming:
+        logger.info(f"  Blocks = {len(run.train_dataset)}, epochs = {run.num_train_epochs}")
     logger.info(
         f"  Global batch = {args.per_device_train_batch_size} per device x {accelerator.num_processes} processes"
         f" x {args.gradient_accumulation_steps} accumulation = {tokens_per_step} tokens"
@@ -500,9 +557,12 @@ def train(run: PretrainingRun) -> dict[str, float]:
         state = json.loads((run.resume_path / TRAINING_STATE).read_text())
         completed_steps, tokens_seen = state["step"], state["tokens_seen"]
         logger.info(f"Resumed from {run.resume_path} at step {completed_steps}")
-    steps_per_epoch = len(run.train_dataloader) // args.gradient_accumulation_steps
-    start_epoch = completed_steps // steps_per_epoch
-    skip_batches = (completed_steps % steps_per_epoch) * args.gradient_accumulation_steps
+    if args.streaming:  # the stream's position (and pass) came back with the checkpoint
+        start_epoch, skip_batches = run.train_dataloader.epoch, 0
+    else:
+        steps_per_epoch = len(run.train_dataloader) // args.gradient_accumulation_steps
+        start_epoch = completed_steps // steps_per_epoch
+        skip_batches = (completed_steps % steps_per_epoch) * args.gradient_accumulation_steps
 
     progress = tqdm(
         total=run.max_train_steps,
@@ -601,7 +661,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
         "train_steps": completed_steps,
         "train_tokens_seen": tokens_seen,
         "train_tokens_per_second": tokens_seen / train_runtime if train_runtime > 0 else None,
-        "eval_blocks": len(run.eval_dataset),
+        "eval_blocks": sum(1 for _ in run.eval_dataset) if args.streaming else len(run.eval_dataset),
         "block_size": block_size,
     }
     if init_metrics is not None:
@@ -611,7 +671,8 @@ def train(run: PretrainingRun) -> dict[str, float]:
             f"validation loss {init_metrics['eval_loss']:.4f} at initialization -> {metrics['eval_loss']:.4f} "
             f"({100 * results['eval_loss_reduction']:.1f}% lower)"
         )
-    if accelerator.is_main_process and get_objective(args.objective).predicts_every_token:
+    # The unigram baseline counts the training tokens: only for data that was read whole.
+    if accelerator.is_main_process and get_objective(args.objective).predicts_every_token and not args.streaming:
         vocab_size = accelerator.unwrap_model(model).config.vocab_size
         counts = token_counts(run.train_dataset, vocab_size)
         eval_ids = np.asarray(run.eval_dataset.with_format("numpy")["input_ids"])[:, 1:]  # the predicted tokens
