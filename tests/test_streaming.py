@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_distributed import GLOBAL_BATCH, check_two_processes, launch, recipe_args
 from test_pretrain_recipe import base_args
 
 from hfzoo.data.loading import clean_text, load_raw_datasets
@@ -141,3 +142,20 @@ def test_streaming_needs_max_train_steps(books_jsonl, capsys):
         parse_pretrain_args(["--streaming", "--train_file", str(books_jsonl), "--tokenizer_name", "t",
                              "--config_name", "decoder-tiny", "--output_dir", "o"])  # fmt: skip
     assert "--streaming needs --max_train_steps" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_process_streamed_run_reads_disjoint_shards_and_resumes_exactly(books_jsonl, tokenizer_dir, tmp_path):
+    """DDP over gloo: each process trains on its shard; a checkpoint holds both positions; resuming gives the same weights."""
+    argv = [*recipe_args(books_jsonl, tokenizer_dir, tmp_path / "full", GLOBAL_BATCH // 2, "--streaming",
+                         "--checkpointing_steps", "2", "--checkpoints_total_limit", "5")]  # fmt: skip
+    argv[argv.index("--max_train_steps") + 1] = "4"
+    check_two_processes(launch("ddp.yaml", argv, tmp_path), "MULTI_CPU")
+    state = torch.load(tmp_path / "full" / "checkpoints" / "step_2" / "custom_checkpoint_0.pkl", weights_only=False)
+    assert state["num_processes"] == 2 and len(state["positions"]) == 2  # each process's place in its shard
+    resumed = [a if a != str(tmp_path / "full") else str(tmp_path / "resumed") for a in argv]
+    launch(
+        "ddp.yaml", [*resumed, "--resume_from_checkpoint", str(tmp_path / "full" / "checkpoints" / "step_2")], tmp_path
+    )
+    a, b = load_file(tmp_path / "full" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
