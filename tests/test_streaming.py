@@ -51,16 +51,15 @@ def books_jsonl(tmp_path_factory, gutenberg_books) -> Path:
     return path
 
 
-def stream_args(train_file: Path, *extra: str):
-    return parse_pretrain_args(["--streaming", "--train_file", str(train_file), "--validation_file", str(train_file),
-                                "--tokenizer_name", "unused", "--config_name", "decoder-tiny", "--max_train_steps", "1",
-                                "--output_dir", "unused", *extra])  # fmt: skip
+def streamed_raw(train_file: Path):
+    """The file streamed as `train`, and again as `validation`."""
+    return load_raw_datasets(train_file=[str(train_file)], validation_file=[str(train_file)], streaming=True)
 
 
 def test_streamed_blocks_are_the_map_style_blocks(books_jsonl, tokenizer):
     raw = load_raw_datasets(train_file=[str(books_jsonl)], validation_file=[str(books_jsonl)])
     packed = tokenize_and_pack(raw, tokenizer, "text", 64)["train"]
-    train, _ = stream_blocks(stream_args(books_jsonl), tokenizer, 64, with_labels=True)
+    train, _ = stream_blocks(streamed_raw(books_jsonl), tokenizer, "text", 64, with_labels=True)
     streamed = [row["input_ids"] for row in train]
     assert len(streamed) == len(packed) > 100
     assert streamed == packed["input_ids"]  # every block, in order
@@ -68,25 +67,25 @@ def test_streamed_blocks_are_the_map_style_blocks(books_jsonl, tokenizer):
 
 
 def test_two_processes_read_disjoint_shards(books_jsonl, tokenizer):
-    args = stream_args(books_jsonl)
-    shards = [[tuple(r["input_ids"]) for r in stream_blocks(args, tokenizer, 64, True, rank, 2)[0]] for rank in (0, 1)]
+    shards = [
+        [tuple(r["input_ids"]) for r in stream_blocks(streamed_raw(books_jsonl), tokenizer, "text", 64, True,
+                                                      process_index=rank, num_processes=2)[0]]
+        for rank in (0, 1)
+    ]  # fmt: skip
     assert min(map(len, shards)) > 50
     assert not set(shards[0]) & set(shards[1])
-    whole = [tuple(r["input_ids"]) for r in stream_blocks(args, tokenizer, 64, True)[0]]
+    whole = [tuple(r["input_ids"]) for r in stream_blocks(streamed_raw(books_jsonl), tokenizer, "text", 64, True)[0]]
     # Each process packs its own documents: together they hold the whole stream's tokens, less the
     # tails of their packing calls (under one block each).
     assert abs(len(shards[0]) + len(shards[1]) - len(whole)) <= 2
 
 
 def test_held_out_validation_stream_is_every_kth_document(books_jsonl, tokenizer):
-    args = parse_pretrain_args(["--streaming", "--train_file", str(books_jsonl), "--tokenizer_name", "t",
-                                "--config_name", "decoder-tiny", "--max_train_steps", "1", "--output_dir", "o",
-                                "--validation_split_percentage", "10"])  # fmt: skip
     raw = load_raw_datasets(train_file=[str(books_jsonl)], validation_split_percentage=10, streaming=True)
     documents = [json.loads(line)["text"] for line in books_jsonl.read_text().splitlines()]
     assert [r["text"] for r in raw["validation"]] == documents[::10]
     assert [r["text"] for r in raw["train"]] == [d for i, d in enumerate(documents) if i % 10]
-    train, validation = stream_blocks(args, tokenizer, 64, True)
+    train, validation = stream_blocks(raw, tokenizer, "text", 64, True)
     assert not {tuple(r["input_ids"]) for r in train} & {tuple(r["input_ids"]) for r in validation}
 
 

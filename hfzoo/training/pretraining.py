@@ -270,55 +270,80 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     collator, raw_block_size = objective.build_collator(args, tokenizer, block_size)
 
     if args.streaming:
-        return _prepare_streaming(args, accelerator, tokenizer, config, objective, collator, block_size, raw_block_size,
-                                  resume_path)  # fmt: skip
-    with accelerator.main_process_first():
-        raw = load_raw_datasets(
-            train_file=args.train_file,
-            validation_file=args.validation_file,
-            dataset_name=args.dataset_name,
-            dataset_config_name=args.dataset_config_name,
-            text_column_name=args.text_column_name,
-            validation_split_percentage=args.validation_split_percentage,
+        train_dataloader, eval_dataloader = _streaming_loaders(args, accelerator, tokenizer, objective, collator,
+                                                               raw_block_size)  # fmt: skip
+        train_dataset, eval_dataset = train_dataloader.dataset, eval_dataloader.dataset
+    else:
+        with accelerator.main_process_first():
+            packed = tokenize_and_pack(
+                _load_raw_datasets(args),
+                tokenizer,
+                args.text_column_name,
+                raw_block_size,
+                num_proc=args.preprocessing_num_workers,
+                clean=not args.no_clean_text,
+                load_from_cache_file=not args.overwrite_cache,
+                with_labels=objective.labels_in_blocks,
+            )
+        train_dataset, eval_dataset = packed["train"], packed["validation"]
+        if args.max_train_samples is not None:
+            train_dataset = train_dataset.select(range(min(args.max_train_samples, len(train_dataset))))
+        if args.max_eval_samples is not None:
+            eval_dataset = eval_dataset.select(range(min(args.max_eval_samples, len(eval_dataset))))
+        logger.info(
+            f"{len(train_dataset)} training and {len(eval_dataset)} validation blocks of {raw_block_size} tokens"
         )
-        packed = tokenize_and_pack(
-            raw,
-            tokenizer,
-            args.text_column_name,
-            raw_block_size,
-            num_proc=args.preprocessing_num_workers,
-            clean=not args.no_clean_text,
-            load_from_cache_file=not args.overwrite_cache,
-            with_labels=objective.labels_in_blocks,
-        )
-    train_dataset, eval_dataset = packed["train"], packed["validation"]
-    if args.max_train_samples is not None:
-        train_dataset = train_dataset.select(range(min(args.max_train_samples, len(train_dataset))))
-    if args.max_eval_samples is not None:
-        eval_dataset = eval_dataset.select(range(min(args.max_eval_samples, len(eval_dataset))))
-    logger.info(f"{len(train_dataset)} training and {len(eval_dataset)} validation blocks of {raw_block_size} tokens")
 
-    model, optimizer = _build_model_and_optimizer(args, accelerator, config)
-    train_dataloader = DataLoader(
-        train_dataset, shuffle=True, collate_fn=collator, batch_size=args.per_device_train_batch_size
+    with _zero3_init(accelerator):
+        model = _build_model(args, config)
+    if args.gradient_checkpointing:
+        model.activation_checkpointing_enable()
+    # Under DeepSpeed ZeRO-3 the parameters may already be partitioned (zero.Init): use their full shapes.
+    n_params = sum(math.prod(getattr(p, "ds_shape", p.shape)) for p in model.parameters())
+    logger.info(f"model {type(model).__name__}: {n_params / 1e6:.2f}M parameters")
+
+    fused = args.optim == "adamw_torch_fused" and accelerator.distributed_type != DistributedType.DEEPSPEED
+    optimizer = create_optimizer(
+        model,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        betas=(args.adam_beta1, args.adam_beta2),
+        fused=fused,
     )
-    eval_dataloader = DataLoader(eval_dataset, collate_fn=collator, batch_size=args.per_device_eval_batch_size)
-    # Each optimizer step takes a whole window of accumulation micro-batches; an incomplete last window
-    # of an epoch is skipped, so that every step sees the same global batch.
-    steps_per_epoch = math.ceil(len(train_dataloader) / accelerator.num_processes) // args.gradient_accumulation_steps
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"{len(train_dataset)} training blocks make fewer than one global batch of "
-            f"{accelerator.num_processes} processes x {args.per_device_train_batch_size} per device x "
-            f"{args.gradient_accumulation_steps} accumulation"
+    if args.streaming:
+        max_train_steps = num_train_epochs = args.max_train_steps  # every pass over the stream makes a step
+    else:
+        train_dataloader = DataLoader(
+            train_dataset, shuffle=True, collate_fn=collator, batch_size=args.per_device_train_batch_size
         )
-    max_train_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
-    num_train_epochs = math.ceil(max_train_steps / steps_per_epoch)
+        eval_dataloader = DataLoader(eval_dataset, collate_fn=collator, batch_size=args.per_device_eval_batch_size)
+        # Each optimizer step takes a whole window of accumulation micro-batches; an incomplete last window
+        # of an epoch is skipped, so that every step sees the same global batch.
+        steps_per_epoch = (
+            math.ceil(len(train_dataloader) / accelerator.num_processes) // args.gradient_accumulation_steps
+        )
+        if steps_per_epoch == 0:
+            raise ValueError(
+                f"{len(train_dataset)} training blocks make fewer than one global batch of "
+                f"{accelerator.num_processes} processes x {args.per_device_train_batch_size} per device x "
+                f"{args.gradient_accumulation_steps} accumulation"
+            )
+        max_train_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
+        num_train_epochs = math.ceil(max_train_steps / steps_per_epoch)
     # accelerate steps the scheduler once per process per optimizer step (run_clm_no_trainer does the same).
-    lr_scheduler = _create_lr_scheduler(args, accelerator, optimizer, max_train_steps)
-    model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
-        model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
+    lr_scheduler = create_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
+        num_training_steps=max_train_steps * accelerator.num_processes,
+        scheduler_kwargs=args.lr_scheduler_kwargs,
     )
+    if args.streaming:  # each process reads its own shard: accelerate must not split the loaders again
+        model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
+    else:
+        model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
+            model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
+        )
     return PretrainingRun(
         args=args,
         accelerator=accelerator,
@@ -338,50 +363,33 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     )
 
 
-def _build_model_and_optimizer(args: argparse.Namespace, accelerator: Accelerator, config):
-    with _zero3_init(accelerator):
-        model = _build_model(args, config)
-    if args.gradient_checkpointing:
-        model.activation_checkpointing_enable()
-    # Under DeepSpeed ZeRO-3 the parameters may already be partitioned (zero.Init): use their full shapes.
-    n_params = sum(math.prod(getattr(p, "ds_shape", p.shape)) for p in model.parameters())
-    logger.info(f"model {type(model).__name__}: {n_params / 1e6:.2f}M parameters")
-    fused = args.optim == "adamw_torch_fused" and accelerator.distributed_type != DistributedType.DEEPSPEED
-    optimizer = create_optimizer(
-        model,
-        learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay,
-        betas=(args.adam_beta1, args.adam_beta2),
-        fused=fused,
-    )
-    return model, optimizer
-
-
-def _create_lr_scheduler(args: argparse.Namespace, accelerator: Accelerator, optimizer, max_train_steps: int):
-    # accelerate steps the scheduler once per process per optimizer step (run_clm_no_trainer does the same).
-    return create_scheduler(
-        args.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
-        num_training_steps=max_train_steps * accelerator.num_processes,
-        scheduler_kwargs=args.lr_scheduler_kwargs,
+def _load_raw_datasets(args: argparse.Namespace, streaming: bool = False):
+    return load_raw_datasets(
+        train_file=args.train_file,
+        validation_file=args.validation_file,
+        dataset_name=args.dataset_name,
+        dataset_config_name=args.dataset_config_name,
+        text_column_name=args.text_column_name,
+        validation_split_percentage=args.validation_split_percentage,
+        streaming=streaming,
     )
 
 
-def _prepare_streaming(
-    args, accelerator, tokenizer, config, objective, collator, block_size, raw_block_size, resume_path
-) -> PretrainingRun:
-    """`prepare` for `--streaming`: per-process shards of the stream, not prepared by accelerate (already split)."""
+def _streaming_loaders(args, accelerator: Accelerator, tokenizer, objective, collator, raw_block_size: int):
+    """`--streaming`: this process's shard of the training stream and the whole validation stream, batched."""
     train_dataset, eval_dataset = stream_blocks(
-        args,
+        _load_raw_datasets(args, streaming=True),
         tokenizer,
+        args.text_column_name,
         raw_block_size,
-        objective.labels_in_blocks,
-        accelerator.process_index,
-        accelerator.num_processes,
+        with_labels=objective.labels_in_blocks,
+        clean=not args.no_clean_text,
+        max_train_samples=args.max_train_samples,
+        max_eval_samples=args.max_eval_samples,
+        process_index=accelerator.process_index,
+        num_processes=accelerator.num_processes,
     )
     logger.info(f"streaming blocks of {raw_block_size} tokens; process {accelerator.process_index} reads its shard")
-    model, optimizer = _build_model_and_optimizer(args, accelerator, config)
     train_dataloader = StreamingTrainLoader(
         train_dataset, args.per_device_train_batch_size, collator, accelerator, args.gradient_accumulation_steps
     )
@@ -389,25 +397,7 @@ def _prepare_streaming(
     eval_dataloader = DeviceLoader(
         DataLoader(eval_dataset, collate_fn=collator, batch_size=args.per_device_eval_batch_size), accelerator.device
     )
-    lr_scheduler = _create_lr_scheduler(args, accelerator, optimizer, args.max_train_steps)
-    model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
-    return PretrainingRun(
-        args=args,
-        accelerator=accelerator,
-        tokenizer=tokenizer,
-        model=model,
-        optimizer=optimizer,
-        lr_scheduler=lr_scheduler,
-        train_dataloader=train_dataloader,
-        eval_dataloader=eval_dataloader,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        max_train_steps=args.max_train_steps,
-        num_train_epochs=args.max_train_steps,  # every pass over the stream makes at least one step
-        resume_path=resume_path,
-        block_size=block_size,
-        raw_block_size=raw_block_size,
-    )
+    return train_dataloader, eval_dataloader
 
 
 def save_checkpoint(run: PretrainingRun, step: int, tokens_seen: int) -> Path:

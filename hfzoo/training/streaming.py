@@ -13,7 +13,6 @@ not restore).
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,53 +22,46 @@ from accelerate.utils import gather_object, send_to_device
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader
 
-from ..data.loading import load_raw_datasets
 from ..data.packing import pack_stream
 
 
 def stream_blocks(
-    args: argparse.Namespace,
+    raw: datasets.IterableDatasetDict,
     tokenizer,
+    text_column_name: str,
     block_size: int,
     with_labels: bool,
+    *,
+    clean: bool = True,
+    max_train_samples: int | None = None,
+    max_eval_samples: int | None = None,
     process_index: int = 0,
     num_processes: int = 1,
 ) -> tuple[datasets.IterableDataset, datasets.IterableDataset]:
-    """Open the training and validation streams as packed blocks; the training stream is this process's shard.
+    """Pack the streamed `train` and `validation` splits into blocks; the training stream is this process's shard.
 
     Args:
-        args: the recipe's arguments (data sources, `text_column_name`, `validation_split_percentage`,
-            `no_clean_text`, `max_train_samples`, `max_eval_samples`).
+        raw: streamed splits `train` and `validation` (`hfzoo.data.loading.load_raw_datasets(..., streaming=True)`).
         tokenizer: the tokenizer.
+        text_column_name: the text column.
         block_size: tokens per packed block (the objective's raw block length).
         with_labels: store a `labels` copy of each block (causal LM).
+        clean: apply `clean_text` before tokenizing.
+        max_train_samples: keep at most this many training blocks (per process).
+        max_eval_samples: keep at most this many validation blocks.
         process_index: this process's rank.
         num_processes: the world size.
 
     Returns:
-        `(train, validation)` `IterableDataset`s of blocks; the validation stream is whole on every process
-        (held out from the training stream, document by document, when no validation data is given).
-
-    Raises:
-        ValueError, FileNotFoundError: bad data sources or a missing text column (see `load_raw_datasets`).
+        `(train, validation)` `IterableDataset`s of blocks; the validation stream is whole on every process.
     """
-    raw = load_raw_datasets(
-        train_file=args.train_file,
-        validation_file=args.validation_file,
-        dataset_name=args.dataset_name,
-        dataset_config_name=args.dataset_config_name,
-        text_column_name=args.text_column_name,
-        validation_split_percentage=args.validation_split_percentage,
-        streaming=True,
-    )
     train = split_dataset_by_node(raw["train"], rank=process_index, world_size=num_processes)
-    clean = not args.no_clean_text
-    train = pack_stream(train, tokenizer, args.text_column_name, block_size, clean, with_labels)
-    validation = pack_stream(raw["validation"], tokenizer, args.text_column_name, block_size, clean, with_labels)
-    if args.max_train_samples is not None:
-        train = train.take(args.max_train_samples)
-    if args.max_eval_samples is not None:
-        validation = validation.take(args.max_eval_samples)
+    train = pack_stream(train, tokenizer, text_column_name, block_size, clean, with_labels)
+    validation = pack_stream(raw["validation"], tokenizer, text_column_name, block_size, clean, with_labels)
+    if max_train_samples is not None:
+        train = train.take(max_train_samples)
+    if max_eval_samples is not None:
+        validation = validation.take(max_eval_samples)
     return train, validation
 
 
@@ -152,6 +144,7 @@ class DeviceLoader:
 
     def __init__(self, loader: DataLoader, device) -> None:
         self.loader, self.device = loader, device
+        self.dataset = loader.dataset
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """Yield the loader's batches on the device."""
