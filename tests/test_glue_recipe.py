@@ -340,3 +340,11 @@ def test_push_to_hub_a_stock_transformers_checkpoint(checkpoints, glue_dir, tmp_
     reported = {r.metric_type: r.metric_value for r in card.data.eval_results}
     assert reported == {"accuracy": results["eval_accuracy"], "f1": results["eval_f1"]}
     assert "hf_secret" not in card.content and "import hfzoo" not in card.content
+
+
+def test_an_undefined_dev_metric_never_wins_the_best_epoch():
+    from hfzoo.training.glue_loop import _improves
+
+    nan = float("nan")
+    assert _improves(0.2, None) and _improves(0.1, nan) and _improves(0.3, 0.2)
+    assert not _improves(nan, 0.2) and not _improves(0.2, 0.3) and not _improves(0.2, 0.2)

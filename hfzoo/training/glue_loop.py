@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import re
 import shutil
@@ -188,6 +189,11 @@ def _eval_record(task: GlueTask, metrics_by_split: dict[str, dict[str, float]]) 
     return record
 
 
+def _improves(value: float, best: float | None) -> bool:
+    """Higher is better for every GLUE metric; an undefined one (NaN, e.g. Pearson of constant predictions) is worst."""
+    return best is None or (not math.isnan(value) and (math.isnan(best) or value > best))
+
+
 def train_glue(run: GlueRun) -> GlueProgress:
     """Finetune for `run.max_train_steps` optimizer steps, evaluating every dev split after each epoch.
 
@@ -275,7 +281,7 @@ def train_glue(run: GlueRun) -> GlueProgress:
         record = {"epoch": progress.epoch + 1, "step": progress.step, **_eval_record(task, metrics)}
         progress.eval_history.append(record)
         progress.epoch, progress.batches_done = progress.epoch + 1, 0
-        if progress.best_metric is None or record[main_metric] > progress.best_metric:
+        if _improves(record[main_metric], progress.best_metric):
             progress.best_epoch, progress.best_metric = record["epoch"], record[main_metric]
             best_state = _trainable_state(run) if not args.save_last_epoch else None
         bar.write(f"epoch {record['epoch']}: " + ", ".join(f"{k} {v:.4f}" for k, v in record.items() if "eval_" in k))
