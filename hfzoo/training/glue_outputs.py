@@ -65,7 +65,7 @@ def build_glue_model_card(run: GlueRun, results: dict[str, Any], model_name: str
     args, task = run.args, run.task
     base_type = run.accelerator.unwrap_model(run.model).config.model_type
     hfzoo_base = base_type.startswith("hfzoo_")
-    metrics = {k.removeprefix("eval_"): v for k, v in results.items() if k.startswith("eval_") and k != "eval_loss"}
+    metrics = {k.removeprefix("eval_"): v for k, v in results.items() if k.startswith("eval_") and "loss" not in k}
     data = ModelCardData(
         model_name=model_name,
         base_model=str(args.model_name_or_path),
