@@ -7,6 +7,7 @@ finetuning of that checkpoint, and the conversion of GPT-2, BERT and T5 checkpoi
 from __future__ import annotations
 
 import json
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -57,10 +58,14 @@ def script(name: str) -> str:
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_help_from_the_console_script_and_python_m(name):
-    for cmd in ([script(name), "--help"], [sys.executable, "-m", SCRIPTS[name], "--help"]):
-        out = run(*cmd)
-        assert out.startswith(f"usage: {name} ") and ("--model_name_or_path" in out or "--train_file" in out)
+def test_help_from_the_console_script_and_python_m(name, monkeypatch, capsys):
+    out = run(script(name), "--help")
+    assert out.startswith(f"usage: {name} ") and ("--model_name_or_path" in out or "--train_file" in out)
+    # `python -m MODULE --help`, run in this process the way `-m` runs it (runpy, as `__main__`).
+    monkeypatch.setattr(sys, "argv", [SCRIPTS[name], "--help"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_module(SCRIPTS[name], run_name="__main__", alter_sys=True)
+    assert exit_info.value.code == 0 and capsys.readouterr().out == out
 
 
 @pytest.fixture(scope="module")
