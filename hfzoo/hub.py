@@ -22,7 +22,7 @@ from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 
 from . import AUTO_CLASSES
 
-#: resumable checkpoints of the pretraining recipe (`hfzoo.training.pretraining.CHECKPOINT_DIR`).
+#: resumable checkpoints of the pretraining recipe (`hfzoo.training.checkpointing.CHECKPOINT_DIR`).
 CHECKPOINT_DIR = "checkpoints"
 #: never uploaded: resumable checkpoints, tracker logs (accelerate's `pretrain` project, TensorBoard
 #: `runs`, wandb), temporary files and folders of atomic writes, Python caches.

@@ -1,9 +1,8 @@
 """`hfzoo.export.export_for_remote_code`: checkpoints that load with `trust_remote_code=True` WITHOUT hfzoo.
 
-The remote-code checks run in a real clean environment: a `venv --without-pip` whose only package
-path is this venv's site-packages, added through a `.pth` file. Paths listed in a `.pth` are put on
-`sys.path`, but the `.pth` files inside them are not processed, so hfzoo's editable-install hook is
-not active there and `import hfzoo` fails (asserted in the subprocess). One subprocess per family
+The remote-code checks run in a real clean environment (`clean_env.make_clean_venv`): a `venv --without-pip`
+whose only package path is this venv's site-packages, without hfzoo's editable-install hook, so
+`import hfzoo` fails there (asserted in the subprocess). One subprocess per family
 loads every head of the family and writes its outputs back, which must be bit-identical to the
 in-package model's (fp32, eager attention, same number of threads).
 """
@@ -12,14 +11,13 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
-import subprocess
 import sys
 import sysconfig
 import textwrap
 from pathlib import Path
 
+import clean_env
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -104,44 +102,12 @@ CLEAN_ENV_SCRIPT = textwrap.dedent(
 @pytest.fixture(scope="session")
 def clean_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A `venv --without-pip` that sees this venv's packages through a `.pth`, but not hfzoo."""
-    venv_dir = tmp_path_factory.mktemp("clean_venv")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv_dir)], check=True)
-    python = venv_dir / ("Scripts" if os.name == "nt" else "bin") / ("python.exe" if os.name == "nt" else "python")
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    (Path(purelib) / "parent_site_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    return python
+    return clean_env.make_clean_venv(tmp_path_factory.mktemp("clean_venv"), [Path(sysconfig.get_paths()["purelib"])])
 
 
 def run_clean(python: Path, job: dict, workdir: Path) -> dict:
     """Run `CLEAN_ENV_SCRIPT` in the clean interpreter, outside the repository, with a clean environment."""
-    script = workdir / "check_remote_code.py"
-    script.write_text(CLEAN_ENV_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k != "VIRTUAL_ENV"}
-    env.update(
-        HF_HOME=str(workdir / "hf_home"),  # fresh transformers_modules cache
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_VERBOSITY="error",
-        TOKENIZERS_PARALLELISM="false",
-    )
-    assert REPO_ROOT not in workdir.resolve().parents
-    proc = subprocess.run(
-        [str(python), "-s", str(script), json.dumps(job)],
-        cwd=workdir,
-        env=env,
-        stdin=subprocess.DEVNULL,  # a trust_remote_code prompt must fail, never wait
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert len(lines) == 1, proc.stdout[-5000:]
-    return json.loads(lines[0].removeprefix("RESULT "))
+    return clean_env.run_clean(python, CLEAN_ENV_SCRIPT, job, workdir)
 
 
 def family_inputs(family: str) -> dict[str, torch.Tensor]:

@@ -86,9 +86,9 @@ def test_files_to_upload_excludes_checkpoints_logs_and_tmp(model_folder):
 
 
 def test_checkpoint_dir_matches_the_recipe():
-    from hfzoo.training import pretraining
+    from hfzoo.training import checkpointing, pretraining
 
-    assert hub.CHECKPOINT_DIR == pretraining.CHECKPOINT_DIR
+    assert hub.CHECKPOINT_DIR == checkpointing.CHECKPOINT_DIR
     assert pretraining.push_to_hub is hub.push_to_hub
 
 
