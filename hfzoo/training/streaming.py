@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import datasets
+import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object, send_to_device
 from datasets.distributed import split_dataset_by_node
@@ -89,7 +90,9 @@ class StreamingTrainLoader:
         min_batches: int = 1,
     ) -> None:
         self.dataset = dataset
-        self.loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn)
+        # The loader's own generator: starting a pass draws its seed from it, not from torch's global RNG (which
+        # the objectives' masking and dropout use), so a run resumed mid-pass draws what the uninterrupted one did.
+        self.loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn, generator=torch.Generator())
         self.accelerator = accelerator
         self.min_batches = min_batches
 
