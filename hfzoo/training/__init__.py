@@ -2,8 +2,9 @@
 
 Shared core: `objectives` (the pretraining objective registry: clm | mlm | span), `accelerator`
 (`create_accelerator`), `optimization` (AdamW parameter groups without weight decay on vectors,
-scalars and norms; the learning-rate schedule), `arguments`, `evaluation`, `plots`, `peft_utils`,
-`runtime`. Recipes: `pretraining` (with `streaming` for `--streaming`), `glue` (with `glue_loop`,
-`glue_outputs` and `glue_sweep`), `train_tokenizer`, `consolidate`. Importing `hfzoo` does not import
-this package (it needs the `train` extra).
+scalars and norms; the learning-rate schedule), `checkpointing` (atomic checkpoints with a manifest,
+verification, resume), `faults` (preemption signals, non-finite steps, failed processes, exit codes),
+`arguments`, `evaluation`, `plots`, `peft_utils`, `runtime`. Recipes: `pretraining` (with `streaming`
+for `--streaming`), `glue` (with `glue_loop`, `glue_outputs` and `glue_sweep`), `train_tokenizer`,
+`consolidate`. Importing `hfzoo` does not import this package (it needs the `train` extra).
 """
