@@ -59,7 +59,8 @@ def install_fault(kind: str, step: int, rank: int | None = None, delay: float = 
         kind: one of `CHILD_FAULTS`.
         step: the (1-based, absolute: counting the steps of the run resumed from) optimizer step.
         rank: only on this process index (None: every process).
-        delay: seconds after the start of the step at which a signal is sent (from another thread).
+        delay: seconds after the start of the step at which a signal is sent (from another thread; 0: at once,
+            from this thread, before the step's computation).
     """
     from hfzoo.training import checkpointing, pretraining
 
@@ -81,7 +82,10 @@ def install_fault(kind: str, step: int, rank: int | None = None, delay: float = 
         if position["start"] + position["calls"] == step and here:
             if kind in ("sigkill", "sigterm"):
                 sig = signal.SIGKILL if kind == "sigkill" else signal.SIGTERM
-                threading.Timer(delay, os.kill, (os.getpid(), sig)).start()
+                if delay > 0:
+                    threading.Timer(delay, os.kill, (os.getpid(), sig)).start()
+                else:
+                    os.kill(os.getpid(), sig)
             elif kind == "kill_during_save":
                 position["armed"] = True
             elif kind == "raise":
@@ -199,13 +203,16 @@ def run_interrupted(
     seed: int = 0,
     env: dict[str, str] | None = None,
     timeout: float = 600,
+    max_delay: float = 0.05,
 ) -> list[Segment]:
     """Run the recipe into `output_dir`, interrupting one process per entry of `kinds`, then to the end.
 
     Each fault lands at a random step after the checkpoint the process resumes from, late enough for the
     process to write at least one checkpoint first (SIGTERM: any later step), so that every process makes
     progress. After a process ends, a `corrupt_latest` interruption damages the newest complete checkpoint
-    (when there is an older one to fall back to; otherwise it behaves as `sigkill`).
+    (when there is an older one to fall back to; otherwise it behaves as `sigkill`). Signals arrive a
+    random 0 to `max_delay` seconds into their step (0: at its start, so that each process stops within
+    the steps planned for it, as a test needs).
 
     Returns:
         One `Segment` per process, the last being the uninterrupted completion.
@@ -226,7 +233,7 @@ def run_interrupted(
             step = rng.randint(first_save + 1, first_save + checkpointing_steps)
         step = min(step, max_train_steps) if kind != "none" else 0
         child_kind = "sigkill" if kind == "corrupt_latest" else kind
-        delay = rng.uniform(0.0, 0.05)
+        delay = rng.uniform(0.0, max_delay)
         proc = subprocess.run(
             child_command(child_kind, step, args, delay), capture_output=True, text=True, env=env, timeout=timeout
         )

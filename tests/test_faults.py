@@ -228,7 +228,9 @@ def test_five_interruptions_of_mixed_kinds_end_bit_exact_with_the_uninterrupted_
     assert proc.returncode == 0, proc.stderr[-3000:]
     kinds = chaos.interruption_plan(5, seed=0)
     assert set(kinds) == set(chaos.INTERRUPTIONS)
-    segments = chaos.run_interrupted(recipe, tmp_path / "chaos", kinds, max_train_steps=48, checkpointing_steps=4)
+    segments = chaos.run_interrupted(
+        recipe, tmp_path / "chaos", kinds, max_train_steps=48, checkpointing_steps=4, max_delay=0.0
+    )
     assert [s.kind for s in segments] == [*kinds, "none"]  # every interruption happened before the run ended
     assert segments[-1].returncode == 0
     for segment, following in zip(segments, segments[1:]):
