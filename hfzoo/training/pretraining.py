@@ -482,7 +482,8 @@ def train(run: PretrainingRun) -> dict[str, float]:
     last_saved = completed_steps  # a resumed run's starting point is already a checkpoint
     # A run resumed from its last checkpoint has nothing left to train.
     epochs = range(start_epoch, run.num_train_epochs) if completed_steps < run.max_train_steps else range(0)
-    preemption = faults.PreemptionHandler().install()  # SIGTERM/SIGINT: stop after the current step
+    # SIGTERM/SIGINT: stop after the current step; after the last one, the final evaluation and save still run.
+    preemption = faults.PreemptionHandler().install()  # on errors, `faults.handle_training_faults` restores
     for epoch in epochs:
         run.train_dataloader.set_epoch(epoch)
         loader = run.train_dataloader
@@ -561,7 +562,6 @@ def train(run: PretrainingRun) -> dict[str, float]:
             break
     if args.checkpointing_steps is not None and last_saved != completed_steps:
         save_checkpoint(run, completed_steps, tokens_seen)  # the end of training is always a checkpoint
-    preemption.uninstall()
     progress.close()
     train_runtime = time.perf_counter() - start
 
@@ -601,6 +601,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
         accelerator.log({k: v for k, v in results.items() if isinstance(v, (int, float))}, step=completed_steps)
     save_final_model(run, results, history, eval_history)
     accelerator.end_training()  # also ends the process group, so that launched processes exit promptly
+    preemption.uninstall()
     return results
 
 
