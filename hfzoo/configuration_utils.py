@@ -265,18 +265,21 @@ class HfzooConfig(PreTrainedConfig):
 
     def _validate_ffn_norms(self) -> None:
         """Check the feed-forward, normalization and mixture-of-experts fields and their combinations."""
-        if self.norm_type == "none":
-            for name, value in (("norm_position", self.norm_position), ("embedding_norm", self.embedding_norm)):
-                if value in ("sandwich", "deepnorm", True):
-                    raise ValueError(f"{name}={value!r} needs a normalization; norm_type='none' has none")
+        placement = NORM_POSITIONS[self.norm_position]
+        if self.norm_type == "none" and placement.needs_norm:
+            raise ValueError(f"norm_position={self.norm_position!r} needs a normalization; norm_type='none' has none")
+        if self.norm_type == "none" and self.embedding_norm:
+            raise ValueError("embedding_norm=True needs a normalization; norm_type='none' has none")
         if self.fixup_init and self.norm_type != "none":
             raise ValueError(
                 f"fixup_init=True requires norm_type='none' (Fixup replaces normalization), got {self.norm_type!r}"
             )
         if self.fixup_init and self.rezero:
             raise ValueError("fixup_init=True and rezero=True are alternative residual schemes; choose one")
-        if self.rezero and self.norm_position == "deepnorm":
-            raise ValueError("rezero=True cannot be combined with norm_position='deepnorm' (both rescale the residual)")
+        if self.rezero and placement.rescales_residual:
+            raise ValueError(
+                f"rezero=True cannot be combined with norm_position={self.norm_position!r} (both rescale the residual)"
+            )
         if not isinstance(self.num_experts, int) or self.num_experts < 0 or self.num_experts == 1:
             raise ValueError(f"num_experts must be 0 (dense) or an integer >= 2, got {self.num_experts!r}")
         for name in ("num_experts_per_tok", "moe_layer_interval"):

@@ -24,7 +24,7 @@ class HfzooPreTrainedModel(PreTrainedModel):
     Weights are initialised by transformers' default `_init_weights` (normal(0, `initializer_range`)
     for linear and embedding matrices, zero biases, unit norm weights), plus the residual schemes:
     ReZero's scalars start at 0, Fixup's multipliers at 1 and biases at 0, and DeepNorm / Fixup rescale
-    the residual branches (`hfzoo.modules.layer.mark_residual_branch_init`). transformers applies
+    the residual branches (`hfzoo.modules.layer.Residual.mark_branch_init`). transformers applies
     `_init_weights` only to modules that `from_pretrained` did not load, and every write goes through
     `transformers.initialization`, which skips loaded tensors, so loaded weights are never overwritten.
     With `scale_attention_scores=False` (T5), `q_proj` is drawn with standard deviation
@@ -91,13 +91,8 @@ class HfzooPreTrainedModel(PreTrainedModel):
         scale = getattr(module, "init_std_scale", None)
         if scale is not None:  # q_proj with scale_attention_scores=False (T5): head_dim ** -0.5
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range * scale)
-        if isinstance(module, Residual):
-            if module.rezero_alpha is not None:
-                init.zeros_(module.rezero_alpha)
-            if module.fixup_scale is not None:
-                init.zeros_(module.fixup_bias_in)
-                init.ones_(module.fixup_scale)
-                init.zeros_(module.fixup_bias_out)
+        if isinstance(module, Residual):  # ReZero / Fixup scalars
+            module.init_scalars()
 
 
 @dataclass

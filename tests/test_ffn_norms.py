@@ -28,7 +28,7 @@ from hfzoo.modules.experts import (
     router_z_loss,
 )
 from hfzoo.modules.feed_forward import ACTIVATIONS, FeedForward
-from hfzoo.modules.layer import Residual, deepnorm_constants, num_residual_branches
+from hfzoo.modules.layer import build_residual, deepnorm_constants, num_residual_branches
 
 H, FF = 16, 24
 
@@ -111,7 +111,7 @@ class Affine(nn.Module):
 def residual_case(**overrides):
     torch.manual_seed(0)
     cfg = config(**overrides)
-    residual = Residual(cfg)
+    residual = build_residual(cfg)
     for param in residual.parameters():  # move scalars and norm weights off their initial values
         param.data.uniform_(0.5, 1.5)
     norm = nn.LayerNorm(H) if cfg.norm_type == "layer_norm" else nn.Identity()

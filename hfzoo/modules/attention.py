@@ -186,6 +186,10 @@ class HfzooAttention(nn.Module):
         if not is_cross_attention and kind in RELATIVE_POSITION_REPRESENTATIONS:
             self.relative_positions = RELATIVE_POSITION_REPRESENTATIONS[kind](config)
 
+    def residual_branch_projections(self) -> tuple[list[nn.Linear], list[nn.Linear]]:
+        """`([v_proj], [o_proj])`: the value path and output DeepNorm / Fixup initialise (`hfzoo.modules.layer`)."""
+        return [self.v_proj], [self.o_proj]
+
     def _project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (*states.shape[:-1], self.num_heads, self.head_dim)
         # (batch, kv_len, hidden) -> (batch, heads, kv_len, head_dim)

@@ -85,7 +85,7 @@ def build_stack_modules(
     module.layers = nn.ModuleList(
         [HfzooLayer(config, i, is_causal=is_causal, has_cross_attention=has_cross_attention) for i in range(num_layers)]
     )
-    module.norm = build_norm(config) if NORM_POSITIONS[config.norm_position]["final_norm"] else nn.Identity()
+    module.norm = build_norm(config) if NORM_POSITIONS[config.norm_position].final_norm else nn.Identity()
     if module.shares_layers:
         first = [(name, p.shape) for name, p in module.layers[0].named_parameters()]
         for i, layer in enumerate(module.layers):
