@@ -8,6 +8,8 @@ embeddings).
 
 from __future__ import annotations
 
+import dataclasses
+
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
@@ -15,7 +17,7 @@ from .modules.experts import ROUTERS
 from .modules.feed_forward import ACTIVATIONS
 from .modules.layer import NORM_POSITIONS
 from .modules.norms import NORM_CLASSES
-from .modules.positions import POSITION_EMBEDDING_TYPES
+from .modules.positions import POSITION_EMBEDDING_TYPES, POSITION_SCHEME_FIELDS, has_per_layer_score_bias
 from .modules.stack import BLOCK_SHARING
 
 
@@ -246,14 +248,11 @@ class HfzooConfig(PreTrainedConfig):
                 f"block_sharing={self.block_sharing!r} is not supported by {self.model_type}; choose one of {allowed}"
             )
         # One set of layer parameters cannot also differ between layers.
-        per_layer_bias = self.position_embedding_type == "relative_attention_bias" and not getattr(
-            self, "share_relative_attention_bias", True
-        )
-        if self.block_sharing != "none" and per_layer_bias:
+        if self.block_sharing != "none" and has_per_layer_score_bias(self):
             raise ValueError(
                 f"block_sharing={self.block_sharing!r} shares one layer's parameters across layers, which "
-                "contradicts share_relative_attention_bias=False (one bias table per layer); "
-                "use share_relative_attention_bias=True or block_sharing='none'"
+                f"contradicts position_embedding_type={self.position_embedding_type!r} with one score-bias table "
+                "per layer (share_relative_attention_bias=False); share the bias or use block_sharing='none'"
             )
         interval = getattr(self, "moe_layer_interval", 1)
         if self.block_sharing != "none" and getattr(self, "num_experts", 0) > 0 and interval > 1:
@@ -335,17 +334,25 @@ class HfzooConfig(PreTrainedConfig):
                 f"position_embedding_type='rotary' needs an even head_dim (it rotates feature pairs), "
                 f"got head_dim={self.head_dim}"
             )
-        # A field of a scheme that is not selected would be a silent no-op: refuse non-default values.
-        fields_of_scheme = {
-            "relative_attention_num_buckets": ("relative_attention_bias", 32),
-            "relative_attention_max_distance": ("relative_attention_bias", 128),
-            "share_relative_attention_bias": ("relative_attention_bias", True),
-            "max_relative_positions": ("shaw", 16),
-            "rope_theta": ("rotary", 10000.0),
-        }
-        for name, (scheme, default) in fields_of_scheme.items():
-            if kind != scheme and getattr(self, name) != default:
-                raise ValueError(
-                    f"{name}={getattr(self, name)!r} only applies to position_embedding_type={scheme!r}, but "
-                    f"position_embedding_type={kind!r}; leave it at its default {default!r}"
-                )
+        self._refuse_unused_fields("position_embedding_type", POSITION_SCHEME_FIELDS)
+
+    def _refuse_unused_fields(self, field: str, fields_of_choice: dict[str, tuple[str, ...]]) -> None:
+        """Refuse a non-default value of a field read only by a choice of `field` that is not selected.
+
+        Such a value would be a silent no-op (e.g. `rope_theta` without rotary positions).
+
+        Args:
+            field: the choosing field, e.g. `position_embedding_type`.
+            fields_of_choice: `{choice: (names of the fields only that choice reads)}`, from the registry's file.
+
+        Raises:
+            ValueError: naming the field, its value, the choice it belongs to and its default.
+        """
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for choice, names in fields_of_choice.items():
+            for name in names:
+                if getattr(self, field) != choice and getattr(self, name) != defaults[name]:
+                    raise ValueError(
+                        f"{name}={getattr(self, name)!r} only applies to {field}={choice!r}, but "
+                        f"{field}={getattr(self, field)!r}; leave it at its default {defaults[name]!r}"
+                    )

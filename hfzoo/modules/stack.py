@@ -34,6 +34,7 @@ from .positions import (
     ATTENTION_SCORE_BIASES,
     ROTARY_POSITION_EMBEDDINGS,
     build_position_embedding,
+    build_stack_score_bias,
     token_positions,
 )
 
@@ -44,10 +45,10 @@ def build_stack_modules(
     """Create a stack's submodules on `module`: positions, token types, dropout, layers, final norm.
 
     Sets `embed_positions` (absolute positions, or None), `rotary_emb` (rotary, or None),
-    `relative_attention_bias` (the score bias shared by all layers: T5's with
-    `share_relative_attention_bias`, or ALiBi; else None), `token_type_embeddings` (when `config.type_vocab_size > 0`,
-    else None), `embed_dropout`, `layers` (`num_layers` `HfzooLayer`s) and `norm` (the final norm with
-    `norm_position` "pre" or "sandwich", an identity with "post" or "deepnorm"), `embed_norm` (a norm
+    `relative_attention_bias` (a score bias the scheme shares across the stack's layers,
+    `hfzoo.modules.positions.build_stack_score_bias`; else None), `token_type_embeddings` (when
+    `config.type_vocab_size > 0`, else None), `embed_dropout`, `layers` (`num_layers` `HfzooLayer`s) and
+    `norm` (the final norm when the norm placement has one, else an identity), `embed_norm` (a norm
     of the summed embeddings when `config.embedding_norm`, else None), plus the flags `is_causal`,
     `has_cross_attention` and `shares_layers` (`config.block_sharing` covers this stack; the model then declares
     `shared_layer_tied_keys`). Token embeddings (`hfzoo.modules.embeddings.TokenEmbedding`) are set by
@@ -72,12 +73,7 @@ def build_stack_modules(
     kind = config.position_embedding_type
     rotary = ROTARY_POSITION_EMBEDDINGS.get(kind)
     module.rotary_emb = rotary(config) if rotary is not None else None
-    shared_bias = kind in ATTENTION_SCORE_BIASES and (
-        kind != "relative_attention_bias" or config.share_relative_attention_bias
-    )
-    module.relative_attention_bias = (
-        ATTENTION_SCORE_BIASES[kind](config, bidirectional=not is_causal) if shared_bias else None
-    )
+    module.relative_attention_bias = build_stack_score_bias(config, bidirectional=not is_causal)
     type_vocab_size = getattr(config, "type_vocab_size", 0)
     module.token_type_embeddings = nn.Embedding(type_vocab_size, config.hidden_size) if type_vocab_size else None
     module.embed_norm = build_norm(config) if config.embedding_norm else None
