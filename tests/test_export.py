@@ -295,8 +295,8 @@ def test_family_files_follow_imports():
     assert "modeling_encoder.py" not in decoder and "modeling_encoder_decoder.py" not in decoder
     assert all(module.startswith("hfzoo.") for module in decoder.values())
     flat = flatten_source("hfzoo.models.decoder.modeling_decoder")
-    assert "from .stack import build_stack_modules, shared_layer_tied_keys, stack_forward" in flat
-    assert "from .embeddings import TokenEmbedding, VocabProjection, tied_embedding_keys" in flat
+    assert "from .stack import HfzooStack" in flat
+    assert "from .embeddings import VocabProjection, tied_embedding_keys" in flat
     assert decoder["embeddings.py"] == "hfzoo.modules.embeddings"
     assert "from .configuration_decoder import HfzooDecoderConfig" in flat
 

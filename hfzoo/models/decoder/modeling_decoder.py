@@ -17,10 +17,10 @@ from transformers.utils.generic import can_return_tuple, merge_with_config_defau
 from transformers.utils.output_capturing import capture_outputs
 
 from ...modeling_utils import HfzooPreTrainedModel
-from ...modules.embeddings import TokenEmbedding, VocabProjection, tied_embedding_keys
+from ...modules.embeddings import VocabProjection, tied_embedding_keys
 from ...modules.experts import router_aux_losses, token_padding_mask
 from ...modules.heads import check_classification_labels
-from ...modules.stack import build_stack_modules, shared_layer_tied_keys, stack_forward
+from ...modules.stack import HfzooStack
 from .configuration_decoder import HfzooDecoderConfig
 
 
@@ -31,27 +31,20 @@ class HfzooDecoderPreTrainedModel(HfzooPreTrainedModel):
     config: HfzooDecoderConfig
 
 
-class HfzooDecoderModel(HfzooDecoderPreTrainedModel):
-    """The bare decoder: token (+ position) embeddings, `num_hidden_layers` causal layers, final norm.
+class HfzooDecoderModel(HfzooStack, HfzooDecoderPreTrainedModel):
+    """The bare decoder: one causal `hfzoo.modules.stack.HfzooStack` of `num_hidden_layers` layers.
 
-    The final norm exists with `norm_position="pre"` (as in GPT-2) and is an identity with `"post"`
-    (each post-LN layer already ends with a norm). With `block_sharing="all"` every layer's parameters
-    are tied to layer 0's.
+    Token (+ position) embeddings, the layers and a final norm (an identity for placements without one,
+    e.g. `norm_position="post"`, where each layer already ends with a norm). With `block_sharing="all"`
+    every layer's parameters are tied to layer 0's.
 
     Args:
         config: an `HfzooDecoderConfig`.
     """
 
     def __init__(self, config: HfzooDecoderConfig) -> None:
-        super().__init__(config)
-        self.embed_tokens = TokenEmbedding(config)
-        build_stack_modules(self, config, config.num_hidden_layers, is_causal=True)
+        super().__init__(config, num_layers=config.num_hidden_layers, is_causal=True)
         self.post_init()
-
-    @property
-    def _tied_weights_keys(self) -> dict[str, str]:
-        """Layer ties of block sharing (`hfzoo.modules.stack.shared_layer_tied_keys`)."""
-        return shared_layer_tied_keys(self)
 
     @merge_with_config_defaults
     @capture_outputs
@@ -82,10 +75,9 @@ class HfzooDecoderModel(HfzooDecoderPreTrainedModel):
 
         Raises:
             ValueError: both or neither of `input_ids` / `inputs_embeds`; a sequence longer than
-                `max_position_embeddings` with absolute position embeddings.
+                `max_position_embeddings` with absolute position embeddings (see `HfzooStack.forward`).
         """
-        outputs = stack_forward(
-            self,
+        outputs = super().forward(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,

@@ -14,10 +14,10 @@ from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
 from ...modeling_utils import HfzooPreTrainedModel, MoeMaskedLMOutput
-from ...modules.embeddings import TokenEmbedding, tied_embedding_keys
+from ...modules.embeddings import tied_embedding_keys
 from ...modules.experts import router_aux_losses, token_padding_mask
 from ...modules.heads import MaskedLMHead, SequenceClassificationHead, check_classification_labels, token_cross_entropy
-from ...modules.stack import build_stack_modules, shared_layer_tied_keys, stack_forward
+from ...modules.stack import HfzooStack
 from .configuration_encoder import HfzooEncoderConfig
 
 
@@ -28,8 +28,8 @@ class HfzooEncoderPreTrainedModel(HfzooPreTrainedModel):
     config: HfzooEncoderConfig
 
 
-class HfzooEncoderModel(HfzooEncoderPreTrainedModel):
-    """The bare encoder: token (+ position, + token-type) embeddings, bidirectional layers, final norm.
+class HfzooEncoderModel(HfzooStack, HfzooEncoderPreTrainedModel):
+    """The bare encoder: one bidirectional `hfzoo.modules.stack.HfzooStack` (with token-type embeddings).
 
     Every token attends to every non-padding token (Devlin et al. 2019). Accepts `past_key_values`
     so that PEFT prefix tuning can prepend learned keys/values to each layer.
@@ -39,15 +39,8 @@ class HfzooEncoderModel(HfzooEncoderPreTrainedModel):
     """
 
     def __init__(self, config: HfzooEncoderConfig) -> None:
-        super().__init__(config)
-        self.embed_tokens = TokenEmbedding(config)
-        build_stack_modules(self, config, config.num_hidden_layers, is_causal=False)
+        super().__init__(config, num_layers=config.num_hidden_layers, is_causal=False)
         self.post_init()
-
-    @property
-    def _tied_weights_keys(self) -> dict[str, str]:
-        """Layer ties of block sharing (`hfzoo.modules.stack.shared_layer_tied_keys`)."""
-        return shared_layer_tied_keys(self)
 
     @capture_outputs
     def forward(
@@ -77,10 +70,9 @@ class HfzooEncoderModel(HfzooEncoderPreTrainedModel):
             `(batch_size, seq_len, hidden_size)`.
 
         Raises:
-            ValueError: see `hfzoo.modules.stack.stack_forward`.
+            ValueError: see `hfzoo.modules.stack.HfzooStack.forward`.
         """
-        return stack_forward(
-            self,
+        return super().forward(
             input_ids=input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,

@@ -27,7 +27,7 @@ from ...modules.embeddings import TokenEmbedding, VocabProjection, tied_embeddin
 from ...modules.experts import HfzooRouter, router_aux_losses, token_padding_mask
 from ...modules.heads import SequenceClassificationHead, check_classification_labels, token_cross_entropy
 from ...modules.layer import HfzooLayer
-from ...modules.stack import build_stack_modules, shared_layer_tied_keys, stack_forward
+from ...modules.stack import HfzooStack
 from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
 
 
@@ -88,29 +88,29 @@ class HfzooEncoderDecoderPreTrainedModel(HfzooPreTrainedModel):
     }
 
 
-class HfzooStack(HfzooEncoderDecoderPreTrainedModel):
-    """One side of the encoder-decoder: the encoder (bidirectional) or the decoder (causal, cross-attending).
+class HfzooEncoderDecoderStack(HfzooStack, HfzooEncoderDecoderPreTrainedModel):
+    """One side of the encoder-decoder, a `hfzoo.modules.stack.HfzooStack`: the encoder or the decoder.
+
+    The encoder has `num_hidden_layers` bidirectional layers; the decoder `num_decoder_layers` causal
+    layers with cross-attention. With `block_sharing` "all" or this side's name, the layers' parameters
+    are tied to layer 0's.
 
     Args:
         config: an `HfzooEncoderDecoderConfig`.
         embed_tokens: this side's token embedding module (possibly the shared one).
-        is_decoder: build the decoder side (`num_decoder_layers` causal layers with cross-attention)
-            instead of the encoder side (`num_hidden_layers` bidirectional layers).
-
-    With `block_sharing` "all" or this side's name, the layers' parameters are tied to layer 0's.
+        is_decoder: build the decoder side instead of the encoder side.
     """
 
     def __init__(self, config: HfzooEncoderDecoderConfig, embed_tokens: TokenEmbedding, is_decoder: bool) -> None:
-        super().__init__(config)
-        self.embed_tokens = embed_tokens
         num_layers = config.num_decoder_layers if is_decoder else config.num_hidden_layers
-        build_stack_modules(self, config, num_layers, is_causal=is_decoder, has_cross_attention=is_decoder)
+        super().__init__(
+            config,
+            num_layers=num_layers,
+            is_causal=is_decoder,
+            has_cross_attention=is_decoder,
+            embed_tokens=embed_tokens,
+        )
         self.post_init()
-
-    @property
-    def _tied_weights_keys(self) -> dict[str, str]:
-        """Layer ties of block sharing (`hfzoo.modules.stack.shared_layer_tied_keys`)."""
-        return shared_layer_tied_keys(self)
 
     @merge_with_config_defaults
     @capture_outputs
@@ -126,9 +126,8 @@ class HfzooStack(HfzooEncoderDecoderPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
-        """Run this side; arguments and returns as `hfzoo.modules.stack.stack_forward`."""
-        return stack_forward(
-            self,
+        """Run this side; arguments and returns as `hfzoo.modules.stack.HfzooStack.forward`."""
+        return super().forward(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -155,8 +154,8 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
         super().__init__(config)
         self.shared = TokenEmbedding(config)
         decoder_embeddings = self.shared if config.tie_encoder_decoder_embeddings else TokenEmbedding(config)
-        self.encoder = HfzooStack(config, self.shared, is_decoder=False)
-        self.decoder = HfzooStack(config, decoder_embeddings, is_decoder=True)
+        self.encoder = HfzooEncoderDecoderStack(config, self.shared, is_decoder=False)
+        self.decoder = HfzooEncoderDecoderStack(config, decoder_embeddings, is_decoder=True)
         self.post_init()
 
     @property
@@ -178,7 +177,7 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
         if self.config.tie_encoder_decoder_embeddings:
             self.decoder.embed_tokens = new_embeddings
 
-    def get_encoder(self, modality=None) -> HfzooStack:
+    def get_encoder(self, modality=None) -> HfzooEncoderDecoderStack:
         """Return the encoder stack (used by `generate` to encode once)."""
         return self.encoder
 
@@ -291,7 +290,7 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
         source = "model.shared" if self.config.tie_encoder_decoder_embeddings else "model.decoder.embed_tokens"
         return tied_embedding_keys(self.config, "lm_head", source)
 
-    def get_encoder(self, modality=None) -> HfzooStack:
+    def get_encoder(self, modality=None) -> HfzooEncoderDecoderStack:
         """Return the encoder stack (used by `generate`)."""
         return self.model.encoder
 
