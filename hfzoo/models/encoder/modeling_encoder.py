@@ -5,17 +5,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import (
-    BaseModelOutputWithPastAndCrossAttentions,
-    SequenceClassifierOutput,
-    TokenClassifierOutput,
-)
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
-from ...modeling_utils import HfzooPreTrainedModel, MoeMaskedLMOutput
+from ...modeling_utils import (
+    HfzooPreTrainedModel,
+    MoeMaskedLMOutput,
+    MoeSequenceClassifierOutput,
+    MoeTokenClassifierOutput,
+)
 from ...modules.embeddings import tied_embedding_keys
-from ...modules.experts import router_aux_losses, token_padding_mask
 from ...modules.heads import MaskedLMHead, SequenceClassificationHead, check_classification_labels, token_cross_entropy
 from ...modules.stack import HfzooStack
 from .configuration_encoder import HfzooEncoderConfig
@@ -132,32 +132,22 @@ class HfzooEncoderForMaskedLM(HfzooEncoderPreTrainedModel):
             the mean cross-entropy `loss` over positions whose label is not -100; with experts, plus
             `aux_loss` (included in `loss`) and, with `output_router_logits`, `router_logits`.
         """
-        has_experts = self.config.num_experts > 0
-        output_router_logits = kwargs.pop("output_router_logits", self.config.output_router_logits)
+        return_router_logits = self._request_router_logits(kwargs)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            output_router_logits=has_experts,
             **kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)
-        loss = aux_loss = None
+        loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels)
-        if has_experts:
-            padding_mask = token_padding_mask(attention_mask, logits.shape[1])
-            aux_loss = router_aux_losses(outputs.router_logits, self.config, padding_mask)[0]
-            loss = None if loss is None else loss + aux_loss.to(loss.device)
+        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
         return MoeMaskedLMOutput(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            aux_loss=aux_loss,
-            router_logits=outputs.get("router_logits") if output_router_logits and has_experts else None,
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions, **moe
         )
 
 
@@ -189,7 +179,7 @@ class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
         labels: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         **kwargs,
-    ) -> SequenceClassifierOutput:
+    ) -> MoeSequenceClassifierOutput:
         """Classify each sequence.
 
         Args:
@@ -205,12 +195,15 @@ class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
             **kwargs: forwarded to the encoder.
 
         Returns:
-            `SequenceClassifierOutput` with `logits` `(batch_size, num_labels)` and `loss`.
+            `MoeSequenceClassifierOutput` (a `SequenceClassifierOutput`) with `logits` `(batch_size, num_labels)`
+            and `loss`; with experts, `aux_loss` (included in `loss`) and, with `output_router_logits`,
+            `router_logits`.
 
         Raises:
             ValueError: an integer label outside `[0, num_labels)`.
         """
         check_classification_labels(labels, self.config)
+        return_router_logits = self._request_router_logits(kwargs)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -224,8 +217,9 @@ class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
         loss = None
         if labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
-        return SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
+        return MoeSequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions, **moe
         )
 
 
@@ -255,7 +249,7 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         **kwargs,
-    ) -> TokenClassifierOutput:
+    ) -> MoeTokenClassifierOutput:
         """Classify each token.
 
         Args:
@@ -268,13 +262,15 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
             **kwargs: forwarded to the encoder.
 
         Returns:
-            `TokenClassifierOutput` with `logits` `(batch_size, seq_len, num_labels)` and the mean
-            cross-entropy `loss` over labelled positions.
+            `MoeTokenClassifierOutput` (a `TokenClassifierOutput`) with `logits` `(batch_size, seq_len,
+            num_labels)` and the mean cross-entropy `loss` over labelled positions; with experts, `aux_loss`
+            (included in `loss`) and, with `output_router_logits`, `router_logits`.
 
         Raises:
             ValueError: a label outside `[0, num_labels)` other than -100.
         """
         check_classification_labels(labels, self.config)
+        return_router_logits = self._request_router_logits(kwargs)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -287,6 +283,7 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels)
-        return TokenClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
+        return MoeTokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions, **moe
         )
