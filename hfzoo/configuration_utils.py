@@ -3,11 +3,13 @@
 Every field is a plain JSON value (`config.json` stays readable) and is validated when the config is
 built: a bad value raises an error naming the field, the value and what is allowed. Choices are the
 keys of the registries in `hfzoo/modules/` (activations, norms, norm positions, routers, position
-embeddings).
+embeddings, token mixers), and what a choice supports is read from its registry entry. Each family's
+config describes its stacks (`stack_layouts()`), which the validation and the models share.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 from huggingface_hub.dataclasses import strict
@@ -15,10 +17,16 @@ from transformers import PreTrainedConfig
 
 from .modules.experts import ROUTERS
 from .modules.feed_forward import ACTIVATIONS
-from .modules.layer import NORM_POSITIONS
+from .modules.layer import NORM_POSITIONS, SUBLAYERS
+from .modules.mixers import TOKEN_MIXERS
 from .modules.norms import NORM_CLASSES
-from .modules.positions import POSITION_EMBEDDING_TYPES, POSITION_SCHEME_FIELDS, has_per_layer_score_bias
-from .modules.stack import BLOCK_SHARING
+from .modules.positions import (
+    ATTENTION_POSITION_EMBEDDING_TYPES,
+    POSITION_EMBEDDING_TYPES,
+    POSITION_SCHEME_FIELDS,
+    has_per_layer_score_bias,
+)
+from .modules.stack import BLOCK_SHARING, StackLayout
 
 
 @strict
@@ -120,6 +128,19 @@ class HfzooConfig(PreTrainedConfig):
         scale_lm_head_input: multiply the final hidden states by `hidden_size ** -0.5` right before the
             vocabulary projection of the language-model head, as T5 v1.0 (Mesh TensorFlow) does with its
             tied embeddings (transformers' T5 calls it `scale_decoder_outputs`).
+        token_mixer: the sublayer that mixes information across positions, a key of
+            `hfzoo.modules.mixers.TOKEN_MIXERS` (`self_attention`: multi-head self-attention, Vaswani et al.
+            2017). Refused in a family or stack direction (causal / bidirectional) where the registry entry
+            says the mixer is undefined, with `use_cache=True` in a causal stack when the mixer has no KV
+            cache, and with position schemes acting inside attention when the mixer does not apply them.
+        sublayer_pattern: the order of the sublayers of every stack, Press et al. 2020 ("Improving
+            Transformer Models by Reordering their Sublayers"): a string of `s` (token mixer, followed by
+            cross-attention in the encoder-decoder's decoder) and `f` (feed-forward) with 2N letters for N
+            layers (`num_hidden_layers`; the encoder-decoder's decoder `num_decoder_layers`, so there both
+            depths must be equal). None is the interleaved Transformer `"sf" * N`; the sandwich Transformer
+            is `s^k (sf)^(N-k) f^k` (`hfzoo.modules.layer.sandwich_pattern`); `"s" * 2N` is attention only,
+            `"f" * 2N` feed-forward only (no token mixing: `use_cache` must be False in a causal stack).
+            Each `sf` is one layer and any other letter a layer of its own (`hfzoo.modules.layer.layer_sublayers`).
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
@@ -183,6 +204,9 @@ class HfzooConfig(PreTrainedConfig):
     rope_theta: float | int = 10000.0
     scale_attention_scores: bool = True
     scale_lm_head_input: bool = False
+    # --- layer structure (issue 11)
+    token_mixer: str = "self_attention"
+    sublayer_pattern: str | None = None
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:
@@ -231,8 +255,105 @@ class HfzooConfig(PreTrainedConfig):
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name}={value} is outside the vocabulary [0, {self.vocab_size})")
         self._validate_embeddings()
+        self._validate_stacks()
         self._validate_ffn_norms()
         self._validate_positions()
+
+    def stack_layouts(self) -> tuple[StackLayout, ...]:
+        """The stacks of this family's models, input side first (each family's config defines them).
+
+        Returns:
+            One `hfzoo.modules.stack.StackLayout` per stack; none for the bare `HfzooConfig`.
+        """
+        return ()
+
+    def get_text_config(self, decoder=None, encoder=None):
+        """This config, or with `decoder=True` a view sized for the KV cache of the causal stack.
+
+        transformers sizes generation caches from `get_text_config(decoder=True).num_hidden_layers`; the
+        cache holds one layer per token mixer of the causal stack (`sublayer_pattern`), which the view's
+        `num_hidden_layers` then is (the encoder-decoder's `num_decoder_layers` by default).
+        """
+        causal = [layout for layout in self.stack_layouts() if layout.is_causal]
+        if decoder and causal:
+            cache_layers = sum("s" in sublayers for sublayers in causal[-1].sublayers(self))
+            if cache_layers != self.num_hidden_layers:
+                view = copy.copy(self)
+                view.num_hidden_layers = cache_layers
+                return view
+        return super().get_text_config(decoder=decoder, encoder=encoder)
+
+    def _validate_stacks(self) -> None:
+        """Check `sublayer_pattern` and the token mixers against every stack (`stack_layouts`)."""
+        pattern = self.sublayer_pattern
+        if pattern is not None and (not isinstance(pattern, str) or not pattern or set(pattern) - set(SUBLAYERS)):
+            raise ValueError(
+                f"sublayer_pattern={pattern!r} must be a non-empty string of the letters {list(SUBLAYERS)} "
+                "(s = token mixer, f = feed-forward), or None for the interleaved 'sfsf...'"
+            )
+        used_mixers = set()
+        for layout in self.stack_layouts():
+            if not isinstance(layout.num_layers, int) or layout.num_layers < 1:
+                raise ValueError(f"{layout.num_layers_field} must be a positive integer, got {layout.num_layers!r}")
+            if pattern is not None and len(pattern) != 2 * layout.num_layers:
+                raise ValueError(
+                    f"sublayer_pattern={pattern!r} has {len(pattern)} sublayers, but the {layout.name} has "
+                    f"{layout.num_layers_field}={layout.num_layers} layers: expected 2 * {layout.num_layers} = "
+                    f"{2 * layout.num_layers} (the pattern applies to every stack of {self.model_type})"
+                )
+            sublayers = layout.sublayers(self)
+            has_mixer = any("s" in layer for layer in sublayers)
+            if layout.has_cross_attention and not has_mixer:
+                raise ValueError(
+                    f"sublayer_pattern={pattern!r} has no token mixer ('s'), so the {layout.name}, whose "
+                    "cross-attention follows each token mixer, would never read the encoder"
+                )
+            if layout.name in BLOCK_SHARING[self.block_sharing] and len(set(sublayers)) > 1:
+                raise ValueError(
+                    f"block_sharing={self.block_sharing!r} ties every layer of the {layout.name} to its layer 0, "
+                    f"but sublayer_pattern={pattern!r} gives its layers different sublayers {sorted(set(sublayers))}; "
+                    "use block_sharing='none' or a pattern whose layers are alike"
+                )
+            if layout.is_causal and self.use_cache and not has_mixer:
+                raise ValueError(
+                    f"use_cache=True, but sublayer_pattern={pattern!r} has no token mixer ('s'), so the "
+                    f"{layout.name} has no KV cache; set use_cache=False"
+                )
+            if has_mixer:
+                used_mixers.add(layout.token_mixer)
+                self._validate_token_mixer(layout)
+        for name in used_mixers:
+            if TOKEN_MIXERS[name].check_config is not None:
+                TOKEN_MIXERS[name].check_config(self)
+        self._refuse_unused_fields(
+            "token_mixer", {name: entry.config_fields for name, entry in TOKEN_MIXERS.items()}, used_mixers
+        )
+
+    def _validate_token_mixer(self, layout: StackLayout) -> None:
+        """Check a stack's token mixer against its `TOKEN_MIXERS` entry (where it is defined, cache, positions)."""
+        field, name = layout.token_mixer_field, layout.token_mixer
+        if name not in TOKEN_MIXERS:
+            raise ValueError(f"{field}={name!r} is not supported; choose one of {list(TOKEN_MIXERS)}")
+        mixer = TOKEN_MIXERS[name]
+        if not mixer.runs_in(self.model_type, layout.is_causal):
+            direction = "causal" if layout.is_causal else "bidirectional"
+            allowed = [
+                other for other, entry in TOKEN_MIXERS.items() if entry.runs_in(self.model_type, layout.is_causal)
+            ]
+            raise ValueError(
+                f"{field}={name!r} is not defined for the {direction} {layout.name} of {self.model_type}; "
+                f"choose one of {allowed}"
+            )
+        if layout.is_causal and self.use_cache and not mixer.kv_cache:
+            raise ValueError(
+                f"use_cache=True, but {field}={name!r} has no KV cache (incremental decoding); set use_cache=False"
+            )
+        if not mixer.attention_positions and self.position_embedding_type in ATTENTION_POSITION_EMBEDDING_TYPES:
+            allowed = [kind for kind in POSITION_EMBEDDING_TYPES if kind not in ATTENTION_POSITION_EMBEDDING_TYPES]
+            raise ValueError(
+                f"position_embedding_type={self.position_embedding_type!r} acts inside attention, which "
+                f"{field}={name!r} does not have; choose one of {allowed}"
+            )
 
     def _validate_embeddings(self) -> None:
         """Check `embedding_size`, `num_softmaxes` and `block_sharing` (and what block sharing contradicts)."""
@@ -300,11 +421,14 @@ class HfzooConfig(PreTrainedConfig):
                 raise ValueError(
                     f"num_experts_per_tok={self.num_experts_per_tok} with router_type='switch'; Switch routing is top-1"
                 )
-            depth = max(self.num_hidden_layers, getattr(self, "num_decoder_layers", None) or 0)
+            depth = max(
+                (sum("f" in layer for layer in layout.sublayers(self)) for layout in self.stack_layouts()),
+                default=self.num_hidden_layers,
+            )
             if self.moe_layer_interval > depth:
                 raise ValueError(
-                    f"moe_layer_interval={self.moe_layer_interval} exceeds the number of layers ({depth}): "
-                    "no layer would have experts"
+                    f"moe_layer_interval={self.moe_layer_interval} exceeds the number of feed-forward sublayers "
+                    f"of the deepest stack ({depth}): no layer would have experts"
                 )
 
     def _validate_positions(self) -> None:
@@ -334,9 +458,11 @@ class HfzooConfig(PreTrainedConfig):
                 f"position_embedding_type='rotary' needs an even head_dim (it rotates feature pairs), "
                 f"got head_dim={self.head_dim}"
             )
-        self._refuse_unused_fields("position_embedding_type", POSITION_SCHEME_FIELDS)
+        self._refuse_unused_fields("position_embedding_type", POSITION_SCHEME_FIELDS, {kind})
 
-    def _refuse_unused_fields(self, field: str, fields_of_choice: dict[str, tuple[str, ...]]) -> None:
+    def _refuse_unused_fields(
+        self, field: str, fields_of_choice: dict[str, tuple[str, ...]], selected: set[str]
+    ) -> None:
         """Refuse a non-default value of a field read only by a choice of `field` that is not selected.
 
         Such a value would be a silent no-op (e.g. `rope_theta` without rotary positions).
@@ -344,6 +470,7 @@ class HfzooConfig(PreTrainedConfig):
         Args:
             field: the choosing field, e.g. `position_embedding_type`.
             fields_of_choice: `{choice: (names of the fields only that choice reads)}`, from the registry's file.
+            selected: the choices in use (several for a field that differs by stack, e.g. token mixers).
 
         Raises:
             ValueError: naming the field, its value, the choice it belongs to and its default.
@@ -351,7 +478,7 @@ class HfzooConfig(PreTrainedConfig):
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         for choice, names in fields_of_choice.items():
             for name in names:
-                if getattr(self, field) != choice and getattr(self, name) != defaults[name]:
+                if choice not in selected and getattr(self, name) != defaults[name]:
                     raise ValueError(
                         f"{name}={getattr(self, name)!r} only applies to {field}={choice!r}, but "
                         f"{field}={getattr(self, field)!r}; leave it at its default {defaults[name]!r}"

@@ -22,6 +22,7 @@ from .configuration_utils import HfzooConfig
 from .modules.attention import HfzooAttention
 from .modules.experts import HfzooRouter, router_aux_losses, token_padding_mask
 from .modules.layer import HfzooLayer, Residual
+from .modules.mixers import TOKEN_MIXERS
 from .modules.positions import POSITION_ATTENTION_BACKENDS
 
 
@@ -39,8 +40,9 @@ class HfzooPreTrainedModel(PreTrainedModel):
     attention starts out as in a scaled model (Mesh TensorFlow's T5 initialisation does the same).
 
     Which attention backends a model supports depends on its `position_embedding_type`
-    (`hfzoo.modules.positions.POSITION_ATTENTION_BACKENDS`): transformers then falls back from SDPA to
-    eager by default, and refuses an explicitly requested backend the scheme cannot use.
+    (`hfzoo.modules.positions.POSITION_ATTENTION_BACKENDS`) and its token mixers
+    (`hfzoo.modules.mixers.TokenMixer.attention_backends`): transformers then falls back from SDPA to
+    eager by default, and refuses an explicitly requested backend the model cannot use.
     """
 
     config_class = HfzooConfig
@@ -57,7 +59,11 @@ class HfzooPreTrainedModel(PreTrainedModel):
     }
 
     def _supports_backend(self, backend: str) -> bool:
-        return backend in POSITION_ATTENTION_BACKENDS[self.config.position_embedding_type]
+        """Whether the position scheme and every stack's token mixer support the attention `backend`."""
+        if backend not in POSITION_ATTENTION_BACKENDS[self.config.position_embedding_type]:
+            return False
+        mixers = [TOKEN_MIXERS[layout.token_mixer] for layout in self.config.stack_layouts()]
+        return all(mixer.attention_backends is None or backend in mixer.attention_backends for mixer in mixers)
 
     @property
     def _supports_sdpa(self) -> bool:

@@ -197,6 +197,7 @@ class HfzooAttention(nn.Module):
         key_value_states: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         position_bias: torch.Tensor | None = None,
+        padding_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from `hidden_states` to itself (plus cached keys/values) or to `key_value_states`.
@@ -213,6 +214,8 @@ class HfzooAttention(nn.Module):
                 stack's `RotaryEmbedding` (self-attention only; ignored by cross-attention).
             position_bias: additive score bias `(batch_size or 1, num_heads, q_len, kv_len)` shared by the
                 stack's layers (T5 shared bias, ALiBi; ignored by cross-attention).
+            padding_mask: unused (attention reads padding from `attention_mask`); part of the token-mixer
+                call signature (`hfzoo.modules.mixers`).
             **kwargs: forwarded to the attention backend.
 
         Returns:

@@ -1,6 +1,8 @@
-"""One Transformer layer and its residual wiring (`config.norm_position`, `rezero`, `fixup_init`).
+"""One Transformer layer: its sublayers (`config.sublayer_pattern`) and their residual wiring.
 
-Each sub-block F (self-attention, cross-attention, feed-forward) is wrapped by a `Residual`:
+The wiring follows `config.norm_position`, `rezero` and `fixup_init`.
+
+Each sub-block F (token mixer, cross-attention, feed-forward) is wrapped by a `Residual`:
 ```
 pre      (default; GPT-2, T5, Narang et al.'s baseline):  x = x + Dropout(F(Norm(x)))
 post     (original Transformer, BERT):                     x = Norm(x + Dropout(F(x)))
@@ -29,6 +31,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from .attention import HfzooAttention
 from .experts import SparseMoeFeedForward, is_moe_layer
 from .feed_forward import FeedForward
+from .mixers import build_token_mixer
 from .norms import build_norm
 
 
@@ -56,10 +59,22 @@ def deepnorm_constants(config, is_decoder_side: bool) -> tuple[float, float]:
 
 
 def num_residual_branches(config) -> int:
-    """Fixup's L: the number of residual branches in the whole network (2 per layer, 3 with cross-attention)."""
-    if getattr(config, "is_encoder_decoder", False):
-        return 2 * config.num_hidden_layers + 3 * config.num_decoder_layers
-    return 2 * config.num_hidden_layers
+    """Fixup's L: the number of residual branches in the whole network.
+
+    One per sublayer of every stack (2 per layer with the interleaved pattern) plus one per
+    cross-attention (after each token mixer of a cross-attending stack).
+
+    Args:
+        config: an hfzoo config (its `stack_layouts()` and `sublayer_pattern`).
+
+    Returns:
+        L, a positive integer.
+    """
+    total = 0
+    for layout in config.stack_layouts():
+        pattern = "".join(layer_sublayers(config.sublayer_pattern, layout.num_layers))
+        total += len(pattern) + (pattern.count("s") if layout.has_cross_attention else 0)
+    return total
 
 
 def residual_branch_projections(block: nn.Module) -> tuple[list[nn.Linear], list[nn.Linear]]:
@@ -300,43 +315,67 @@ def build_residual(config, is_decoder_side: bool = False) -> Residual:
 
 
 class HfzooLayer(GradientCheckpointingLayer):
-    """Self-attention, (cross-attention,) feed-forward, each wrapped in a residual connection with normalization.
+    """Token mixer, (cross-attention,) feed-forward, each wrapped in a residual connection with normalization.
 
-    Each sub-block has its norm (`self_attn_norm`, `cross_attn_norm`, `mlp_norm`) and a `Residual`
-    (`*_residual`) that wires it by `config.norm_position` and holds the ReZero / Fixup scalars. The
-    feed-forward `mlp` is a `FeedForward`, or a `SparseMoeFeedForward` on the layers selected by
-    `config.num_experts` / `moe_layer_interval` (`hfzoo.modules.experts.is_moe_layer`).
-    Subclassing `GradientCheckpointingLayer` makes `model.gradient_checkpointing_enable()` recompute
-    this layer in the backward pass.
+    A layer holds the sublayers of its piece of `config.sublayer_pattern` (`layer_sublayers`): `"sf"` (the
+    Transformer layer: token mixer then feed-forward), `"s"` or `"f"`. The token mixer `self_attn` is
+    `config.token_mixer`'s (`hfzoo.modules.mixers.TOKEN_MIXERS`; self-attention by default), followed in
+    a cross-attending layer by `cross_attn`; the feed-forward `mlp` is a `FeedForward`, or a
+    `SparseMoeFeedForward` on the feed-forward sublayers selected by `config.num_experts` /
+    `moe_layer_interval` (`hfzoo.modules.experts.is_moe_layer`). Each sub-block has its norm
+    (`self_attn_norm`, `cross_attn_norm`, `mlp_norm`) and a `Residual` (`*_residual`, the
+    `config.norm_position` entry of `NORM_POSITIONS`); absent sub-blocks are None. Subclassing
+    `GradientCheckpointingLayer` makes `model.gradient_checkpointing_enable()` recompute this layer in
+    the backward pass.
 
     Args:
         config: an hfzoo config.
-        layer_idx: index of the layer in its stack (for the KV cache and the choice of MoE layers).
-        is_causal: causal self-attention (decoder) or bidirectional (encoder).
-        has_cross_attention: add a cross-attention sub-block between self-attention and the
-            feed-forward (the decoder of an encoder-decoder, Vaswani et al. 2017 §3.1).
+        layer_idx: index of the layer in its stack.
+        is_causal: causal token mixing (decoder) or bidirectional (encoder).
+        has_cross_attention: add a cross-attention sub-block after the token mixer (the decoder of an
+            encoder-decoder, Vaswani et al. 2017 §3.1).
+        sublayers: `"sf"`, `"s"` or `"f"`.
+        token_mixer: a key of `TOKEN_MIXERS` (default `config.token_mixer`).
+        mixer_idx: index of this layer's token mixer among its stack's (its KV-cache layer, also used by the
+            cross-attention); default `layer_idx`.
+        ffn_idx: index of this layer's feed-forward among its stack's (chooses the MoE ones); default `layer_idx`.
 
     Shapes:
         `hidden_states` `(batch_size, seq_len, hidden_size)` -> same shape.
     """
 
-    def __init__(self, config, layer_idx: int, is_causal: bool, has_cross_attention: bool = False) -> None:
+    def __init__(
+        self,
+        config,
+        layer_idx: int,
+        is_causal: bool,
+        has_cross_attention: bool = False,
+        sublayers: str = "sf",
+        token_mixer: str | None = None,
+        mixer_idx: int | None = None,
+        ffn_idx: int | None = None,
+    ) -> None:
         super().__init__()
-        self.self_attn = HfzooAttention(config, layer_idx, is_causal=is_causal)
-        self.self_attn_norm = build_norm(config)
-        self.self_attn_residual = build_residual(config, has_cross_attention)
-        self.self_attn_residual.mark_branch_init(self.self_attn)
-        if has_cross_attention:
-            self.cross_attn = HfzooAttention(config, layer_idx, is_causal=False, is_cross_attention=True)
-            self.cross_attn_norm = build_norm(config)
-            self.cross_attn_residual = build_residual(config, has_cross_attention)
-            self.cross_attn_residual.mark_branch_init(self.cross_attn)
-        else:
-            self.cross_attn = self.cross_attn_norm = self.cross_attn_residual = None
-        self.mlp = SparseMoeFeedForward(config) if is_moe_layer(config, layer_idx) else FeedForward(config)
-        self.mlp_norm = build_norm(config)
-        self.mlp_residual = build_residual(config, has_cross_attention)
-        self.mlp_residual.mark_branch_init(self.mlp)
+        mixer_idx = layer_idx if mixer_idx is None else mixer_idx
+        ffn_idx = layer_idx if ffn_idx is None else ffn_idx
+        self.self_attn = self.self_attn_norm = self.self_attn_residual = None
+        self.cross_attn = self.cross_attn_norm = self.cross_attn_residual = None
+        self.mlp = self.mlp_norm = self.mlp_residual = None
+        if "s" in sublayers:
+            self.self_attn = build_token_mixer(config, token_mixer or config.token_mixer, mixer_idx, is_causal)
+            self.self_attn_norm = build_norm(config)
+            self.self_attn_residual = build_residual(config, has_cross_attention)
+            self.self_attn_residual.mark_branch_init(self.self_attn)
+            if has_cross_attention:
+                self.cross_attn = HfzooAttention(config, mixer_idx, is_causal=False, is_cross_attention=True)
+                self.cross_attn_norm = build_norm(config)
+                self.cross_attn_residual = build_residual(config, has_cross_attention)
+                self.cross_attn_residual.mark_branch_init(self.cross_attn)
+        if "f" in sublayers:
+            self.mlp = SparseMoeFeedForward(config) if is_moe_layer(config, ffn_idx) else FeedForward(config)
+            self.mlp_norm = build_norm(config)
+            self.mlp_residual = build_residual(config, has_cross_attention)
+            self.mlp_residual.mark_branch_init(self.mlp)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
@@ -357,18 +396,26 @@ class HfzooLayer(GradientCheckpointingLayer):
             past_key_values: a transformers `Cache` (`EncoderDecoderCache` with cross-attention), updated in place.
             encoder_hidden_states: `(batch_size, src_len, hidden_size)` (layers with cross-attention).
             encoder_attention_mask: backend-specific cross-attention mask over the encoder outputs.
-            padding_mask: `(batch_size, seq_len)` bool, False for padding, or None; read only by a
-                mixture-of-experts feed-forward (padding is never routed nor counted against capacity).
-            **kwargs: forwarded to the attention backend.
+            padding_mask: `(batch_size, seq_len)` bool, False for padding, or None; read by the token mixer
+                and by a mixture-of-experts feed-forward (padding is never routed nor counted against capacity).
+            **kwargs: position inputs of the token mixer (`position_embeddings`, `position_bias`) and
+                attention-backend options.
 
         Returns:
             `(batch_size, seq_len, hidden_size)`.
         """
+        if self.self_attn is not None:
 
-        def attend(x: torch.Tensor) -> torch.Tensor:
-            return self.self_attn(x, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)[0]
+            def mix(x: torch.Tensor) -> torch.Tensor:
+                return self.self_attn(
+                    x,
+                    attention_mask=attention_mask,
+                    past_key_values=past_key_values,
+                    padding_mask=padding_mask,
+                    **kwargs,
+                )[0]
 
-        hidden_states = self.self_attn_residual(hidden_states, self.self_attn_norm, attend, self.dropout)
+            hidden_states = self.self_attn_residual(hidden_states, self.self_attn_norm, mix, self.dropout)
         if self.cross_attn is not None:
 
             def cross_attend(x: torch.Tensor) -> torch.Tensor:
@@ -381,8 +428,56 @@ class HfzooLayer(GradientCheckpointingLayer):
                 )[0]
 
             hidden_states = self.cross_attn_residual(hidden_states, self.cross_attn_norm, cross_attend, self.dropout)
-        mlp = partial(self.mlp, padding_mask=padding_mask) if isinstance(self.mlp, SparseMoeFeedForward) else self.mlp
-        return self.mlp_residual(hidden_states, self.mlp_norm, mlp, self.dropout)
+        if self.mlp is not None:
+            mlp = self.mlp
+            if isinstance(mlp, SparseMoeFeedForward):
+                mlp = partial(mlp, padding_mask=padding_mask)
+            hidden_states = self.mlp_residual(hidden_states, self.mlp_norm, mlp, self.dropout)
+        return hidden_states
+
+
+def layer_sublayers(pattern: str | None, num_layers: int) -> list[str]:
+    """Split a sublayer pattern into the layers of a stack (Press et al. 2020, "Reordering their Sublayers").
+
+    `s` is a token-mixer sublayer (self-attention unless `config.token_mixer` says otherwise), `f` a
+    feed-forward sublayer; a stack of N layers has 2N sublayers. The pattern is read left to right and
+    each `sf` becomes one layer (so the interleaved default `sfsf...` gives exactly today's N layers,
+    module names and checkpoint keys); any other letter is a layer of its own (`s` or `f`). The
+    sandwich `sssfsfff` (N=4, k=2) gives layers `s, s, sf, sf, f, f`.
+
+    Args:
+        pattern: a string over `SUBLAYERS` (validated by the config), or None for `"sf" * num_layers`.
+        num_layers: the stack's N.
+
+    Returns:
+        One string per layer: `"sf"`, `"s"` or `"f"`.
+    """
+    if pattern is None:
+        return ["sf"] * num_layers
+    layers, i = [], 0
+    while i < len(pattern):
+        piece = "sf" if pattern.startswith("sf", i) else pattern[i]
+        layers.append(piece)
+        i += len(piece)
+    return layers
+
+
+def sandwich_pattern(num_layers: int, coefficient: int) -> str:
+    """The sandwich Transformer's sublayer pattern `s^k (sf)^(n-k) f^k` (Press et al. 2020, §4), 2n letters.
+
+    Args:
+        num_layers: n, the number of layers (2n sublayers).
+        coefficient: k, the sandwich coefficient, `0 <= k <= n` (0 is the interleaved Transformer).
+
+    Returns:
+        e.g. `sandwich_pattern(4, 2) == "sssfsfff"`, for `config.sublayer_pattern`.
+
+    Raises:
+        ValueError: `coefficient` outside `[0, num_layers]`.
+    """
+    if not 0 <= coefficient <= num_layers:
+        raise ValueError(f"sandwich coefficient k={coefficient} must be in [0, num_layers={num_layers}]")
+    return "s" * coefficient + "sf" * (num_layers - coefficient) + "f" * coefficient
 
 
 # Placements of the norms around each sub-block: each entry is a `Residual` subclass that wires the
@@ -392,4 +487,10 @@ NORM_POSITIONS = {
     "post": PostNormResidual,  # Vaswani et al. 2017 §5.4; BERT
     "sandwich": SandwichNormResidual,  # Ding et al. 2021 (CogView) §2.4
     "deepnorm": DeepNormResidual,  # Wang et al. 2022 (DeepNet) eq. 1
+}
+
+# The letters of `config.sublayer_pattern` (Press et al. 2020): the sublayer kinds a layer is built from.
+SUBLAYERS = {
+    "s": "token mixer (config.token_mixer: self-attention by default; + cross-attention in a cross-attending stack)",
+    "f": "feed-forward (FeedForward, or SparseMoeFeedForward with experts)",
 }

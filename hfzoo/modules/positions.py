@@ -376,13 +376,15 @@ RELATIVE_POSITION_REPRESENTATIONS = {
     "shaw": ShawRelativePositions,
 }
 
-POSITION_EMBEDDING_TYPES = (
-    "none",
-    *ABSOLUTE_POSITION_EMBEDDINGS,
+# The schemes that act inside attention (queries/keys, scores, values): a token mixer without attention
+# cannot apply them (`hfzoo.modules.mixers.TokenMixer.attention_positions`).
+ATTENTION_POSITION_EMBEDDING_TYPES = (
     *ROTARY_POSITION_EMBEDDINGS,
     *ATTENTION_SCORE_BIASES,
     *RELATIVE_POSITION_REPRESENTATIONS,
 )
+
+POSITION_EMBEDDING_TYPES = ("none", *ABSOLUTE_POSITION_EMBEDDINGS, *ATTENTION_POSITION_EMBEDDING_TYPES)
 
 # The config fields that only one scheme reads: the config refuses a non-default value of them when another
 # scheme is selected (a silent no-op otherwise).

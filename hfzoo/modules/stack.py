@@ -1,9 +1,9 @@
 """A stack of Transformer layers with its embeddings: `HfzooStack`, the body shared by every hfzoo family.
 
 `HfzooStack` is token embeddings (possibly shared with another stack), absolute positions, optional
-token-type (segment) embeddings, `num_layers` `HfzooLayer`s and a final norm, and the forward pass over
-them. The family decides only whether self-attention is causal and whether the layers cross-attend to
-an encoder:
+token-type (segment) embeddings, `HfzooLayer`s and a final norm, and the forward pass over them. The
+family's config describes each of its stacks with a `StackLayout` (depth, whether token mixing is causal,
+whether the layers cross-attend to an encoder, which token mixer):
 
 - decoder-only model: `HfzooDecoderModel`, one causal stack;
 - encoder model: `HfzooEncoderModel`, one bidirectional stack (with token types);
@@ -15,13 +15,15 @@ is): the stack *is* the family's base model, so its checkpoints keep flat key na
 (`model.embed_tokens`, `model.layers.N`, `model.norm`; `model.encoder.layers.N` in the encoder-decoder).
 
 Block sharing (`config.block_sharing`, ALBERT: Lan et al. 2020 §3.1; options in `BLOCK_SHARING` at the
-bottom) keeps `num_layers` distinct `HfzooLayer` modules, each with its own `layer_idx`, and ties every
+bottom) keeps the distinct `HfzooLayer` modules, each with its own KV-cache index, and ties every
 parameter of layers 1..N-1 to layer 0's through the stack's `_tied_weights_keys`. So the KV cache has
 one layer per application, gradient checkpointing wraps each application, checkpoints store layer 0
 only, and DeepSpeed ZeRO-3 partitions each tensor once.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -31,7 +33,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttenti
 
 from .embeddings import TokenEmbedding
 from .experts import token_padding_mask
-from .layer import NORM_POSITIONS, HfzooLayer
+from .layer import NORM_POSITIONS, HfzooLayer, layer_sublayers
 from .norms import build_norm
 from .positions import (
     ATTENTION_SCORE_BIASES,
@@ -42,8 +44,39 @@ from .positions import (
 )
 
 
+@dataclass(frozen=True)
+class StackLayout:
+    """One stack of a family as its config declares it (`stack_layouts()` of the family's config).
+
+    Read by `HfzooStack` to build the stack and by the config validation (token mixers, sublayer pattern,
+    KV-cache layers, Fixup's branch count).
+
+    Args:
+        name: `"encoder"` or `"decoder"`, the stack's name in `BLOCK_SHARING` (a decoder-only model's one
+            stack is its decoder, an encoder model's its encoder).
+        num_layers: the stack's depth N.
+        num_layers_field: the config field that sets N (for error messages).
+        is_causal: causal token mixing.
+        has_cross_attention: each token mixer is followed by cross-attention to the encoder outputs.
+        token_mixer: the stack's token mixer, a key of `hfzoo.modules.mixers.TOKEN_MIXERS`.
+        token_mixer_field: the config field that sets it (for error messages).
+    """
+
+    name: str
+    num_layers: int
+    num_layers_field: str
+    is_causal: bool
+    has_cross_attention: bool
+    token_mixer: str
+    token_mixer_field: str = "token_mixer"
+
+    def sublayers(self, config) -> list[str]:
+        """The sublayers of each layer (`hfzoo.modules.layer.layer_sublayers` of `config.sublayer_pattern`)."""
+        return layer_sublayers(config.sublayer_pattern, self.num_layers)
+
+
 class HfzooStack:
-    """Embeddings, `num_layers` `HfzooLayer`s and a final norm: the body of every hfzoo family.
+    """Embeddings, `HfzooLayer`s and a final norm: the body of every hfzoo family.
 
     A mixin for an `HfzooPreTrainedModel` subclass, listed first among its bases
     (`class HfzooDecoderModel(HfzooStack, HfzooDecoderPreTrainedModel)`): its `__init__` initialises
@@ -55,35 +88,30 @@ class HfzooStack:
     or None), `relative_attention_bias` (a score bias the scheme shares across the stack's layers,
     `hfzoo.modules.positions.build_stack_score_bias`; else None), `token_type_embeddings` (when
     `config.type_vocab_size > 0`, else None), `embed_norm` (a norm of the summed embeddings when
-    `config.embedding_norm`, else None), `embed_dropout`, `layers` (`num_layers` `HfzooLayer`s) and
+    `config.embedding_norm`, else None), `embed_dropout`, `layers` (`HfzooLayer`s) and
     `norm` (the final norm when the norm placement has one, else an identity). Flags: `is_causal`,
     `has_cross_attention` and `shares_layers` (`config.block_sharing` covers this stack).
 
+    The layers follow `config.sublayer_pattern` (`StackLayout.sublayers`): each token mixer gets the next
+    KV-cache layer index (`mixer_idx`, 0, 1, ... over the stack's token mixers, so a cache holds one layer
+    per token mixer and the cross-attention after it) and each feed-forward the next feed-forward index
+    (which places the experts).
+
     Args:
         config: an hfzoo config.
-        num_layers: number of layers.
-        is_causal: causal self-attention.
-        has_cross_attention: layers attend to encoder outputs.
+        layout: the stack's `StackLayout` (depth, direction, cross-attention, token mixer).
         embed_tokens: the token embedding module to use (default: a new `TokenEmbedding`).
 
     Raises:
         ValueError: block sharing over layers whose parameters differ (a per-layer setting).
     """
 
-    def __init__(
-        self,
-        config,
-        num_layers: int,
-        is_causal: bool,
-        has_cross_attention: bool = False,
-        embed_tokens: nn.Module | None = None,
-    ) -> None:
+    def __init__(self, config, layout: StackLayout, embed_tokens: nn.Module | None = None) -> None:
         super().__init__(config)
         self.embed_tokens = embed_tokens if embed_tokens is not None else TokenEmbedding(config)
-        self.is_causal = is_causal
-        self.has_cross_attention = has_cross_attention
-        # The encoder-decoder's causal stack is its "decoder"; a single-stack family's stack counts as both.
-        self.shares_layers = ("decoder" if is_causal else "encoder") in BLOCK_SHARING[config.block_sharing]
+        self.is_causal = is_causal = layout.is_causal
+        self.has_cross_attention = layout.has_cross_attention
+        self.shares_layers = layout.name in BLOCK_SHARING[config.block_sharing]
         self.embed_positions = build_position_embedding(config)
         # Position schemes computed once per stack and handed to every layer's self-attention.
         rotary = ROTARY_POSITION_EMBEDDINGS.get(config.position_embedding_type)
@@ -93,12 +121,23 @@ class HfzooStack:
         self.token_type_embeddings = nn.Embedding(type_vocab_size, config.hidden_size) if type_vocab_size else None
         self.embed_norm = build_norm(config) if config.embedding_norm else None
         self.embed_dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.layers = nn.ModuleList(
-            [
-                HfzooLayer(config, i, is_causal=is_causal, has_cross_attention=has_cross_attention)
-                for i in range(num_layers)
-            ]
-        )
+        layers, mixer_idx, ffn_idx = [], 0, 0
+        for i, sublayers in enumerate(layout.sublayers(config)):
+            layers.append(
+                HfzooLayer(
+                    config,
+                    i,
+                    is_causal=is_causal,
+                    has_cross_attention=layout.has_cross_attention,
+                    sublayers=sublayers,
+                    token_mixer=layout.token_mixer,
+                    mixer_idx=mixer_idx,
+                    ffn_idx=ffn_idx,
+                )
+            )
+            mixer_idx += "s" in sublayers
+            ffn_idx += "f" in sublayers
+        self.layers = nn.ModuleList(layers)
         self.norm = build_norm(config) if NORM_POSITIONS[config.norm_position].final_norm else nn.Identity()
         if self.shares_layers:
             first = [(name, p.shape) for name, p in self.layers[0].named_parameters()]

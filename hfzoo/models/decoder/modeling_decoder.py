@@ -41,7 +41,7 @@ class HfzooDecoderModel(HfzooStack, HfzooDecoderPreTrainedModel):
     """
 
     def __init__(self, config: HfzooDecoderConfig) -> None:
-        super().__init__(config, num_layers=config.num_hidden_layers, is_causal=True)
+        super().__init__(config, config.stack_layouts()[0])
         self.post_init()
 
     @merge_with_config_defaults

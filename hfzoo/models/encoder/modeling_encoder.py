@@ -39,7 +39,7 @@ class HfzooEncoderModel(HfzooStack, HfzooEncoderPreTrainedModel):
     """
 
     def __init__(self, config: HfzooEncoderConfig) -> None:
-        super().__init__(config, num_layers=config.num_hidden_layers, is_causal=False)
+        super().__init__(config, config.stack_layouts()[0])
         self.post_init()
 
     @capture_outputs

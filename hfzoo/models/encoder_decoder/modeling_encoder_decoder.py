@@ -101,14 +101,8 @@ class HfzooEncoderDecoderStack(HfzooStack, HfzooEncoderDecoderPreTrainedModel):
     """
 
     def __init__(self, config: HfzooEncoderDecoderConfig, embed_tokens: TokenEmbedding, is_decoder: bool) -> None:
-        num_layers = config.num_decoder_layers if is_decoder else config.num_hidden_layers
-        super().__init__(
-            config,
-            num_layers=num_layers,
-            is_causal=is_decoder,
-            has_cross_attention=is_decoder,
-            embed_tokens=embed_tokens,
-        )
+        encoder, decoder = config.stack_layouts()
+        super().__init__(config, decoder if is_decoder else encoder, embed_tokens=embed_tokens)
         self.post_init()
 
     @merge_with_config_defaults
