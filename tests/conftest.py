@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from remote_code import make_clean_python
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,3 +47,9 @@ def small_jsonl_xz(tmp_path_factory: pytest.TempPathFactory, gutenberg_books: li
         for row in gutenberg_books:
             f.write(json.dumps(row) + "\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def clean_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A clean interpreter that sees this venv's packages but not hfzoo (one per test session, `remote_code.py`)."""
+    return make_clean_python(tmp_path_factory.mktemp("clean_venv"))
