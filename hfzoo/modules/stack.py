@@ -197,7 +197,6 @@ class HfzooStack:
             ValueError: both or neither of `input_ids`/`inputs_embeds`; a sequence longer than
                 `max_position_embeddings` with absolute positions; cross-attention without encoder states.
         """
-        config = self.config
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids or inputs_embeds")
         if self.has_cross_attention and encoder_hidden_states is None:
@@ -219,12 +218,47 @@ class HfzooStack:
         if position_ids is None:
             position_ids = torch.arange(past_length, past_length + seq_length, device=inputs_embeds.device)[None]
 
+        hidden_states = self._embed(inputs_embeds, position_ids, token_type_ids, past_length)
+        position_inputs = self._position_inputs(position_ids, past_length, seq_length)
+        self_mask, cross_mask = self._masks(
+            inputs_embeds, attention_mask, self_cache, position_ids, encoder_hidden_states, encoder_attention_mask
+        )
+        padding_mask = token_padding_mask(attention_mask, seq_length)  # for token mixers and expert routing
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                attention_mask=self_mask,
+                past_key_values=past_key_values,
+                encoder_hidden_states=encoder_hidden_states,
+                encoder_attention_mask=cross_mask,
+                padding_mask=padding_mask,
+                **position_inputs,
+                **kwargs,
+            )
+        hidden_states = self.norm(hidden_states)
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states, past_key_values=past_key_values
+        )
+
+    def _embed(
+        self,
+        inputs_embeds: torch.Tensor,
+        position_ids: torch.LongTensor,
+        token_type_ids: torch.LongTensor | None,
+        past_length: int,
+    ) -> torch.Tensor:
+        """Token + absolute position + token-type embeddings, embedding norm and dropout: the first hidden states.
+
+        Raises:
+            ValueError: a sequence longer than `max_position_embeddings` with absolute positions.
+        """
         hidden_states = inputs_embeds
         if self.embed_positions is not None:
-            if past_length + seq_length > config.max_position_embeddings:
+            total = past_length + inputs_embeds.shape[1]
+            if total > self.config.max_position_embeddings:
                 raise ValueError(
-                    f"sequence of {past_length + seq_length} tokens is longer than "
-                    f"max_position_embeddings={config.max_position_embeddings}"
+                    f"sequence of {total} tokens is longer than "
+                    f"max_position_embeddings={self.config.max_position_embeddings}"
                 )
             hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
         if self.token_type_embeddings is not None:
@@ -233,16 +267,32 @@ class HfzooStack:
             hidden_states = hidden_states + self.token_type_embeddings(token_type_ids)
         if self.embed_norm is not None:
             hidden_states = self.embed_norm(hidden_states)
-        hidden_states = self.embed_dropout(hidden_states)
+        return self.embed_dropout(hidden_states)
 
-        # Rotary angles and a shared score bias, computed once for all layers (self-attention only).
-        position_kwargs = {}
+    def _position_inputs(self, position_ids: torch.LongTensor, past_length: int, seq_length: int) -> dict:
+        """Rotary angles (`position_embeddings`) and a shared score bias (`position_bias`), computed once per call.
+
+        Every layer's token mixer receives them (cross-attention ignores them).
+        """
+        position_inputs = {}
         if self.rotary_emb is not None:
-            position_kwargs["position_embeddings"] = self.rotary_emb(position_ids)
+            position_inputs["position_embeddings"] = self.rotary_emb(position_ids)
         if self.relative_attention_bias is not None:
-            positions = token_positions(seq_length, past_length + seq_length, inputs_embeds.device)
-            position_kwargs["position_bias"] = self.relative_attention_bias(*positions)
+            positions = token_positions(seq_length, past_length + seq_length, position_ids.device)
+            position_inputs["position_bias"] = self.relative_attention_bias(*positions)
+        return position_inputs
 
+    def _masks(
+        self,
+        inputs_embeds: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        self_cache: Cache | None,
+        position_ids: torch.LongTensor,
+        encoder_hidden_states: torch.Tensor | None,
+        encoder_attention_mask: torch.Tensor | None,
+    ) -> tuple:
+        """The backend-specific self-attention mask (causal or bidirectional) and cross-attention mask (or None)."""
+        config = self.config
         mask_kwargs = {"config": config, "inputs_embeds": inputs_embeds, "attention_mask": attention_mask}
         if self.is_causal:
             # A score bias travels in the mask, so SDPA must get a causal mask instead of its `is_causal` shortcut.
@@ -262,22 +312,7 @@ class HfzooStack:
                 attention_mask=encoder_attention_mask,
                 encoder_hidden_states=encoder_hidden_states,
             )
-        padding_mask = token_padding_mask(attention_mask, seq_length)  # for mixture-of-experts routing
-        for layer in self.layers:
-            hidden_states = layer(
-                hidden_states,
-                attention_mask=self_mask,
-                past_key_values=past_key_values,
-                encoder_hidden_states=encoder_hidden_states,
-                encoder_attention_mask=cross_mask,
-                padding_mask=padding_mask,
-                **position_kwargs,
-                **kwargs,
-            )
-        hidden_states = self.norm(hidden_states)
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, past_key_values=past_key_values
-        )
+        return self_mask, cross_mask
 
 
 #: `config.block_sharing` -> the stacks whose layers share one set of parameters (ALBERT, Lan et al. 2020).
