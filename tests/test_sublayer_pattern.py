@@ -22,7 +22,7 @@ def kinds(layer) -> str:
 
 
 def test_sandwich_pattern_follows_the_paper():
-    """`s^k (sf)^(n-k) f^k` (Press et al. 2020, §4): 2n sublayers, n of each kind, k = 0 is interleaved."""
+    """`s^k (sf)^(n-k) f^k` (Press et al. 2020): 2n sublayers, n of each kind, k = 0 is interleaved."""
     assert sandwich_pattern(4, 2) == "sssfsfff"
     assert sandwich_pattern(3, 0) == "sfsfsf"
     assert sandwich_pattern(3, 3) == "sssfff"

@@ -463,7 +463,7 @@ def layer_sublayers(pattern: str | None, num_layers: int) -> list[str]:
 
 
 def sandwich_pattern(num_layers: int, coefficient: int) -> str:
-    """The sandwich Transformer's sublayer pattern `s^k (sf)^(n-k) f^k` (Press et al. 2020, §4), 2n letters.
+    """The sandwich Transformer's sublayer pattern `s^k (sf)^(n-k) f^k` (Press et al. 2020), 2n letters.
 
     Args:
         num_layers: n, the number of layers (2n sublayers).
