@@ -24,6 +24,7 @@ from .modules.positions import (
     ATTENTION_POSITION_EMBEDDING_TYPES,
     POSITION_EMBEDDING_TYPES,
     POSITION_SCHEME_FIELDS,
+    check_position_config,
     has_per_layer_score_bias,
 )
 from .modules.stack import BLOCK_SHARING, StackLayout
@@ -453,11 +454,7 @@ class HfzooConfig(PreTrainedConfig):
                 f"relative_attention_max_distance={self.relative_attention_max_distance} must exceed "
                 f"relative_attention_num_buckets // 2 = {self.relative_attention_num_buckets // 2} (the exact buckets)"
             )
-        if kind == "rotary" and self.head_dim % 2:
-            raise ValueError(
-                f"position_embedding_type='rotary' needs an even head_dim (it rotates feature pairs), "
-                f"got head_dim={self.head_dim}"
-            )
+        check_position_config(self)
         self._refuse_unused_fields("position_embedding_type", POSITION_SCHEME_FIELDS, {kind})
 
     def _refuse_unused_fields(

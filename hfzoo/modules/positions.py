@@ -99,6 +99,19 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = config.head_dim
         self.rope_theta = float(config.rope_theta)
 
+    @staticmethod
+    def check_config(config) -> None:
+        """Refuse an odd `head_dim` (rotary turns feature pairs).
+
+        Raises:
+            ValueError: naming `head_dim` and its value.
+        """
+        if config.head_dim % 2:
+            raise ValueError(
+                f"position_embedding_type={config.position_embedding_type!r} needs an even head_dim (it rotates "
+                f"feature pairs), got head_dim={config.head_dim}"
+            )
+
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cosines and sines of the rotation angles for `position_ids` `(batch_size or 1, seq_len)`."""
         exponent = torch.arange(0, self.head_dim, 2, device=position_ids.device, dtype=torch.float32) / self.head_dim
@@ -337,6 +350,27 @@ def has_per_layer_score_bias(config) -> bool:
     """Whether each layer owns a score-bias table (so that the layers' parameters differ by design)."""
     bias = ATTENTION_SCORE_BIASES.get(config.position_embedding_type)
     return bias is not None and not bias.shared_across_layers(config)
+
+
+def check_position_config(config) -> None:
+    """Run the selected scheme's own checks of the config (the static `check_config` of its class, if any).
+
+    Args:
+        config: an hfzoo config whose `position_embedding_type` is a key of `POSITION_EMBEDDING_TYPES`.
+
+    Raises:
+        ValueError: from the scheme's check, naming the field.
+    """
+    kind = config.position_embedding_type
+    for registry in (
+        ABSOLUTE_POSITION_EMBEDDINGS,
+        ROTARY_POSITION_EMBEDDINGS,
+        ATTENTION_SCORE_BIASES,
+        RELATIVE_POSITION_REPRESENTATIONS,
+    ):
+        check = getattr(registry.get(kind), "check_config", None)
+        if check is not None:
+            check(config)
 
 
 def build_relative_positions(config) -> nn.Module | None:
