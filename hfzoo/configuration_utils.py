@@ -205,7 +205,7 @@ class HfzooConfig(PreTrainedConfig):
     rope_theta: float | int = 10000.0
     scale_attention_scores: bool = True
     scale_lm_head_input: bool = False
-    # --- layer structure (issue 11)
+    # --- layer structure: token mixers and sublayer order
     token_mixer: str = "self_attention"
     sublayer_pattern: str | None = None
 
@@ -320,9 +320,9 @@ class HfzooConfig(PreTrainedConfig):
                     f"use_cache=True, but sublayer_pattern={pattern!r} has no token mixer ('s'), so the "
                     f"{layout.name} has no KV cache; set use_cache=False"
                 )
+            self._validate_token_mixer(layout)
             if has_mixer:
                 used_mixers.add(layout.token_mixer)
-                self._validate_token_mixer(layout)
         for name in used_mixers:
             if TOKEN_MIXERS[name].check_config is not None:
                 TOKEN_MIXERS[name].check_config(self)

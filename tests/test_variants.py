@@ -127,6 +127,15 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run faster on one CPU thread than on two shared with other processes."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("family, overrides, backends", CASES)
 def test_variant(family, overrides, backends, tmp_path):
     check_variant(family, overrides, tmp_path, backends)
@@ -144,7 +153,15 @@ def remote_code_outputs(clean_python, tmp_path_factory) -> dict[str, tuple]:
         `{case id: (in-package logits or the error, remote-code logits or None, the remote error or None)}`;
         both sides run in fp32 with eager attention on the same batch (`make_batch`).
     """
-    root = tmp_path_factory.mktemp("variant_exports")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # both sides run on one thread, so that their logits are bit-identical
+    try:
+        return _load_every_case_as_remote_code(clean_python, tmp_path_factory.mktemp("variant_exports"))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _load_every_case_as_remote_code(clean_python, root: Path) -> dict[str, tuple]:
     tensors = {}
     for family in FAMILIES:
         batch = make_batch(family)
@@ -188,7 +205,7 @@ def remote_code_outputs(clean_python, tmp_path_factory) -> dict[str, tuple]:
         "models": entries,
         "inputs": str(root / "inputs.safetensors"),
         "outputs": str(root / "outputs.safetensors"),
-        "threads": torch.get_num_threads(),
+        "threads": 1,
         "keep_going": True,
     }
     result = run_clean(clean_python, job, workdir, timeout=900)
