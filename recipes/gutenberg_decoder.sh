@@ -5,7 +5,7 @@
 #   3. in a fresh process: reload with AutoModelForCausalLM.from_pretrained, evaluate on WikiText-2
 #      validation and print a generated sample.
 # Data: $HFZOO_DATA_DIR (default ../shared/data beside the checkout). Output: $OUTPUT_DIR (default outputs/gutenberg-decoder).
-# Extra arguments are passed to recipes/pretrain.py (e.g. --max_train_steps 200 for a quicker run).
+# Extra arguments are passed to recipes/pretrain.py (hfzoo-pretrain) (e.g. --max_train_steps 200 for a quicker run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${VIRTUAL_ENV:-}" ] || . .venv/bin/activate
@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 SECONDS=0
 
 echo "== 1/3 tokenizer =="
-python tokenizer_training/train_tokenizer.py \
+hfzoo-train-tokenizer \
     --train_file "$DATA/gutenberg/pg_top100_en.01.jsonl.xz" --max_characters 30000000 \
     --vocab_size 4096 --min_frequency 2 --model_family decoder --output_dir "$OUT/tokenizer"
 
@@ -26,7 +26,7 @@ accelerate launch --config_file accelerate_configs/cpu_single_process.yaml recip
     --tokenizer_name "$OUT/tokenizer" --output_dir "$OUT/model" "$@"
 
 echo "== 3/3 reload in a fresh process, evaluate on WikiText-2, generate =="
-python recipes/evaluate_lm.py --model_name_or_path "$OUT/model" \
+hfzoo-evaluate-lm --model_name_or_path "$OUT/model" \
     --validation_file "$DATA/wikitext-2/wiki.valid.tokens" \
     --prompt "It was a dark and stormy night, and" --max_new_tokens 32 --output_file "$OUT/evaluation.json"
 

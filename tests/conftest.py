@@ -6,10 +6,11 @@ import itertools
 import json
 import lzma
 import os
+import sysconfig
 from pathlib import Path
 
+import clean_env
 import pytest
-from remote_code import make_clean_python
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,4 +53,5 @@ def small_jsonl_xz(tmp_path_factory: pytest.TempPathFactory, gutenberg_books: li
 @pytest.fixture(scope="session")
 def clean_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A clean interpreter that sees this venv's packages but not hfzoo (one per test session, `remote_code.py`)."""
-    return make_clean_python(tmp_path_factory.mktemp("clean_venv"))
+    site_packages = Path(sysconfig.get_paths()["purelib"])
+    return clean_env.make_clean_venv(tmp_path_factory.mktemp("clean_venv"), [site_packages])

@@ -1,27 +1,21 @@
 """Loading exported checkpoints with `trust_remote_code=True` in a clean interpreter WITHOUT hfzoo.
 
-The clean interpreter is a `venv --without-pip` whose only package path is this venv's site-packages,
-added through a `.pth` file (the session fixture `clean_python` in `conftest.py`). Paths listed in a
-`.pth` are put on `sys.path`, but the `.pth` files inside them are not processed, so hfzoo's
-editable-install hook is not active there and `import hfzoo` fails (reported by the script).
+The clean interpreter (the session fixture `clean_python` in `conftest.py`, built by
+`clean_env.make_clean_venv`) sees this venv's site-packages but not hfzoo's editable-install hook, so
+`import hfzoo` fails there (reported by the script).
 
-`run_clean(python, job, workdir)` runs `CLEAN_ENV_SCRIPT` once for a whole job: every model of the job is
-loaded with its Auto class, run on named input tensors, and its first output written to one
+`run_remote_code(python, job, workdir)` runs `CLEAN_ENV_SCRIPT` once for a whole job: every model of the
+job is loaded with its Auto class, run on named input tensors, and its first output written to one
 safetensors file, so that many checkpoints cost one interpreter start (used by `tests/test_export.py`
 and by the variant matrix in `tests/test_variants.py`).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import sysconfig
 import textwrap
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+import clean_env
 
 # Runs in the clean interpreter: argv[1] is a JSON job; prints one JSON line; writes outputs to a file.
 # A job: {"models": [entry, ...], "inputs": file, "outputs": file, "threads": int, "keep_going": bool,
@@ -109,50 +103,10 @@ CLEAN_ENV_SCRIPT = textwrap.dedent(
 )
 
 
-def make_clean_python(venv_dir: Path) -> Path:
-    """Create a `venv --without-pip` in `venv_dir` that sees this venv's packages through a `.pth`, but not hfzoo.
-
-    Returns:
-        The path of its python executable.
-    """
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv_dir)], check=True)
-    python = venv_dir / ("Scripts" if os.name == "nt" else "bin") / ("python.exe" if os.name == "nt" else "python")
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    (Path(purelib) / "parent_site_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    return python
-
-
-def run_clean(python: Path, job: dict, workdir: Path, timeout: int = 300) -> dict:
-    """Run `CLEAN_ENV_SCRIPT` in the clean interpreter, outside the repository, with a clean environment.
+def run_remote_code(python: Path, job: dict, workdir: Path, timeout: int = 300) -> dict:
+    """Run `CLEAN_ENV_SCRIPT` on `job` in the clean interpreter (`clean_env.run_clean`).
 
     Returns:
         The script's JSON result (`hfzoo`, `hfzoo_modules_loaded`, `classes`, `config_classes`, `errors`, ...).
     """
-    script = workdir / "check_remote_code.py"
-    script.write_text(CLEAN_ENV_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k != "VIRTUAL_ENV"}
-    env.update(
-        HF_HOME=str(workdir / "hf_home"),  # fresh transformers_modules cache
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_VERBOSITY="error",
-        TOKENIZERS_PARALLELISM="false",
-    )
-    assert REPO_ROOT not in workdir.resolve().parents
-    proc = subprocess.run(
-        [str(python), "-s", str(script), json.dumps(job)],
-        cwd=workdir,
-        env=env,
-        stdin=subprocess.DEVNULL,  # a trust_remote_code prompt must fail, never wait
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert len(lines) == 1, proc.stdout[-5000:]
-    return json.loads(lines[0].removeprefix("RESULT "))
+    return clean_env.run_clean(python, CLEAN_ENV_SCRIPT, job, workdir, timeout=timeout)

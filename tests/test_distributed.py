@@ -21,9 +21,11 @@ from safetensors.torch import load_file
 
 from hfzoo.data.loading import clean_text
 from hfzoo.tokenization import train_bpe_tokenizer
+from hfzoo.training import accelerator as accelerator_module
 from hfzoo.training import pretraining
+from hfzoo.training.accelerator import reconcile_deepspeed_config
 from hfzoo.training.arguments import parse_pretrain_args
-from hfzoo.training.pretraining import find_latest_checkpoint, main, reconcile_deepspeed_config
+from hfzoo.training.pretraining import find_latest_checkpoint, main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY_OVERRIDES = (
@@ -330,7 +332,7 @@ def test_deepspeed_config_contradicting_the_recipe_is_refused(ds, expected, tmp_
 
 def test_a_multi_process_launch_that_runs_alone_is_refused(tmp_path, monkeypatch):
     """A launcher that started 2 processes, but an Accelerator that sees only itself (world size 1)."""
-    real_accelerator = pretraining.Accelerator
+    real_accelerator = accelerator_module.Accelerator
 
     def alone(**kwargs):
         with monkeypatch.context() as m:
@@ -338,12 +340,12 @@ def test_a_multi_process_launch_that_runs_alone_is_refused(tmp_path, monkeypatch
             return real_accelerator(**kwargs)
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr(pretraining, "Accelerator", alone)
+    monkeypatch.setattr(accelerator_module, "Accelerator", alone)
     args = parse_pretrain_args(
         ["--train_file", "x", "--config_name", "decoder-tiny", "--tokenizer_name", "t", "--output_dir", str(tmp_path)]
     )
     with pytest.raises(ValueError, match=r"started WORLD_SIZE=2 processes but this one runs alone"):
-        pretraining.create_accelerator(args)
+        accelerator_module.create_accelerator(args)
 
 
 def test_fp16_on_cpu_and_resume_of_another_model_config_fail_before_training(

@@ -1,7 +1,8 @@
 """`hfzoo.export.export_for_remote_code`: checkpoints that load with `trust_remote_code=True` WITHOUT hfzoo.
 
-The remote-code checks run in a real clean environment (`tests/remote_code.py`: a `venv --without-pip`
-that sees this venv's packages but not hfzoo; `import hfzoo` fails there, asserted in the subprocess).
+The remote-code checks run in a real clean environment (the `clean_python` fixture of `conftest.py`: a
+`venv --without-pip` that sees this venv's packages without hfzoo's editable-install hook, so
+`import hfzoo` fails there, asserted in the subprocess; the script is `remote_code.CLEAN_ENV_SCRIPT`).
 One subprocess per family loads every head of the family and writes its outputs back, which must be
 bit-identical to the in-package model's (fp32, eager attention, same number of threads).
 """
@@ -15,7 +16,7 @@ import sys
 
 import pytest
 import torch
-from remote_code import run_clean
+from remote_code import run_remote_code
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 from variant_checks import TINY as VARIANT_TINY
@@ -132,7 +133,7 @@ def test_export_loads_without_hfzoo_with_identical_outputs(family, clean_python,
     }
     if family == "decoder":
         job.update(tokenizer_dir=str(tmp_path / "decoder-AutoModelForCausalLM"), text=TEXT[:60])
-    result = run_clean(clean_python, job, workdir)
+    result = run_remote_code(clean_python, job, workdir)
 
     assert result["hfzoo"] == "ModuleNotFoundError"
     assert result["hfzoo_modules_loaded"] == []

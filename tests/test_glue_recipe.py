@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,7 +81,12 @@ def test_recipe_end_to_end(family, task, method, checkpoints, glue_dir, tmp_path
     assert saved == json.loads(json.dumps(results))
     assert saved["train_steps"] == 3 and saved["task"] == task and saved["peft"] == method
     for metric in GLUE_TASKS[task].metrics:
-        assert isinstance(saved[metric], float)
+        assert (
+            isinstance(saved[f"eval_{metric}"], float) and saved[f"eval_{metric}"] == saved[f"last_epoch_eval_{metric}"]
+        )
+    evaluation = json.loads((out / "eval_results.json").read_text())
+    assert evaluation == {k: v for k, v in saved.items() if k.startswith("eval_") or k == "epoch"}
+    assert set(evaluation) == {"epoch", "eval_loss", *(f"eval_{m}" for m in GLUE_TASKS[task].metrics)}
     assert 0 < saved["trainable_fraction"] <= 1 and (saved["trainable_fraction"] == 1) == (method == "none")
     assert (out / ("adapter_model.safetensors" if method != "none" else "model.safetensors")).is_file()
     assert (out / "tokenizer.json").is_file()
@@ -96,12 +102,17 @@ def test_recipe_end_to_end(family, task, method, checkpoints, glue_dir, tmp_path
         predictions = logits.squeeze(-1) if task == "stsb" else logits.argmax(-1)
         metric = load_glue_metric(task).compute(predictions=predictions.numpy(), references=list(dev["label"]))
         for name, value in metric.items():
-            assert value == pytest.approx(saved[name], abs=1e-5), name
+            assert value == pytest.approx(saved[f"eval_{name}"], abs=1e-5), name
 
 
 def test_mnli_reports_matched_and_mismatched(checkpoints, glue_dir, tmp_path):
     results = finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "mnli", "mnli"))
-    assert set(results["validation_matched"]) == set(results["validation_mismatched"]) == {"accuracy"}
+    assert {k for k in results if k.startswith("eval_")} == {
+        "eval_accuracy",
+        "eval_loss",
+        "eval_accuracy_mm",
+        "eval_loss_mm",
+    }
 
 
 def test_lora_trains_under_three_percent_of_minilm(tmp_path):
@@ -163,6 +174,8 @@ def test_sweep_writes_markdown_and_json_tables(checkpoints, glue_dir, tmp_path):
         assert {"value", "trainable_parameters", "train_steps", "train_seconds"} <= set(row)
     markdown = (out / "results.md").read_text().splitlines()
     assert markdown[0].startswith("| task | metric | value |") and len(markdown) == 2 + 3
+    bars = json.loads(read_png_text(out / "results.png")["hfzoo:bars"])
+    assert bars == {f"{r['task']} {r['metric']}": r["value"] for r in table["rows"]}
 
 
 @pytest.mark.slow
@@ -191,3 +204,147 @@ def test_max_grad_norm_clips_the_updates(checkpoints, glue_dir, tmp_path):
         assert len(shared) == len(base)
         moved[norm] = max((body[k].float() - base[k].float()).abs().max().item() for k in shared)
     assert moved["1e-12"] < 1e-5 < 1e-4 < moved["1.0"]
+
+
+def read_png_text(path: Path) -> dict[str, str]:
+    """The text chunks of a PNG file (the figure is read back, not regenerated)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.size[0] > 300 and image.size[1] > 200
+        assert len(set(image.convert("L").tobytes())) > 10  # something is drawn
+        return dict(image.text)
+
+
+def test_progress_bar_history_and_training_curves(checkpoints, glue_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "mrpc", "--logging_steps", "1", "--max_train_steps", "6"))
+    err = capsys.readouterr().err
+    assert re.search(r"mrpc \(lora\): +100%.*\| 6/6 ", err), err[-2000:]  # tqdm's bar, final state
+    history = json.loads((out / "train_history.json").read_text())
+    assert [r["step"] for r in history["log_history"]] == [1, 2, 3, 4, 5, 6]
+    assert [(r["epoch"], r["step"]) for r in history["eval_history"]] == [(1, 4), (2, 6)]
+    curves = json.loads(read_png_text(out / "training_curves.png")["hfzoo:curves"])
+    assert list(curves) == ["training loss", "validation loss", "learning rate", "tokens/s"]
+    assert curves["training loss"] == [[r["step"], r["train_loss"]] for r in history["log_history"]]
+    assert curves["validation loss"] == [[r["step"], r["eval_loss"]] for r in history["eval_history"]]
+    assert [s for s, _ in curves["learning rate"]] == [1, 2, 3, 4, 5, 6]
+    assert all(v > 0 for _, v in curves["tokens/s"]) and len(curves["tokens/s"]) == 6
+
+
+def _trainable(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(path / ("adapter_model.safetensors" if (path / "adapter_model.safetensors").is_file()
+                             else "model.safetensors"))  # fmt: skip
+
+
+@pytest.mark.parametrize("resume_step", [2, 4])
+def test_resume_from_checkpoint_continues_exactly(resume_step, checkpoints, glue_dir, tmp_path):
+    """Mid-epoch (step 2) and at the end of an epoch before its evaluation (step 4): the same weights and metrics."""
+    common = ("--logging_steps", "1", "--max_train_steps", "6", "--checkpointing_steps", "2", "--lora_dropout", "0.2")
+    full = finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "full", "mrpc", *common))
+    assert sorted(p.name for p in (tmp_path / "full" / "checkpoints").iterdir()) == ["step_2", "step_4", "step_6"]
+    checkpoint = tmp_path / "full" / "checkpoints" / f"step_{resume_step}"
+    resumed = finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "resumed", "mrpc", *common,
+                            "--resume_from_checkpoint", str(checkpoint)))  # fmt: skip
+    for key in ("eval_accuracy", "eval_f1", "eval_loss", "last_epoch_eval_loss", "best_epoch", "final_train_loss"):
+        assert resumed[key] == full[key], key
+    a, b = _trainable(tmp_path / "full"), _trainable(tmp_path / "resumed")
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    history = {n: json.loads((tmp_path / n / "train_history.json").read_text()) for n in ("full", "resumed")}
+    for records in (history["full"]["log_history"], history["resumed"]["log_history"]):
+        for record in records:
+            assert record.pop("tokens_per_second") > 0  # wall-clock dependent
+    assert history["resumed"] == history["full"]  # the resumed run carries the earlier records along
+
+
+def test_resume_latest_without_checkpoint_starts_fresh_and_bad_folder_is_refused(checkpoints, glue_dir, tmp_path):
+    results = finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "run", "rte",
+                            "--resume_from_checkpoint", "latest"))  # fmt: skip
+    assert results["train_steps"] == 3
+    with pytest.raises(SystemExit, match="not a GLUE checkpoint folder"):
+        finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "other", "rte",
+                      "--resume_from_checkpoint", str(tmp_path / "run")))  # fmt: skip
+
+
+def test_best_epoch_weights_are_saved_and_reported_with_the_last(checkpoints, glue_dir, tmp_path, monkeypatch):
+    """Epoch 1 scores best (a scripted dev metric): its weights are saved, the last epoch's metrics reported too."""
+    from hfzoo.training import glue_loop
+
+    scores = iter([0.9, 0.5])
+    real = glue_loop.evaluate_glue
+
+    def scripted(*args, **kwargs):
+        metrics = real(*args, **kwargs)
+        return {**metrics, "accuracy": next(scores)}
+
+    monkeypatch.setattr(glue_loop, "evaluate_glue", scripted)
+    out = tmp_path / "run"
+    results = finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "rte", "--max_train_steps", "8",
+                            "--checkpointing_steps", "epoch"))  # fmt: skip
+    assert (results["best_epoch"], results["epoch"], results["metric_for_best_model"]) == (1, 1, "eval_accuracy")
+    assert results["eval_accuracy"] == 0.9 and results["last_epoch_eval_accuracy"] == 0.5
+    assert json.loads((out / "eval_results.json").read_text())["eval_accuracy"] == 0.9
+    # The saved adapter is the one of the checkpoint after epoch 1 (step 4), not the last one (step 8).
+    from safetensors.torch import load_file
+
+    saved = _trainable(out)
+    epoch1, epoch2 = (load_file(out / "checkpoints" / f"step_{s}" / "model.safetensors") for s in (4, 8))
+
+    def adapter_key(key: str) -> str:  # PeftModel state-dict key -> saved adapter key
+        return key.replace(".modules_to_save.default", "").replace(".default", "")
+
+    trainable = {adapter_key(k): k for k in epoch1 if "lora_" in k or "modules_to_save" in k}
+    assert set(trainable) == set(saved)
+    assert all(torch.equal(saved[k], epoch1[trainable[k]]) for k in saved)
+    assert not all(torch.equal(saved[k], epoch2[trainable[k]]) for k in saved)
+
+
+def test_lr_scheduler_kwargs_reach_the_schedule(checkpoints, glue_dir, tmp_path):
+    out = tmp_path / "run"
+    finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "rte", "--logging_steps", "1", "--lr_scheduler_type",
+                  "cosine_with_min_lr", "--lr_scheduler_kwargs", '{"min_lr_rate": 0.5}'))  # fmt: skip
+    rates = [r["learning_rate"] for r in json.loads((out / "train_history.json").read_text())["log_history"]]
+    assert rates[-1] == pytest.approx(0.5e-3)  # the floor of cosine_with_min_lr: min_lr_rate x --learning_rate 1e-3
+    with pytest.raises(SystemExit, match=r"--lr_scheduler_kwargs \{'bogus': 1\}: .*bogus"):
+        finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "bad", "rte", "--lr_scheduler_type", "cosine",
+                      "--lr_scheduler_kwargs", '{"bogus": 1}'))  # fmt: skip
+
+
+def test_push_to_hub_a_stock_transformers_checkpoint(checkpoints, glue_dir, tmp_path, monkeypatch):
+    """BERT (not hfzoo) with LoRA: the adapter folder is uploaded with a model card; checkpoints stay home."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi, ModelCard
+    from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
+
+    calls = []
+    monkeypatch.setattr(
+        HfApi, "create_repo", lambda self, repo_id, **kw: calls.append(repo_id) or SimpleNamespace(repo_id=repo_id)
+    )  # noqa: E501
+    monkeypatch.setattr(HfApi, "upload_folder", lambda self, **kw: calls.append(kw) or SimpleNamespace(commit_url="u"))
+    out = tmp_path / "run"
+    results = finetune(argv(checkpoints["bert"], glue_dir, out, "mrpc", "--checkpointing_steps", "2", "--push_to_hub",
+                            "--hub_model_id", "someone/bert-mrpc-lora", "--hub_token", "hf_secret"))  # fmt: skip
+    assert calls[0] == "someone/bert-mrpc-lora"
+    upload = calls[1]
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    sent = list(filter_repo_objects(files, ignore_patterns=list(upload["ignore_patterns"]) + DEFAULT_IGNORE_PATTERNS))
+    assert {"README.md", "adapter_config.json", "adapter_model.safetensors", "all_results.json", "eval_results.json",
+            "train_history.json", "training_curves.png", "tokenizer.json"} <= set(sent)  # fmt: skip
+    assert not [f for f in sent if f.startswith("checkpoints/")] and any(f.startswith("checkpoints/") for f in files)
+    card = ModelCard.load(out / "README.md")
+    assert card.data.base_model == str(checkpoints["bert"]) and card.data.library_name == "peft"
+    assert card.data.pipeline_tag == "text-classification" and "bert" in card.data.tags
+    reported = {r.metric_type: r.metric_value for r in card.data.eval_results}
+    assert reported == {"accuracy": results["eval_accuracy"], "f1": results["eval_f1"]}
+    assert "hf_secret" not in card.content and "import hfzoo" not in card.content
+
+
+def test_an_undefined_dev_metric_never_wins_the_best_epoch():
+    from hfzoo.training.glue_loop import _improves
+
+    nan = float("nan")
+    assert _improves(0.2, None) and _improves(0.1, nan) and _improves(0.3, 0.2)
+    assert not _improves(nan, 0.2) and not _improves(0.2, 0.3) and not _improves(0.2, 0.2)

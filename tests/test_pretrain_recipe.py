@@ -268,3 +268,35 @@ def test_objective_bad_input(
     argv = base_args(small_jsonl_xz, tokenizer, tmp_path / "out", "--objective", objective, *extra)
     argv[argv.index("decoder-tiny")] = preset
     assert expected in run_main_expecting_error(argv, capsys)
+
+
+def test_training_curves_and_scheduler_kwargs(small_jsonl_xz, tokenizer_dir, tmp_path):
+    """training_curves.png holds the run's records (read back from the PNG); --lr_scheduler_kwargs shapes the schedule."""
+    from PIL import Image
+
+    out = tmp_path / "out"
+    main(base_args(small_jsonl_xz, tokenizer_dir, out, "--logging_steps", "1", "--eval_steps", "2",
+                   "--learning_rate", "1e-3", "--lr_scheduler_type", "cosine_with_min_lr",
+                   "--lr_scheduler_kwargs", '{"min_lr_rate": 0.25}'))  # fmt: skip
+    history = json.loads((out / "train_history.json").read_text())
+    assert [r["step"] for r in history["eval_history"]] == [0, 2, 4]
+    assert history["log_history"][-1]["learning_rate"] == pytest.approx(0.25e-3)  # min_lr_rate x learning_rate
+    with Image.open(out / "training_curves.png") as image:
+        assert image.format == "PNG" and len(set(image.convert("L").tobytes())) > 10
+        curves = json.loads(image.text["hfzoo:curves"])
+    assert list(curves) == ["training loss", "validation loss", "learning rate", "tokens/s"]
+    assert curves["training loss"] == [[r["step"], r["train_loss"]] for r in history["log_history"]]
+    assert curves["validation loss"] == [[r["step"], r["eval_loss"]] for r in history["eval_history"]]
+    assert curves["learning rate"] == [[r["step"], r["learning_rate"]] for r in history["log_history"]]
+    assert [s for s, _ in curves["tokens/s"]] == [1, 2, 3, 4]
+
+
+def test_bad_lr_scheduler_kwargs_fail_before_training(small_jsonl_xz, tokenizer_dir, tmp_path, capsys):
+    message = run_main_expecting_error(
+        base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "out", "--lr_scheduler_type", "cosine_with_min_lr"), capsys
+    )
+    assert "--lr_scheduler_kwargs {}: One of min_lr or min_lr_rate should be set" in message
+    message = run_main_expecting_error(
+        base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "out", "--lr_scheduler_kwargs", "[1, 2]"), capsys
+    )
+    assert "expected a mapping" in message

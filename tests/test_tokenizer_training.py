@@ -1,4 +1,4 @@
-"""Tests of byte-level BPE training (`hfzoo.tokenization`, `tokenizer_training/train_tokenizer.py`).
+"""Tests of byte-level BPE training (`hfzoo.tokenization`, `hfzoo.training.train_tokenizer`, its script).
 
 Everything trains on real Project Gutenberg books (a few hundred KB, vocabularies of 1000-3000) so
 the whole file runs in well under a minute on 2 CPU cores.
@@ -6,7 +6,6 @@ the whole file runs in well under a minute on 2 CPU cores.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import logging
@@ -19,6 +18,7 @@ from transformers import AutoTokenizer
 
 from hfzoo.data.loading import clean_text
 from hfzoo.tokenization import FAMILY_SPECIAL_TOKENS, TextBatches, train_bpe_tokenizer
+from hfzoo.training import train_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = REPO_ROOT / "tokenizer_training" / "train_tokenizer.py"
@@ -29,11 +29,8 @@ UNSEEN = "naïve café — “quoted” ‘text’… 日本語 🙂\tTAB  two  
 
 @pytest.fixture(scope="module")
 def cli():
-    """The CLI script imported as a module (it is a script, not part of the package)."""
-    spec = importlib.util.spec_from_file_location("train_tokenizer", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The module behind `hfzoo-train-tokenizer` and `tokenizer_training/train_tokenizer.py`."""
+    return train_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 
 For each row of `LEARNING_VARIANTS` x family, the family's tiny preset (`decoder-tiny`, `encoder-tiny`,
 `encoder-decoder-tiny`) with the row's overrides is trained with AdamW for `STEPS` steps of the family's
-pretraining objective (causal LM, masked LM, T5 span corruption; the collators of
-`hfzoo.training.pretraining.build_collator`) on blocks packed from three books of the first Gutenberg
+pretraining objective (causal LM, masked LM, T5 span corruption: the `hfzoo.training.objectives` entries and
+their collators) on blocks packed from three books of the first Gutenberg
 shard (`hfzoo.data.packing.tokenize_and_pack`), and its validation loss on fixed batches of a fourth
 book must fall at least 20% below its value at initialization. The causal LM must also beat the
 add-one unigram model of its tokens (`hfzoo.training.evaluation.unigram_perplexity`), i.e. use
@@ -35,7 +35,7 @@ from hfzoo.data.packing import token_counts, tokenize_and_pack
 from hfzoo.models.presets import build_config
 from hfzoo.tokenization import BYTE_ALPHABET_SIZE, family_special_tokens, train_bpe_tokenizer
 from hfzoo.training.evaluation import unigram_perplexity
-from hfzoo.training.pretraining import build_collator
+from hfzoo.training.objectives import get_objective
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ class FamilyData:
     """A family's tokenizer, objective collator, packed training blocks and fixed validation batches."""
 
     def __init__(self, family: str, books: list[dict]) -> None:
-        self.objective = OBJECTIVES[family]
+        self.objective = get_objective(OBJECTIVES[family])
         texts = [row["text"] for row in books]
         special = len(family_special_tokens(family, num_extra_ids=NUM_SENTINELS)[2])
         self.tokenizer = train_bpe_tokenizer(
@@ -74,8 +74,8 @@ class FamilyData:
             num_extra_ids=NUM_SENTINELS,
         )
         options = dict(mlm_probability=0.15, whole_word_mask=False, noise_density=0.15, mean_noise_span_length=3.0)
-        args = argparse.Namespace(objective=self.objective, tokenizer_name="the test tokenizer", **options)
-        self.collator, raw_length = build_collator(args, self.tokenizer, BLOCK_SIZE)
+        args = argparse.Namespace(objective=self.objective.name, tokenizer_name="the test tokenizer", **options)
+        self.collator, raw_length = self.objective.build_collator(args, self.tokenizer, BLOCK_SIZE)
         raw = datasets.DatasetDict(
             {
                 "train": datasets.Dataset.from_dict({"text": texts[:3]}),
@@ -83,7 +83,12 @@ class FamilyData:
             }
         )
         packed = tokenize_and_pack(
-            raw, self.tokenizer, "text", raw_length, with_labels=self.objective == "clm", load_from_cache_file=False
+            raw,
+            self.tokenizer,
+            "text",
+            raw_length,
+            with_labels=self.objective.labels_in_blocks,
+            load_from_cache_file=False,
         )
         self.train_blocks = packed["train"]
         torch.manual_seed(1234)  # the masks / noise spans of the validation batches are drawn once
@@ -95,7 +100,7 @@ class FamilyData:
         # the add-one unigram model's cross-entropy on the validation targets (the masked tokens of the masked
         # LM, the next tokens of the causal LM; for span corruption it counts the sentinels as unseen tokens)
         counts = token_counts(self.train_blocks, len(self.tokenizer))
-        shift = 1 if self.objective == "clm" else 0
+        shift = 1 if self.objective.shifts_labels else 0
         targets = np.concatenate([batch["labels"][:, shift:].numpy().ravel() for batch in self.validation])
         self.unigram_loss = math.log(unigram_perplexity(counts, targets[targets != -100]))
 
@@ -175,10 +180,10 @@ def test_variant_learns(family, overrides, family_data, one_thread, record_prope
     seconds = time.perf_counter() - started
     record_property("seconds", round(seconds, 1))
     summary = (
-        f"{data.objective} validation loss {initial:.3f} -> {final:.3f} ({final / initial:.1%} of its initial "
+        f"{data.objective.name} validation loss {initial:.3f} -> {final:.3f} ({final / initial:.1%} of its initial "
         f"value; add-one unigram model {data.unigram_loss:.3f}) in {STEPS} steps, {seconds:.1f} s"
     )
     print(summary)
     assert final <= (1 - REQUIRED_DROP) * initial, summary
-    if data.objective == "clm":
+    if data.objective.predicts_every_token:  # the causal LM: the add-one unigram model is a comparable baseline
         assert final < data.unigram_loss, summary

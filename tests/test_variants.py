@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from remote_code import run_clean
+from remote_code import run_remote_code
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
@@ -208,7 +208,7 @@ def _load_every_case_as_remote_code(clean_python, root: Path) -> dict[str, tuple
         "threads": 1,
         "keep_going": True,
     }
-    result = run_clean(clean_python, job, workdir, timeout=900)
+    result = run_remote_code(clean_python, job, workdir, timeout=900)
     assert result["hfzoo"] == "ModuleNotFoundError" and result["hfzoo_modules_loaded"] == []
     got = load_file(root / "outputs.safetensors")
     outputs = {case_id: (value, None, None) for case_id, value in expected.items()}

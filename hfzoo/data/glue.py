@@ -35,7 +35,7 @@ class GlueTask:
         tsv_labels: the label strings as written in the TSV, in the order of the hub's label ids;
             None for regression (STS-B: a float score in [0, 5]).
         label_names: the hub's names for the label ids (None for regression).
-        metrics: the official metrics, names as in `evaluate`'s `glue` metric.
+        metrics: the official metrics, names as in `evaluate`'s `glue` metric; the first is the main one.
         header: TSV column names for files without a header row (CoLA), else None.
     """
 
@@ -59,6 +59,11 @@ class GlueTask:
     def num_labels(self) -> int:
         """Number of model outputs: 1 for regression, else the number of classes."""
         return 1 if self.tsv_labels is None else len(self.tsv_labels)
+
+    @property
+    def main_metric(self) -> str:
+        """The metric that ranks checkpoints (best-epoch selection): the first of `metrics`."""
+        return self.metrics[0]
 
     @property
     def text_names(self) -> tuple[str, ...]:

@@ -220,8 +220,8 @@ def load_raw_datasets(
         text_column_name: the column holding the text; checked on every split.
         validation_split_percentage: percentage of training documents held out when there is no
             validation data (integer in [1, 50]).
-        streaming: load lazily (`IterableDatasetDict`); no split is then carved out of train, so
-            validation data must be given.
+        streaming: load lazily (`IterableDatasetDict`); without validation data, every k-th training
+            document (k = `round(100 / validation_split_percentage)`) is held out instead of the first ones.
         cache_dir: `datasets` cache folder.
         sample_by: how plain text files are split into rows (see `load_local_files`); the default
             `"document"` makes each text file one document.
@@ -230,8 +230,8 @@ def load_raw_datasets(
         A `DatasetDict` (or `IterableDatasetDict`) with `train` and `validation` splits.
 
     Raises:
-        ValueError: neither files nor a dataset name, a missing text column, an empty file, a bad
-            percentage, or streaming without validation data.
+        ValueError: neither files nor a dataset name, a missing text column, an empty file, or a bad
+            percentage.
         FileNotFoundError: a local file does not exist.
     """
     if not train_file and not dataset_name:
@@ -254,9 +254,16 @@ def load_raw_datasets(
         if validation_file:
             raw["validation"] = load_local_files(validation_file, "--validation_file", streaming, cache_dir, sample_by)
             sources["validation"] = f"--validation_file {list(validation_file)}"
+    if "validation" not in raw and streaming:
+        # The stream's length is unknown: hold out every k-th document (k = 100 / percentage), read lazily.
+        every = max(2, round(100 / validation_split_percentage))
+        train = raw["train"]
+        raw = datasets.IterableDatasetDict(
+            validation=train.filter(lambda _, i: i % every == 0, with_indices=True),
+            train=train.filter(lambda _, i: i % every != 0, with_indices=True),
+        )
+        sources["validation"] = f"every {every}th document of {sources['train']}"
     if "validation" not in raw:
-        if streaming:
-            raise ValueError("streaming needs explicit validation data: give --validation_file")
         train = raw["train"]
         n_val = max(1, len(train) * validation_split_percentage // 100)
         if len(train) < 2:

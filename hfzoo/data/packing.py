@@ -13,7 +13,13 @@ from itertools import chain
 import datasets
 import numpy as np
 
-from .loading import clean_text
+from .loading import clean_text, column_names
+
+#: Documents per tokenizer call, and tokenized documents concatenated per packing call (the tail of each
+#: packing call shorter than a block is dropped); shared by the map-style and the streamed paths, which
+#: therefore cut the same blocks from the same documents.
+TOKENIZE_BATCH_SIZE = 16
+PACK_BATCH_SIZE = 1000
 
 
 def tokenize_function(tokenizer, text_column_name: str, clean: bool = True):
@@ -94,7 +100,7 @@ def tokenize_and_pack(
     tokenized = raw_datasets.map(
         tokenize_function(tokenizer, text_column_name, clean),
         batched=True,
-        batch_size=16,
+        batch_size=TOKENIZE_BATCH_SIZE,
         num_proc=num_proc,
         remove_columns=list(next(iter(raw_datasets.values())).column_names),
         load_from_cache_file=load_from_cache_file,
@@ -103,7 +109,7 @@ def tokenize_and_pack(
     packed = tokenized.map(
         group_texts(block_size, with_labels),
         batched=True,
-        batch_size=1000,
+        batch_size=PACK_BATCH_SIZE,
         num_proc=num_proc,
         load_from_cache_file=load_from_cache_file,
         desc=f"Packing into blocks of {block_size}",
@@ -115,6 +121,44 @@ def tokenize_and_pack(
                 f"the {split} data has {n_tokens} tokens, fewer than one block of --block_size {block_size}"
             )
     return packed
+
+
+def pack_stream(
+    raw: datasets.IterableDataset,
+    tokenizer,
+    text_column_name: str,
+    block_size: int,
+    clean: bool = True,
+    with_labels: bool = True,
+) -> datasets.IterableDataset:
+    """Tokenize and pack a streamed split on the fly: the blocks `tokenize_and_pack` cuts from the same documents.
+
+    Nothing is read until the result is iterated, and memory stays bounded (`PACK_BATCH_SIZE` tokenized
+    documents at a time), so the source may be larger than memory or disk.
+
+    Args:
+        raw: a streamed split (`datasets.IterableDataset`) with a `text_column_name` column.
+        tokenizer: a transformers tokenizer.
+        text_column_name: the text column.
+        block_size: tokens per block (>= 2).
+        clean: apply `clean_text` before tokenizing.
+        with_labels: add a `labels` column (a copy of `input_ids`, for the causal LM objective).
+
+    Returns:
+        An `IterableDataset` of `input_ids` (and `labels`) rows, lists of `block_size` ints.
+
+    Raises:
+        ValueError: `block_size < 2`.
+    """
+    if block_size < 2:
+        raise ValueError(f"--block_size must be at least 2, got {block_size}")
+    tokenized = raw.map(
+        tokenize_function(tokenizer, text_column_name, clean),
+        batched=True,
+        batch_size=TOKENIZE_BATCH_SIZE,
+        remove_columns=column_names(raw),
+    )
+    return tokenized.map(group_texts(block_size, with_labels), batched=True, batch_size=PACK_BATCH_SIZE)
 
 
 def token_counts(dataset: datasets.Dataset, vocab_size: int, column: str = "input_ids") -> np.ndarray:

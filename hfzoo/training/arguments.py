@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-#: Pretraining objectives: causal LM (decoder), masked LM (encoder, BERT), span corruption (encoder-decoder, T5).
-OBJECTIVES = ("clm", "mlm", "span")
+from .objectives import OBJECTIVES
+
 SCHEDULERS = (
     "linear",
     "cosine",
@@ -82,6 +82,21 @@ def checkpointing_steps(value: str) -> str:
     return str(positive_int(value))
 
 
+def scheduler_kwargs(value: str) -> dict[str, Any]:
+    """Argparse type for `--lr_scheduler_kwargs`: a JSON (or YAML flow) mapping, e.g. `'{"min_lr_rate": 0.1}'`.
+
+    Raises:
+        argparse.ArgumentTypeError: not a mapping.
+    """
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"expected a mapping such as '{{\"min_lr_rate\": 0.1}}', got {value!r}")
+    return parsed
+
+
 class _ExtendAction(argparse.Action):
     """`--train_file a b --train_file c` -> `[a, b, c]` (repeatable and multi-valued)."""
 
@@ -105,13 +120,14 @@ class OneLineErrorParser(argparse.ArgumentParser):
 def build_pretrain_parser() -> argparse.ArgumentParser:
     """Return the parser of `recipes/pretrain.py` (see `--help` for each flag)."""
     p = OneLineErrorParser(
+        prog="hfzoo-pretrain",
         description="Pretrain an hfzoo model (causal LM, masked LM or span corruption) with accelerate.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--config", type=str, default=None, help="YAML file of argument values (flags override it).")
     p.add_argument(
         "--objective",
-        choices=OBJECTIVES,
+        choices=list(OBJECTIVES),
         default="clm",
         help="clm: next-token prediction (decoder); mlm: BERT masked LM (encoder); span: T5 span corruption "
         "(encoder-decoder).",
@@ -171,6 +187,12 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     )
     data.add_argument("--overwrite_cache", action="store_true", help="Ignore datasets' cache of the tokenized data.")
     data.add_argument(
+        "--streaming",
+        action="store_true",
+        help="Read, tokenize and pack the data on the fly (datasets streaming; for data larger than memory or "
+        "disk); each process reads its own shard. Needs --max_train_steps.",
+    )
+    data.add_argument(
         "--no_clean_text",
         action="store_true",
         help="Do not normalise CRLF or strip Project Gutenberg boilerplate.",
@@ -228,6 +250,13 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
         choices=SCHEDULERS,
         default="linear",
         help="transformers.get_scheduler name (warmup then decay).",
+    )
+    train.add_argument(
+        "--lr_scheduler_kwargs",
+        type=scheduler_kwargs,
+        default={},
+        help="The schedule's own arguments as JSON, e.g. '{\"min_lr_rate\": 0.1}' (cosine_with_min_lr) or "
+        "'{\"num_decay_steps\": 100}' (warmup_stable_decay).",
     )
     train.add_argument("--num_warmup_steps", type=non_negative_int, default=0, help="Linear warmup steps.")
     train.add_argument(
@@ -345,6 +374,8 @@ def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("give --config_name (a preset or config) or --model_name_or_path")
     if args.model_name_or_path is None and args.tokenizer_name is None:
         parser.error("give --tokenizer_name (train one with tokenizer_training/train_tokenizer.py)")
+    if args.streaming and args.max_train_steps is None:
+        parser.error("--streaming needs --max_train_steps (a stream's length is unknown)")
     if args.max_grad_norm < 0:
         parser.error(f"--max_grad_norm must be >= 0, got {args.max_grad_norm}")
     return args

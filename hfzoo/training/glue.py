@@ -9,35 +9,47 @@ options (`--peft lora|prefix|none`, `--lora_r`, `--lora_alpha`, `--lora_dropout`
 `--num_virtual_tokens`, `--prefix_projection`, `--prefix_hidden_size`). Every input is checked
 before the model is loaded; errors are one line.
 
-Outputs in `--output_dir`: the adapter (PEFT; classification head included) or the full model,
-the tokenizer, `all_results.json` (dev metrics, trainable parameters and fraction, steps, wall time)
-and `eval_history.json` (metrics after every epoch).
+Training shows a tqdm progress bar, logs every `--logging_steps`, evaluates after every epoch and
+keeps the weights of the best epoch by the task's main metric (`GlueTask.main_metric`; the last epoch's
+with `--save_last_epoch`). `--checkpointing_steps N|epoch` writes resumable checkpoints under
+`checkpoints/step_N`; `--resume_from_checkpoint PATH|latest` continues exactly where one left off
+(model, optimizer, scheduler, RNG and data order restored, partly done epochs skipped batch by batch).
+
+Outputs in `--output_dir`: the adapter (PEFT; classification head included) or the full model, the
+tokenizer, `eval_results.json` (the saved epoch's dev metrics as `eval_<metric>`, MNLI's mismatched
+dev set as `eval_<metric>_mm`), `all_results.json` (the same, the last epoch's as
+`last_epoch_eval_<metric>`, the best epoch, trainable parameters and fraction, steps, wall time),
+`train_history.json` (training records and dev metrics after every epoch), `training_curves.png`, and
+a model card (`README.md`), also for stock transformers checkpoints; `--push_to_hub` uploads the folder.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
-from transformers import (
-    AutoConfig,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    DataCollatorWithPadding,
-    get_scheduler,
-)
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
 from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, load_glue
-from ..metrics import load_glue_metric
-from .arguments import SCHEDULERS, OneLineErrorParser, non_negative_int, positive_float, positive_int
+from .accelerator import create_accelerator
+from .arguments import (
+    SCHEDULERS,
+    OneLineErrorParser,
+    checkpointing_steps,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    scheduler_kwargs,
+)
+from .glue_loop import GlueRun, resolve_glue_resume, train_glue
+from .glue_outputs import glue_results, save_glue_outputs
+from .optimization import create_optimizer, create_scheduler
 from .peft_utils import (
     PEFT_METHODS,
     build_peft_config,
@@ -45,14 +57,21 @@ from .peft_utils import (
     count_parameters,
     wrap_with_peft,
 )
-from .runtime import disable_cudnn_sdpa, tune_glibc_malloc
 
-__all__ = ["build_glue_parser", "evaluate_glue", "main", "parse_glue_args", "run_glue"]
+__all__ = [
+    "build_glue_model",
+    "build_glue_parser",
+    "load_glue_data",
+    "main",
+    "parse_glue_args",
+    "prepare_glue",
+    "run_glue",
+]
 
 
 def build_glue_parser() -> argparse.ArgumentParser:
     """Return the argument parser of `recipes/finetune_glue.py` (run_glue_no_trainer names + PEFT options)."""
-    p = OneLineErrorParser(prog="finetune_glue.py", description="Finetune a model on a GLUE task (PEFT or full).")
+    p = OneLineErrorParser(prog="hfzoo-finetune-glue", description="Finetune a model on a GLUE task (PEFT or full).")
     p.add_argument("--task_name", required=True, help=f"one of {sorted(GLUE_TASKS)}")
     p.add_argument("--model_name_or_path", required=True, help="hfzoo or transformers checkpoint (folder or hub id)")
     p.add_argument("--data_dir", default=None, help="folder in the GLUE layout (<dir>/SST-2/train.tsv, ...)")
@@ -69,10 +88,29 @@ def build_glue_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_train_steps", type=positive_int, default=None, help="overrides --num_train_epochs")
     p.add_argument("--gradient_accumulation_steps", type=positive_int, default=1)
     p.add_argument("--lr_scheduler_type", choices=SCHEDULERS, default="linear")
+    p.add_argument(
+        "--lr_scheduler_kwargs",
+        type=scheduler_kwargs,
+        default={},
+        help="the schedule's own arguments as JSON, e.g. '{\"min_lr_rate\": 0.1}' for cosine_with_min_lr",
+    )
     p.add_argument("--num_warmup_steps", type=non_negative_int, default=0)
     p.add_argument("--max_train_samples", type=positive_int, default=None, help="use a seeded random subset")
     p.add_argument("--max_eval_samples", type=positive_int, default=None)
     p.add_argument("--output_dir", required=True)
+    p.add_argument("--logging_steps", type=positive_int, default=50, help="log the training loss every N steps")
+    p.add_argument(
+        "--checkpointing_steps",
+        type=checkpointing_steps,
+        default=None,
+        help="save a resumable checkpoint every N steps, or 'epoch' (after each epoch's evaluation)",
+    )
+    p.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint folder, or 'latest' in --output_dir")
+    p.add_argument(
+        "--save_last_epoch",
+        action="store_true",
+        help="save the last epoch's weights (default: the best epoch's by the task's main metric)",
+    )
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--mixed_precision", choices=("no", "bf16", "fp16"), default="no")
     p.add_argument("--attn_implementation", default=None, help="eager | sdpa | ... (default: the model's)")
@@ -124,31 +162,52 @@ def _tokenize(dataset, task: GlueTask, tokenizer, args: argparse.Namespace):
     return dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc="tokenize")
 
 
-def evaluate_glue(model, dataloader, task: GlueTask, accelerator: Accelerator, metric_name: str) -> dict[str, float]:
-    """Predict a dev set and compute the task's official metric(s) with hfzoo's offline `evaluate` module.
+def load_glue_data(args: argparse.Namespace, task: GlueTask, tokenizer, accelerator: Accelerator) -> dict[str, Any]:
+    """Read the task's train and dev splits, take the requested subsets, and tokenize them.
 
     Args:
-        model: the (possibly PEFT-wrapped, accelerate-prepared) sequence classifier.
-        dataloader: batches with `labels`.
-        task: the GLUE task (regression: the single logit is the prediction; else the argmax).
-        accelerator: gathers predictions across processes.
-        metric_name: the `evaluate` config name (`mnli_matched` / `mnli_mismatched` for MNLI's dev sets).
+        args: `data_dir` / `train_file` / `validation_file`, `max_train_samples` (a seeded random
+            subset), `max_eval_samples` (the first rows), `max_length`, `pad_to_max_length`, `seed`.
+        task: the GLUE task.
+        tokenizer: the model's tokenizer.
+        accelerator: the main process tokenizes first (datasets' cache serves the others).
 
     Returns:
-        `{metric: value}` as floats.
+        `{split: tokenized datasets.Dataset}` with `train` and the dev splits (`validation`, or MNLI's
+        `validation_matched` and `validation_mismatched`); columns are the tokenizer's plus `labels`.
+
+    Raises:
+        ValueError, FileNotFoundError: missing files or bad rows (see `hfzoo.data.glue.load_glue`).
     """
-    metric = load_glue_metric(metric_name)
-    model.eval()
-    for batch in dataloader:
-        with torch.no_grad():
-            logits = model(**batch).logits.float()
-        predictions = logits.squeeze(-1) if task.is_regression else logits.argmax(-1)
-        predictions, references = accelerator.gather_for_metrics((predictions, batch["labels"]))
-        metric.add_batch(predictions=predictions.cpu().numpy(), references=references.cpu().numpy())
-    return {k: float(v) for k, v in metric.compute().items()}
+    raw = load_glue(task, args.data_dir, args.train_file, args.validation_file)
+    if args.max_train_samples is not None and args.max_train_samples < len(raw["train"]):
+        raw["train"] = raw["train"].shuffle(seed=args.seed).select(range(args.max_train_samples))
+    if args.max_eval_samples is not None:
+        for split in _eval_splits(raw):
+            raw[split] = raw[split].select(range(min(args.max_eval_samples, len(raw[split]))))
+    with accelerator.main_process_first():
+        return {split: _tokenize(ds, task, tokenizer, args) for split, ds in raw.items()}
 
 
-def _load_model(args: argparse.Namespace, task: GlueTask, config, tokenizer):
+def _eval_splits(splits) -> list[str]:
+    return [s for s in splits if s.startswith("validation")]
+
+
+def build_glue_model(args: argparse.Namespace, task: GlueTask, tokenizer):
+    """Load the checkpoint with a sequence-classification head for `task` and wrap it for `--peft`.
+
+    Args:
+        args: `model_name_or_path`, `attn_implementation`, `ignore_mismatched_sizes`,
+            `trust_remote_code` and the PEFT options (`peft`, `lora_*`, `target_modules`,
+            `num_virtual_tokens`, `prefix_projection`, `prefix_hidden_size`).
+        task: the GLUE task (number of labels, label names, regression or not).
+        tokenizer: supplies the padding id when the checkpoint's config has none.
+
+    Returns:
+        The model: a `PeftModel` (base frozen, adapter and head trainable) or, with `--peft none`, the
+        plain `*ForSequenceClassification`.
+    """
+    config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     labels = {}
     if not task.is_regression:
         labels = {
@@ -160,7 +219,7 @@ def _load_model(args: argparse.Namespace, task: GlueTask, config, tokenizer):
         kwargs["attn_implementation"] = args.attn_implementation
     if config.pad_token_id is None and tokenizer.pad_token_id is not None:
         kwargs["pad_token_id"] = tokenizer.pad_token_id
-    return AutoModelForSequenceClassification.from_pretrained(
+    model = AutoModelForSequenceClassification.from_pretrained(
         args.model_name_or_path,
         num_labels=task.num_labels,
         problem_type="regression" if task.is_regression else "single_label_classification",
@@ -169,50 +228,6 @@ def _load_model(args: argparse.Namespace, task: GlueTask, config, tokenizer):
         **labels,
         **kwargs,
     )
-
-
-def run_glue(args: argparse.Namespace) -> dict[str, Any]:
-    """Finetune and evaluate one GLUE task as `args` say; write the results to `args.output_dir`.
-
-    Args:
-        args: from `parse_glue_args`.
-
-    Returns:
-        The results dict written to `all_results.json`: `task`, `peft`, dev metrics (per dev split for
-        MNLI), `trainable_parameters`, `total_parameters`, `trainable_fraction`, `train_steps`,
-        `train_examples`, `train_seconds`, `final_train_loss`.
-
-    Raises:
-        ValueError, FileNotFoundError: bad input (unknown task, missing files, bad rows, a prefix
-            that does not fit the position table), before any training.
-    """
-    task = get_glue_task(args.task_name)
-    raw = load_glue(task, args.data_dir, args.train_file, args.validation_file)
-    config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
-    if args.peft == "prefix":
-        check_prefix_fits(config, args.num_virtual_tokens, args.max_length)
-    tune_glibc_malloc()
-    disable_cudnn_sdpa()
-    accelerator = Accelerator(
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        mixed_precision=args.mixed_precision,
-        log_with=args.report_to if args.with_tracking else None,
-        project_dir=args.output_dir,
-    )
-    set_seed(args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    if args.max_train_samples is not None and args.max_train_samples < len(raw["train"]):
-        raw["train"] = raw["train"].shuffle(seed=args.seed).select(range(args.max_train_samples))
-    eval_splits = [s for s in raw if s.startswith("validation")]
-    if args.max_eval_samples is not None:
-        for split in eval_splits:
-            raw[split] = raw[split].select(range(min(args.max_eval_samples, len(raw[split]))))
-    with accelerator.main_process_first():
-        encoded = {split: _tokenize(ds, task, tokenizer, args) for split, ds in raw.items()}
-
-    model = _load_model(args, task, config, tokenizer)
     peft_config = build_peft_config(
         args.peft,
         model.config,
@@ -224,119 +239,110 @@ def run_glue(args: argparse.Namespace) -> dict[str, Any]:
         prefix_projection=args.prefix_projection,
         encoder_hidden_size=args.prefix_hidden_size,
     )
-    model = wrap_with_peft(model, peft_config)
+    return wrap_with_peft(model, peft_config)
+
+
+def prepare_glue(args: argparse.Namespace) -> GlueRun:
+    """Build and check everything before the first step: accelerator, data, model, optimizer, scheduler.
+
+    Args:
+        args: from `parse_glue_args`.
+
+    Returns:
+        A `GlueRun` whose model, optimizer, scheduler and dataloaders are `accelerator.prepare`d.
+
+    Raises:
+        ValueError, FileNotFoundError: bad input (unknown task, missing files, bad rows, a prefix
+            that does not fit the position table), before any training.
+    """
+    task = get_glue_task(args.task_name)
+    if args.peft == "prefix":
+        config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+        check_prefix_fits(config, args.num_virtual_tokens, args.max_length)
+    resume_path = resolve_glue_resume(args)
+    accelerator = create_accelerator(args, sync_with_dataloader=True)
+    set_seed(args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    encoded = load_glue_data(args, task, tokenizer, accelerator)
+
+    model = build_glue_model(args, task, tokenizer)
     trainable, total = count_parameters(model)
     accelerator.print(
         f"{task.name} {args.peft}: trainable parameters {trainable:,} of {total:,} ({100 * trainable / total:.3f}%)"
     )
 
     collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if args.mixed_precision != "no" else None)
+    # The loader's own generator: starting an epoch's iterator then draws its worker seed from it, not from
+    # torch's global RNG, so the dropout masks of a resumed run continue exactly where the checkpoint left them.
     train_loader = DataLoader(
-        encoded["train"], shuffle=True, collate_fn=collator, batch_size=args.per_device_train_batch_size
+        encoded["train"],
+        shuffle=True,
+        collate_fn=collator,
+        batch_size=args.per_device_train_batch_size,
+        generator=torch.Generator().manual_seed(args.seed),
     )
     eval_loaders = {
         split: DataLoader(encoded[split], collate_fn=collator, batch_size=args.per_device_eval_batch_size)
-        for split in eval_splits
+        for split in _eval_splits(encoded)
     }
-    no_decay = ("bias", "norm", "LayerNorm")
-    groups = [
-        {
-            "params": [p for n, p in model.named_parameters() if p.requires_grad and not any(k in n for k in no_decay)],
-            "weight_decay": args.weight_decay,
-        },
-        {
-            "params": [p for n, p in model.named_parameters() if p.requires_grad and any(k in n for k in no_decay)],
-            "weight_decay": 0.0,
-        },
-    ]
-    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate)
+    optimizer = create_optimizer(model, learning_rate=args.learning_rate, weight_decay=args.weight_decay)
     steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
-    epochs = math.ceil(max_steps / steps_per_epoch)
-    scheduler = get_scheduler(
-        args.lr_scheduler_type, optimizer, num_warmup_steps=args.num_warmup_steps, num_training_steps=max_steps
+    scheduler = create_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=args.num_warmup_steps,
+        num_training_steps=max_steps,
+        scheduler_kwargs=args.lr_scheduler_kwargs,
     )
     model, optimizer, train_loader, scheduler, *loaders = accelerator.prepare(
         model, optimizer, train_loader, scheduler, *eval_loaders.values()
     )
-    eval_loaders = dict(zip(eval_loaders, loaders))
-    if args.with_tracking:
-        accelerator.init_trackers(
-            "glue", {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
-        )
+    return GlueRun(
+        args=args,
+        task=task,
+        accelerator=accelerator,
+        tokenizer=tokenizer,
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        train_dataloader=train_loader,
+        eval_dataloaders=dict(zip(eval_loaders, loaders)),
+        train_examples=len(encoded["train"]),
+        trainable_parameters=trainable,
+        total_parameters=total,
+        max_train_steps=max_steps,
+        num_train_epochs=math.ceil(max_steps / steps_per_epoch),
+        resume_path=resume_path,
+    )
 
-    def metric_name(split: str) -> str:
-        return {"validation_matched": "mnli_matched", "validation_mismatched": "mnli_mismatched"}.get(split, task.name)
 
-    step, history, start = 0, [], time.perf_counter()
-    running = torch.zeros((), device=accelerator.device)
-    for epoch in range(epochs):
-        model.train()
-        losses = []
-        for batch in train_loader:
-            with accelerator.accumulate(model):
-                loss = model(**batch).loss
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and args.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-            running += loss.detach().float()
-            if accelerator.sync_gradients:
-                step += 1
-                if step % 50 == 0:
-                    mean = (running / (50 * args.gradient_accumulation_steps)).item()
-                    losses.append(mean)
-                    running.zero_()
-                    accelerator.print(f"step {step}/{max_steps} loss {mean:.4f} ({time.perf_counter() - start:.0f} s)")
-                    if args.with_tracking:
-                        accelerator.log({"train_loss": mean, "lr": scheduler.get_last_lr()[0]}, step=step)
-                if step >= max_steps:
-                    break
-        metrics = {split: evaluate_glue(model, loader, task, accelerator, metric_name(split))
-                   for split, loader in eval_loaders.items()}  # fmt: skip
-        history.append({"epoch": epoch + 1, "step": step, "train_loss": losses[-1] if losses else None, **metrics})
-        accelerator.print(f"epoch {epoch + 1}: {json.dumps(metrics)}")
-        if args.with_tracking:
-            flat = {f"{split}/{k}": v for split, m in metrics.items() for k, v in m.items()}
-            accelerator.log(flat, step=step)
-        if step >= max_steps:
-            break
-    seconds = time.perf_counter() - start
-    results: dict[str, Any] = {
-        "task": task.name,
-        "model_name_or_path": str(args.model_name_or_path),
-        "peft": args.peft,
-        **(metrics if len(metrics) > 1 else next(iter(metrics.values()))),
-        "trainable_parameters": trainable,
-        "total_parameters": total,
-        "trainable_fraction": trainable / total,
-        "train_steps": step,
-        "train_examples": len(encoded["train"]),
-        "train_seconds": round(seconds, 1),
-        "final_train_loss": next((h["train_loss"] for h in reversed(history) if h["train_loss"] is not None), None),
-    }
-    _save(args, accelerator, model, tokenizer, results, history)
+def run_glue(args: argparse.Namespace) -> dict[str, Any]:
+    """Finetune and evaluate one GLUE task as `args` say; write the results to `args.output_dir`.
+
+    `prepare_glue` (data: `load_glue_data`, model: `build_glue_model`), then `train_glue` (the loop),
+    `glue_results` and `save_glue_outputs` (the results).
+
+    Args:
+        args: from `parse_glue_args`.
+
+    Returns:
+        The results dict written to `all_results.json` (see `glue_results`).
+
+    Raises:
+        ValueError, FileNotFoundError: bad input (unknown task, missing files, bad rows, a prefix
+            that does not fit the position table), before any training.
+    """
+    run = prepare_glue(args)
+    start = time.perf_counter()
+    progress = train_glue(run)
+    results = glue_results(run, progress, time.perf_counter() - start)
+    save_glue_outputs(run, results, progress)
     if args.with_tracking:
-        accelerator.end_training()
+        run.accelerator.end_training()
     return results
-
-
-def _save(args, accelerator: Accelerator, model, tokenizer, results: dict, history: list) -> None:
-    accelerator.wait_for_everyone()
-    output_dir = Path(args.output_dir)
-    unwrapped = accelerator.unwrap_model(model)
-    unwrapped.save_pretrained(output_dir, is_main_process=accelerator.is_main_process, save_function=accelerator.save)
-    if accelerator.is_main_process:
-        tokenizer.save_pretrained(output_dir)
-        (output_dir / "all_results.json").write_text(json.dumps(results, indent=2) + "\n")
-        (output_dir / "eval_history.json").write_text(json.dumps(history, indent=2) + "\n")
-        if args.push_to_hub:
-            from ..hub import push_to_hub
-
-            push_to_hub(output_dir, args.hub_model_id or output_dir.name, token=args.hub_token, training_args=args)
-    accelerator.wait_for_everyone()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -355,3 +361,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return run_glue(parse_glue_args(argv))
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
+
+
+def cli() -> None:
+    """Console script `hfzoo-finetune-glue` (returns None: setuptools exits with what its function returns)."""
+    main()
+
+
+if __name__ == "__main__":
+    main()

@@ -27,35 +27,29 @@ import datasets
 import numpy as np
 import torch
 import transformers
-from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs, set_seed
+from accelerate.utils import DistributedType, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import (
-    AutoModelForCausalLM,
-    AutoModelForMaskedLM,
-    AutoModelForSeq2SeqLM,
-    AutoTokenizer,
-    default_data_collator,
-    get_scheduler,
-)
+from transformers import AutoTokenizer
 
-from ..data.collators import DataCollatorForMaskedLM, DataCollatorForSpanCorruption
 from ..data.loading import load_raw_datasets
 from ..data.packing import token_counts, tokenize_and_pack
 from ..hub import build_model_card, push_to_hub
 from ..models.presets import PRESETS, build_config, parse_overrides
+from .accelerator import create_accelerator
 from .arguments import parse_pretrain_args
 from .evaluation import evaluate_lm, unigram_perplexity
-from .runtime import disable_cudnn_sdpa, tune_glibc_malloc
+from .objectives import get_objective
+from .optimization import create_optimizer, create_scheduler
+from .plots import plot_training_curves
+from .streaming import DeviceLoader, StreamingTrainLoader, stream_blocks
 
 logger = get_logger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
 
-#: objective -> the Auto class whose head it trains (and so which model families can take it).
-OBJECTIVE_AUTO_CLASSES = {"clm": AutoModelForCausalLM, "mlm": AutoModelForMaskedLM, "span": AutoModelForSeq2SeqLM}
 TRAINING_STATE = "training_state.json"
 #: Config fields that may differ between a checkpoint and the run resuming from it.
 _RESUME_IGNORED_CONFIG_KEYS = {"architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype"}
@@ -73,12 +67,13 @@ class PretrainingRun:
     lr_scheduler: Any
     train_dataloader: DataLoader
     eval_dataloader: DataLoader
-    train_dataset: datasets.Dataset
-    eval_dataset: datasets.Dataset
+    train_dataset: datasets.Dataset | datasets.IterableDataset
+    eval_dataset: datasets.Dataset | datasets.IterableDataset
     max_train_steps: int
     num_train_epochs: int
     resume_path: Path | None
     block_size: int
+    raw_block_size: int  # text tokens per packed block (span: before corruption)
 
 
 def _load_tokenizer(name: str, argument: str):
@@ -117,10 +112,10 @@ def build_model_config(args: argparse.Namespace, tokenizer) -> transformers.PreT
             f"the tokenizer {args.tokenizer_name or args.model_name_or_path} has {len(tokenizer)} tokens, "
             f"more than the model's vocab_size={config.vocab_size}"
         )
-    auto_class = OBJECTIVE_AUTO_CLASSES[args.objective]
-    if type(config) not in auto_class._model_mapping:
+    objective = get_objective(args.objective)
+    if not objective.supports(config):
         raise ValueError(
-            f"--objective {args.objective} needs a model with a {auto_class.__name__} head; "
+            f"--objective {args.objective} needs a model with a {objective.auto_class.__name__} head; "
             f"model_type {config.model_type!r} has none"
         )
     return config
@@ -169,109 +164,6 @@ def _resolve_resume(args: argparse.Namespace) -> Path | None:
     return path
 
 
-def create_accelerator(args: argparse.Namespace) -> Accelerator:
-    """Create the run's `Accelerator` for whatever `accelerate launch` started (one process, DDP or DeepSpeed).
-
-    On a machine without a GPU, several processes need help to form a process group: DDP runs with
-    `cpu=True` (accelerate's `MULTI_CPU`, gloo backend) and DeepSpeed with an explicit gloo process
-    group. The world size is logged; a launch that started several processes (`WORLD_SIZE` > 1) but
-    produced a world of one process is refused, so a "distributed" run never silently runs alone.
-
-    Gradient accumulation is driven by the training loop in whole windows of
-    `--gradient_accumulation_steps` micro-batches (`sync_with_dataloader=False`).
-
-    Raises:
-        ValueError: `--mixed_precision fp16` without a GPU, or a multi-process launch that yields one process.
-    """
-    tune_glibc_malloc()
-    disable_cudnn_sdpa()
-    on_gpu = torch.cuda.is_available()
-    if args.mixed_precision == "fp16" and not on_gpu:
-        raise ValueError("--mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
-    use_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes")
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
-    kwargs_handlers = [InitProcessGroupKwargs(backend="gloo")] if use_deepspeed and not on_gpu else []
-    accelerator = Accelerator(
-        cpu=not on_gpu and not use_deepspeed,
-        mixed_precision=args.mixed_precision,
-        gradient_accumulation_plugin=GradientAccumulationPlugin(
-            num_steps=args.gradient_accumulation_steps, sync_with_dataloader=False
-        ),
-        log_with=args.report_to if args.with_tracking else None,
-        project_dir=args.output_dir,
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-        kwargs_handlers=kwargs_handlers,
-    )
-    if launched > 1 and accelerator.num_processes == 1:
-        raise ValueError(
-            f"the launcher started WORLD_SIZE={launched} processes but this one runs alone "
-            f"(distributed_type {accelerator.distributed_type.value}); see accelerate_configs/ for working configs"
-        )
-    if accelerator.mixed_precision == "fp16" and not on_gpu:
-        raise ValueError("mixed_precision fp16 (from the accelerate config) needs a GPU; on CPU use bf16 or no")
-    return accelerator
-
-
-def size_buckets_from_model(ds_config: dict[str, Any]) -> None:
-    """Let accelerate size DeepSpeed's communication buckets from the model's hidden size, in place.
-
-    Bucket sizes not set in the config become `"auto"`, which `accelerator.prepare` fills with
-    hidden_size-based values (as transformers' DeepSpeed examples do). DeepSpeed's own defaults ignore
-    the model size: the ZeRO-3 gradient bucket alone is 5e8 elements (2 GB in fp32) per process.
-
-    Args:
-        ds_config: the DeepSpeed config dict (`accelerator.state.deepspeed_plugin.deepspeed_config`).
-    """
-    zero = ds_config.setdefault("zero_optimization", {})
-    zero.setdefault("reduce_bucket_size", "auto")
-    if zero.get("stage") == 3:
-        zero.setdefault("stage3_prefetch_bucket_size", "auto")
-        zero.setdefault("stage3_param_persistence_threshold", "auto")
-
-
-def reconcile_deepspeed_config(ds_config: dict[str, Any], args: argparse.Namespace, num_processes: int) -> None:
-    """Fill DeepSpeed's `"auto"` batch, accumulation and clipping values from the recipe, in place.
-
-    Values already written in the DeepSpeed config must agree with the recipe (no settings to keep in
-    sync by hand): global batch = `num_processes x per_device_train_batch_size x gradient_accumulation_steps`.
-    Precision (`bf16`/`fp16` sections) is filled by accelerate from `--mixed_precision`; an explicit
-    `enabled: true` that contradicts it is refused here.
-
-    Args:
-        ds_config: the DeepSpeed config dict (`accelerator.state.deepspeed_plugin.deepspeed_config`).
-        args: the recipe's arguments.
-        num_processes: the world size.
-
-    Raises:
-        ValueError: a value in the DeepSpeed config contradicts the recipe (one line naming both).
-    """
-    per_device, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
-    wanted = {
-        "train_micro_batch_size_per_gpu": (per_device, f"--per_device_train_batch_size {per_device}"),
-        "gradient_accumulation_steps": (accumulation, f"--gradient_accumulation_steps {accumulation}"),
-        "train_batch_size": (
-            per_device * accumulation * num_processes,
-            f"{num_processes} processes x {per_device} per device x {accumulation} accumulation",
-        ),
-        "gradient_clipping": (args.max_grad_norm, f"--max_grad_norm {args.max_grad_norm}"),
-    }
-    for key, (value, source) in wanted.items():
-        current = ds_config.get(key, "auto")
-        if current == "auto":
-            ds_config[key] = value
-        elif float(current) != float(value):
-            raise ValueError(f'the DeepSpeed config sets {key}={current}, which contradicts {source}; set it to "auto"')
-    size_buckets_from_model(ds_config)
-    precision = args.mixed_precision
-    for section in ("bf16", "fp16"):
-        enabled = ds_config.get(section, {}).get("enabled", "auto")
-        if enabled is True and precision is not None and precision != section:
-            raise ValueError(
-                f"the DeepSpeed config enables {section}, which contradicts --mixed_precision {precision}; "
-                'set its "enabled" to "auto"'
-            )
-
-
 def check_resume_config(resume_path: Path, config) -> None:
     """Refuse to resume from a checkpoint saved with a different model config.
 
@@ -310,43 +202,8 @@ def _check_resume_topology(resume_path: Path, accelerator: Accelerator) -> None:
         )
 
 
-def build_collator(args: argparse.Namespace, tokenizer, block_size: int):
-    """Return the objective's batch collator and the length of the raw packed blocks it consumes.
-
-    - `clm`: blocks of `block_size` tokens, labels = inputs (`default_data_collator`).
-    - `mlm`: blocks of `block_size` tokens, BERT's 80/10/10 masking (`DataCollatorForMaskedLM`).
-    - `span`: raw blocks of T5's expanded length, corrupted into inputs of exactly `block_size` tokens
-      (`DataCollatorForSpanCorruption`).
-
-    Raises:
-        ValueError: the tokenizer lacks what the objective needs (mask token, sentinels, EOS), or bad
-            objective parameters.
-    """
-    if args.objective == "mlm":
-        if not 0.0 < args.mlm_probability < 1.0:
-            raise ValueError(f"--mlm_probability must be in (0, 1), got {args.mlm_probability}")
-        if tokenizer.mask_token is None:
-            raise ValueError(
-                f"--objective mlm needs a tokenizer with a mask token; {args.tokenizer_name} has none "
-                "(train one with --model_family encoder)"
-            )
-        collator = DataCollatorForMaskedLM(
-            tokenizer=tokenizer, mlm_probability=args.mlm_probability, whole_word_mask=args.whole_word_mask
-        )
-        return collator, block_size
-    if args.objective == "span":
-        collator = DataCollatorForSpanCorruption(
-            tokenizer=tokenizer,
-            noise_density=args.noise_density,
-            mean_noise_span_length=args.mean_noise_span_length,
-            inputs_length=block_size,
-        )
-        return collator, collator.expanded_inputs_length
-    return default_data_collator, block_size
-
-
 def _build_model(args: argparse.Namespace, config) -> torch.nn.Module:
-    auto_class = OBJECTIVE_AUTO_CLASSES[args.objective]
+    auto_class = get_objective(args.objective).auto_class
     if args.model_name_or_path is not None:
         return auto_class.from_pretrained(
             args.model_name_or_path, config=config, attn_implementation=args.attn_implementation
@@ -394,8 +251,6 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         f"world size {accelerator.num_processes} (distributed_type {accelerator.distributed_type.value}, "
         f"mixed_precision {accelerator.mixed_precision})"
     )
-    if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        reconcile_deepspeed_config(accelerator.state.deepspeed_plugin.deepspeed_config, args, accelerator.num_processes)
     if accelerator.is_local_main_process:
         datasets.utils.logging.set_verbosity_warning()
         transformers.utils.logging.set_verbosity_warning()
@@ -411,78 +266,84 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         check_resume_config(resume_path, config)
         _check_resume_topology(resume_path, accelerator)
     block_size = _check_block_size(args, config)
-    collator, raw_block_size = build_collator(args, tokenizer, block_size)
+    objective = get_objective(args.objective)
+    collator, raw_block_size = objective.build_collator(args, tokenizer, block_size)
 
-    with accelerator.main_process_first():
-        raw = load_raw_datasets(
-            train_file=args.train_file,
-            validation_file=args.validation_file,
-            dataset_name=args.dataset_name,
-            dataset_config_name=args.dataset_config_name,
-            text_column_name=args.text_column_name,
-            validation_split_percentage=args.validation_split_percentage,
+    if args.streaming:
+        train_dataloader, eval_dataloader = _streaming_loaders(args, accelerator, tokenizer, objective, collator,
+                                                               raw_block_size)  # fmt: skip
+        train_dataset, eval_dataset = train_dataloader.dataset, eval_dataloader.dataset
+    else:
+        with accelerator.main_process_first():
+            packed = tokenize_and_pack(
+                _load_raw_datasets(args),
+                tokenizer,
+                args.text_column_name,
+                raw_block_size,
+                num_proc=args.preprocessing_num_workers,
+                clean=not args.no_clean_text,
+                load_from_cache_file=not args.overwrite_cache,
+                with_labels=objective.labels_in_blocks,
+            )
+        train_dataset, eval_dataset = packed["train"], packed["validation"]
+        if args.max_train_samples is not None:
+            train_dataset = train_dataset.select(range(min(args.max_train_samples, len(train_dataset))))
+        if args.max_eval_samples is not None:
+            eval_dataset = eval_dataset.select(range(min(args.max_eval_samples, len(eval_dataset))))
+        logger.info(
+            f"{len(train_dataset)} training and {len(eval_dataset)} validation blocks of {raw_block_size} tokens"
         )
-        packed = tokenize_and_pack(
-            raw,
-            tokenizer,
-            args.text_column_name,
-            raw_block_size,
-            num_proc=args.preprocessing_num_workers,
-            clean=not args.no_clean_text,
-            load_from_cache_file=not args.overwrite_cache,
-            with_labels=args.objective == "clm",
-        )
-    train_dataset, eval_dataset = packed["train"], packed["validation"]
-    if args.max_train_samples is not None:
-        train_dataset = train_dataset.select(range(min(args.max_train_samples, len(train_dataset))))
-    if args.max_eval_samples is not None:
-        eval_dataset = eval_dataset.select(range(min(args.max_eval_samples, len(eval_dataset))))
-    logger.info(f"{len(train_dataset)} training and {len(eval_dataset)} validation blocks of {raw_block_size} tokens")
 
     with _zero3_init(accelerator):
         model = _build_model(args, config)
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()
     # Under DeepSpeed ZeRO-3 the parameters may already be partitioned (zero.Init): use their full shapes.
-    shapes = [tuple(getattr(p, "ds_shape", p.shape)) for p in model.parameters()]
-    n_params = sum(math.prod(shape) for shape in shapes)
+    n_params = sum(math.prod(getattr(p, "ds_shape", p.shape)) for p in model.parameters())
     logger.info(f"model {type(model).__name__}: {n_params / 1e6:.2f}M parameters")
 
-    train_dataloader = DataLoader(
-        train_dataset, shuffle=True, collate_fn=collator, batch_size=args.per_device_train_batch_size
-    )
-    eval_dataloader = DataLoader(eval_dataset, collate_fn=collator, batch_size=args.per_device_eval_batch_size)
-    # No weight decay on biases and normalization weights (1-D tensors), as in BERT and GPT-2.
-    decay = [p for p, shape in zip(model.parameters(), shapes) if len(shape) >= 2]
-    no_decay = [p for p, shape in zip(model.parameters(), shapes) if len(shape) < 2]
     fused = args.optim == "adamw_torch_fused" and accelerator.distributed_type != DistributedType.DEEPSPEED
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.learning_rate,
+    optimizer = create_optimizer(
+        model,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
         betas=(args.adam_beta1, args.adam_beta2),
-        fused=fused or None,
+        fused=fused,
     )
-    # Each optimizer step takes a whole window of accumulation micro-batches; an incomplete last window
-    # of an epoch is skipped, so that every step sees the same global batch.
-    steps_per_epoch = math.ceil(len(train_dataloader) / accelerator.num_processes) // args.gradient_accumulation_steps
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"{len(train_dataset)} training blocks make fewer than one global batch of "
-            f"{accelerator.num_processes} processes x {args.per_device_train_batch_size} per device x "
-            f"{args.gradient_accumulation_steps} accumulation"
+    if args.streaming:
+        max_train_steps = num_train_epochs = args.max_train_steps  # every pass over the stream makes a step
+    else:
+        train_dataloader = DataLoader(
+            train_dataset, shuffle=True, collate_fn=collator, batch_size=args.per_device_train_batch_size
         )
-    max_train_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
-    num_train_epochs = math.ceil(max_train_steps / steps_per_epoch)
+        eval_dataloader = DataLoader(eval_dataset, collate_fn=collator, batch_size=args.per_device_eval_batch_size)
+        # Each optimizer step takes a whole window of accumulation micro-batches; an incomplete last window
+        # of an epoch is skipped, so that every step sees the same global batch.
+        steps_per_epoch = (
+            math.ceil(len(train_dataloader) / accelerator.num_processes) // args.gradient_accumulation_steps
+        )
+        if steps_per_epoch == 0:
+            raise ValueError(
+                f"{len(train_dataset)} training blocks make fewer than one global batch of "
+                f"{accelerator.num_processes} processes x {args.per_device_train_batch_size} per device x "
+                f"{args.gradient_accumulation_steps} accumulation"
+            )
+        max_train_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
+        num_train_epochs = math.ceil(max_train_steps / steps_per_epoch)
     # accelerate steps the scheduler once per process per optimizer step (run_clm_no_trainer does the same).
-    lr_scheduler = get_scheduler(
+    lr_scheduler = create_scheduler(
         args.lr_scheduler_type,
-        optimizer=optimizer,
+        optimizer,
         num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
         num_training_steps=max_train_steps * accelerator.num_processes,
+        scheduler_kwargs=args.lr_scheduler_kwargs,
     )
-    model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
-        model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
-    )
+    if args.streaming:  # each process reads its own shard: accelerate must not split the loaders again
+        model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
+    else:
+        model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
+            model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
+        )
     return PretrainingRun(
         args=args,
         accelerator=accelerator,
@@ -498,7 +359,45 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         num_train_epochs=num_train_epochs,
         resume_path=resume_path,
         block_size=block_size,
+        raw_block_size=raw_block_size,
     )
+
+
+def _load_raw_datasets(args: argparse.Namespace, streaming: bool = False):
+    return load_raw_datasets(
+        train_file=args.train_file,
+        validation_file=args.validation_file,
+        dataset_name=args.dataset_name,
+        dataset_config_name=args.dataset_config_name,
+        text_column_name=args.text_column_name,
+        validation_split_percentage=args.validation_split_percentage,
+        streaming=streaming,
+    )
+
+
+def _streaming_loaders(args, accelerator: Accelerator, tokenizer, objective, collator, raw_block_size: int):
+    """`--streaming`: this process's shard of the training stream and the whole validation stream, batched."""
+    train_dataset, eval_dataset = stream_blocks(
+        _load_raw_datasets(args, streaming=True),
+        tokenizer,
+        args.text_column_name,
+        raw_block_size,
+        with_labels=objective.labels_in_blocks,
+        clean=not args.no_clean_text,
+        max_train_samples=args.max_train_samples,
+        max_eval_samples=args.max_eval_samples,
+        process_index=accelerator.process_index,
+        num_processes=accelerator.num_processes,
+    )
+    logger.info(f"streaming blocks of {raw_block_size} tokens; process {accelerator.process_index} reads its shard")
+    train_dataloader = StreamingTrainLoader(
+        train_dataset, args.per_device_train_batch_size, collator, accelerator, args.gradient_accumulation_steps
+    )
+    accelerator.register_for_checkpointing(train_dataloader)  # its position is saved with every checkpoint
+    eval_dataloader = DeviceLoader(
+        DataLoader(eval_dataset, collate_fn=collator, batch_size=args.per_device_eval_batch_size), accelerator.device
+    )
+    return train_dataloader, eval_dataloader
 
 
 def save_checkpoint(run: PretrainingRun, step: int, tokens_seen: int) -> Path:
@@ -545,18 +444,6 @@ def save_checkpoint(run: PretrainingRun, step: int, tokens_seen: int) -> Path:
     return final
 
 
-def count_predicted_tokens(batch: dict[str, torch.Tensor], objective: str) -> torch.Tensor:
-    """Number of labelled positions the loss averages over in `batch` (int64 scalar tensor).
-
-    `clm` models shift labels inside (position t predicts label t+1), so the first label of each row is
-    never predicted; `mlm` and `span` count every label that is not -100.
-    """
-    labels = batch["labels"]
-    if objective == "clm":
-        labels = labels[..., 1:]
-    return (labels != -100).sum()
-
-
 def accumulation_step(
     accelerator: Accelerator,
     model: torch.nn.Module,
@@ -580,14 +467,15 @@ def accumulation_step(
         optimizer: the prepared optimizer.
         lr_scheduler: the prepared scheduler.
         micro_batches: the process's micro-batches, each with `labels` `(batch_size, seq_len)` int64.
-        objective: `clm`, `mlm` or `span` (how labels are counted, see `count_predicted_tokens`).
+        objective: a name in `hfzoo.training.objectives.OBJECTIVES` (how its labels are counted:
+            `Objective.count_predicted_tokens`).
         max_grad_norm: clip the global gradient norm to this (0: no clipping; the norm is still measured).
 
     Returns:
         `(loss, grad_norm)`: the float32 scalar per-token mean loss over the global batch (same on every
         process) and the gradient norm before clipping (None where the backend does not report it).
     """
-    counts = [count_predicted_tokens(batch, objective) for batch in micro_batches]
+    counts = [get_objective(objective).count_predicted_tokens(batch) for batch in micro_batches]
     global_count = accelerator.reduce(torch.stack(counts).sum().to(accelerator.device), reduction="sum")
     weight = accelerator.num_processes * len(micro_batches) / global_count.clamp(min=1).float()
     total = torch.zeros((), dtype=torch.float32, device=accelerator.device)
@@ -630,7 +518,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
     """
     args, accelerator, model = run.args, run.accelerator, run.model
     block_size = run.block_size
-    raw_block_size = len(run.train_dataset[0]["input_ids"])  # text tokens per example (span: before corruption)
+    raw_block_size = run.raw_block_size
     tokens_per_step = (
         args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes * raw_block_size
     )
@@ -639,7 +527,8 @@ def train(run: PretrainingRun) -> dict[str, float]:
             "pretrain", {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
         )
     logger.info("***** Running training *****")
-    logger.info(f"  Blocks = {len(run.train_dataset)}, epochs = {run.num_train_epochs}")
+    if not args.streaming:
+        logger.info(f"  Blocks = {len(run.train_dataset)}, epochs = {run.num_train_epochs}")
     logger.info(
         f"  Global batch = {args.per_device_train_batch_size} per device x {accelerator.num_processes} processes"
         f" x {args.gradient_accumulation_steps} accumulation = {tokens_per_step} tokens"
@@ -648,17 +537,22 @@ def train(run: PretrainingRun) -> dict[str, float]:
 
     completed_steps, tokens_seen = 0, 0
     init_metrics = None
+    eval_history: list[dict[str, float]] = []  # validation metrics by step, for train_history.json and the plot
     if run.resume_path is None:
         init_metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=args.seed)
+        eval_history.append({"step": 0, **init_metrics})
         logger.info(f"validation loss at initialization: {init_metrics['eval_loss']:.4f}")
     else:
         accelerator.load_state(str(run.resume_path))
         state = json.loads((run.resume_path / TRAINING_STATE).read_text())
         completed_steps, tokens_seen = state["step"], state["tokens_seen"]
         logger.info(f"Resumed from {run.resume_path} at step {completed_steps}")
-    steps_per_epoch = len(run.train_dataloader) // args.gradient_accumulation_steps
-    start_epoch = completed_steps // steps_per_epoch
-    skip_batches = (completed_steps % steps_per_epoch) * args.gradient_accumulation_steps
+    if args.streaming:  # the stream's position (and pass) came back with the checkpoint
+        start_epoch, skip_batches = run.train_dataloader.epoch, 0
+    else:
+        steps_per_epoch = len(run.train_dataloader) // args.gradient_accumulation_steps
+        start_epoch = completed_steps // steps_per_epoch
+        skip_batches = (completed_steps % steps_per_epoch) * args.gradient_accumulation_steps
 
     progress = tqdm(
         total=run.max_train_steps,
@@ -730,6 +624,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
                 last_saved = completed_steps
             if args.eval_steps and completed_steps % args.eval_steps == 0 and completed_steps < run.max_train_steps:
                 metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=args.seed)
+                eval_history.append({"step": completed_steps, **metrics})
                 logger.info(f"step {completed_steps}: {metrics}")
                 if args.with_tracking:
                     accelerator.log(metrics, step=completed_steps)
@@ -746,6 +641,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
     train_runtime = time.perf_counter() - start
 
     metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=args.seed)
+    eval_history.append({"step": completed_steps, **metrics})
     logger.info(f"validation: eval_loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}")
     results: dict[str, Any] = {
         "objective": args.objective,
@@ -755,7 +651,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
         "train_steps": completed_steps,
         "train_tokens_seen": tokens_seen,
         "train_tokens_per_second": tokens_seen / train_runtime if train_runtime > 0 else None,
-        "eval_blocks": len(run.eval_dataset),
+        "eval_blocks": sum(1 for _ in run.eval_dataset) if args.streaming else len(run.eval_dataset),
         "block_size": block_size,
     }
     if init_metrics is not None:
@@ -765,7 +661,8 @@ def train(run: PretrainingRun) -> dict[str, float]:
             f"validation loss {init_metrics['eval_loss']:.4f} at initialization -> {metrics['eval_loss']:.4f} "
             f"({100 * results['eval_loss_reduction']:.1f}% lower)"
         )
-    if accelerator.is_main_process and args.objective == "clm":
+    # The unigram baseline counts the training tokens: only for data that was read whole.
+    if accelerator.is_main_process and get_objective(args.objective).predicts_every_token and not args.streaming:
         vocab_size = accelerator.unwrap_model(model).config.vocab_size
         counts = token_counts(run.train_dataset, vocab_size)
         eval_ids = np.asarray(run.eval_dataset.with_format("numpy")["input_ids"])[:, 1:]  # the predicted tokens
@@ -777,13 +674,21 @@ def train(run: PretrainingRun) -> dict[str, float]:
         )
     if args.with_tracking:
         accelerator.log({k: v for k, v in results.items() if isinstance(v, (int, float))}, step=completed_steps)
-    save_final_model(run, results, history)
+    save_final_model(run, results, history, eval_history)
     accelerator.end_training()  # also ends the process group, so that launched processes exit promptly
     return results
 
 
-def save_final_model(run: PretrainingRun, results: dict[str, Any], history: list[dict[str, float]]) -> None:
+def save_final_model(
+    run: PretrainingRun,
+    results: dict[str, Any],
+    history: list[dict[str, float]],
+    eval_history: list[dict[str, float]] | None = None,
+) -> None:
     """Write `save_pretrained` weights + config + generation config, tokenizer, the results files and README.md.
+
+    `train_history.json` holds the training records (`log_history`) and the validation records
+    (`eval_history`); `training_curves.png` plots both (`hfzoo.training.plots.plot_training_curves`).
 
     README.md is the model card of `hfzoo.hub.build_model_card` (results and recipe arguments, without
     the hub token); with `--push_to_hub` the folder is then uploaded by `hfzoo.hub.push_to_hub`.
@@ -813,7 +718,11 @@ def save_final_model(run: PretrainingRun, results: dict[str, Any], history: list
         )
         _write_json(output_dir / "eval_results.json", {k: results[k] for k in eval_keys if k in results})
         _write_json(output_dir / "all_results.json", results)
-        _write_json(output_dir / "train_history.json", {"log_history": history})
+        eval_history = eval_history or []
+        _write_json(output_dir / "train_history.json", {"log_history": history, "eval_history": eval_history})
+        plot_training_curves(
+            history, eval_history, output_dir / "training_curves.png", title=f"{output_dir.name} ({args.objective})"
+        )
         card = build_model_card(output_dir, results, args, model_name=args.hub_model_id or output_dir.name)
         card.save(output_dir / "README.md")
         zero3 = accelerator.distributed_type == DistributedType.DEEPSPEED and (
@@ -821,7 +730,7 @@ def save_final_model(run: PretrainingRun, results: dict[str, Any], history: list
         )
         if args.sample_prompt and zero3:
             logger.warning("--sample_prompt is skipped under ZeRO-3 (partitioned weights); sample from the saved model")
-        elif args.sample_prompt and args.objective != "mlm":
+        elif args.sample_prompt and get_objective(args.objective).can_generate:
             inputs = run.tokenizer(args.sample_prompt, return_tensors="pt").to(accelerator.device)
             with torch.no_grad():
                 generated = unwrapped.eval().generate(**inputs, max_new_tokens=32, do_sample=False)
@@ -849,3 +758,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     return train(run)
+
+
+def cli() -> None:
+    """Console script `hfzoo-pretrain` (returns None: setuptools exits with what its function returns)."""
+    main()
+
+
+if __name__ == "__main__":
+    main()

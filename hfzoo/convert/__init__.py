@@ -1,0 +1,72 @@
+"""Convert between transformers' reference models and hfzoo, both ways: GPT-2, BERT and T5.
+
+One module per source model, each with its config mapping, its state-dict tables and both directions:
+
+- `hfzoo.convert.gpt2`: GPT-2 (`GPT2LMHeadModel`) <-> the hfzoo decoder (`HfzooDecoderForCausalLM`);
+- `hfzoo.convert.bert`: BERT (`BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`) <-> the hfzoo
+  encoder, and `convert_bert_checkpoint` (a folder, pooler kept for sequence classification);
+- `hfzoo.convert.t5`: T5 (`T5ForConditionalGeneration`, v1.0 and v1.1) <-> the hfzoo encoder-decoder;
+- `hfzoo.convert.common`: the checks and the loading they share;
+- `hfzoo.convert.cli`: `convert_checkpoint(src, dst)` for folders, either direction, and the `hfzoo-convert` CLI.
+
+Every public name is importable from `hfzoo.convert`. Conversions only rename, split, concatenate and
+transpose tensors, so round trips return the original state dict exactly (example in `hfzoo.convert.gpt2`).
+"""
+
+from .bert import (
+    BERT_TO_HFZOO_GLOBAL,
+    BERT_TO_HFZOO_HEADS,
+    BERT_TO_HFZOO_LAYER,
+    bert_config_from_hfzoo,
+    bert_state_dict_to_hfzoo,
+    bert_to_hfzoo,
+    convert_bert_checkpoint,
+    hfzoo_config_from_bert,
+    hfzoo_to_bert,
+)
+from .cli import convert_checkpoint
+from .gpt2 import (
+    GPT2_TO_HFZOO_GLOBAL,
+    GPT2_TO_HFZOO_LAYER,
+    gpt2_config_from_hfzoo,
+    gpt2_to_hfzoo,
+    hfzoo_config_from_gpt2,
+    hfzoo_to_gpt2,
+)
+from .t5 import (
+    T5_TO_HFZOO_DECODER_LAYER,
+    T5_TO_HFZOO_ENCODER_LAYER,
+    T5_TO_HFZOO_GLOBAL,
+    T5_TO_HFZOO_MLP,
+    hfzoo_config_from_t5,
+    hfzoo_to_t5,
+    t5_config_from_hfzoo,
+    t5_to_hfzoo,
+)
+
+__all__ = [
+    "BERT_TO_HFZOO_GLOBAL",
+    "BERT_TO_HFZOO_HEADS",
+    "BERT_TO_HFZOO_LAYER",
+    "GPT2_TO_HFZOO_GLOBAL",
+    "GPT2_TO_HFZOO_LAYER",
+    "T5_TO_HFZOO_DECODER_LAYER",
+    "T5_TO_HFZOO_ENCODER_LAYER",
+    "T5_TO_HFZOO_GLOBAL",
+    "T5_TO_HFZOO_MLP",
+    "bert_config_from_hfzoo",
+    "bert_state_dict_to_hfzoo",
+    "bert_to_hfzoo",
+    "convert_bert_checkpoint",
+    "convert_checkpoint",
+    "gpt2_config_from_hfzoo",
+    "gpt2_to_hfzoo",
+    "hfzoo_config_from_bert",
+    "hfzoo_config_from_gpt2",
+    "hfzoo_config_from_t5",
+    "hfzoo_to_bert",
+    "hfzoo_to_gpt2",
+    "hfzoo_to_t5",
+    "t5_config_from_hfzoo",
+    "t5_to_hfzoo",
+]

@@ -1,0 +1,128 @@
+"""Convert a checkpoint folder between transformers' GPT-2 / BERT / T5 and hfzoo: the `hfzoo-convert` CLI.
+
+    hfzoo-convert --model_name_or_path gpt2-folder --output_dir gpt2-hfzoo       # GPT-2 -> hfzoo decoder
+    hfzoo-convert --model_name_or_path gpt2-hfzoo --output_dir gpt2-again         # hfzoo decoder -> GPT-2
+
+The direction follows from the source's `model_type` (`CHECKPOINT_CONVERTERS` at the bottom of this
+file): `gpt2`, `bert` and `t5` convert to hfzoo, `hfzoo_decoder` to GPT-2, `hfzoo_encoder` to BERT and
+`hfzoo_encoder_decoder` to T5. The output is a `save_pretrained` folder (weights, config, generation
+config where the model generates) with the source's tokenizer. Also `python -m hfzoo.convert`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoTokenizer, GPT2LMHeadModel, T5ForConditionalGeneration
+
+from ..models.decoder import HfzooDecoderForCausalLM
+from ..models.encoder import HfzooEncoderForMaskedLM, HfzooEncoderForSequenceClassification, HfzooEncoderModel
+from ..models.encoder_decoder import HfzooEncoderDecoderForConditionalGeneration
+from .bert import convert_bert_checkpoint, hfzoo_to_bert
+from .gpt2 import gpt2_to_hfzoo, hfzoo_to_gpt2
+from .t5 import hfzoo_to_t5, t5_to_hfzoo
+
+
+def _from_gpt2(source: Path, output_dir: Path) -> torch.nn.Module:
+    return gpt2_to_hfzoo(GPT2LMHeadModel.from_pretrained(source))
+
+
+def _to_gpt2(source: Path, output_dir: Path) -> torch.nn.Module:
+    return hfzoo_to_gpt2(HfzooDecoderForCausalLM.from_pretrained(source))
+
+
+def _from_bert(source: Path, output_dir: Path) -> None:
+    convert_bert_checkpoint(source, output_dir)  # keeps the pooler and the masked-LM head, writes the folder
+
+
+def _to_bert(source: Path, output_dir: Path) -> torch.nn.Module:
+    config = AutoConfig.from_pretrained(source)
+    classes = {cls.__name__: cls for cls in (HfzooEncoderForMaskedLM, HfzooEncoderForSequenceClassification)}
+    model_class = next((classes[a] for a in config.architectures or [] if a in classes), HfzooEncoderModel)
+    return hfzoo_to_bert(model_class.from_pretrained(source))
+
+
+def _from_t5(source: Path, output_dir: Path) -> torch.nn.Module:
+    return t5_to_hfzoo(T5ForConditionalGeneration.from_pretrained(source))
+
+
+def _to_t5(source: Path, output_dir: Path) -> torch.nn.Module:
+    return hfzoo_to_t5(HfzooEncoderDecoderForConditionalGeneration.from_pretrained(source))
+
+
+def convert_checkpoint(model_name_or_path: str | Path, output_dir: str | Path) -> Path:
+    """Convert a checkpoint folder to the other side (see the module docstring) and save it with its tokenizer.
+
+    An hfzoo encoder converts to the BERT class of its `architectures` (`HfzooEncoderForMaskedLM` ->
+    `BertForMaskedLM`, `...ForSequenceClassification` -> `BertForSequenceClassification`, else `BertModel`).
+
+    Args:
+        model_name_or_path: the source checkpoint folder (or hub id).
+        output_dir: the folder to write (created).
+
+    Returns:
+        `output_dir` as a `Path`.
+
+    Raises:
+        ValueError: a `model_type` without a converter, or a config the other side cannot express (the
+            message names the field).
+        OSError: no loadable checkpoint at `model_name_or_path`.
+    """
+    output_dir = Path(output_dir)
+    model_type = AutoConfig.from_pretrained(model_name_or_path).model_type
+    if model_type not in CHECKPOINT_CONVERTERS:
+        raise ValueError(
+            f"{model_name_or_path}: model_type {model_type!r} has no converter; "
+            f"choose a checkpoint of {sorted(CHECKPOINT_CONVERTERS)}"
+        )
+    model = CHECKPOINT_CONVERTERS[model_type](Path(model_name_or_path), output_dir)
+    if model is not None:
+        model.save_pretrained(output_dir)
+        try:
+            AutoTokenizer.from_pretrained(model_name_or_path).save_pretrained(output_dir)
+        except (OSError, ValueError):
+            pass  # a checkpoint without tokenizer files converts all the same
+    return output_dir
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the parser of `hfzoo-convert`."""
+    parser = argparse.ArgumentParser(
+        prog="hfzoo-convert",
+        description="Convert a checkpoint between transformers' GPT-2 / BERT / T5 and hfzoo (the direction "
+        "follows from the source's model_type).",
+    )
+    parser.add_argument("--model_name_or_path", required=True, help="source checkpoint folder (or hub id)")
+    parser.add_argument("--output_dir", required=True, help="where to write the converted checkpoint")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of `hfzoo-convert` and `python -m hfzoo.convert`.
+
+    Args:
+        argv: arguments without the program name (default: `sys.argv[1:]`).
+
+    Raises:
+        SystemExit: an argparse error, or a one-line `error: ...` for a checkpoint that cannot be converted.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        convert_checkpoint(args.model_name_or_path, args.output_dir)
+    except (OSError, ValueError, TypeError) as err:
+        raise SystemExit(f"error: {str(err).splitlines()[0]}") from None
+    print(f"converted {args.model_name_or_path} -> {args.output_dir}")
+
+
+#: source `model_type` -> `(source folder, output folder) -> converted model` (None: the function wrote the folder).
+CHECKPOINT_CONVERTERS: dict[str, Callable[[Path, Path], torch.nn.Module | None]] = {
+    "gpt2": _from_gpt2,
+    "hfzoo_decoder": _to_gpt2,
+    "bert": _from_bert,
+    "hfzoo_encoder": _to_bert,
+    "t5": _from_t5,
+    "hfzoo_encoder_decoder": _to_t5,
+}

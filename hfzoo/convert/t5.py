@@ -1,0 +1,339 @@
+"""T5 (Raffel et al. 2020) <-> the hfzoo encoder-decoder (`HfzooEncoderDecoderForConditionalGeneration`).
+
+T5 is a pre-norm encoder-decoder with RMSNorm without bias (epsilon 1e-6), no biases anywhere, unscaled
+attention scores, a bucketed relative attention bias stored in layer 0 of each stack and shared by its
+layers, one embedding matrix for encoder and decoder inputs, and either (v1.0) a ReLU feed-forward and an
+output layer tied to the embeddings whose input is scaled by d_model ** -0.5, or (v1.1) a GeGLU feed-forward
+("gated-gelu": gelu_new) and an untied output layer without scaling. In hfzoo fields:
+  position_embedding_type="relative_attention_bias", share_relative_attention_bias=True,
+  norm_type="rms_norm", norm_position="pre", attention_bias=mlp_bias=False, scale_attention_scores=False,
+  gated_mlp (v1.1), hidden_act, tie_word_embeddings + scale_lm_head_input (v1.0: both True; v1.1: both False).
+The weights differ only in their names, so both directions are renames and round trips are exact.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import torch
+from transformers import T5Config, T5ForConditionalGeneration
+from transformers.activations import ACT2FN
+
+from ..models.encoder_decoder import HfzooEncoderDecoderConfig, HfzooEncoderDecoderForConditionalGeneration
+from .common import (
+    build_hfzoo_config,
+    check_activation,
+    check_fixed_fields,
+    check_keys,
+    load_converted,
+    read_source,
+    resolve_tied_head,
+)
+
+__all__ = [
+    "T5_TO_HFZOO_DECODER_LAYER",
+    "T5_TO_HFZOO_ENCODER_LAYER",
+    "T5_TO_HFZOO_GLOBAL",
+    "T5_TO_HFZOO_MLP",
+    "hfzoo_config_from_t5",
+    "hfzoo_to_t5",
+    "t5_config_from_hfzoo",
+    "t5_to_hfzoo",
+]
+
+
+T5_TO_HFZOO_GLOBAL: tuple[tuple[str, str], ...] = (
+    # T5 key                                                            hfzoo key
+    ("shared.weight",                                                   "model.shared.weight"),
+    ("encoder.embed_tokens.weight",                                     "model.encoder.embed_tokens.weight"),
+    ("decoder.embed_tokens.weight",                                     "model.decoder.embed_tokens.weight"),
+    ("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", "model.encoder.relative_attention_bias.weight"),  # noqa: E501
+    ("decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", "model.decoder.relative_attention_bias.weight"),  # noqa: E501
+    ("encoder.final_layer_norm.weight",                                 "model.encoder.norm.weight"),
+    ("decoder.final_layer_norm.weight",                                 "model.decoder.norm.weight"),
+    ("lm_head.weight",                                                  "lm_head.weight"),
+)  # fmt: skip
+
+_T5_ATTENTION = (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj"))
+
+# Per layer: T5 key (after `{stack}.block.{i}.`) -> hfzoo key (after `model.{stack}.layers.{i}.`).
+T5_TO_HFZOO_ENCODER_LAYER: tuple[tuple[str, str], ...] = (
+    *[(f"layer.0.SelfAttention.{t5}.weight", f"self_attn.{ours}.weight") for t5, ours in _T5_ATTENTION],
+    ("layer.0.layer_norm.weight", "self_attn_norm.weight"),
+    ("layer.1.layer_norm.weight", "mlp_norm.weight"),
+)
+T5_TO_HFZOO_DECODER_LAYER: tuple[tuple[str, str], ...] = (
+    *[(f"layer.0.SelfAttention.{t5}.weight", f"self_attn.{ours}.weight") for t5, ours in _T5_ATTENTION],
+    ("layer.0.layer_norm.weight", "self_attn_norm.weight"),
+    *[(f"layer.1.EncDecAttention.{t5}.weight", f"cross_attn.{ours}.weight") for t5, ours in _T5_ATTENTION],
+    ("layer.1.layer_norm.weight", "cross_attn_norm.weight"),
+    ("layer.2.layer_norm.weight", "mlp_norm.weight"),
+)
+# The feed-forward (`layer.1` in the encoder, `layer.2` in the decoder): T5's `DenseReluDense` names.
+T5_TO_HFZOO_MLP = {
+    False: (("wi.weight", "up_proj.weight"), ("wo.weight", "down_proj.weight")),
+    True: (("wi_0.weight", "gate_proj.weight"), ("wi_1.weight", "up_proj.weight"), ("wo.weight", "down_proj.weight")),
+}
+
+# Stored by some old T5 checkpoints, never used (transformers ignores it too).
+_LEGACY_T5_KEYS = re.compile(r"decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight")
+
+# hfzoo fields T5 fixes, with the value T5 needs and why. Fields from other parts of hfzoo are read with
+# `getattr(config, name, value)`, so this table also holds for configs that predate them.
+_T5_FIXED = {
+    "position_embedding_type": ("relative_attention_bias", "T5 has a bucketed relative attention bias"),
+    "share_relative_attention_bias": (True, "T5 stores one bias per stack, in layer 0, shared by all layers"),
+    "norm_type": ("rms_norm", "T5LayerNorm is an RMSNorm without bias"),
+    "norm_position": ("pre", "T5 normalizes before each sub-block and has a final norm"),
+    "attention_bias": (False, "T5's projections have no bias"),
+    "mlp_bias": (False, "T5's projections have no bias"),
+    "scale_attention_scores": (False, "T5 does not scale the attention scores"),
+    "embedding_norm": (False, "T5 has no norm on the embeddings"),
+    "embedding_size": (None, "T5's embeddings are not factorized"),
+    "scale_embeddings": (False, "T5 does not scale the token embeddings"),
+    "tie_encoder_decoder_embeddings": (True, "T5's encoder and decoder read one embedding matrix"),
+    "block_sharing": ("none", "T5 has no block sharing"),
+    "num_softmaxes": (1, "T5 has a single softmax"),
+    "num_experts": (0, "T5's feed-forward is dense"),
+    "rezero": (False, "T5 has no ReZero scalars"),
+}
+
+
+def _t5_key_map(config: HfzooEncoderDecoderConfig) -> dict[str, str]:
+    """`{T5 key: hfzoo key}` for every weight of a T5 model with this config (tied copies included)."""
+    mapping = dict(T5_TO_HFZOO_GLOBAL)
+    mlp = T5_TO_HFZOO_MLP[config.gated_mlp]
+    for stack, num_layers, layer_table, mlp_index in (
+        ("encoder", config.num_hidden_layers, T5_TO_HFZOO_ENCODER_LAYER, 1),
+        ("decoder", config.num_decoder_layers, T5_TO_HFZOO_DECODER_LAYER, 2),
+    ):
+        for i in range(num_layers):
+            for t5_key, hfzoo_key in layer_table:
+                mapping[f"{stack}.block.{i}.{t5_key}"] = f"model.{stack}.layers.{i}.{hfzoo_key}"
+            for t5_key, hfzoo_key in mlp:
+                mapping[f"{stack}.block.{i}.layer.{mlp_index}.DenseReluDense.{t5_key}"] = (
+                    f"model.{stack}.layers.{i}.mlp.{hfzoo_key}"
+                )
+    return mapping
+
+
+def hfzoo_config_from_t5(t5_config: T5Config, tie_word_embeddings: bool | None = None) -> HfzooEncoderDecoderConfig:
+    """Build the `HfzooEncoderDecoderConfig` describing the same network as a `T5Config`.
+
+    Mapped fields: `vocab_size`, `d_model` -> `hidden_size`, `num_layers` -> `num_hidden_layers`,
+    `num_decoder_layers`, `num_heads` -> `num_attention_heads`, `d_kv` -> `head_dim`, `d_ff` ->
+    `intermediate_size`, `feed_forward_proj` -> `hidden_act` + `gated_mlp` ("gated-gelu" is gated
+    `gelu_new`), `relative_attention_num_buckets`, `relative_attention_max_distance`, `dropout_rate` ->
+    `hidden_dropout_prob` and `attention_probs_dropout_prob`, `layer_norm_epsilon` -> `rms_norm_eps`,
+    `scale_decoder_outputs` -> `scale_lm_head_input`, `classifier_dropout`, `use_cache` and the special
+    token ids (`decoder_start_token_id`, when the config has none, is `pad_token_id`, as in T5's
+    checkpoints). The architecture is fixed to T5's (see the section comment). `initializer_factor` is
+    not mapped (hfzoo initialises with `initializer_range`); training-only difference: T5 also applies
+    dropout after each stack's final norm.
+
+    Args:
+        t5_config: the T5 config.
+        tie_word_embeddings: whether `lm_head` shares the embedding matrix. transformers 5 always builds
+            T5 with a tied `lm_head` (untying only when a checkpoint holds a different one), so the
+            config does not say; default: tied exactly when `scale_decoder_outputs` (T5 v1.0), untied
+            otherwise (v1.1). `t5_to_hfzoo` passes what the model's weights show.
+
+    Returns:
+        A validated `HfzooEncoderDecoderConfig`.
+
+    Raises:
+        TypeError: `t5_config` is not a `T5Config`.
+        ValueError: a T5 setting hfzoo cannot express, or a config failing hfzoo's validation.
+    """
+    if not isinstance(t5_config, T5Config):
+        raise TypeError(f"expected a T5Config, got {type(t5_config).__name__}")
+    c = t5_config
+    if c.dense_act_fn not in ACT2FN:
+        raise ValueError(f"feed_forward_proj={c.feed_forward_proj!r}: activation {c.dense_act_fn!r} is not in ACT2FN")
+    scale = bool(getattr(c, "scale_decoder_outputs", True))
+    start = getattr(c, "decoder_start_token_id", None)
+    fields = dict(
+        vocab_size=c.vocab_size,
+        hidden_size=c.d_model,
+        num_hidden_layers=c.num_layers,
+        num_decoder_layers=c.num_decoder_layers,
+        num_attention_heads=c.num_heads,
+        head_dim=c.d_kv,
+        intermediate_size=c.d_ff,
+        hidden_act=c.dense_act_fn,
+        gated_mlp=c.is_gated_act,
+        position_embedding_type="relative_attention_bias",
+        relative_attention_num_buckets=c.relative_attention_num_buckets,
+        relative_attention_max_distance=c.relative_attention_max_distance,
+        share_relative_attention_bias=True,
+        norm_type="rms_norm",
+        norm_position="pre",
+        rms_norm_eps=c.layer_norm_epsilon,
+        attention_bias=False,
+        mlp_bias=False,
+        scale_attention_scores=False,
+        scale_lm_head_input=scale,
+        tie_word_embeddings=scale if tie_word_embeddings is None else tie_word_embeddings,
+        hidden_dropout_prob=c.dropout_rate,
+        attention_probs_dropout_prob=c.dropout_rate,
+        classifier_dropout=c.classifier_dropout,
+        use_cache=c.use_cache,
+        pad_token_id=c.pad_token_id,
+        eos_token_id=c.eos_token_id,
+        decoder_start_token_id=start if start is not None else c.pad_token_id,
+    )
+    return build_hfzoo_config(HfzooEncoderDecoderConfig, fields, "T5 config")
+
+
+def t5_config_from_hfzoo(config: HfzooEncoderDecoderConfig) -> T5Config:
+    """Build the `T5Config` describing the same network as an `HfzooEncoderDecoderConfig`.
+
+    The inverse of `hfzoo_config_from_t5` on the fields it maps; `scale_lm_head_input` becomes
+    `scale_decoder_outputs`, and `feed_forward_proj` is `"gated-gelu"` for gated `gelu_new`,
+    `"gated-{act}"` / `"{act}"` otherwise. (Whether `lm_head` is tied is not part of a transformers 5
+    `T5Config`; `hfzoo_to_t5` unties the built model when needed.)
+
+    Args:
+        config: an hfzoo encoder-decoder config.
+
+    Returns:
+        A `T5Config`.
+
+    Raises:
+        TypeError: `config` is not an `HfzooEncoderDecoderConfig`.
+        ValueError: an hfzoo setting T5 cannot express (message names the field): see `_T5_FIXED`;
+            `hidden_dropout_prob != attention_probs_dropout_prob` (T5 has one `dropout_rate`).
+    """
+    if not isinstance(config, HfzooEncoderDecoderConfig):
+        raise TypeError(f"expected an HfzooEncoderDecoderConfig, got {type(config).__name__}")
+    check_fixed_fields(config, _T5_FIXED, "T5")
+    if config.hidden_dropout_prob != config.attention_probs_dropout_prob:
+        raise ValueError(
+            f"attention_probs_dropout_prob={config.attention_probs_dropout_prob} differs from hidden_dropout_prob="
+            f"{config.hidden_dropout_prob}: T5 has one dropout_rate; set them equal"
+        )
+    check_activation("hidden_act", config.hidden_act)
+    if config.gated_mlp:
+        feed_forward_proj = "gated-gelu" if config.hidden_act == "gelu_new" else f"gated-{config.hidden_act}"
+    else:
+        feed_forward_proj = config.hidden_act
+    t5_config = T5Config(
+        vocab_size=config.vocab_size,
+        d_model=config.hidden_size,
+        d_kv=config.head_dim,
+        d_ff=config.intermediate_size,
+        num_layers=config.num_hidden_layers,
+        num_decoder_layers=config.num_decoder_layers,
+        num_heads=config.num_attention_heads,
+        relative_attention_num_buckets=config.relative_attention_num_buckets,
+        relative_attention_max_distance=config.relative_attention_max_distance,
+        dropout_rate=config.hidden_dropout_prob,
+        layer_norm_epsilon=config.rms_norm_eps,
+        feed_forward_proj=feed_forward_proj,
+        classifier_dropout=config.classifier_dropout if config.classifier_dropout is not None else 0.0,
+        use_cache=config.use_cache,
+        pad_token_id=config.pad_token_id,
+        eos_token_id=config.eos_token_id,
+        decoder_start_token_id=config.decoder_start_token_id,
+        scale_decoder_outputs=config.scale_lm_head_input,
+    )
+    if t5_config.dense_act_fn != config.hidden_act:  # "gated-gelu" maps to gelu_new; refuse other gelu spellings
+        raise ValueError(f"hidden_act={config.hidden_act!r} with gated_mlp=True cannot be converted to T5")
+    return t5_config
+
+
+def _t5_tied(state: Mapping[str, torch.Tensor]) -> bool:
+    return "lm_head.weight" not in state or torch.equal(state["lm_head.weight"], state["shared.weight"])
+
+
+def t5_to_hfzoo(
+    t5_model_or_state_dict: T5ForConditionalGeneration | Mapping[str, torch.Tensor],
+    config: T5Config | HfzooEncoderDecoderConfig | None = None,
+    *,
+    attn_implementation: str | None = None,
+) -> HfzooEncoderDecoderForConditionalGeneration:
+    """Convert a T5 model (or its state dict) to an `HfzooEncoderDecoderForConditionalGeneration` with the same logits.
+
+    Every weight keeps its values under a new name (`T5_TO_HFZOO_*` tables). The `lm_head` is tied in
+    the result when the source's `lm_head.weight` is missing or equal to `shared.weight`. The result
+    has the source's dtype and device and is in eval mode.
+
+    Args:
+        t5_model_or_state_dict: a `T5ForConditionalGeneration` or its state dict (tied copies
+            `encoder.embed_tokens.weight`, `decoder.embed_tokens.weight`, `lm_head.weight` may be missing).
+        config: required with a state dict (ignored for a model): a `T5Config` or an
+            `HfzooEncoderDecoderConfig` that T5 can express.
+        attn_implementation: attention backend of the result ("eager" or "sdpa"); default: the source
+            model's backend (a model), hfzoo's default (a state dict).
+
+    Returns:
+        The `HfzooEncoderDecoderForConditionalGeneration`.
+
+    Raises:
+        TypeError: a state dict without `config`, or an unsupported input type.
+        ValueError: a config one side cannot express; keys that do not match the config (listed); a tied
+            config whose `lm_head.weight` differs from `shared.weight`.
+    """
+    state, config, attn_implementation = read_source(
+        t5_model_or_state_dict, (T5ForConditionalGeneration,), config, attn_implementation,
+        "t5_to_hfzoo", "T5Config or HfzooEncoderDecoderConfig",
+    )  # fmt: skip
+    state = {key: value for key, value in state.items() if not _LEGACY_T5_KEYS.fullmatch(key)}
+    if "shared.weight" not in state:
+        raise ValueError("T5 state dict has no 'shared.weight'")
+    if isinstance(config, T5Config):
+        hfzoo_config = hfzoo_config_from_t5(config, tie_word_embeddings=_t5_tied(state))
+    else:
+        t5_config_from_hfzoo(config)  # raises if T5 cannot express it
+        hfzoo_config = config
+    for key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+        state.setdefault(key, state["shared.weight"])
+    state = resolve_tied_head(state, hfzoo_config.tie_word_embeddings, "shared.weight", "lm_head.weight", "T5")
+    mapping = _t5_key_map(hfzoo_config)
+    check_keys(set(state), set(mapping), "T5")
+    model = HfzooEncoderDecoderForConditionalGeneration(hfzoo_config)
+    return load_converted(model, {mapping[key]: value for key, value in state.items()}, attn_implementation)
+
+
+def hfzoo_to_t5(
+    model_or_state_dict: HfzooEncoderDecoderForConditionalGeneration | Mapping[str, torch.Tensor],
+    config: HfzooEncoderDecoderConfig | None = None,
+    *,
+    attn_implementation: str | None = None,
+) -> T5ForConditionalGeneration:
+    """Convert an `HfzooEncoderDecoderForConditionalGeneration` (or its state dict) to a `T5ForConditionalGeneration`.
+
+    The inverse of `t5_to_hfzoo`: weights are renamed; with `tie_word_embeddings=False` the T5 model's
+    `lm_head` is untied from `shared` (transformers 5 builds T5 tied). The result has the source's dtype
+    and device and is in eval mode.
+
+    Args:
+        model_or_state_dict: the hfzoo model or its state dict.
+        config: required with a state dict (ignored for a model): the `HfzooEncoderDecoderConfig`.
+        attn_implementation: attention backend of the result; default: the source model's backend (a
+            model), transformers' default (a state dict).
+
+    Returns:
+        The `T5ForConditionalGeneration`.
+
+    Raises:
+        TypeError: a state dict without `config`, or an unsupported input / config type.
+        ValueError: a config T5 cannot express (see `t5_config_from_hfzoo`); keys that do not match the
+            config; a tied config whose `lm_head.weight` differs from the embeddings.
+    """
+    state, config, attn_implementation = read_source(
+        model_or_state_dict, (HfzooEncoderDecoderForConditionalGeneration,), config, attn_implementation,
+        "hfzoo_to_t5", "HfzooEncoderDecoderConfig",
+    )  # fmt: skip
+    t5_config = t5_config_from_hfzoo(config)
+    for key in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
+        state.setdefault(key, state["model.shared.weight"])
+    state = resolve_tied_head(state, config.tie_word_embeddings, "model.shared.weight", "lm_head.weight", "hfzoo")
+    inverse = {hfzoo_key: t5_key for t5_key, hfzoo_key in _t5_key_map(config).items()}
+    check_keys(set(state), set(inverse), "hfzoo")
+    model = T5ForConditionalGeneration(t5_config)
+    if not config.tie_word_embeddings:
+        model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight))
+        model.all_tied_weights_keys.pop("lm_head.weight", None)  # save_pretrained must keep it
+    return load_converted(model, {inverse[key]: value for key, value in state.items()}, attn_implementation)

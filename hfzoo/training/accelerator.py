@@ -1,0 +1,135 @@
+"""The `Accelerator` of every recipe (pretraining and GLUE): one process, DDP or DeepSpeed, on CPU or GPU.
+
+`create_accelerator(args)` applies the process-wide runtime settings (`hfzoo.training.runtime`), builds
+the `Accelerator` for whatever `accelerate launch` started, refuses launches that would silently run
+alone, and fills DeepSpeed's `"auto"` values from the recipe's arguments (`reconcile_deepspeed_config`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
+
+from .runtime import disable_cudnn_sdpa, tune_glibc_malloc
+
+
+def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool = False) -> Accelerator:
+    """Create the run's `Accelerator` for whatever `accelerate launch` started (one process, DDP or DeepSpeed).
+
+    On a machine without a GPU, several processes need help to form a process group: DDP runs with
+    `cpu=True` (accelerate's `MULTI_CPU`, gloo backend) and DeepSpeed with an explicit gloo process
+    group. A launch that started several processes (`WORLD_SIZE` > 1) but produced a world of one
+    process is refused, so a "distributed" run never silently runs alone. Under DeepSpeed, the
+    config's `"auto"` batch, accumulation and clipping values are filled from `args`
+    (`reconcile_deepspeed_config`). Samplers are seedable, so that a resumed run draws the same
+    shuffled order (`DataLoaderConfiguration(use_seedable_sampler=True)`).
+
+    Args:
+        args: the recipe's arguments: `mixed_precision` (None: the accelerate config's),
+            `gradient_accumulation_steps`, `per_device_train_batch_size`, `max_grad_norm`,
+            `with_tracking`, `report_to`, `output_dir`.
+        sync_with_dataloader: let accelerate end an accumulation window at the end of each epoch (the
+            GLUE loop); False when the loop feeds whole windows itself (pretraining,
+            `hfzoo.training.pretraining.accumulation_step`).
+
+    Returns:
+        The `Accelerator`.
+
+    Raises:
+        ValueError: `--mixed_precision fp16` without a GPU, a multi-process launch that yields one
+            process, or a DeepSpeed config that contradicts the recipe's arguments.
+    """
+    tune_glibc_malloc()
+    disable_cudnn_sdpa()
+    on_gpu = torch.cuda.is_available()
+    if args.mixed_precision == "fp16" and not on_gpu:
+        raise ValueError("--mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
+    use_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes")
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    kwargs_handlers = [InitProcessGroupKwargs(backend="gloo")] if use_deepspeed and not on_gpu else []
+    accelerator = Accelerator(
+        cpu=not on_gpu and not use_deepspeed,
+        mixed_precision=args.mixed_precision,
+        gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=args.gradient_accumulation_steps, sync_with_dataloader=sync_with_dataloader
+        ),
+        log_with=args.report_to if args.with_tracking else None,
+        project_dir=args.output_dir,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        kwargs_handlers=kwargs_handlers,
+    )
+    if launched > 1 and accelerator.num_processes == 1:
+        raise ValueError(
+            f"the launcher started WORLD_SIZE={launched} processes but this one runs alone "
+            f"(distributed_type {accelerator.distributed_type.value}); see accelerate_configs/ for working configs"
+        )
+    if accelerator.mixed_precision == "fp16" and not on_gpu:
+        raise ValueError("mixed_precision fp16 (from the accelerate config) needs a GPU; on CPU use bf16 or no")
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        reconcile_deepspeed_config(accelerator.state.deepspeed_plugin.deepspeed_config, args, accelerator.num_processes)
+    return accelerator
+
+
+def size_buckets_from_model(ds_config: dict[str, Any]) -> None:
+    """Let accelerate size DeepSpeed's communication buckets from the model's hidden size, in place.
+
+    Bucket sizes not set in the config become `"auto"`, which `accelerator.prepare` fills with
+    hidden_size-based values (as transformers' DeepSpeed examples do). DeepSpeed's own defaults ignore
+    the model size: the ZeRO-3 gradient bucket alone is 5e8 elements (2 GB in fp32) per process.
+
+    Args:
+        ds_config: the DeepSpeed config dict (`accelerator.state.deepspeed_plugin.deepspeed_config`).
+    """
+    zero = ds_config.setdefault("zero_optimization", {})
+    zero.setdefault("reduce_bucket_size", "auto")
+    if zero.get("stage") == 3:
+        zero.setdefault("stage3_prefetch_bucket_size", "auto")
+        zero.setdefault("stage3_param_persistence_threshold", "auto")
+
+
+def reconcile_deepspeed_config(ds_config: dict[str, Any], args: argparse.Namespace, num_processes: int) -> None:
+    """Fill DeepSpeed's `"auto"` batch, accumulation and clipping values from the recipe, in place.
+
+    Values already written in the DeepSpeed config must agree with the recipe (no settings to keep in
+    sync by hand): global batch = `num_processes x per_device_train_batch_size x gradient_accumulation_steps`.
+    Precision (`bf16`/`fp16` sections) is filled by accelerate from `--mixed_precision`; an explicit
+    `enabled: true` that contradicts it is refused here.
+
+    Args:
+        ds_config: the DeepSpeed config dict (`accelerator.state.deepspeed_plugin.deepspeed_config`).
+        args: the recipe's arguments.
+        num_processes: the world size.
+
+    Raises:
+        ValueError: a value in the DeepSpeed config contradicts the recipe (one line naming both).
+    """
+    per_device, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
+    wanted = {
+        "train_micro_batch_size_per_gpu": (per_device, f"--per_device_train_batch_size {per_device}"),
+        "gradient_accumulation_steps": (accumulation, f"--gradient_accumulation_steps {accumulation}"),
+        "train_batch_size": (
+            per_device * accumulation * num_processes,
+            f"{num_processes} processes x {per_device} per device x {accumulation} accumulation",
+        ),
+        "gradient_clipping": (args.max_grad_norm, f"--max_grad_norm {args.max_grad_norm}"),
+    }
+    for key, (value, source) in wanted.items():
+        current = ds_config.get(key, "auto")
+        if current == "auto":
+            ds_config[key] = value
+        elif float(current) != float(value):
+            raise ValueError(f'the DeepSpeed config sets {key}={current}, which contradicts {source}; set it to "auto"')
+    size_buckets_from_model(ds_config)
+    precision = args.mixed_precision
+    for section in ("bf16", "fp16"):
+        enabled = ds_config.get(section, {}).get("enabled", "auto")
+        if enabled is True and precision is not None and precision != section:
+            raise ValueError(
+                f"the DeepSpeed config enables {section}, which contradicts --mixed_precision {precision}; "
+                'set its "enabled" to "auto"'
+            )
