@@ -3,20 +3,31 @@
 Every field is a plain JSON value (`config.json` stays readable) and is validated when the config is
 built: a bad value raises an error naming the field, the value and what is allowed. Choices are the
 keys of the registries in `hfzoo/modules/` (activations, norms, norm positions, routers, position
-embeddings).
+embeddings, token mixers), and what a choice supports is read from its registry entry. Each family's
+config describes its stacks (`stack_layouts()`), which the validation and the models share.
 """
 
 from __future__ import annotations
+
+import copy
+import dataclasses
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 from .modules.experts import ROUTERS
 from .modules.feed_forward import ACTIVATIONS
-from .modules.layer import NORM_POSITIONS
+from .modules.layer import NORM_POSITIONS, SUBLAYERS
+from .modules.mixers import TOKEN_MIXERS
 from .modules.norms import NORM_CLASSES
-from .modules.positions import POSITION_EMBEDDING_TYPES
-from .modules.stack import BLOCK_SHARING
+from .modules.positions import (
+    ATTENTION_POSITION_EMBEDDING_TYPES,
+    POSITION_EMBEDDING_TYPES,
+    POSITION_SCHEME_FIELDS,
+    check_position_config,
+    has_per_layer_score_bias,
+)
+from .modules.stack import BLOCK_SHARING, StackLayout
 
 
 @strict
@@ -118,6 +129,19 @@ class HfzooConfig(PreTrainedConfig):
         scale_lm_head_input: multiply the final hidden states by `hidden_size ** -0.5` right before the
             vocabulary projection of the language-model head, as T5 v1.0 (Mesh TensorFlow) does with its
             tied embeddings (transformers' T5 calls it `scale_decoder_outputs`).
+        token_mixer: the sublayer that mixes information across positions, a key of
+            `hfzoo.modules.mixers.TOKEN_MIXERS` (`self_attention`: multi-head self-attention, Vaswani et al.
+            2017). Refused in a family or stack direction (causal / bidirectional) where the registry entry
+            says the mixer is undefined, with `use_cache=True` in a causal stack when the mixer has no KV
+            cache, and with position schemes acting inside attention when the mixer does not apply them.
+        sublayer_pattern: the order of the sublayers of every stack, Press et al. 2020 ("Improving
+            Transformer Models by Reordering their Sublayers"): a string of `s` (token mixer, followed by
+            cross-attention in the encoder-decoder's decoder) and `f` (feed-forward) with 2N letters for N
+            layers (`num_hidden_layers`; the encoder-decoder's decoder `num_decoder_layers`, so there both
+            depths must be equal). None is the interleaved Transformer `"sf" * N`; the sandwich Transformer
+            is `s^k (sf)^(N-k) f^k` (`hfzoo.modules.layer.sandwich_pattern`); `"s" * 2N` is attention only,
+            `"f" * 2N` feed-forward only (no token mixing: `use_cache` must be False in a causal stack).
+            Each `sf` is one layer and any other letter a layer of its own (`hfzoo.modules.layer.layer_sublayers`).
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
@@ -181,6 +205,9 @@ class HfzooConfig(PreTrainedConfig):
     rope_theta: float | int = 10000.0
     scale_attention_scores: bool = True
     scale_lm_head_input: bool = False
+    # --- layer structure: token mixers and sublayer order
+    token_mixer: str = "self_attention"
+    sublayer_pattern: str | None = None
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:
@@ -229,8 +256,105 @@ class HfzooConfig(PreTrainedConfig):
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name}={value} is outside the vocabulary [0, {self.vocab_size})")
         self._validate_embeddings()
+        self._validate_stacks()
         self._validate_ffn_norms()
         self._validate_positions()
+
+    def stack_layouts(self) -> tuple[StackLayout, ...]:
+        """The stacks of this family's models, input side first (each family's config defines them).
+
+        Returns:
+            One `hfzoo.modules.stack.StackLayout` per stack; none for the bare `HfzooConfig`.
+        """
+        return ()
+
+    def get_text_config(self, decoder=None, encoder=None):
+        """This config, or with `decoder=True` a view sized for the KV cache of the causal stack.
+
+        transformers sizes generation caches from `get_text_config(decoder=True).num_hidden_layers`; the
+        cache holds one layer per token mixer of the causal stack (`sublayer_pattern`), which the view's
+        `num_hidden_layers` then is (the encoder-decoder's `num_decoder_layers` by default).
+        """
+        causal = [layout for layout in self.stack_layouts() if layout.is_causal]
+        if decoder and causal:
+            cache_layers = sum("s" in sublayers for sublayers in causal[-1].sublayers(self))
+            if cache_layers != self.num_hidden_layers:
+                view = copy.copy(self)
+                view.num_hidden_layers = cache_layers
+                return view
+        return super().get_text_config(decoder=decoder, encoder=encoder)
+
+    def _validate_stacks(self) -> None:
+        """Check `sublayer_pattern` and the token mixers against every stack (`stack_layouts`)."""
+        pattern = self.sublayer_pattern
+        if pattern is not None and (not isinstance(pattern, str) or not pattern or set(pattern) - set(SUBLAYERS)):
+            raise ValueError(
+                f"sublayer_pattern={pattern!r} must be a non-empty string of the letters {list(SUBLAYERS)} "
+                "(s = token mixer, f = feed-forward), or None for the interleaved 'sfsf...'"
+            )
+        used_mixers = set()
+        for layout in self.stack_layouts():
+            if not isinstance(layout.num_layers, int) or layout.num_layers < 1:
+                raise ValueError(f"{layout.num_layers_field} must be a positive integer, got {layout.num_layers!r}")
+            if pattern is not None and len(pattern) != 2 * layout.num_layers:
+                raise ValueError(
+                    f"sublayer_pattern={pattern!r} has {len(pattern)} sublayers, but the {layout.name} has "
+                    f"{layout.num_layers_field}={layout.num_layers} layers: expected 2 * {layout.num_layers} = "
+                    f"{2 * layout.num_layers} (the pattern applies to every stack of {self.model_type})"
+                )
+            sublayers = layout.sublayers(self)
+            has_mixer = any("s" in layer for layer in sublayers)
+            if layout.has_cross_attention and not has_mixer:
+                raise ValueError(
+                    f"sublayer_pattern={pattern!r} has no token mixer ('s'), so the {layout.name}, whose "
+                    "cross-attention follows each token mixer, would never read the encoder"
+                )
+            if layout.name in BLOCK_SHARING[self.block_sharing] and len(set(sublayers)) > 1:
+                raise ValueError(
+                    f"block_sharing={self.block_sharing!r} ties every layer of the {layout.name} to its layer 0, "
+                    f"but sublayer_pattern={pattern!r} gives its layers different sublayers {sorted(set(sublayers))}; "
+                    "use block_sharing='none' or a pattern whose layers are alike"
+                )
+            if layout.is_causal and self.use_cache and not has_mixer:
+                raise ValueError(
+                    f"use_cache=True, but sublayer_pattern={pattern!r} has no token mixer ('s'), so the "
+                    f"{layout.name} has no KV cache; set use_cache=False"
+                )
+            self._validate_token_mixer(layout)
+            if has_mixer:
+                used_mixers.add(layout.token_mixer)
+        for name in used_mixers:
+            if TOKEN_MIXERS[name].check_config is not None:
+                TOKEN_MIXERS[name].check_config(self)
+        self._refuse_unused_fields(
+            "token_mixer", {name: entry.config_fields for name, entry in TOKEN_MIXERS.items()}, used_mixers
+        )
+
+    def _validate_token_mixer(self, layout: StackLayout) -> None:
+        """Check a stack's token mixer against its `TOKEN_MIXERS` entry (where it is defined, cache, positions)."""
+        field, name = layout.token_mixer_field, layout.token_mixer
+        if name not in TOKEN_MIXERS:
+            raise ValueError(f"{field}={name!r} is not supported; choose one of {list(TOKEN_MIXERS)}")
+        mixer = TOKEN_MIXERS[name]
+        if not mixer.runs_in(self.model_type, layout.is_causal):
+            direction = "causal" if layout.is_causal else "bidirectional"
+            allowed = [
+                other for other, entry in TOKEN_MIXERS.items() if entry.runs_in(self.model_type, layout.is_causal)
+            ]
+            raise ValueError(
+                f"{field}={name!r} is not defined for the {direction} {layout.name} of {self.model_type}; "
+                f"choose one of {allowed}"
+            )
+        if layout.is_causal and self.use_cache and not mixer.kv_cache:
+            raise ValueError(
+                f"use_cache=True, but {field}={name!r} has no KV cache (incremental decoding); set use_cache=False"
+            )
+        if not mixer.attention_positions and self.position_embedding_type in ATTENTION_POSITION_EMBEDDING_TYPES:
+            allowed = [kind for kind in POSITION_EMBEDDING_TYPES if kind not in ATTENTION_POSITION_EMBEDDING_TYPES]
+            raise ValueError(
+                f"position_embedding_type={self.position_embedding_type!r} acts inside attention, which "
+                f"{field}={name!r} does not have; choose one of {allowed}"
+            )
 
     def _validate_embeddings(self) -> None:
         """Check `embedding_size`, `num_softmaxes` and `block_sharing` (and what block sharing contradicts)."""
@@ -246,14 +370,11 @@ class HfzooConfig(PreTrainedConfig):
                 f"block_sharing={self.block_sharing!r} is not supported by {self.model_type}; choose one of {allowed}"
             )
         # One set of layer parameters cannot also differ between layers.
-        per_layer_bias = self.position_embedding_type == "relative_attention_bias" and not getattr(
-            self, "share_relative_attention_bias", True
-        )
-        if self.block_sharing != "none" and per_layer_bias:
+        if self.block_sharing != "none" and has_per_layer_score_bias(self):
             raise ValueError(
                 f"block_sharing={self.block_sharing!r} shares one layer's parameters across layers, which "
-                "contradicts share_relative_attention_bias=False (one bias table per layer); "
-                "use share_relative_attention_bias=True or block_sharing='none'"
+                f"contradicts position_embedding_type={self.position_embedding_type!r} with one score-bias table "
+                "per layer (share_relative_attention_bias=False); share the bias or use block_sharing='none'"
             )
         interval = getattr(self, "moe_layer_interval", 1)
         if self.block_sharing != "none" and getattr(self, "num_experts", 0) > 0 and interval > 1:
@@ -265,18 +386,21 @@ class HfzooConfig(PreTrainedConfig):
 
     def _validate_ffn_norms(self) -> None:
         """Check the feed-forward, normalization and mixture-of-experts fields and their combinations."""
-        if self.norm_type == "none":
-            for name, value in (("norm_position", self.norm_position), ("embedding_norm", self.embedding_norm)):
-                if value in ("sandwich", "deepnorm", True):
-                    raise ValueError(f"{name}={value!r} needs a normalization; norm_type='none' has none")
+        placement = NORM_POSITIONS[self.norm_position]
+        if self.norm_type == "none" and placement.needs_norm:
+            raise ValueError(f"norm_position={self.norm_position!r} needs a normalization; norm_type='none' has none")
+        if self.norm_type == "none" and self.embedding_norm:
+            raise ValueError("embedding_norm=True needs a normalization; norm_type='none' has none")
         if self.fixup_init and self.norm_type != "none":
             raise ValueError(
                 f"fixup_init=True requires norm_type='none' (Fixup replaces normalization), got {self.norm_type!r}"
             )
         if self.fixup_init and self.rezero:
             raise ValueError("fixup_init=True and rezero=True are alternative residual schemes; choose one")
-        if self.rezero and self.norm_position == "deepnorm":
-            raise ValueError("rezero=True cannot be combined with norm_position='deepnorm' (both rescale the residual)")
+        if self.rezero and placement.rescales_residual:
+            raise ValueError(
+                f"rezero=True cannot be combined with norm_position={self.norm_position!r} (both rescale the residual)"
+            )
         if not isinstance(self.num_experts, int) or self.num_experts < 0 or self.num_experts == 1:
             raise ValueError(f"num_experts must be 0 (dense) or an integer >= 2, got {self.num_experts!r}")
         for name in ("num_experts_per_tok", "moe_layer_interval"):
@@ -298,11 +422,14 @@ class HfzooConfig(PreTrainedConfig):
                 raise ValueError(
                     f"num_experts_per_tok={self.num_experts_per_tok} with router_type='switch'; Switch routing is top-1"
                 )
-            depth = max(self.num_hidden_layers, getattr(self, "num_decoder_layers", None) or 0)
+            depth = max(
+                (sum("f" in layer for layer in layout.sublayers(self)) for layout in self.stack_layouts()),
+                default=self.num_hidden_layers,
+            )
             if self.moe_layer_interval > depth:
                 raise ValueError(
-                    f"moe_layer_interval={self.moe_layer_interval} exceeds the number of layers ({depth}): "
-                    "no layer would have experts"
+                    f"moe_layer_interval={self.moe_layer_interval} exceeds the number of feed-forward sublayers "
+                    f"of the deepest stack ({depth}): no layer would have experts"
                 )
 
     def _validate_positions(self) -> None:
@@ -327,22 +454,29 @@ class HfzooConfig(PreTrainedConfig):
                 f"relative_attention_max_distance={self.relative_attention_max_distance} must exceed "
                 f"relative_attention_num_buckets // 2 = {self.relative_attention_num_buckets // 2} (the exact buckets)"
             )
-        if kind == "rotary" and self.head_dim % 2:
-            raise ValueError(
-                f"position_embedding_type='rotary' needs an even head_dim (it rotates feature pairs), "
-                f"got head_dim={self.head_dim}"
-            )
-        # A field of a scheme that is not selected would be a silent no-op: refuse non-default values.
-        fields_of_scheme = {
-            "relative_attention_num_buckets": ("relative_attention_bias", 32),
-            "relative_attention_max_distance": ("relative_attention_bias", 128),
-            "share_relative_attention_bias": ("relative_attention_bias", True),
-            "max_relative_positions": ("shaw", 16),
-            "rope_theta": ("rotary", 10000.0),
-        }
-        for name, (scheme, default) in fields_of_scheme.items():
-            if kind != scheme and getattr(self, name) != default:
-                raise ValueError(
-                    f"{name}={getattr(self, name)!r} only applies to position_embedding_type={scheme!r}, but "
-                    f"position_embedding_type={kind!r}; leave it at its default {default!r}"
-                )
+        check_position_config(self)
+        self._refuse_unused_fields("position_embedding_type", POSITION_SCHEME_FIELDS, {kind})
+
+    def _refuse_unused_fields(
+        self, field: str, fields_of_choice: dict[str, tuple[str, ...]], selected: set[str]
+    ) -> None:
+        """Refuse a non-default value of a field read only by a choice of `field` that is not selected.
+
+        Such a value would be a silent no-op (e.g. `rope_theta` without rotary positions).
+
+        Args:
+            field: the choosing field, e.g. `position_embedding_type`.
+            fields_of_choice: `{choice: (names of the fields only that choice reads)}`, from the registry's file.
+            selected: the choices in use (several for a field that differs by stack, e.g. token mixers).
+
+        Raises:
+            ValueError: naming the field, its value, the choice it belongs to and its default.
+        """
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for choice, names in fields_of_choice.items():
+            for name in names:
+                if choice not in selected and getattr(self, name) != defaults[name]:
+                    raise ValueError(
+                        f"{name}={getattr(self, name)!r} only applies to {field}={choice!r}, but "
+                        f"{field}={getattr(self, field)!r}; leave it at its default {defaults[name]!r}"
+                    )

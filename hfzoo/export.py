@@ -4,7 +4,7 @@ transformers' dynamic-module loader (`transformers.dynamic_module_utils`) copies
 `config.json`'s `auto_map` and, recursively, the files it imports *relatively from the same folder*
 (`from .x import y`, found by a regular expression over the raw text), then imports them as a package
 `transformers_modules.<folder>.<hash>`. hfzoo's sources live in a package tree and use multi-level
-relative imports (`from ...modules.stack import stack_forward`), which that loader cannot follow.
+relative imports (`from ...modules.stack import HfzooStack`), which that loader cannot follow.
 
 `export_for_remote_code` therefore writes a *flat* copy of every hfzoo source file a family needs
 (found by following the imports from the family's config and model classes, not from a fixed list)

@@ -6,8 +6,10 @@ import itertools
 import json
 import lzma
 import os
+import sysconfig
 from pathlib import Path
 
+import clean_env
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -46,3 +48,10 @@ def small_jsonl_xz(tmp_path_factory: pytest.TempPathFactory, gutenberg_books: li
         for row in gutenberg_books:
             f.write(json.dumps(row) + "\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def clean_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A clean interpreter that sees this venv's packages but not hfzoo (one per test session, `remote_code.py`)."""
+    site_packages = Path(sysconfig.get_paths()["purelib"])
+    return clean_env.make_clean_venv(tmp_path_factory.mktemp("clean_venv"), [site_packages])

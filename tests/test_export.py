@@ -1,10 +1,10 @@
 """`hfzoo.export.export_for_remote_code`: checkpoints that load with `trust_remote_code=True` WITHOUT hfzoo.
 
-The remote-code checks run in a real clean environment (`clean_env.make_clean_venv`): a `venv --without-pip`
-whose only package path is this venv's site-packages, without hfzoo's editable-install hook, so
-`import hfzoo` fails there (asserted in the subprocess). One subprocess per family
-loads every head of the family and writes its outputs back, which must be bit-identical to the
-in-package model's (fp32, eager attention, same number of threads).
+The remote-code checks run in a real clean environment (the `clean_python` fixture of `conftest.py`: a
+`venv --without-pip` that sees this venv's packages without hfzoo's editable-install hook, so
+`import hfzoo` fails there, asserted in the subprocess; the script is `remote_code.CLEAN_ENV_SCRIPT`).
+One subprocess per family loads every head of the family and writes its outputs back, which must be
+bit-identical to the in-package model's (fp32, eager attention, same number of threads).
 """
 
 from __future__ import annotations
@@ -13,13 +13,10 @@ import ast
 import json
 import re
 import sys
-import sysconfig
-import textwrap
-from pathlib import Path
 
-import clean_env
 import pytest
 import torch
+from remote_code import run_remote_code
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 from variant_checks import TINY as VARIANT_TINY
@@ -29,7 +26,6 @@ from hfzoo import AUTO_CLASSES, HfzooDecoderConfig, HfzooEncoderConfig, HfzooEnc
 from hfzoo.export import ExportError, export_for_remote_code, family_source_files, flatten_source
 from hfzoo.tokenization import train_bpe_tokenizer
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY = {**VARIANT_TINY, "vocab_size": 100, "bos_token_id": 2}  # the tokenizer below has 100 tokens
 FAMILIES = {
     "decoder": HfzooDecoderConfig,
@@ -39,75 +35,6 @@ FAMILIES = {
 # The main (pretraining) head of each family: generation is also checked for the generative ones.
 GENERATIVE = {"decoder": "AutoModelForCausalLM", "encoder_decoder": "AutoModelForSeq2SeqLM"}
 TEXT = "The quick brown fox jumps over the lazy dog. " * 20 + "It was a dark and stormy night; the rain fell. " * 20
-
-# Runs in the clean interpreter: argv[1] is a JSON job; prints one JSON line; writes outputs to a file.
-CLEAN_ENV_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-
-    job = json.loads(sys.argv[1])
-    result = {}
-    try:
-        import hfzoo  # noqa: F401
-        result["hfzoo"] = "importable from " + str(hfzoo.__file__)
-    except ModuleNotFoundError:
-        result["hfzoo"] = "ModuleNotFoundError"
-
-    import torch
-    import transformers
-    from safetensors.torch import load_file, save_file
-
-    torch.set_num_threads(job["threads"])
-    inputs = load_file(job["inputs"])
-    outputs, result["classes"], result["config_classes"] = {}, {}, {}
-    for entry in job["models"]:
-        auto_class = getattr(transformers, entry["auto"])
-        model = auto_class.from_pretrained(
-            entry["dir"], trust_remote_code=True, attn_implementation="eager", dtype=torch.float32
-        ).eval()
-        result["classes"][entry["auto"]] = [type(model).__module__, type(model).__name__]
-        result["config_classes"][entry["auto"]] = [type(model.config).__module__, type(model.config).__name__]
-        with torch.no_grad():
-            out = model(**{name: inputs[name] for name in entry["inputs"]})
-        first = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
-        outputs[entry["auto"]] = first.contiguous()
-        if entry.get("resave"):  # a remote-code model saved again (flat files copied by transformers) reloads
-            model.save_pretrained(entry["resave"])
-            again = auto_class.from_pretrained(entry["resave"], trust_remote_code=True, attn_implementation="eager")
-            with torch.no_grad():
-                outputs["resaved"] = again.eval()(**{name: inputs[name] for name in entry["inputs"]}).logits
-            result["resaved_auto_map"] = json.load(open(entry["resave"] + "/config.json"))["auto_map"]
-        if entry.get("generate"):
-            kwargs = dict(
-                input_ids=inputs["gen_input_ids"],
-                attention_mask=inputs["gen_attention_mask"],
-                max_new_tokens=8,
-                min_new_tokens=8,
-                do_sample=False,
-            )
-            with torch.no_grad():
-                outputs["generate_cache"] = model.generate(**kwargs, use_cache=True).contiguous()
-                outputs["generate_no_cache"] = model.generate(**kwargs, use_cache=False).contiguous()
-    if job.get("tokenizer_dir"):
-        # AutoTokenizer reads config.json (and its auto_map) too: without trust_remote_code it would prompt.
-        tokenizer = transformers.AutoTokenizer.from_pretrained(job["tokenizer_dir"], trust_remote_code=True)
-        result["tokenizer_ids"] = tokenizer(job["text"])["input_ids"]
-    save_file(outputs, job["outputs"])
-    result["hfzoo_modules_loaded"] = sorted(m for m in sys.modules if m == "hfzoo" or m.startswith("hfzoo."))
-    print("RESULT " + json.dumps(result))
-    """
-)
-
-
-@pytest.fixture(scope="session")
-def clean_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A `venv --without-pip` that sees this venv's packages through a `.pth`, but not hfzoo."""
-    return clean_env.make_clean_venv(tmp_path_factory.mktemp("clean_venv"), [Path(sysconfig.get_paths()["purelib"])])
-
-
-def run_clean(python: Path, job: dict, workdir: Path) -> dict:
-    """Run `CLEAN_ENV_SCRIPT` in the clean interpreter, outside the repository, with a clean environment."""
-    return clean_env.run_clean(python, CLEAN_ENV_SCRIPT, job, workdir)
 
 
 def family_inputs(family: str) -> dict[str, torch.Tensor]:
@@ -206,7 +133,7 @@ def test_export_loads_without_hfzoo_with_identical_outputs(family, clean_python,
     }
     if family == "decoder":
         job.update(tokenizer_dir=str(tmp_path / "decoder-AutoModelForCausalLM"), text=TEXT[:60])
-    result = run_clean(clean_python, job, workdir)
+    result = run_remote_code(clean_python, job, workdir)
 
     assert result["hfzoo"] == "ModuleNotFoundError"
     assert result["hfzoo_modules_loaded"] == []
@@ -261,8 +188,8 @@ def test_family_files_follow_imports():
     assert "modeling_encoder.py" not in decoder and "modeling_encoder_decoder.py" not in decoder
     assert all(module.startswith("hfzoo.") for module in decoder.values())
     flat = flatten_source("hfzoo.models.decoder.modeling_decoder")
-    assert "from .stack import build_stack_modules, shared_layer_tied_keys, stack_forward" in flat
-    assert "from .embeddings import TokenEmbedding, VocabProjection, tied_embedding_keys" in flat
+    assert "from .stack import HfzooStack" in flat
+    assert "from .embeddings import VocabProjection, tied_embedding_keys" in flat
     assert decoder["embeddings.py"] == "hfzoo.modules.embeddings"
     assert "from .configuration_decoder import HfzooDecoderConfig" in flat
 

@@ -12,14 +12,14 @@ import pytest
 import torch
 from huggingface_hub.errors import StrictDataclassClassValidationError
 from torch import nn
-from transformers import MixtralConfig, T5Config
+from transformers import AutoModel, MixtralConfig, T5Config
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func as mixtral_load_balancing_loss
 from transformers.models.switch_transformers.modeling_switch_transformers import router_z_loss_func
 from transformers.models.t5.modeling_t5 import T5DenseGatedActDense
 from variant_checks import FAMILIES, TINY, build_model, make_batch, run
 
-from hfzoo import HfzooDecoderConfig
+from hfzoo import AUTO_CLASSES, HfzooDecoderConfig, HfzooEncoderDecoderConfig
 from hfzoo.convert import gpt2_config_from_hfzoo
 from hfzoo.modules.experts import (
     SparseMoeFeedForward,
@@ -28,7 +28,7 @@ from hfzoo.modules.experts import (
     router_z_loss,
 )
 from hfzoo.modules.feed_forward import ACTIVATIONS, FeedForward
-from hfzoo.modules.layer import Residual, deepnorm_constants, num_residual_branches
+from hfzoo.modules.layer import build_residual, deepnorm_constants, num_residual_branches
 
 H, FF = 16, 24
 
@@ -111,7 +111,7 @@ class Affine(nn.Module):
 def residual_case(**overrides):
     torch.manual_seed(0)
     cfg = config(**overrides)
-    residual = Residual(cfg)
+    residual = build_residual(cfg)
     for param in residual.parameters():  # move scalars and norm weights off their initial values
         param.data.uniform_(0.5, 1.5)
     norm = nn.LayerNorm(H) if cfg.norm_type == "layer_norm" else nn.Identity()
@@ -378,6 +378,55 @@ def test_aux_loss_is_added_to_the_loss_and_reported(family, router_type):
     with torch.no_grad():
         base = run(model_without_aux, batch, labels=batch.labels)
     torch.testing.assert_close(out.loss, base.loss + out.aux_loss)
+
+
+HEADS = [
+    pytest.param(config_class, model_class, id=model_class.__name__)
+    for config_class, models in AUTO_CLASSES.items()
+    for auto_class, model_class in models.items()
+    if auto_class is not AutoModel
+]
+
+
+@pytest.mark.parametrize("config_class, model_class", HEADS)
+def test_every_head_adds_the_aux_loss(config_class, model_class):
+    """Every task head (LM, sequence and token classification) of every family adds the routers' losses."""
+    family = {HfzooDecoderConfig: "decoder", HfzooEncoderDecoderConfig: "encoder-decoder"}.get(config_class, "encoder")
+    moe = {"num_experts": 3, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.5, "router_z_loss_coef": 0.25}
+    batch = make_batch(family)
+    lengths = batch.attention_mask.sum(-1)
+    batch.input_ids[torch.arange(len(lengths)), lengths - 1] = TINY["eos_token_id"]  # encoder-decoder pooling
+    name, kwargs = model_class.__name__, {}
+    if name.endswith("SequenceClassification"):
+        labels = torch.tensor([2, 0])
+    elif name.endswith("TokenClassification"):
+        labels = (batch.attention_mask + 1).masked_fill(batch.attention_mask == 0, -100)
+    else:  # the family's language-model head
+        labels = batch.labels
+        if family == "encoder-decoder":
+            kwargs["decoder_input_ids"] = batch.decoder_input_ids
+    outs = {}
+    for coef in (0.0, 1.0):
+        torch.manual_seed(0)
+        cfg = config_class(
+            **{**TINY, **moe, "router_aux_loss_coef": 0.5 * coef, "router_z_loss_coef": 0.25 * coef, "num_labels": 3}
+        )
+        model = model_class(cfg).eval()
+        with torch.no_grad():
+            outs[coef] = model(
+                batch.input_ids, attention_mask=batch.attention_mask, labels=labels, output_router_logits=True, **kwargs
+            )
+    out = outs[1.0]
+    if family == "encoder-decoder":
+        decoder_mask = batch.attention_mask if name.endswith("SequenceClassification") else None
+        stacks = [(out.encoder_router_logits, batch.attention_mask), (out.decoder_router_logits, decoder_mask)]
+    else:
+        stacks = [(out.router_logits, batch.attention_mask)]
+    expected = sum(router_aux_losses(logits, cfg, mask)[0] for logits, mask in stacks)
+    assert expected > 0
+    torch.testing.assert_close(out.aux_loss, expected)
+    torch.testing.assert_close(out.loss, outs[0.0].loss + out.aux_loss)
+    assert outs[0.0].aux_loss == 0
 
 
 def test_aux_loss_trains_the_router_under_gradient_checkpointing():

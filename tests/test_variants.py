@@ -1,18 +1,32 @@
 """Every value of every architecture field, in every family it applies to (see `variant_checks.py`).
 
 Each row of `VARIANTS` is `(overrides, families, backends)`; a test runs `check_variant` for each
-row x family. A new modification adds its rows here (one per value); the checks come for free.
+row x family, and another loads each row x family exported for `trust_remote_code` in a clean
+interpreter without hfzoo (all of them in one subprocess per session). A new modification adds its rows
+here (one per value); the checks come for free. The coverage guards fail when a registry entry or a
+config field has no row.
 """
 
 from __future__ import annotations
 
-import pytest
-from transformers.activations import ACT2FN
-from variant_checks import FAMILIES, check_variant
+import dataclasses
+import re
+from pathlib import Path
 
+import pytest
+import torch
+from remote_code import run_remote_code
+from safetensors.torch import load_file, save_file
+from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
+from variant_checks import FAMILIES, TINY, build_model, check_variant, make_batch, run
+
+from hfzoo import AUTO_CLASSES
+from hfzoo.export import export_for_remote_code, family_source_files, flatten_source
 from hfzoo.modules.experts import ROUTERS
 from hfzoo.modules.feed_forward import ACTIVATIONS
-from hfzoo.modules.layer import NORM_POSITIONS
+from hfzoo.modules.layer import NORM_POSITIONS, sandwich_pattern
+from hfzoo.modules.mixers import TOKEN_MIXERS
 from hfzoo.modules.norms import NORM_CLASSES
 from hfzoo.modules.positions import POSITION_ATTENTION_BACKENDS, POSITION_EMBEDDING_TYPES
 from hfzoo.modules.stack import BLOCK_SHARING
@@ -88,31 +102,199 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
     # ---- output
     ({"num_softmaxes": 3}, ALL, BOTH),
     ({"num_softmaxes": 3, "embedding_size": 16}, ALL, BOTH),
+    # ---- layer structure: token mixers (Press et al. 2020 sublayer orders in the patterns)
+    *[({"token_mixer": name}, ALL, BOTH) for name in ("self_attention",)],
+    ({"token_mixer": "self_attention", "decoder_token_mixer": "self_attention"}, ("encoder-decoder",), BOTH),
+    ({"sublayer_pattern": sandwich_pattern(TINY["num_hidden_layers"], 1)}, ALL, BOTH),  # sandwich "ssff"
+    ({"sublayer_pattern": "s" * 2 * TINY["num_hidden_layers"]}, ALL, BOTH),  # attention only
+    ({"sublayer_pattern": "f" * 2 * TINY["num_hidden_layers"], "use_cache": False}, ("decoder", "encoder"), BOTH),
+    ({"sublayer_pattern": "fssf", "num_experts": 2, "moe_layer_interval": 2}, ALL, BOTH),  # any order
+    # ---- depth and token types
+    ({"num_decoder_layers": 3}, ("encoder-decoder",), BOTH),
+    ({"type_vocab_size": 0}, ("encoder",), BOTH),
 ]
 
 
-def _cases():
-    for overrides, families, backends in VARIANTS:
-        for family in families:
-            label = ",".join(f"{k}={v}" for k, v in overrides.items()) or "defaults"
-            yield pytest.param(family, overrides, backends, id=f"{family}:{label}")
+def case_id(family: str, overrides: dict) -> str:
+    """The test id of one row x family, e.g. `decoder:norm_position=post`."""
+    return f"{family}:" + (",".join(f"{k}={v}" for k, v in overrides.items()) or "defaults")
 
 
-@pytest.mark.parametrize("family, overrides, backends", list(_cases()))
+CASES = [
+    pytest.param(family, overrides, backends, id=case_id(family, overrides))
+    for overrides, families, backends in VARIANTS
+    for family in families
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run faster on one CPU thread than on two shared with other processes."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("family, overrides, backends", CASES)
 def test_variant(family, overrides, backends, tmp_path):
     check_variant(family, overrides, tmp_path, backends)
+
+
+@pytest.fixture(scope="session")
+def remote_code_outputs(clean_python, tmp_path_factory) -> dict[str, tuple]:
+    """Every case loaded with `trust_remote_code` code in ONE subprocess of a clean interpreter without hfzoo.
+
+    The first case of each family is exported with `export_for_remote_code`; the source files are the
+    same for every case of a family (checked here), so the other cases' `save_pretrained` folders are
+    loaded by the model class of that export's remote code (imported once per family in the subprocess).
+
+    Returns:
+        `{case id: (in-package logits or the error, remote-code logits or None, the remote error or None)}`;
+        both sides run in fp32 with eager attention on the same batch (`make_batch`).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # both sides run on one thread, so that their logits are bit-identical
+    try:
+        return _load_every_case_as_remote_code(clean_python, tmp_path_factory.mktemp("variant_exports"))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _load_every_case_as_remote_code(clean_python, root: Path) -> dict[str, tuple]:
+    tensors = {}
+    for family in FAMILIES:
+        batch = make_batch(family)
+        tensors[f"{family}.input_ids"], tensors[f"{family}.attention_mask"] = batch.input_ids, batch.attention_mask
+        if batch.decoder_input_ids is not None:
+            tensors[f"{family}.decoder_input_ids"] = batch.decoder_input_ids
+    save_file(tensors, root / "inputs.safetensors")
+    auto_names = {model: auto.__name__ for models in AUTO_CLASSES.values() for auto, model in models.items()}
+    code_dirs: dict[str, Path] = {}
+    expected, entries = {}, []
+    for index, case in enumerate(CASES):
+        family, overrides, _ = case.values
+        key = f"case{index}"
+        try:
+            model = build_model(family, overrides, "eager")
+            if family not in code_dirs:
+                code_dirs[family] = export_for_remote_code(model, root / key)
+            else:
+                model.save_pretrained(root / key)
+                sources = {path.name: path.read_bytes() for path in code_dirs[family].glob("*.py")}
+                assert sources == {name: source.encode() for name, source in exported_sources(type(model)).items()}
+            with torch.no_grad():
+                expected[case.id] = run(model, make_batch(family)).logits
+        except Exception as error:  # reported by this case's test; the others still run
+            expected[case.id] = error
+            continue
+        names = [name.split(".")[1] for name in tensors if name.startswith(f"{family}.")]
+        entries.append(
+            {
+                "key": key,
+                "case": case.id,
+                "auto": auto_names[type(model)],
+                "dir": str(root / key),
+                "code_dir": str(code_dirs[family]),
+                "inputs": {name: f"{family}.{name}" for name in names},
+            }
+        )
+    workdir = root / "clean"
+    workdir.mkdir()
+    job = {
+        "models": entries,
+        "inputs": str(root / "inputs.safetensors"),
+        "outputs": str(root / "outputs.safetensors"),
+        "threads": 1,
+        "keep_going": True,
+    }
+    result = run_remote_code(clean_python, job, workdir, timeout=900)
+    assert result["hfzoo"] == "ModuleNotFoundError" and result["hfzoo_modules_loaded"] == []
+    got = load_file(root / "outputs.safetensors")
+    outputs = {case_id: (value, None, None) for case_id, value in expected.items()}
+    for entry in entries:
+        key = entry["key"]
+        outputs[entry["case"]] = (expected[entry["case"]], got.get(key), result["errors"].get(key))
+        if key in result["classes"]:
+            assert result["classes"][key][0].startswith("transformers_modules."), result["classes"][key]
+    return outputs
+
+
+def exported_sources(model_class: type) -> dict[str, str]:
+    """The flat source files `export_for_remote_code` writes for `model_class`'s family (cached per family)."""
+    family = next(config_class for config_class, models in AUTO_CLASSES.items() if model_class in models.values())
+    if family not in _SOURCES:
+        _SOURCES[family] = {name: flatten_source(module) for name, module in family_source_files(family).items()}
+    return _SOURCES[family]
+
+
+_SOURCES: dict[type, dict[str, str]] = {}
+
+
+@pytest.mark.parametrize("family, overrides, backends", CASES)
+def test_variant_loads_as_remote_code(family, overrides, backends, remote_code_outputs):
+    """The row exported with `trust_remote_code` code gives identical logits in an interpreter without hfzoo."""
+    expected, got, error = remote_code_outputs[case_id(family, overrides)]
+    if isinstance(expected, Exception):
+        raise expected
+    assert error is None, error
+    assert got is not None and torch.equal(got, expected), (got - expected).abs().max()
 
 
 def test_every_registered_choice_has_a_row():
     """A registry entry without a row in `VARIANTS` would be an untested option."""
     covered = {(k, v) for overrides, _, _ in VARIANTS for k, v in overrides.items()}
-    for field, choices in (
-        ("norm_type", NORM_CLASSES),
-        ("norm_position", NORM_POSITIONS),
-        ("hidden_act", [name for name in ACTIVATIONS if name not in ACT2FN]),  # hfzoo's own activations
-        ("router_type", ROUTERS),
-        ("position_embedding_type", POSITION_EMBEDDING_TYPES),
-        ("block_sharing", BLOCK_SHARING),
+    for fields, choices in (
+        (("norm_type",), NORM_CLASSES),
+        (("norm_position",), NORM_POSITIONS),
+        (("hidden_act",), [name for name in ACTIVATIONS if name not in ACT2FN]),  # hfzoo's own activations
+        (("router_type",), ROUTERS),
+        (("position_embedding_type",), POSITION_EMBEDDING_TYPES),
+        (("block_sharing",), BLOCK_SHARING),
+        (("token_mixer", "decoder_token_mixer"), TOKEN_MIXERS),
     ):
-        missing = [c for c in choices if (field, c) not in covered]
-        assert not missing, f"{field} values without a VARIANTS row: {missing}"
+        missing = [c for c in choices if not any((field, c) in covered for field in fields)]
+        assert not missing, f"{' / '.join(fields)} values without a VARIANTS row: {missing}"
+
+
+def test_every_sublayer_order_has_a_row():
+    """The sandwich, attention-only, feed-forward-only and an arbitrary order each have a row (Press et al. 2020)."""
+    patterns = [overrides["sublayer_pattern"] for overrides, _, _ in VARIANTS if "sublayer_pattern" in overrides]
+    kinds = {
+        "sandwich": lambda p: re.fullmatch(r"(s+)(sf)*(f+)", p) and p.count("s") == p.count("f"),
+        "attention only": lambda p: set(p) == {"s"},
+        "feed-forward only": lambda p: set(p) == {"f"},
+        "other order": lambda p: set(p) == {"s", "f"} and not re.fullmatch(r"s*(sf)*f*", p),
+    }
+    missing = [kind for kind, matches in kinds.items() if not any(matches(p) for p in patterns)]
+    assert not missing, f"sublayer_pattern kinds without a VARIANTS row: {missing}"
+
+
+# Config fields that no row needs to vary: they change no module structure (dropout rates, epsilons and the
+# initialisation scale, loss weights, token ids, output switches); their effects are tested in the test file
+# of their module. A new architecture field must get a row instead of an entry here.
+NO_ROW_FIELDS = {
+    "layer_norm_eps": "epsilon of the norms the norm_type rows build",
+    "rms_norm_eps": "epsilon of the norms the norm_type rows build",
+    "initializer_range": "initialisation scale (tests/test_positions.py, tests/test_ffn_norms.py)",
+    "hidden_dropout_prob": "dropout rate; the checks run in eval mode",
+    "attention_probs_dropout_prob": "dropout rate; the checks run in eval mode",
+    "activation_dropout": "dropout rate; the checks run in eval mode",
+    "classifier_dropout": "dropout rate of the classification heads",
+    "use_cache": "runtime switch (set by rows whose variant has no KV cache)",
+    "output_router_logits": "output switch (tests/test_ffn_norms.py)",
+    "router_aux_loss_coef": "loss weight (tests/test_ffn_norms.py)",
+    "router_z_loss_coef": "loss weight (tests/test_ffn_norms.py)",
+    "bos_token_id": "token id",
+    "decoder_start_token_id": "token id",
+}
+
+
+def test_every_config_field_has_a_row():
+    """Every hfzoo config field is set by some row (or by `TINY`), or listed in `NO_ROW_FIELDS` with its reason."""
+    covered = {k for overrides, _, _ in VARIANTS for k in overrides} | set(TINY) | set(NO_ROW_FIELDS)
+    inherited = {field.name for field in dataclasses.fields(PreTrainedConfig)}
+    for config_class, _ in FAMILIES.values():
+        fields = [field.name for field in dataclasses.fields(config_class) if field.name not in inherited]
+        missing = [name for name in fields if name not in covered]
+        assert not missing, f"{config_class.__name__} fields without a VARIANTS row: {missing}"

@@ -9,9 +9,12 @@
 - padding invariance: a padded row gives the same logits as the row alone;
 - causality: changing future tokens never changes earlier logits (decoder, and the decoder side of
   the encoder-decoder);
+- greedy generation gives the same tokens with and without the KV cache (decoder, encoder-decoder;
+  unless the variant's config sets `use_cache=False`);
 - eager and SDPA attention agree (unless the variant declares it supports eager only).
 
-The table of variants lives in `tests/test_variants.py`.
+The table of variants lives in `tests/test_variants.py`, which also exports every row with
+`trust_remote_code` code and loads all of them in one clean interpreter without hfzoo.
 """
 
 from __future__ import annotations
@@ -169,6 +172,40 @@ def check_causality(family: str, overrides: dict, attn: str = "sdpa") -> None:
     assert not torch.allclose(before[:, t + 1 :], after[:, t + 1 :])
 
 
+def generation_prompt(family: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts for `generate` and their attention masks.
+
+    Left-padded decoder prompts (5 tokens, 2 of them padding in the second row), or the encoder-decoder's
+    right-padded sources.
+    """
+    batch = make_batch(family)
+    if family != "decoder":
+        return batch.input_ids, batch.attention_mask
+    prompt = batch.input_ids[:, :5].clone()
+    mask = torch.ones_like(prompt)
+    prompt[1, :2], mask[1, :2] = TINY["pad_token_id"], 0
+    return prompt, mask
+
+
+def check_generation_cache(family: str, overrides: dict, attn: str = "sdpa") -> None:
+    """Greedy generation gives the same tokens with and without the KV cache (decoder, encoder-decoder).
+
+    Skipped for the encoder and for configs with `use_cache=False` (a variant without a KV cache).
+    """
+    if family == "encoder":
+        return
+    model = build_model(family, overrides, attn)
+    if not model.config.use_cache:
+        return
+    prompt, mask = generation_prompt(family)
+    kwargs = dict(attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    with torch.no_grad():
+        cached = model.generate(prompt, use_cache=True, **kwargs)
+        uncached = model.generate(prompt, use_cache=False, **kwargs)
+    assert cached.shape[1] == (prompt.shape[1] if family == "decoder" else 1) + 4  # the prompt / the start token
+    assert torch.equal(cached, uncached), (cached, uncached)
+
+
 def check_eager_matches_sdpa(family: str, overrides: dict) -> None:
     """Eager and SDPA attention give the same logits (max abs difference < 1e-5) on a padded batch."""
     batch = make_batch(family)
@@ -201,5 +238,6 @@ def check_variant(
     check_round_trip(family, overrides, tmp_path, attn)
     check_padding_invariance(family, overrides, attn)
     check_causality(family, overrides, attn)
+    check_generation_cache(family, overrides, attn)
     if {"eager", "sdpa"} <= set(backends):
         check_eager_matches_sdpa(family, overrides)

@@ -18,12 +18,7 @@ from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .positions import (
-    RELATIVE_POSITION_REPRESENTATIONS,
-    RelativeAttentionBias,
-    apply_rotary_pos_emb,
-    token_positions,
-)
+from .positions import apply_rotary_pos_emb, build_layer_score_bias, build_relative_positions, token_positions
 
 
 def eager_attention_forward(
@@ -145,8 +140,8 @@ class HfzooAttention(nn.Module):
     `hidden_size`, `num_attention_heads`, `head_dim` (T5's d_kv; defaults to
     `hidden_size // num_attention_heads`), `attention_bias`, `attention_probs_dropout_prob`,
     `scale_attention_scores` (scores times `head_dim ** -0.5`, or unscaled as T5) and
-    `position_embedding_type`: self-attention owns a `relative_attention_bias` (T5 bias, one per layer
-    when `share_relative_attention_bias=False`) or `relative_positions` (Shaw) module.
+    `position_embedding_type`: self-attention owns a `relative_attention_bias` (a score bias the scheme
+    keeps per layer, e.g. T5's with `share_relative_attention_bias=False`) or `relative_positions` (Shaw).
     The projections are named `q_proj`, `k_proj`, `v_proj`, `o_proj` (PEFT's usual `target_modules`).
 
     Args:
@@ -178,13 +173,16 @@ class HfzooAttention(nn.Module):
         self.o_proj = nn.Linear(inner, config.hidden_size, bias=config.attention_bias)
         if not config.scale_attention_scores:
             self.q_proj.init_std_scale = self.head_dim**-0.5  # read by HfzooPreTrainedModel._init_weights
-        # Per-layer position modules of self-attention (shared ones live on the stack and arrive as arguments).
-        kind = config.position_embedding_type
+        # Per-layer position modules of self-attention (shared ones live on the stack and arrive as arguments);
+        # which ones a layer owns is decided in `hfzoo.modules.positions`.
         self.relative_attention_bias = self.relative_positions = None
-        if not is_cross_attention and kind == "relative_attention_bias" and not config.share_relative_attention_bias:
-            self.relative_attention_bias = RelativeAttentionBias(config, bidirectional=not is_causal)
-        if not is_cross_attention and kind in RELATIVE_POSITION_REPRESENTATIONS:
-            self.relative_positions = RELATIVE_POSITION_REPRESENTATIONS[kind](config)
+        if not is_cross_attention:
+            self.relative_attention_bias = build_layer_score_bias(config, bidirectional=not is_causal)
+            self.relative_positions = build_relative_positions(config)
+
+    def residual_branch_projections(self) -> tuple[list[nn.Linear], list[nn.Linear]]:
+        """`([v_proj], [o_proj])`: the value path and output DeepNorm / Fixup initialise (`hfzoo.modules.layer`)."""
+        return [self.v_proj], [self.o_proj]
 
     def _project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (*states.shape[:-1], self.num_heads, self.head_dim)
@@ -199,6 +197,7 @@ class HfzooAttention(nn.Module):
         key_value_states: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         position_bias: torch.Tensor | None = None,
+        padding_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from `hidden_states` to itself (plus cached keys/values) or to `key_value_states`.
@@ -215,6 +214,8 @@ class HfzooAttention(nn.Module):
                 stack's `RotaryEmbedding` (self-attention only; ignored by cross-attention).
             position_bias: additive score bias `(batch_size or 1, num_heads, q_len, kv_len)` shared by the
                 stack's layers (T5 shared bias, ALiBi; ignored by cross-attention).
+            padding_mask: unused (attention reads padding from `attention_mask`); part of the token-mixer
+                call signature (`hfzoo.modules.mixers`).
             **kwargs: forwarded to the attention backend.
 
         Returns:

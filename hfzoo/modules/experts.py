@@ -167,6 +167,15 @@ class SparseMoeFeedForward(nn.Module):
         self.router = HfzooRouter(config)
         self.experts = nn.ModuleList([FeedForward(config) for _ in range(config.num_experts)])
 
+    def residual_branch_projections(self) -> tuple[list[nn.Linear], list[nn.Linear]]:
+        """Every expert's projections (value path, output) for DeepNorm / Fixup; the router keeps its initialisation."""
+        value_path, outputs = [], []
+        for expert in self.experts:
+            expert_value_path, expert_outputs = expert.residual_branch_projections()
+            value_path += expert_value_path
+            outputs += expert_outputs
+        return value_path, outputs
+
     def forward(self, hidden_states: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Route each token to its experts and combine their outputs (shapes in the class docstring)."""
         _, weights, experts = self.router(hidden_states, padding_mask)

@@ -49,6 +49,10 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
+    def residual_branch_projections(self) -> tuple[list[nn.Linear], list[nn.Linear]]:
+        """`([gate_proj, up_proj], [down_proj])`: what DeepNorm / Fixup initialise (`hfzoo.modules.layer`)."""
+        return [proj for proj in (self.gate_proj, self.up_proj) if proj is not None], [self.down_proj]
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Apply the MLP to `hidden_states` `(..., hidden_size)`."""
         if self.gate_proj is None:

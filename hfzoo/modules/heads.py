@@ -102,19 +102,26 @@ def check_classification_labels(labels: torch.Tensor | None, config) -> None:
 def last_token_pool(
     hidden_states: torch.Tensor, input_ids: torch.Tensor | None, pad_token_id: int | None
 ) -> torch.Tensor:
-    """Hidden state of each row's last non-padding token (left or right padding), as transformers' decoders pool.
+    """Each row's vector at its last non-padding token (left or right padding), as transformers' decoders pool.
+
+    The rightmost position whose id is not `pad_token_id` (transformers' `GenericForSequenceClassification`).
 
     Args:
-        hidden_states: `(batch_size, seq_len, hidden_size)`.
+        hidden_states: `(batch_size, seq_len, dim)` (hidden states or per-token scores).
         input_ids: `(batch_size, seq_len)` int64, or None (then the last position is used).
         pad_token_id: the padding id, or None (then the last position is used).
 
     Returns:
-        `(batch_size, hidden_size)`.
+        `(batch_size, dim)`.
+
+    Raises:
+        ValueError: more than one row and no `pad_token_id` (the padding cannot be found).
     """
     batch = torch.arange(hidden_states.shape[0], device=hidden_states.device)
+    if pad_token_id is None and hidden_states.shape[0] != 1:
+        raise ValueError("Cannot handle batch sizes > 1 if no padding token is defined.")
     if input_ids is None or pad_token_id is None:
         return hidden_states[batch, -1]
-    positions = torch.arange(input_ids.shape[-1], device=hidden_states.device)
-    last = (positions * (input_ids != pad_token_id).to(positions.dtype)).argmax(-1)
+    positions = torch.arange(input_ids.shape[-1], device=hidden_states.device, dtype=torch.int32)
+    last = (positions * (input_ids != pad_token_id).to(hidden_states.device, torch.int32)).argmax(-1)
     return hidden_states[batch, last]

@@ -99,6 +99,19 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = config.head_dim
         self.rope_theta = float(config.rope_theta)
 
+    @staticmethod
+    def check_config(config) -> None:
+        """Refuse an odd `head_dim` (rotary turns feature pairs).
+
+        Raises:
+            ValueError: naming `head_dim` and its value.
+        """
+        if config.head_dim % 2:
+            raise ValueError(
+                f"position_embedding_type={config.position_embedding_type!r} needs an even head_dim (it rotates "
+                f"feature pairs), got head_dim={config.head_dim}"
+            )
+
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cosines and sines of the rotation angles for `position_ids` `(batch_size or 1, seq_len)`."""
         exponent = torch.arange(0, self.head_dim, 2, device=position_ids.device, dtype=torch.float32) / self.head_dim
@@ -189,6 +202,11 @@ class RelativeAttentionBias(nn.Embedding):
         self.bidirectional = bidirectional
         self.max_distance = config.relative_attention_max_distance
 
+    @staticmethod
+    def shared_across_layers(config) -> bool:
+        """One table per stack (`share_relative_attention_bias=True`, T5) or one per layer's self-attention."""
+        return config.share_relative_attention_bias
+
     def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         """Bias `(1, num_heads, q_len, kv_len)` for queries at `query_positions` and keys at `key_positions`."""
         relative = key_positions[None, :] - query_positions[:, None]  # (q_len, kv_len)
@@ -226,14 +244,23 @@ class AlibiBias(nn.Module):
     For a causal stack (the paper's setting) only `j <= i` is unmasked, so this is the paper's
     `-m_h * (i - j)`; the symmetric distance extends it to bidirectional stacks (as MosaicBERT does).
 
+    Args:
+        config: an hfzoo config (`num_attention_heads`).
+        bidirectional: unused (the distance is symmetric); the signature of `ATTENTION_SCORE_BIASES` entries.
+
     Shapes:
         `query_positions` `(q_len,)`, `key_positions` `(kv_len,)` int64 -> bias `(1, num_heads, q_len, kv_len)`
         float32.
     """
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, bidirectional: bool = True) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
+
+    @staticmethod
+    def shared_across_layers(config) -> bool:
+        """Always: the bias has no parameters, so the stack computes it once for all its layers."""
+        return True
 
     def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         """Bias `(1, num_heads, q_len, kv_len)` for queries at `query_positions` and keys at `key_positions`."""
@@ -283,6 +310,82 @@ def build_position_embedding(config) -> nn.Module | None:
     return factory(config) if factory is not None else None
 
 
+def build_stack_score_bias(config, bidirectional: bool) -> nn.Module | None:
+    """The attention-score bias a stack computes once and hands to every layer's self-attention, or None.
+
+    Whether a scheme's bias is shared by the layers of a stack is the scheme's own decision (the
+    `shared_across_layers(config)` of its `ATTENTION_SCORE_BIASES` entry); this is the stack's half.
+
+    Args:
+        config: an hfzoo config (validated).
+        bidirectional: the stack's self-attention is bidirectional (encoder) rather than causal.
+
+    Returns:
+        A module mapping `(query_positions, key_positions)` to a `(1, num_heads, q_len, kv_len)` bias,
+        or None (no score bias, or one per layer).
+    """
+    bias = ATTENTION_SCORE_BIASES.get(config.position_embedding_type)
+    if bias is None or not bias.shared_across_layers(config):
+        return None
+    return bias(config, bidirectional=bidirectional)
+
+
+def build_layer_score_bias(config, bidirectional: bool) -> nn.Module | None:
+    """The attention-score bias one layer's self-attention owns (the per-layer half of `build_stack_score_bias`).
+
+    Args:
+        config: an hfzoo config (validated).
+        bidirectional: the self-attention is bidirectional rather than causal.
+
+    Returns:
+        A module as in `build_stack_score_bias`, or None (no score bias, or one shared by the stack).
+    """
+    bias = ATTENTION_SCORE_BIASES.get(config.position_embedding_type)
+    if bias is None or bias.shared_across_layers(config):
+        return None
+    return bias(config, bidirectional=bidirectional)
+
+
+def has_per_layer_score_bias(config) -> bool:
+    """Whether each layer owns a score-bias table (so that the layers' parameters differ by design)."""
+    bias = ATTENTION_SCORE_BIASES.get(config.position_embedding_type)
+    return bias is not None and not bias.shared_across_layers(config)
+
+
+def check_position_config(config) -> None:
+    """Run the selected scheme's own checks of the config (the static `check_config` of its class, if any).
+
+    Args:
+        config: an hfzoo config whose `position_embedding_type` is a key of `POSITION_EMBEDDING_TYPES`.
+
+    Raises:
+        ValueError: from the scheme's check, naming the field.
+    """
+    kind = config.position_embedding_type
+    for registry in (
+        ABSOLUTE_POSITION_EMBEDDINGS,
+        ROTARY_POSITION_EMBEDDINGS,
+        ATTENTION_SCORE_BIASES,
+        RELATIVE_POSITION_REPRESENTATIONS,
+    ):
+        check = getattr(registry.get(kind), "check_config", None)
+        if check is not None:
+            check(config)
+
+
+def build_relative_positions(config) -> nn.Module | None:
+    """The relative position representations one layer's self-attention owns (`shaw`), or None.
+
+    Args:
+        config: an hfzoo config (validated).
+
+    Returns:
+        A module mapping `(query_positions, key_positions)` to `(a_k, a_v)`, or None.
+    """
+    factory = RELATIVE_POSITION_REPRESENTATIONS.get(config.position_embedding_type)
+    return factory(config) if factory is not None else None
+
+
 # Added to the token embeddings (stack).
 ABSOLUTE_POSITION_EMBEDDINGS = {
     "learned": LearnedPositionalEmbedding,
@@ -294,10 +397,12 @@ ROTARY_POSITION_EMBEDDINGS = {
     "rotary": RotaryEmbedding,
 }
 
-# Additive attention-score biases `(config, bidirectional) -> module`; computed once per stack when shared.
+# Additive attention-score biases: classes `(config, bidirectional) -> module` whose static method
+# `shared_across_layers(config)` says whether the stack computes the bias once for all its layers
+# (`build_stack_score_bias`) or each layer's self-attention owns one (`build_layer_score_bias`).
 ATTENTION_SCORE_BIASES = {
     "relative_attention_bias": RelativeAttentionBias,
-    "alibi": lambda config, bidirectional: AlibiBias(config),
+    "alibi": AlibiBias,
 }
 
 # Position vectors added to keys and values inside attention (per layer; eager attention only).
@@ -305,13 +410,27 @@ RELATIVE_POSITION_REPRESENTATIONS = {
     "shaw": ShawRelativePositions,
 }
 
-POSITION_EMBEDDING_TYPES = (
-    "none",
-    *ABSOLUTE_POSITION_EMBEDDINGS,
+# The schemes that act inside attention (queries/keys, scores, values): a token mixer without attention
+# cannot apply them (`hfzoo.modules.mixers.TokenMixer.attention_positions`).
+ATTENTION_POSITION_EMBEDDING_TYPES = (
     *ROTARY_POSITION_EMBEDDINGS,
     *ATTENTION_SCORE_BIASES,
     *RELATIVE_POSITION_REPRESENTATIONS,
 )
+
+POSITION_EMBEDDING_TYPES = ("none", *ABSOLUTE_POSITION_EMBEDDINGS, *ATTENTION_POSITION_EMBEDDING_TYPES)
+
+# The config fields that only one scheme reads: the config refuses a non-default value of them when another
+# scheme is selected (a silent no-op otherwise).
+POSITION_SCHEME_FIELDS = {
+    "relative_attention_bias": (
+        "relative_attention_num_buckets",
+        "relative_attention_max_distance",
+        "share_relative_attention_bias",
+    ),
+    "shaw": ("max_relative_positions",),
+    "rotary": ("rope_theta",),
+}
 
 # The attention backends (`config._attn_implementation`) each scheme supports. Score biases travel in the
 # additive float mask, which flash-attention and transformers' flex-attention path do not take; Shaw's value

@@ -5,6 +5,7 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 
 from ...configuration_utils import HfzooConfig
+from ...modules.stack import StackLayout
 
 
 @strict
@@ -26,3 +27,7 @@ class HfzooDecoderConfig(HfzooConfig):
     """
 
     model_type = "hfzoo_decoder"
+
+    def stack_layouts(self) -> tuple[StackLayout, ...]:
+        """One causal stack of `num_hidden_layers` layers (see `HfzooConfig.stack_layouts`)."""
+        return (StackLayout("decoder", self.num_hidden_layers, "num_hidden_layers", True, False, self.token_mixer),)

@@ -10,17 +10,15 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
-from transformers.modeling_layers import GenericForSequenceClassification
 from transformers.modeling_outputs import BaseModelOutputWithPast, MoeCausalLMOutputWithPast
 from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
-from ...modeling_utils import HfzooPreTrainedModel
-from ...modules.embeddings import TokenEmbedding, VocabProjection, tied_embedding_keys
-from ...modules.experts import router_aux_losses, token_padding_mask
-from ...modules.heads import check_classification_labels
-from ...modules.stack import build_stack_modules, shared_layer_tied_keys, stack_forward
+from ...modeling_utils import HfzooPreTrainedModel, MoeSequenceClassifierOutputWithPast
+from ...modules.embeddings import VocabProjection, tied_embedding_keys
+from ...modules.heads import check_classification_labels, last_token_pool
+from ...modules.stack import HfzooStack
 from .configuration_decoder import HfzooDecoderConfig
 
 
@@ -31,27 +29,20 @@ class HfzooDecoderPreTrainedModel(HfzooPreTrainedModel):
     config: HfzooDecoderConfig
 
 
-class HfzooDecoderModel(HfzooDecoderPreTrainedModel):
-    """The bare decoder: token (+ position) embeddings, `num_hidden_layers` causal layers, final norm.
+class HfzooDecoderModel(HfzooStack, HfzooDecoderPreTrainedModel):
+    """The bare decoder: one causal `hfzoo.modules.stack.HfzooStack` of `num_hidden_layers` layers.
 
-    The final norm exists with `norm_position="pre"` (as in GPT-2) and is an identity with `"post"`
-    (each post-LN layer already ends with a norm). With `block_sharing="all"` every layer's parameters
-    are tied to layer 0's.
+    Token (+ position) embeddings, the layers and a final norm (an identity for placements without one,
+    e.g. `norm_position="post"`, where each layer already ends with a norm). With `block_sharing="all"`
+    every layer's parameters are tied to layer 0's.
 
     Args:
         config: an `HfzooDecoderConfig`.
     """
 
     def __init__(self, config: HfzooDecoderConfig) -> None:
-        super().__init__(config)
-        self.embed_tokens = TokenEmbedding(config)
-        build_stack_modules(self, config, config.num_hidden_layers, is_causal=True)
+        super().__init__(config, config.stack_layouts()[0])
         self.post_init()
-
-    @property
-    def _tied_weights_keys(self) -> dict[str, str]:
-        """Layer ties of block sharing (`hfzoo.modules.stack.shared_layer_tied_keys`)."""
-        return shared_layer_tied_keys(self)
 
     @merge_with_config_defaults
     @capture_outputs
@@ -82,10 +73,9 @@ class HfzooDecoderModel(HfzooDecoderPreTrainedModel):
 
         Raises:
             ValueError: both or neither of `input_ids` / `inputs_embeds`; a sequence longer than
-                `max_position_embeddings` with absolute position embeddings.
+                `max_position_embeddings` with absolute position embeddings (see `HfzooStack.forward`).
         """
-        outputs = stack_forward(
-            self,
+        outputs = super().forward(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -161,8 +151,7 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
             (see `hfzoo.modules.experts.router_aux_losses`), and with `output_router_logits` the
             per-MoE-layer `router_logits` `(batch_size * seq_len, num_experts)`.
         """
-        has_experts = self.config.num_experts > 0
-        output_router_logits = kwargs.pop("output_router_logits", self.config.output_router_logits)
+        return_router_logits = self._request_router_logits(kwargs)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -170,66 +159,98 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
             past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
-            output_router_logits=has_experts,
             **kwargs,
         )
         hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
         logits = self.lm_head(hidden_states)
-        loss = aux_loss = None
+        loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        if has_experts:
-            padding_mask = token_padding_mask(attention_mask, outputs.last_hidden_state.shape[1])
-            aux_loss = router_aux_losses(outputs.router_logits, self.config, padding_mask)[0]
-            loss = None if loss is None else loss + aux_loss.to(loss.device)
+        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
         return MoeCausalLMOutputWithPast(
             loss=loss,
-            aux_loss=aux_loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
-            router_logits=outputs.get("router_logits") if output_router_logits and has_experts else None,
+            **moe,
         )
 
 
-class HfzooDecoderForSequenceClassification(GenericForSequenceClassification, HfzooDecoderPreTrainedModel):
+class HfzooDecoderForSequenceClassification(HfzooDecoderPreTrainedModel):
     """Decoder + linear `score` on the last non-padding token's state, as transformers' decoder classifiers do.
 
     Rows may be left- or right-padded (`config.pad_token_id` marks padding). Single-label, multi-label
-    and regression losses follow `config.problem_type`, as in transformers.
+    and regression losses follow `config.problem_type`, as in transformers' `GenericForSequenceClassification`
+    (whose behaviour this reproduces, plus the experts' auxiliary loss).
 
     Args:
         config: an `HfzooDecoderConfig` (`num_labels`, `pad_token_id`).
     """
 
     def __init__(self, config: HfzooDecoderConfig) -> None:
-        # Built directly (not through AutoModel, as the generic class does) so that the class also works
-        # when loaded as remote code, where hfzoo's Auto registrations do not exist.
-        HfzooDecoderPreTrainedModel.__init__(self, config)
+        super().__init__(config)
         self.num_labels = config.num_labels
         self.model = HfzooDecoderModel(config)
         self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
-    def forward(self, input_ids=None, attention_mask=None, labels=None, past_key_values=None, **kwargs):
-        """Classify each sequence; see `transformers.modeling_layers.GenericForSequenceClassification.forward`.
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> MoeSequenceClassifierOutputWithPast:
+        """Classify each sequence by the score of its last non-padding token.
 
         Args:
-            input_ids: `(batch_size, seq_len)` int64 token ids.
-            attention_mask: `(batch_size, seq_len)` padding mask.
-            labels: `(batch_size,)` class ids, or float targets (regression / multi-label).
+            input_ids: `(batch_size, seq_len)` int64 token ids (or give `inputs_embeds`).
+            attention_mask: `(batch_size, past_len + seq_len)` padding mask.
+            position_ids: `(batch_size, seq_len)` int64 positions.
             past_key_values: a `Cache`, e.g. PEFT prefix tuning's prefix keys/values (named in the
                 signature, where PEFT looks for it).
-            **kwargs: `position_ids`, `inputs_embeds`, ... for the decoder.
+            inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids` (then the last
+                position is classified).
+            labels: `(batch_size,)` class ids, or float targets (regression / multi-label).
+            use_cache: return the decoder's cache.
+            **kwargs: forwarded to the decoder; `output_router_logits` returns the routers' logits.
 
         Returns:
-            `SequenceClassifierOutputWithPast` with `logits` `(batch_size, num_labels)` and `loss`.
+            `MoeSequenceClassifierOutputWithPast` (a `SequenceClassifierOutputWithPast`) with `logits`
+            `(batch_size, num_labels)` and `loss`; with experts, `aux_loss` (included in `loss`).
 
         Raises:
-            ValueError: an integer label outside `[0, num_labels)`.
+            ValueError: an integer label outside `[0, num_labels)`; a batch of more than one row
+                without `pad_token_id`.
         """
         check_classification_labels(labels, self.config)
-        return super().forward(
-            input_ids=input_ids, attention_mask=attention_mask, labels=labels, past_key_values=past_key_values, **kwargs
+        return_router_logits = self._request_router_logits(kwargs)
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        logits = self.score(outputs.last_hidden_state)  # (batch, seq, num_labels)
+        pooled_logits = last_token_pool(logits, input_ids, self.config.pad_token_id)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
+        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
+        return MoeSequenceClassifierOutputWithPast(
+            loss=loss,
+            logits=pooled_logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            **moe,
         )

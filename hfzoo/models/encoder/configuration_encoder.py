@@ -5,6 +5,7 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 
 from ...configuration_utils import HfzooConfig
+from ...modules.stack import StackLayout
 
 
 @strict
@@ -32,6 +33,10 @@ class HfzooEncoderConfig(HfzooConfig):
 
     type_vocab_size: int = 2
     classifier_dropout: float | int | None = None
+
+    def stack_layouts(self) -> tuple[StackLayout, ...]:
+        """One bidirectional stack of `num_hidden_layers` layers (see `HfzooConfig.stack_layouts`)."""
+        return (StackLayout("encoder", self.num_hidden_layers, "num_hidden_layers", False, False, self.token_mixer),)
 
     def validate_hfzoo_encoder(self) -> None:
         """Check the encoder-only fields; raise `ValueError` naming the bad one."""

@@ -5,19 +5,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import (
-    BaseModelOutputWithPastAndCrossAttentions,
-    SequenceClassifierOutput,
-    TokenClassifierOutput,
-)
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
-from ...modeling_utils import HfzooPreTrainedModel, MoeMaskedLMOutput
-from ...modules.embeddings import TokenEmbedding, tied_embedding_keys
-from ...modules.experts import router_aux_losses, token_padding_mask
+from ...modeling_utils import (
+    HfzooPreTrainedModel,
+    MoeMaskedLMOutput,
+    MoeSequenceClassifierOutput,
+    MoeTokenClassifierOutput,
+)
+from ...modules.embeddings import tied_embedding_keys
 from ...modules.heads import MaskedLMHead, SequenceClassificationHead, check_classification_labels, token_cross_entropy
-from ...modules.stack import build_stack_modules, shared_layer_tied_keys, stack_forward
+from ...modules.stack import HfzooStack
 from .configuration_encoder import HfzooEncoderConfig
 
 
@@ -28,8 +28,8 @@ class HfzooEncoderPreTrainedModel(HfzooPreTrainedModel):
     config: HfzooEncoderConfig
 
 
-class HfzooEncoderModel(HfzooEncoderPreTrainedModel):
-    """The bare encoder: token (+ position, + token-type) embeddings, bidirectional layers, final norm.
+class HfzooEncoderModel(HfzooStack, HfzooEncoderPreTrainedModel):
+    """The bare encoder: one bidirectional `hfzoo.modules.stack.HfzooStack` (with token-type embeddings).
 
     Every token attends to every non-padding token (Devlin et al. 2019). Accepts `past_key_values`
     so that PEFT prefix tuning can prepend learned keys/values to each layer.
@@ -39,15 +39,8 @@ class HfzooEncoderModel(HfzooEncoderPreTrainedModel):
     """
 
     def __init__(self, config: HfzooEncoderConfig) -> None:
-        super().__init__(config)
-        self.embed_tokens = TokenEmbedding(config)
-        build_stack_modules(self, config, config.num_hidden_layers, is_causal=False)
+        super().__init__(config, config.stack_layouts()[0])
         self.post_init()
-
-    @property
-    def _tied_weights_keys(self) -> dict[str, str]:
-        """Layer ties of block sharing (`hfzoo.modules.stack.shared_layer_tied_keys`)."""
-        return shared_layer_tied_keys(self)
 
     @capture_outputs
     def forward(
@@ -77,10 +70,9 @@ class HfzooEncoderModel(HfzooEncoderPreTrainedModel):
             `(batch_size, seq_len, hidden_size)`.
 
         Raises:
-            ValueError: see `hfzoo.modules.stack.stack_forward`.
+            ValueError: see `hfzoo.modules.stack.HfzooStack.forward`.
         """
-        return stack_forward(
-            self,
+        return super().forward(
             input_ids=input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
@@ -140,32 +132,22 @@ class HfzooEncoderForMaskedLM(HfzooEncoderPreTrainedModel):
             the mean cross-entropy `loss` over positions whose label is not -100; with experts, plus
             `aux_loss` (included in `loss`) and, with `output_router_logits`, `router_logits`.
         """
-        has_experts = self.config.num_experts > 0
-        output_router_logits = kwargs.pop("output_router_logits", self.config.output_router_logits)
+        return_router_logits = self._request_router_logits(kwargs)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            output_router_logits=has_experts,
             **kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)
-        loss = aux_loss = None
+        loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels)
-        if has_experts:
-            padding_mask = token_padding_mask(attention_mask, logits.shape[1])
-            aux_loss = router_aux_losses(outputs.router_logits, self.config, padding_mask)[0]
-            loss = None if loss is None else loss + aux_loss.to(loss.device)
+        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
         return MoeMaskedLMOutput(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            aux_loss=aux_loss,
-            router_logits=outputs.get("router_logits") if output_router_logits and has_experts else None,
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions, **moe
         )
 
 
@@ -197,7 +179,7 @@ class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
         labels: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         **kwargs,
-    ) -> SequenceClassifierOutput:
+    ) -> MoeSequenceClassifierOutput:
         """Classify each sequence.
 
         Args:
@@ -213,12 +195,15 @@ class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
             **kwargs: forwarded to the encoder.
 
         Returns:
-            `SequenceClassifierOutput` with `logits` `(batch_size, num_labels)` and `loss`.
+            `MoeSequenceClassifierOutput` (a `SequenceClassifierOutput`) with `logits` `(batch_size, num_labels)`
+            and `loss`; with experts, `aux_loss` (included in `loss`) and, with `output_router_logits`,
+            `router_logits`.
 
         Raises:
             ValueError: an integer label outside `[0, num_labels)`.
         """
         check_classification_labels(labels, self.config)
+        return_router_logits = self._request_router_logits(kwargs)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -232,8 +217,9 @@ class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
         loss = None
         if labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
-        return SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
+        return MoeSequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions, **moe
         )
 
 
@@ -263,7 +249,7 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         **kwargs,
-    ) -> TokenClassifierOutput:
+    ) -> MoeTokenClassifierOutput:
         """Classify each token.
 
         Args:
@@ -276,13 +262,15 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
             **kwargs: forwarded to the encoder.
 
         Returns:
-            `TokenClassifierOutput` with `logits` `(batch_size, seq_len, num_labels)` and the mean
-            cross-entropy `loss` over labelled positions.
+            `MoeTokenClassifierOutput` (a `TokenClassifierOutput`) with `logits` `(batch_size, seq_len,
+            num_labels)` and the mean cross-entropy `loss` over labelled positions; with experts, `aux_loss`
+            (included in `loss`) and, with `output_router_logits`, `router_logits`.
 
         Raises:
             ValueError: a label outside `[0, num_labels)` other than -100.
         """
         check_classification_labels(labels, self.config)
+        return_router_logits = self._request_router_logits(kwargs)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -295,6 +283,7 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels)
-        return TokenClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
+        return MoeTokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions, **moe
         )

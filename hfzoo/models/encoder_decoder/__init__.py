@@ -6,7 +6,7 @@ from .modeling_encoder_decoder import (
     HfzooEncoderDecoderForSequenceClassification,
     HfzooEncoderDecoderModel,
     HfzooEncoderDecoderPreTrainedModel,
-    HfzooStack,
+    HfzooEncoderDecoderStack,
     shift_tokens_right,
 )
 
@@ -16,6 +16,6 @@ __all__ = [
     "HfzooEncoderDecoderForSequenceClassification",
     "HfzooEncoderDecoderModel",
     "HfzooEncoderDecoderPreTrainedModel",
-    "HfzooStack",
+    "HfzooEncoderDecoderStack",
     "shift_tokens_right",
 ]

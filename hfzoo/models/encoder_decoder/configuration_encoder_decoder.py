@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import copy
-
 from huggingface_hub.dataclasses import strict
 
 from ...configuration_utils import HfzooConfig
+from ...modules.stack import StackLayout
 
 
 @strict
@@ -22,6 +21,9 @@ class HfzooEncoderDecoderConfig(HfzooConfig):
         classifier_dropout: dropout in the sequence-classification head (None: `hidden_dropout_prob`).
         tie_encoder_decoder_embeddings: one token embedding matrix for the encoder and decoder inputs
             (Vaswani et al. 2017 §3.4, T5); False gives the decoder its own.
+        decoder_token_mixer: the decoder's token mixer (a key of `hfzoo.modules.mixers.TOKEN_MIXERS`), when
+            it differs from the encoder's `token_mixer` (e.g. a bidirectional-only mixer in the encoder and
+            self-attention in the decoder); None: `token_mixer` in both stacks.
 
     The three vocabulary matrices (encoder input, decoder input, decoder output) of Narang et al. 2021:
     `(tie_encoder_decoder_embeddings, tie_word_embeddings)` = `(True, True)` is their baseline (all three
@@ -38,22 +40,27 @@ class HfzooEncoderDecoderConfig(HfzooConfig):
     classifier_dropout: float | int | None = None
     is_encoder_decoder: bool = True
     tie_encoder_decoder_embeddings: bool = True
+    decoder_token_mixer: str | None = None
 
     def __post_init__(self, **kwargs):
         if self.num_decoder_layers is None:
             self.num_decoder_layers = self.num_hidden_layers
         super().__post_init__(**kwargs)
 
-    def get_text_config(self, decoder=None, encoder=None):
-        """Return this config, or with `decoder=True` a copy whose `num_hidden_layers` is the decoder's depth.
-
-        transformers sizes generation caches from `get_text_config(decoder=True).num_hidden_layers`.
-        """
-        if decoder and self.num_decoder_layers != self.num_hidden_layers:
-            view = copy.copy(self)
-            view.num_hidden_layers = self.num_decoder_layers
-            return view
-        return super().get_text_config(decoder=decoder, encoder=encoder)
+    def stack_layouts(self) -> tuple[StackLayout, ...]:
+        """The bidirectional encoder and the causal, cross-attending decoder (see `HfzooConfig.stack_layouts`)."""
+        return (
+            StackLayout("encoder", self.num_hidden_layers, "num_hidden_layers", False, False, self.token_mixer),
+            StackLayout(
+                "decoder",
+                self.num_decoder_layers,
+                "num_decoder_layers",
+                True,
+                True,
+                self.decoder_token_mixer or self.token_mixer,
+                "decoder_token_mixer" if self.decoder_token_mixer else "token_mixer",
+            ),
+        )
 
     def validate_hfzoo_encoder_decoder(self) -> None:
         """Check the encoder-decoder fields; raise `ValueError` naming the bad one."""

@@ -16,18 +16,17 @@ from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
     Seq2SeqMoEModelOutput,
-    Seq2SeqSequenceClassifierOutput,
 )
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from ...modeling_utils import HfzooPreTrainedModel, Seq2SeqMoELMOutput
+from ...modeling_utils import HfzooPreTrainedModel, Seq2SeqMoELMOutput, Seq2SeqMoESequenceClassifierOutput
 from ...modules.attention import HfzooAttention
 from ...modules.embeddings import TokenEmbedding, VocabProjection, tied_embedding_keys
-from ...modules.experts import HfzooRouter, router_aux_losses, token_padding_mask
+from ...modules.experts import HfzooRouter
 from ...modules.heads import SequenceClassificationHead, check_classification_labels, token_cross_entropy
 from ...modules.layer import HfzooLayer
-from ...modules.stack import build_stack_modules, shared_layer_tied_keys, stack_forward
+from ...modules.stack import HfzooStack
 from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
 
 
@@ -88,29 +87,23 @@ class HfzooEncoderDecoderPreTrainedModel(HfzooPreTrainedModel):
     }
 
 
-class HfzooStack(HfzooEncoderDecoderPreTrainedModel):
-    """One side of the encoder-decoder: the encoder (bidirectional) or the decoder (causal, cross-attending).
+class HfzooEncoderDecoderStack(HfzooStack, HfzooEncoderDecoderPreTrainedModel):
+    """One side of the encoder-decoder, a `hfzoo.modules.stack.HfzooStack`: the encoder or the decoder.
+
+    The encoder has `num_hidden_layers` bidirectional layers; the decoder `num_decoder_layers` causal
+    layers with cross-attention. With `block_sharing` "all" or this side's name, the layers' parameters
+    are tied to layer 0's.
 
     Args:
         config: an `HfzooEncoderDecoderConfig`.
         embed_tokens: this side's token embedding module (possibly the shared one).
-        is_decoder: build the decoder side (`num_decoder_layers` causal layers with cross-attention)
-            instead of the encoder side (`num_hidden_layers` bidirectional layers).
-
-    With `block_sharing` "all" or this side's name, the layers' parameters are tied to layer 0's.
+        is_decoder: build the decoder side instead of the encoder side.
     """
 
     def __init__(self, config: HfzooEncoderDecoderConfig, embed_tokens: TokenEmbedding, is_decoder: bool) -> None:
-        super().__init__(config)
-        self.embed_tokens = embed_tokens
-        num_layers = config.num_decoder_layers if is_decoder else config.num_hidden_layers
-        build_stack_modules(self, config, num_layers, is_causal=is_decoder, has_cross_attention=is_decoder)
+        encoder, decoder = config.stack_layouts()
+        super().__init__(config, decoder if is_decoder else encoder, embed_tokens=embed_tokens)
         self.post_init()
-
-    @property
-    def _tied_weights_keys(self) -> dict[str, str]:
-        """Layer ties of block sharing (`hfzoo.modules.stack.shared_layer_tied_keys`)."""
-        return shared_layer_tied_keys(self)
 
     @merge_with_config_defaults
     @capture_outputs
@@ -126,9 +119,8 @@ class HfzooStack(HfzooEncoderDecoderPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
-        """Run this side; arguments and returns as `hfzoo.modules.stack.stack_forward`."""
-        return stack_forward(
-            self,
+        """Run this side; arguments and returns as `hfzoo.modules.stack.HfzooStack.forward`."""
+        return super().forward(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -155,8 +147,8 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
         super().__init__(config)
         self.shared = TokenEmbedding(config)
         decoder_embeddings = self.shared if config.tie_encoder_decoder_embeddings else TokenEmbedding(config)
-        self.encoder = HfzooStack(config, self.shared, is_decoder=False)
-        self.decoder = HfzooStack(config, decoder_embeddings, is_decoder=True)
+        self.encoder = HfzooEncoderDecoderStack(config, self.shared, is_decoder=False)
+        self.decoder = HfzooEncoderDecoderStack(config, decoder_embeddings, is_decoder=True)
         self.post_init()
 
     @property
@@ -178,7 +170,7 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
         if self.config.tie_encoder_decoder_embeddings:
             self.decoder.embed_tokens = new_embeddings
 
-    def get_encoder(self, modality=None) -> HfzooStack:
+    def get_encoder(self, modality=None) -> HfzooEncoderDecoderStack:
         """Return the encoder stack (used by `generate` to encode once)."""
         return self.encoder
 
@@ -291,7 +283,7 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
         source = "model.shared" if self.config.tie_encoder_decoder_embeddings else "model.decoder.embed_tokens"
         return tied_embedding_keys(self.config, "lm_head", source)
 
-    def get_encoder(self, modality=None) -> HfzooStack:
+    def get_encoder(self, modality=None) -> HfzooEncoderDecoderStack:
         """Return the encoder stack (used by `generate`)."""
         return self.model.encoder
 
@@ -337,8 +329,7 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
             encoder's are None when `encoder_outputs` are given), and with `output_router_logits`,
             `encoder_router_logits` / `decoder_router_logits`.
         """
-        has_experts = self.config.num_experts > 0
-        output_router_logits = kwargs.pop("output_router_logits", self.config.output_router_logits)
+        return_router_logits = self._request_router_logits(kwargs)
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         outputs = self.model(
@@ -351,20 +342,13 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
-            output_router_logits=has_experts,
             **kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels)
-        moe = {}
-        if has_experts:
-            moe = self._moe_losses(outputs, attention_mask, decoder_attention_mask, logits.shape[1])
-            loss = None if loss is None else loss + moe["aux_loss"].to(loss.device)
-            if output_router_logits:
-                moe["encoder_router_logits"] = outputs.encoder_router_logits
-                moe["decoder_router_logits"] = outputs.decoder_router_logits
+        loss, moe = self._add_router_losses(loss, outputs, attention_mask, decoder_attention_mask, return_router_logits)
         return Seq2SeqMoELMOutput(
             loss=loss,
             logits=logits,
@@ -377,26 +361,6 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
             encoder_attentions=outputs.encoder_attentions,
             **moe,
         )
-
-    def _moe_losses(self, outputs, attention_mask, decoder_attention_mask, tgt_len: int) -> dict:
-        """Each stack's load-balancing and z-losses and their weighted sum `aux_loss` (Switch Transformers' recipe)."""
-        parts = {}
-        aux_loss = torch.zeros((), device=outputs.last_hidden_state.device)
-        for side, router_logits, padding_mask in (
-            (
-                "encoder",
-                outputs.encoder_router_logits,
-                token_padding_mask(attention_mask, outputs.encoder_last_hidden_state.shape[1]),
-            ),
-            ("decoder", outputs.decoder_router_logits, token_padding_mask(decoder_attention_mask, tgt_len)),
-        ):
-            if not router_logits:  # no MoE layer in this stack, or the encoder did not run (encoder_outputs given)
-                continue
-            side_aux, parts[f"{side}_aux_loss"], parts[f"{side}_z_loss"] = router_aux_losses(
-                router_logits, self.config, padding_mask
-            )
-            aux_loss = aux_loss + side_aux
-        return {"aux_loss": aux_loss, **parts}
 
 
 class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrainedModel):
@@ -426,7 +390,7 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
         labels: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         **kwargs,
-    ) -> Seq2SeqSequenceClassifierOutput:
+    ) -> Seq2SeqMoESequenceClassifierOutput:
         """Classify each source sequence.
 
         Args:
@@ -440,12 +404,15 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
             **kwargs: forwarded to the model.
 
         Returns:
-            `Seq2SeqSequenceClassifierOutput` with `logits` `(batch_size, num_labels)` and `loss`.
+            `Seq2SeqMoESequenceClassifierOutput` (a `Seq2SeqSequenceClassifierOutput`) with `logits`
+            `(batch_size, num_labels)` and `loss`; with experts, the fields of `Seq2SeqMoELMOutput`'s
+            auxiliary losses (`aux_loss` included in `loss`).
 
         Raises:
             ValueError: a label outside `[0, num_labels)`; rows without an `eos_token_id` when pooling.
         """
         check_classification_labels(labels, self.config)
+        return_router_logits = self._request_router_logits(kwargs)
         if decoder_input_ids is None:
             decoder_input_ids = shift_tokens_right(
                 input_ids, self.config.pad_token_id, self.config.decoder_start_token_id
@@ -472,7 +439,8 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
         loss = None
         if labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
-        return Seq2SeqSequenceClassifierOutput(
+        loss, moe = self._add_router_losses(loss, outputs, attention_mask, decoder_attention_mask, return_router_logits)
+        return Seq2SeqMoESequenceClassifierOutput(
             loss=loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
@@ -482,4 +450,5 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
+            **moe,
         )

@@ -1,0 +1,100 @@
+"""Token mixers: the sublayer that mixes information across positions, selected by `config.token_mixer`.
+
+Self-attention is the Transformer's token mixer; what replaces it (synthesizers, convolutions, Fourier
+mixing, low-rank or sparse attention) plugs in here, the way feed-forward variants plug into
+`FeedForward`: one class + one `TOKEN_MIXERS` entry (a `TokenMixer` record, at the bottom of this file)
+saying where the mixer is defined. The config validation (`HfzooConfig`), the stack and the attention
+backend check read that record; no other file names a mixer.
+
+The contract of a mixer class (`HfzooAttention` is the reference):
+
+- `__init__(config, layer_idx, is_causal)`: `layer_idx` is the mixer's index among its stack's mixer
+  sublayers (the KV-cache layer it owns); `is_causal` is the stack's direction. Parameters are created
+  here only (no lazy creation) and initialised by `HfzooPreTrainedModel._init_weights` (use `nn.Linear`,
+  `nn.Embedding`, ... or extend `_init_weights`).
+- `forward(hidden_states, attention_mask=None, past_key_values=None, padding_mask=None,
+  position_embeddings=None, position_bias=None, **kwargs) -> (output, weights)`: `hidden_states` and
+  `output` are `(batch_size, seq_len, hidden_size)`; `attention_mask` is the backend-specific mask from
+  `transformers.masking_utils` (causal in a causal stack); `padding_mask` is `(batch_size, seq_len)` bool,
+  False at padding (None: no padding); `past_key_values` a transformers `Cache` (mixers with
+  `kv_cache=True` store their state at `layer_idx`); `position_embeddings` / `position_bias` are the
+  stack's rotary angles / shared score bias (`hfzoo.modules.positions`); `weights` are the mixing
+  weights `(batch_size, num_heads, q_len, kv_len)` or None. The output at a padding position may be
+  anything, but no real position may depend on padding, and in a causal stack no position may depend on
+  a later one (the variant matrix checks both).
+- `residual_branch_projections() -> (value_path, outputs)`: the `nn.Linear`s that DeepNorm and Fixup
+  initialise (`hfzoo.modules.layer.residual_branch_projections`).
+
+The module is the layer's `self_attn` whatever the mixer (one checkpoint layout, PEFT's usual names).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from .attention import HfzooAttention
+
+
+@dataclass(frozen=True)
+class TokenMixer:
+    """A `TOKEN_MIXERS` entry: a token-mixer class and where it is defined.
+
+    Args:
+        module: the class, built as `module(config, layer_idx, is_causal)` (contract in the module docstring).
+        causal: the mixer can run in a causal stack (decoder; decoder side of the encoder-decoder) without
+            any position seeing a later one.
+        bidirectional: the mixer can run in a bidirectional stack (encoder; encoder side).
+        kv_cache: the mixer supports incremental decoding with a KV cache (`use_cache=True`, `generate`
+            with the cache); without it a causal stack must run with `use_cache=False`.
+        families: the `model_type`s where the mixer is defined (its paper's setting), or None for every
+            family whose stacks it can run in.
+        attention_backends: the attention backends (`config._attn_implementation`) it supports, or None
+            when it goes through transformers' attention interface like `HfzooAttention` (then the
+            position scheme decides, `hfzoo.modules.positions.POSITION_ATTENTION_BACKENDS`).
+        attention_positions: it applies the position schemes that act inside attention (rotary, score
+            biases, Shaw); if False, the config refuses those schemes (they would be silent no-ops).
+        config_fields: config fields only this mixer reads; the config refuses a non-default value of
+            them when no stack uses the mixer.
+        check_config: called with the config when it is built (after the common checks), to refuse bad
+            values of the mixer's own fields with a `ValueError` naming the field; or None.
+    """
+
+    module: type[nn.Module]
+    causal: bool = True
+    bidirectional: bool = True
+    kv_cache: bool = True
+    families: tuple[str, ...] | None = None
+    attention_backends: tuple[str, ...] | None = None
+    attention_positions: bool = True
+    config_fields: tuple[str, ...] = ()
+    check_config: Callable[[Any], None] | None = None
+
+    def runs_in(self, model_type: str, is_causal: bool) -> bool:
+        """Whether the mixer is defined in a stack of direction `is_causal` of the family `model_type`."""
+        direction = self.causal if is_causal else self.bidirectional
+        return direction and (self.families is None or model_type in self.families)
+
+
+def build_token_mixer(config, name: str, layer_idx: int, is_causal: bool) -> nn.Module:
+    """Build the token mixer `name` (a key of `TOKEN_MIXERS`) for one layer.
+
+    Args:
+        config: an hfzoo config (validated, so the mixer is defined where it is built).
+        name: the stack's mixer (`config.token_mixer`, or the encoder-decoder's `decoder_token_mixer`).
+        layer_idx: the mixer's index among its stack's mixer sublayers (its KV-cache layer).
+        is_causal: the stack is causal.
+
+    Returns:
+        The mixer module.
+    """
+    return TOKEN_MIXERS[name].module(config, layer_idx, is_causal=is_causal)
+
+
+# Token mixers, selected by `config.token_mixer` (and the encoder-decoder's `decoder_token_mixer`).
+TOKEN_MIXERS = {
+    "self_attention": TokenMixer(HfzooAttention),  # Vaswani et al. 2017 §3.2
+}
