@@ -1,0 +1,249 @@
+"""Narang et al. 2021's Table 1 as data: each row as config changes, and the paper's figures for each row.
+
+Narang et al. 2021, "Do Transformer Modifications Transfer Across Implementations and Applications?"
+(arXiv:2102.11972), Table 1: every modification trained like the "Vanilla Transformer" baseline (the
+`narang-vanilla` preset, `hfzoo.models.presets`), with relative attention and a shared bias.
+
+- `TABLE_1_ROWS`: the paper's row name -> the config fields that differ from the baseline. A value is
+  either a plain value or `Scaled(field, factor)`, a multiple of the baseline's own field, so one table
+  serves the full-size preset (`resolve_row(name, PRESETS["narang-vanilla"])` gives the paper's sizes:
+  GLU rows d_ff 2048, "18 layers" d_ff 2048 and 8 heads, ...) and any scaled-down baseline (the study,
+  `hfzoo.training.study`), where the parameter-matched rows shrink or grow with the base as the paper
+  sized them. Adding a row is one line (its name exactly as in the paper's table).
+- `load_paper_table(path)`: the paper's table (`narang2021_table1_relative_attention.tsv` of the shared
+  reference folder, or any TSV with its columns) as `PaperRow`s.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Mapping
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TABLE_1_ROWS", "PaperRow", "Scaled", "load_paper_table", "resolve_row"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Scaled:
+    """A config value that is `factor` times the baseline's value of `field`.
+
+    Args:
+        field: the baseline config field it scales (e.g. `"intermediate_size"`).
+        factor: the exact ratio, e.g. `Fraction(2, 3)`.
+        multiple_of: round the result to the nearest multiple of this (d_ff: any width works, so a base
+            whose d_ff is not divisible still gets the nearest matrix width); None: the result must be a
+            whole number (layers, heads), else `resolve` raises.
+    """
+
+    field: str
+    factor: Fraction
+    multiple_of: int | None = None
+
+    def resolve(self, base: Mapping[str, Any]) -> int:
+        """The value for `base` (a mapping of the baseline's config fields).
+
+        Raises:
+            KeyError: `base` has no `field`.
+            ValueError: the exact product is not a whole number (and no `multiple_of`), or it is below 1.
+        """
+        exact = Fraction(base[self.field]) * self.factor
+        if self.multiple_of is not None:
+            value = max(self.multiple_of, round(exact / self.multiple_of) * self.multiple_of)
+        elif exact.denominator != 1:
+            raise ValueError(
+                f"{self.field}={base[self.field]} x {self.factor} = {float(exact):.3f} is not a whole number; "
+                f"choose a base {self.field} divisible by {self.factor.denominator}"
+            )
+        else:
+            value = int(exact)
+        if value < 1:
+            raise ValueError(f"{self.field}={base[self.field]} x {self.factor} is below 1")
+        return value
+
+
+def _glu(activation: str) -> dict[str, Any]:
+    """A GLU-family row: gated feed-forward with d_ff shrunk to 2/3 so parameters stay equal (2048 for 3072)."""
+    return {
+        "gated_mlp": True,
+        "hidden_act": activation,
+        "intermediate_size": Scaled("intermediate_size", Fraction(2, 3), 8),
+    }
+
+
+def _depth(ratio: Fraction) -> dict[str, Any]:
+    """A depth row: layers x ratio, d_ff and heads / ratio (d_kv fixed), parameters and FLOPs about equal."""
+    return {
+        "num_hidden_layers": Scaled("num_hidden_layers", ratio),
+        "num_decoder_layers": Scaled("num_decoder_layers", ratio),
+        "intermediate_size": Scaled("intermediate_size", 1 / ratio, 8),
+        "num_attention_heads": Scaled("num_attention_heads", 1 / ratio),
+    }
+
+
+#: Factorized embeddings: inner dimension 128 for d_model 768 (Narang et al. 2021, §3), i.e. d_model / 6.
+_FACTORIZED = Scaled("hidden_size", Fraction(1, 6), 8)
+#: Sparse experts on every 4th layer of each stack (6 of the 24 layers): with 16 experts (top-2, GShard) and
+#: 32 experts (Switch, top-1) this gives the paper's 648M and 1100M parameters (647.7M and 1100.6M).
+_EXPERTS = {"moe_layer_interval": 4}
+
+#: Table 1 row name (as in the paper) -> config changes to the `narang-vanilla` baseline. Ties are
+#: (encoder/decoder input, decoder input/output); the block-sharing rows use an untied output matrix, as
+#: their counts show (65M = shared layers + two 24.7M vocabulary matrices), and "+ Factorized & shared"
+#: ties it again. ReZero and Fixup rows differ from the baseline only in their residual wiring here: the
+#: paper trained them with Adam because Adafactor failed, and hfzoo trains every row with AdamW anyway.
+TABLE_1_ROWS: dict[str, dict[str, Any]] = {
+    "Vanilla Transformer": {},
+    "GeLU": {"hidden_act": "gelu"},
+    "Swish": {"hidden_act": "silu"},
+    "ELU": {"hidden_act": "elu"},
+    "GLU": _glu("sigmoid"),
+    "GeGLU": _glu("gelu"),
+    "ReGLU": _glu("relu"),
+    "SeLU": {"hidden_act": "selu"},
+    "SwiGLU": _glu("silu"),
+    "LiGLU": _glu("linear"),
+    "Sigmoid": {"hidden_act": "sigmoid"},
+    "Softplus": {"hidden_act": "softplus"},
+    "RMS Norm": {"norm_type": "rms_norm"},
+    "Rezero": {"rezero": True, "norm_type": "none"},
+    "Rezero + LayerNorm": {"rezero": True},
+    "Rezero + RMS Norm": {"rezero": True, "norm_type": "rms_norm"},
+    "Fixup": {"fixup_init": True, "norm_type": "none"},
+    "24 layers, $d_{ff} = 1536, H = 6$": _depth(Fraction(2)),
+    "18 layers, $d_{ff} = 2048, H = 8$": _depth(Fraction(3, 2)),
+    "8 layers, $d_{ff} = 4608, H = 18$": _depth(Fraction(2, 3)),
+    "6 layers, $d_{ff} = 6144, H = 24$": _depth(Fraction(1, 2)),
+    "Block sharing": {"block_sharing": "all", "tie_word_embeddings": False},
+    "+ Factorized embeddings": {"block_sharing": "all", "tie_word_embeddings": False, "embedding_size": _FACTORIZED},
+    "+ Factorized & shared embeddings": {"block_sharing": "all", "embedding_size": _FACTORIZED},
+    "Encoder only block sharing": {"block_sharing": "encoder", "tie_word_embeddings": False},
+    "Decoder only block sharing": {"block_sharing": "decoder", "tie_word_embeddings": False},
+    "Factorized Embedding": {"embedding_size": _FACTORIZED, "tie_word_embeddings": False},
+    "Factorized & shared embeddings": {"embedding_size": _FACTORIZED},
+    "Tied encoder/decoder input embeddings": {"tie_word_embeddings": False},
+    "Tied decoder input and output embeddings": {"tie_encoder_decoder_embeddings": False},
+    "Untied embeddings": {"tie_encoder_decoder_embeddings": False, "tie_word_embeddings": False},
+    "Mixture of softmaxes": {"num_softmaxes": 15},
+    "Mixture of experts": {"num_experts": 16, "num_experts_per_tok": 2, "router_type": "top_k", **_EXPERTS},
+    "Switch Transformer": {"num_experts": 32, "num_experts_per_tok": 1, "router_type": "switch", **_EXPERTS},
+}
+
+
+def resolve_row(
+    name: str, base: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The concrete config changes of a Table 1 row for a given baseline (its `Scaled` values computed).
+
+    Args:
+        name: a row name of `rows`.
+        base: the baseline's config fields (e.g. `PRESETS["narang-vanilla"]`, or a scaled-down
+            baseline's `config.to_dict()`); every field a `Scaled` value refers to must be present.
+        rows: the row table (default: `TABLE_1_ROWS`).
+
+    Returns:
+        `{field: value}` with plain JSON values only.
+
+    Raises:
+        ValueError: an unknown row (the message lists the known ones), or a `Scaled` value that does not
+            come out whole for this baseline (the message names the row and the field).
+    """
+    rows = TABLE_1_ROWS if rows is None else rows
+    if name not in rows:
+        raise ValueError(f"unknown Table 1 row {name!r}; known rows: {list(rows)}")
+    resolved = {}
+    for key, value in rows[name].items():
+        if isinstance(value, Scaled):
+            try:
+                value = value.resolve(base)
+            except (KeyError, ValueError) as err:
+                raise ValueError(f"row {name!r}, {key}: {err}") from None
+        resolved[key] = value
+    return resolved
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperRow:
+    """One row of Narang et al. 2021's Table 1 (or Table 2), in SI units.
+
+    Attributes:
+        name: the row name (`Model` column).
+        params: total parameters ("223M" -> 223e6).
+        ops: total FLOPs of pretraining ("11.1T" -> 11.1e12).
+        steps_per_second: training steps per second on the paper's TPU setup.
+        early_loss: held-out span-corruption loss after 65,536 steps, mean over 5 runs.
+        early_loss_std: its standard deviation over the runs.
+        final_loss: held-out loss after 524,288 steps.
+        downstream: the downstream columns (`SGLUE`, `XSum`, `WebQ`, `WMT EnDe`, ...) as floats (NaN if blank).
+    """
+
+    name: str
+    params: float
+    ops: float
+    steps_per_second: float
+    early_loss: float
+    early_loss_std: float
+    final_loss: float
+    downstream: dict[str, float]
+
+
+_SI = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def _si_number(text: str, column: str, row: str) -> float:
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([KMBGTP]?)\s*", text)
+    if match is None:
+        raise ValueError(f"paper table, row {row!r}, column {column}: {text!r} is not a number such as 223M or 11.1T")
+    return float(match.group(1)) * _SI.get(match.group(2), 1.0)
+
+
+def load_paper_table(path: str | os.PathLike) -> dict[str, PaperRow]:
+    """Read the paper's table from a TSV with the columns of `narang2021_table1_relative_attention.tsv`.
+
+    Columns: `Model`, `Params` ("223M"), `Ops` ("11.1T"), `Step/s`, `Early loss` ("2.182 ± 0.005"),
+    `Final loss`, then any downstream columns (numbers).
+
+    Args:
+        path: the TSV file.
+
+    Returns:
+        `{row name: PaperRow}` in the file's order.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a missing column or a cell that is not a number (the message names row and column).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"paper table {path}: no such file")
+    with path.open(encoding="utf-8", newline="") as f:
+        records = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    required = ["Model", "Params", "Ops", "Step/s", "Early loss", "Final loss"]
+    header = list(records[0]) if records else []
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise ValueError(f"paper table {path}: missing columns {missing} (has {header})")
+    table = {}
+    for record in records:
+        name = record["Model"]
+        mean, _, std = record["Early loss"].partition("±")
+        downstream = {}
+        for column in header[len(required) :]:
+            cell = (record[column] or "").strip()
+            downstream[column] = _si_number(cell, column, name) if cell else math.nan
+        table[name] = PaperRow(
+            name=name,
+            params=_si_number(record["Params"], "Params", name),
+            ops=_si_number(record["Ops"], "Ops", name),
+            steps_per_second=_si_number(record["Step/s"], "Step/s", name),
+            early_loss=_si_number(mean, "Early loss", name),
+            early_loss_std=_si_number(std, "Early loss", name) if std.strip() else math.nan,
+            final_loss=_si_number(record["Final loss"], "Final loss", name),
+            downstream=downstream,
+        )
+    return table

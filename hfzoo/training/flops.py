@@ -1,0 +1,171 @@
+"""Model FLOPs of training (forward + backward), counted from a config: "Ops" of the study and MFU of a run.
+
+`count_training_flops(config, seq_len, decoder_seq_len)` returns the FLOPs of one training sequence of
+any hfzoo family; `FlopsCount.per_token` divides by the tokens the model processed. The convention:
+
+- **Weights, 6N** (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1: C ~ 6N per
+  token; PaLM, Chowdhery et al. 2022, App. B). Every weight of a matrix product applied to a token costs
+  2 FLOPs in the forward pass (a multiply and an add) and 4 in the backward pass (gradients of the input
+  and of the weight). N counts *all matrix-product weights each token passes through*, not the
+  non-embedding parameters of Kaplan et al.: attention projections, the feed-forward block (in a
+  mixture-of-experts layer the router and only the `num_experts_per_tok` experts a token is sent to:
+  compute, not storage), and the language-model head (hidden -> vocabulary, with the factorized
+  projection or the mixture-of-softmaxes matrices when present; the masked-LM head's transform). The
+  output projection matters at small scale, which is why Hoffmann et al. 2022 ("Chinchilla", App. F)
+  count it too. The factorized embedding's input projection (E -> hidden) is a matrix product and is
+  counted; a layer shared by block sharing counts once per application. Not counted: lookups (token,
+  position and relative-bias tables) and elementwise work (norms, activations, softmax, residuals).
+- **Attention, 12 d_attn per (query, key) pair** (PaLM App. B: 12 L H Q T per token for self-attention
+  over T keys). The scores `Q K^T` and the weighted values `P V` each cost 2 d_attn FLOPs per pair forward
+  (`d_attn = num_attention_heads * head_dim`), three times that with backward. As in PaLM, causal masking
+  is not discounted.
+- **Encoder-decoder**: encoder tokens pass the encoder layers; decoder tokens pass the decoder layers and
+  the head; cross-attention's key and value projections apply to the encoder's outputs (once per encoder
+  token and decoder layer) and its scores cover every (decoder token, encoder token) pair.
+
+`tests/test_flops.py` checks the count against a hand count for a small decoder, encoder,
+encoder-decoder and mixture-of-experts layer, and against torch's `FlopCounterMode` for every Table 1
+row of `hfzoo.models.narang.TABLE_1_ROWS`: a new modification whose compute the count misses fails there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..models.encoder.configuration_encoder import HfzooEncoderConfig
+from ..modules.experts import is_moe_layer
+
+__all__ = ["FlopsCount", "count_training_flops", "weights_per_token"]
+
+#: Forward + backward FLOPs per weight per token (2 forward, 4 backward).
+TRAINING_FLOPS_PER_WEIGHT = 6
+#: Forward + backward FLOPs per (query, key) pair per unit of attention width (scores and values, x3).
+TRAINING_ATTENTION_FLOPS_PER_PAIR = 12
+
+
+@dataclasses.dataclass(frozen=True)
+class FlopsCount:
+    """Training FLOPs (forward + backward) of one sequence, split into weight products and attention.
+
+    Attributes:
+        weights: `6 x` the matrix-product weights applied, summed over the sequence's tokens (FLOPs).
+        attention: attention scores and weighted values (FLOPs).
+        tokens: tokens the model processed (encoder + decoder positions for an encoder-decoder).
+    """
+
+    weights: float
+    attention: float
+    tokens: int
+
+    @property
+    def total(self) -> float:
+        """FLOPs of one training sequence (forward + backward)."""
+        return self.weights + self.attention
+
+    @property
+    def per_token(self) -> float:
+        """`total / tokens`: training FLOPs per processed token."""
+        return self.total / self.tokens
+
+
+def _attention_width(config) -> int:
+    head_dim = config.head_dim or config.hidden_size // config.num_attention_heads
+    return config.num_attention_heads * head_dim
+
+
+def _feed_forward_weights(config, layer_idx: int) -> int:
+    """Weights a token passes in the feed-forward block of layer `layer_idx` (active experts only)."""
+    per_expert = (3 if config.gated_mlp else 2) * config.hidden_size * config.intermediate_size
+    if is_moe_layer(config, layer_idx):
+        return config.num_experts_per_tok * per_expert + config.hidden_size * config.num_experts  # + router
+    return per_expert
+
+
+def _head_weights(config) -> int:
+    """Weights of the language-model head per token: vocabulary projection (+ MoS, factorized, MLM transform)."""
+    hidden, vocab, softmaxes = config.hidden_size, config.vocab_size, config.num_softmaxes
+    factorized = config.tie_word_embeddings and config.embedding_size is not None
+    # one projection to the vocabulary per softmax; a tied factorized head goes hidden -> E -> vocabulary
+    projection = (hidden * config.embedding_size + config.embedding_size * vocab) if factorized else hidden * vocab
+    weights = softmaxes * projection
+    if softmaxes > 1:  # Yang et al. 2018: prior (hidden -> K) and latent contexts (hidden -> K * hidden)
+        weights += hidden * softmaxes + hidden * softmaxes * hidden
+    if isinstance(config, HfzooEncoderConfig):  # BERT's masked-LM transform (dense hidden -> hidden)
+        weights += hidden * hidden
+    return weights
+
+
+def weights_per_token(config, stack: str) -> int:
+    """Matrix-product weights one token passes through in a stack (all its layers), without attention scores.
+
+    Args:
+        config: an hfzoo config of any family.
+        stack: `"encoder"` (an encoder-decoder's encoder, or a single-stack model's layers), `"decoder"`
+            (an encoder-decoder's decoder, without the key/value projections of cross-attention, which apply
+            to encoder tokens: see `count_training_flops`), or `"head"` (the language-model head).
+
+    Returns:
+        The number of weights (each costs 2 FLOPs forward per token).
+
+    Raises:
+        ValueError: an unknown `stack`.
+    """
+    hidden, width = config.hidden_size, _attention_width(config)
+    embedding = config.embedding_size * hidden if config.embedding_size is not None else 0  # factorized input
+    if stack == "head":
+        return _head_weights(config)
+    if stack == "encoder":
+        layers = config.num_hidden_layers
+        attention = 4 * hidden * width  # q, k, v, o
+    elif stack == "decoder":
+        layers = config.num_decoder_layers
+        attention = 4 * hidden * width + 2 * hidden * width  # self q, k, v, o + cross q, o
+    else:
+        raise ValueError(f"stack must be 'encoder', 'decoder' or 'head', got {stack!r}")
+    return embedding + sum(attention + _feed_forward_weights(config, i) for i in range(layers))
+
+
+def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = None) -> FlopsCount:
+    """Training FLOPs (forward + backward) of one sequence for an hfzoo model with its LM head.
+
+    See the module docstring for what is counted (Kaplan et al. 2020 §2.1, PaLM App. B).
+
+    Args:
+        config: an hfzoo config (decoder, encoder or encoder-decoder).
+        seq_len: tokens of the sequence (an encoder-decoder's encoder input length).
+        decoder_seq_len: an encoder-decoder's decoder length (span corruption: the target length); required
+            for encoder-decoders, must be None otherwise.
+
+    Returns:
+        A `FlopsCount`.
+
+    Raises:
+        ValueError: a non-positive length, or `decoder_seq_len` given or missing for the wrong family.
+    """
+    encoder_decoder = getattr(config, "is_encoder_decoder", False)
+    if seq_len < 1 or (decoder_seq_len is not None and decoder_seq_len < 1):
+        raise ValueError(f"sequence lengths must be positive, got {seq_len} and {decoder_seq_len}")
+    if encoder_decoder != (decoder_seq_len is not None):
+        raise ValueError(
+            "decoder_seq_len is required for an encoder-decoder and only for one "
+            f"(is_encoder_decoder={encoder_decoder}, decoder_seq_len={decoder_seq_len})"
+        )
+    width, flops_per_weight, per_pair = (
+        _attention_width(config),
+        TRAINING_FLOPS_PER_WEIGHT,
+        TRAINING_ATTENTION_FLOPS_PER_PAIR,
+    )
+    encoder_weights = weights_per_token(config, "encoder")
+    if not encoder_decoder:
+        weights = seq_len * (encoder_weights + weights_per_token(config, "head"))
+        attention = config.num_hidden_layers * seq_len * seq_len * width
+        return FlopsCount(flops_per_weight * weights, per_pair * attention, seq_len)
+    decoder_layers = config.num_decoder_layers
+    cross_key_value = decoder_layers * 2 * config.hidden_size * width  # applied to every encoder token
+    weights = seq_len * (encoder_weights + cross_key_value) + decoder_seq_len * (
+        weights_per_token(config, "decoder") + weights_per_token(config, "head")
+    )
+    pairs = config.num_hidden_layers * seq_len * seq_len + decoder_layers * decoder_seq_len * (
+        decoder_seq_len + seq_len
+    )
+    return FlopsCount(flops_per_weight * weights, per_pair * pairs * width, seq_len + decoder_seq_len)
