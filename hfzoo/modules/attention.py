@@ -184,6 +184,22 @@ class HfzooAttention(nn.Module):
         """`([v_proj], [o_proj])`: the value path and output DeepNorm / Fixup initialise (`hfzoo.modules.layer`)."""
         return [self.v_proj], [self.o_proj]
 
+    @staticmethod
+    def mixer_weights(config) -> int:
+        """Matrix-product weights one token passes through in a self-attention sublayer: q, k, v, o.
+
+        Read by `hfzoo.training.flops` (each weight costs 6 training FLOPs per token).
+        """
+        return 4 * config.hidden_size * config.num_attention_heads * config.head_dim
+
+    @staticmethod
+    def attention_pairs(config, seq_len: int) -> int:
+        """(query, key) pairs whose scores a self-attention sublayer computes over `seq_len` tokens: `seq_len ** 2`.
+
+        Read by `hfzoo.training.flops` (12 d_attn training FLOPs per pair; causal masking not discounted, as PaLM).
+        """
+        return seq_len * seq_len
+
     def _project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (*states.shape[:-1], self.num_heads, self.head_dim)
         # (batch, kv_len, hidden) -> (batch, heads, kv_len, head_dim)

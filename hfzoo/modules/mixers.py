@@ -24,6 +24,10 @@ The contract of a mixer class (`HfzooAttention` is the reference):
   a later one (the variant matrix checks both).
 - `residual_branch_projections() -> (value_path, outputs)`: the `nn.Linear`s that DeepNorm and Fixup
   initialise (`hfzoo.modules.layer.residual_branch_projections`).
+- static methods `mixer_weights(config) -> int` (matrix-product weights one token passes through in one
+  mixer sublayer) and `attention_pairs(config, seq_len) -> int` ((query, key) pairs of scores over a
+  sequence of `seq_len` tokens): the mixer's compute, read by `hfzoo.training.flops`; a mixer without them
+  is counted as self-attention.
 
 The module is the layer's `self_attn` whatever the mixer (one checkpoint layout, PEFT's usual names).
 """
