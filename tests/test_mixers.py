@@ -101,8 +101,8 @@ def test_encoder_decoder_takes_a_decoder_mixer(mean_mixer):
 @pytest.mark.parametrize(
     "family, overrides, message",
     [
-        ("decoder", {"token_mixer": "fourier"}, r"token_mixer='fourier' is not supported; choose one of \["),
-        ("encoder", {"token_mixer": "fourier"}, r"token_mixer='fourier' is not supported"),
+        ("decoder", {"token_mixer": "unknown"}, r"token_mixer='unknown' is not supported; choose one of \["),
+        ("encoder", {"token_mixer": "unknown"}, r"token_mixer='unknown' is not supported"),
         (
             "decoder",
             {"token_mixer": "mean_bidirectional", "use_cache": False},
