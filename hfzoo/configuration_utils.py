@@ -341,8 +341,9 @@ class HfzooConfig(PreTrainedConfig):
             allowed = [
                 other for other, entry in TOKEN_MIXERS.items() if entry.runs_in(self.model_type, layout.is_causal)
             ]
+            reason = f" ({mixer.reason})" if mixer.reason else ""
             raise ValueError(
-                f"{field}={name!r} is not defined for the {direction} {layout.name} of {self.model_type}; "
+                f"{field}={name!r} is not defined for the {direction} {layout.name} of {self.model_type}{reason}; "
                 f"choose one of {allowed}"
             )
         if layout.is_causal and self.use_cache and not mixer.kv_cache:

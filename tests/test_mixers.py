@@ -48,7 +48,11 @@ NO_ATTENTION = {"token_mixer": "mean", "use_cache": False}
 def mean_mixer(monkeypatch):
     """`TOKEN_MIXERS["mean"]` (and a bidirectional-only `"mean_bidirectional"`) for one test."""
     monkeypatch.setitem(TOKEN_MIXERS, "mean", MEAN)
-    monkeypatch.setitem(TOKEN_MIXERS, "mean_bidirectional", TokenMixer(MeanMixer, causal=False, kv_cache=False))
+    monkeypatch.setitem(
+        TOKEN_MIXERS,
+        "mean_bidirectional",
+        TokenMixer(MeanMixer, causal=False, kv_cache=False, reason="the mean runs over later tokens too"),
+    )
 
 
 def test_self_attention_is_the_default_mixer():
@@ -106,8 +110,8 @@ def test_encoder_decoder_takes_a_decoder_mixer(mean_mixer):
         (
             "decoder",
             {"token_mixer": "mean_bidirectional", "use_cache": False},
-            r"token_mixer='mean_bidirectional' is not defined for the causal decoder of hfzoo_decoder; "
-            r"choose one of \['self_attention', 'mean'\]",
+            r"token_mixer='mean_bidirectional' is not defined for the causal decoder of hfzoo_decoder "
+            r"\(the mean runs over later tokens too\); choose one of \['self_attention', 'mean'\]",
         ),
         (
             "encoder-decoder",

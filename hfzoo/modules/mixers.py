@@ -65,6 +65,8 @@ class TokenMixer:
             them when no stack uses the mixer.
         check_config: called with the config when it is built (after the common checks), to refuse bad
             values of the mixer's own fields with a `ValueError` naming the field; or None.
+        reason: why the mixer is undefined in the stacks or families it refuses (e.g. "it mixes every
+            position into every other, so a token would see later ones"); the config's refusal ends with it.
     """
 
     module: type[nn.Module]
@@ -76,6 +78,7 @@ class TokenMixer:
     attention_positions: bool = True
     config_fields: tuple[str, ...] = ()
     check_config: Callable[[Any], None] | None = None
+    reason: str = ""
 
     def runs_in(self, model_type: str, is_causal: bool) -> bool:
         """Whether the mixer is defined in a stack of direction `is_causal` of the family `model_type`."""
