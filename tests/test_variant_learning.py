@@ -45,6 +45,9 @@ LEARNING_VARIANTS: list[tuple[dict, tuple[str, ...]]] = [
     ({"gated_mlp": True, "hidden_act": "silu"}, ALL),  # SwiGLU (Shazeer 2020)
     ({"norm_type": "rms_norm"}, ALL),
     ({"position_embedding_type": "rotary"}, ALL),
+    # FNet (Lee-Thorp et al. 2022): Fourier token mixing in the encoder; a self-attention decoder
+    ({"token_mixer": "fourier"}, ("encoder",)),
+    ({"token_mixer": "fourier", "decoder_token_mixer": "self_attention"}, ("encoder-decoder",)),
 ]
 
 OBJECTIVES = {"decoder": "clm", "encoder": "mlm", "encoder-decoder": "span"}

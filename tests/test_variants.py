@@ -105,6 +105,9 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
     # ---- layer structure: token mixers (Press et al. 2020 sublayer orders in the patterns)
     *[({"token_mixer": name}, ALL, BOTH) for name in ("self_attention",)],
     ({"token_mixer": "self_attention", "decoder_token_mixer": "self_attention"}, ("encoder-decoder",), BOTH),
+    # FNet (Lee-Thorp et al. 2022): bidirectional stacks only; in the encoder-decoder with a self-attention decoder
+    ({"token_mixer": "fourier"}, ("encoder",), BOTH),
+    ({"token_mixer": "fourier", "decoder_token_mixer": "self_attention"}, ("encoder-decoder",), BOTH),
     ({"sublayer_pattern": sandwich_pattern(TINY["num_hidden_layers"], 1)}, ALL, BOTH),  # sandwich "ssff"
     ({"sublayer_pattern": "s" * 2 * TINY["num_hidden_layers"]}, ALL, BOTH),  # attention only
     ({"sublayer_pattern": "f" * 2 * TINY["num_hidden_layers"], "use_cache": False}, ("decoder", "encoder"), BOTH),

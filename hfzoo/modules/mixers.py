@@ -41,6 +41,7 @@ from typing import Any
 from torch import nn
 
 from .attention import HfzooAttention
+from .fourier import FourierMixer
 
 
 @dataclass(frozen=True)
@@ -104,4 +105,12 @@ def build_token_mixer(config, name: str, layer_idx: int, is_causal: bool) -> nn.
 # Token mixers, selected by `config.token_mixer` (and the encoder-decoder's `decoder_token_mixer`).
 TOKEN_MIXERS = {
     "self_attention": TokenMixer(HfzooAttention),  # Vaswani et al. 2017 §3.2
+    "fourier": TokenMixer(  # FNet, Lee-Thorp et al. 2022
+        FourierMixer,
+        causal=False,
+        kv_cache=False,
+        attention_positions=False,
+        reason="the Fourier transform over the sequence mixes every position into every other, so a token "
+        "would see later ones",
+    ),
 }
