@@ -48,6 +48,9 @@ LEARNING_VARIANTS: list[tuple[dict, tuple[str, ...]]] = [
     # FNet (Lee-Thorp et al. 2022): Fourier token mixing in the encoder; a self-attention decoder
     ({"token_mixer": "fourier"}, ("encoder",)),
     ({"token_mixer": "fourier", "decoder_token_mixer": "self_attention"}, ("encoder-decoder",)),
+    # Linformer (Wang et al. 2020): 64-token blocks projected to k = 16
+    ({"token_mixer": "linformer", "linformer_k": 16}, ("encoder",)),
+    ({"token_mixer": "linformer", "linformer_k": 16, "decoder_token_mixer": "self_attention"}, ("encoder-decoder",)),
 ]
 
 OBJECTIVES = {"decoder": "clm", "encoder": "mlm", "encoder-decoder": "span"}

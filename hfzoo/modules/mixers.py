@@ -42,6 +42,7 @@ from torch import nn
 
 from .attention import HfzooAttention
 from .fourier import FourierMixer
+from .linformer import LinformerAttention, check_linformer_config
 
 
 @dataclass(frozen=True)
@@ -112,5 +113,15 @@ TOKEN_MIXERS = {
         attention_positions=False,
         reason="the Fourier transform over the sequence mixes every position into every other, so a token "
         "would see later ones",
+    ),
+    "linformer": TokenMixer(  # Wang et al. 2020
+        LinformerAttention,
+        causal=False,
+        kv_cache=False,
+        attention_positions=False,
+        config_fields=("linformer_k", "linformer_sharing"),
+        check_config=check_linformer_config,
+        reason="the projections along the sequence mix every position's key and value into every projected one, "
+        "so a token would see later ones",
     ),
 }
