@@ -69,6 +69,12 @@ class TokenMixer:
             values of the mixer's own fields with a `ValueError` naming the field; or None.
         reason: why the mixer is undefined in the stacks or families it refuses (e.g. "it mixes every
             position into every other, so a token would see later ones"); the config's refusal ends with it.
+        mask_overlay: for attention with a pattern of its own (a local window): called with the config, it
+            returns a transformers mask function `(batch_idx, head_idx, q_idx, kv_idx) -> bool` (True = may
+            attend; indices are positions in the sequence, cache included) that the stack intersects with
+            its causal or bidirectional self-attention mask (`and_mask_function` of
+            `transformers.masking_utils.create_causal_mask` / `create_bidirectional_mask`), so every backend
+            that takes a mask applies it; or None.
     """
 
     module: type[nn.Module]
@@ -81,6 +87,7 @@ class TokenMixer:
     config_fields: tuple[str, ...] = ()
     check_config: Callable[[Any], None] | None = None
     reason: str = ""
+    mask_overlay: Callable[[Any], Callable] | None = None
 
     def runs_in(self, model_type: str, is_causal: bool) -> bool:
         """Whether the mixer is defined in a stack of direction `is_causal` of the family `model_type`."""
