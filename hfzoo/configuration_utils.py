@@ -133,7 +133,8 @@ class HfzooConfig(PreTrainedConfig):
         token_mixer: the sublayer that mixes information across positions, a key of
             `hfzoo.modules.mixers.TOKEN_MIXERS` (`self_attention`: multi-head self-attention, Vaswani et al.
             2017; `fourier`: FNet's Fourier transform, Lee-Thorp et al. 2022; `linformer`: attention over keys
-            and values projected along the sequence, Wang et al. 2020). Refused in a family or stack
+            and values projected along the sequence, Wang et al. 2020; `sliding_window`: attention within a
+            local window, Beltagy et al. 2020). Refused in a family or stack
             direction (causal / bidirectional) where the registry entry says the mixer is undefined, with
             `use_cache=True` in a causal stack when the mixer has no KV cache, and with position schemes
             acting inside attention when the mixer does not apply them.
@@ -151,6 +152,9 @@ class HfzooConfig(PreTrainedConfig):
         linformer_sharing: Linformer's parameter sharing (`token_mixer="linformer"` only; Wang et al. 2020
             §4): `headwise` (one key projection E and one value projection F per layer, shared by the heads)
             or `key_value` (E = F), see `hfzoo.modules.linformer.LINFORMER_SHARING`.
+        attention_window: the local window w of sliding-window attention (`token_mixer="sliding_window"` only;
+            Beltagy et al. 2020, Longformer §3.1, whose `attention_window` it is): each token attends to the w/2
+            tokens on each side of it (before it, in a causal stack) and itself; a positive even integer.
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
@@ -219,6 +223,7 @@ class HfzooConfig(PreTrainedConfig):
     sublayer_pattern: str | None = None
     linformer_k: int = 256
     linformer_sharing: str = "headwise"
+    attention_window: int = 512
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:

@@ -51,6 +51,8 @@ LEARNING_VARIANTS: list[tuple[dict, tuple[str, ...]]] = [
     # Linformer (Wang et al. 2020): 64-token blocks projected to k = 16
     ({"token_mixer": "linformer", "linformer_k": 16}, ("encoder",)),
     ({"token_mixer": "linformer", "linformer_k": 16, "decoder_token_mixer": "self_attention"}, ("encoder-decoder",)),
+    # sliding-window attention (Beltagy et al. 2020): 8 tokens on each side in 64-token blocks
+    ({"token_mixer": "sliding_window", "attention_window": 16}, ALL),
 ]
 
 OBJECTIVES = {"decoder": "clm", "encoder": "mlm", "encoder-decoder": "span"}

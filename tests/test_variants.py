@@ -119,6 +119,15 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
         ("encoder-decoder",),
         BOTH,
     ),
+    # sliding-window attention (Beltagy et al. 2020): 2 tokens on each side, inside the 11 and 7 tokens and the
+    # 5 + 4 of generation; also in the encoder only (self-attention in the decoder), and with ALiBi
+    ({"token_mixer": "sliding_window", "attention_window": 4}, ALL, BOTH),
+    (
+        {"token_mixer": "sliding_window", "attention_window": 4, "decoder_token_mixer": "self_attention"},
+        ("encoder-decoder",),
+        BOTH,
+    ),
+    ({"token_mixer": "sliding_window", "attention_window": 2, "position_embedding_type": "alibi"}, ALL, BOTH),
     ({"sublayer_pattern": sandwich_pattern(TINY["num_hidden_layers"], 1)}, ALL, BOTH),  # sandwich "ssff"
     ({"sublayer_pattern": "s" * 2 * TINY["num_hidden_layers"]}, ALL, BOTH),  # attention only
     ({"sublayer_pattern": "f" * 2 * TINY["num_hidden_layers"], "use_cache": False}, ("decoder", "encoder"), BOTH),

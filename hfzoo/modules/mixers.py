@@ -43,6 +43,7 @@ from torch import nn
 from .attention import HfzooAttention
 from .fourier import FourierMixer
 from .linformer import LinformerAttention, check_linformer_config
+from .sparse_attention import SlidingWindowAttention, check_attention_window, window_overlay
 
 
 @dataclass(frozen=True)
@@ -130,5 +131,11 @@ TOKEN_MIXERS = {
         check_config=check_linformer_config,
         reason="the projections along the sequence mix every position's key and value into every projected one, "
         "so a token would see later ones",
+    ),
+    "sliding_window": TokenMixer(  # Beltagy et al. 2020 (Longformer) §3.1
+        SlidingWindowAttention,
+        config_fields=("attention_window",),
+        check_config=check_attention_window,
+        mask_overlay=window_overlay,
     ),
 }
