@@ -134,7 +134,8 @@ class HfzooConfig(PreTrainedConfig):
             `hfzoo.modules.mixers.TOKEN_MIXERS` (`self_attention`: multi-head self-attention, Vaswani et al.
             2017; `fourier`: FNet's Fourier transform, Lee-Thorp et al. 2022; `linformer`: attention over keys
             and values projected along the sequence, Wang et al. 2020; `sliding_window`: attention within a
-            local window, Beltagy et al. 2020). Refused in a family or stack
+            local window, Beltagy et al. 2020; `bigbird`: BigBird's block-sparse window + global + random
+            attention, Zaheer et al. 2020). Refused in a family or stack
             direction (causal / bidirectional) where the registry entry says the mixer is undefined, with
             `use_cache=True` in a causal stack when the mixer has no KV cache, and with position schemes
             acting inside attention when the mixer does not apply them.
@@ -155,6 +156,14 @@ class HfzooConfig(PreTrainedConfig):
         attention_window: the local window w of sliding-window attention (`token_mixer="sliding_window"` only;
             Beltagy et al. 2020, Longformer §3.1, whose `attention_window` it is): each token attends to the w/2
             tokens on each side of it (before it, in a causal stack) and itself; a positive even integer.
+        bigbird_block_size: tokens per block of BigBird's block-sparse attention (`token_mixer="bigbird"` only;
+            Zaheer et al. 2020, App. D); a positive integer. Each query block attends to its window of 3
+            blocks, the global blocks and the random blocks (`hfzoo.modules.sparse_attention`).
+        bigbird_num_random_blocks: random key blocks per query block (r; `token_mixer="bigbird"` only), drawn
+            per layer and head with a fixed seed; >= 0.
+        bigbird_num_global_blocks: global blocks g (`token_mixer="bigbird"` only): the first ceil(g/2) and the
+            last floor(g/2) blocks of each sequence attend to and are attended by every token (2: BigBird-ITC's
+            first and last block); >= 0.
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
@@ -224,6 +233,9 @@ class HfzooConfig(PreTrainedConfig):
     linformer_k: int = 256
     linformer_sharing: str = "headwise"
     attention_window: int = 512
+    bigbird_block_size: int = 64
+    bigbird_num_random_blocks: int = 3
+    bigbird_num_global_blocks: int = 2
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:

@@ -10,7 +10,12 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from variant_checks import FAMILIES, TINY, build_model, make_batch
 
-from hfzoo.modules.sparse_attention import SlidingWindowAttention, window_overlay
+from hfzoo.modules.sparse_attention import (
+    BigBirdAttention,
+    SlidingWindowAttention,
+    bigbird_block_pattern,
+    window_overlay,
+)
 
 WINDOW = 4  # two tokens on each side
 SLIDING = {"token_mixer": "sliding_window", "attention_window": WINDOW, "num_hidden_layers": 1}
@@ -114,3 +119,113 @@ def test_bad_windows_are_refused(overrides, message):
     for config_class, _ in FAMILIES.values():
         with pytest.raises(StrictDataclassClassValidationError, match=message):
             config_class(**{**TINY, **SLIDING, **overrides})
+
+
+# ---- BigBird (Zaheer et al. 2020)
+
+BIGBIRD = {"token_mixer": "bigbird", "bigbird_block_size": 2, "bigbird_num_random_blocks": 2, "num_hidden_layers": 2}
+
+
+@pytest.mark.parametrize("num_blocks", [1, 2, 4, 7, 12])
+@pytest.mark.parametrize("num_global", [0, 1, 2, 3])
+@pytest.mark.parametrize("num_random", [0, 1, 3])
+def test_block_pattern_is_window_global_and_random_blocks(num_blocks, num_global, num_random):
+    pattern = bigbird_block_pattern(num_blocks, 4, num_random, num_global, seed=7)
+    first, last = (num_global + 1) // 2, num_global // 2
+    is_global = [i < first or i >= num_blocks - last for i in range(num_blocks)]
+    for head in range(4):
+        for i in range(num_blocks):
+            fixed = [abs(i - j) <= 1 or is_global[i] or is_global[j] for j in range(num_blocks)]
+            row = pattern[head, i].tolist()
+            assert all(row[j] for j in range(num_blocks) if fixed[j])  # window and global blocks always
+            random = [j for j in range(num_blocks) if row[j] and not fixed[j]]
+            assert len(random) == min(num_random, num_blocks - sum(fixed))  # r others, or all that remain
+    assert torch.equal(pattern, bigbird_block_pattern.__wrapped__(num_blocks, 4, num_random, num_global, seed=7))
+
+
+def test_random_blocks_differ_between_heads_and_layers_but_not_between_calls():
+    model = build_model("encoder", {**BIGBIRD, "bigbird_num_random_blocks": 3})
+    first, second = (layer.self_attn.block_pattern(16) for layer in model.model.layers)
+    assert not torch.equal(first, second)  # seeded by the layer index
+    assert any(not torch.equal(first[0], first[h]) for h in range(1, first.shape[0]))  # per head
+    again = build_model("encoder", {**BIGBIRD, "bigbird_num_random_blocks": 3}, seed=1)
+    assert torch.equal(again.model.layers[0].self_attn.block_pattern(16), first)  # not the weights' seed
+
+
+def brute_force_token_pattern(mixer, real: torch.Tensor) -> torch.Tensor:
+    """`(heads, seq_len, seq_len)`: real query i attends real key j iff their blocks (by rank) do."""
+    ranks = (real.long().cumsum(0) - 1).tolist()
+    length = int(real.sum())
+    blocks = mixer.block_pattern(-(-length // mixer.block_size))
+    seq_len = len(real)
+    allowed = torch.zeros(blocks.shape[0], seq_len, seq_len, dtype=torch.bool)
+    for i in range(seq_len):
+        for j in range(seq_len):
+            if real[i] and real[j]:
+                allowed[:, i, j] = blocks[:, ranks[i] // mixer.block_size, ranks[j] // mixer.block_size]
+    return allowed
+
+
+def test_each_query_attends_exactly_its_blocks_whatever_the_padding():
+    """Eager attention probabilities are nonzero exactly where the brute-force pattern allows, for every layer."""
+    model = build_model("encoder", BIGBIRD, "eager")
+    ids = torch.randint(2, TINY["vocab_size"], (3, 13))
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0  # right padding
+    mask[2, :4] = 0  # left padding
+    with torch.no_grad():
+        attentions = model(ids, attention_mask=mask, output_attentions=True).attentions
+    for layer, weights in zip(model.model.layers, attentions, strict=True):
+        for row in range(3):
+            real = mask[row].bool()
+            expected = brute_force_token_pattern(layer.self_attn, real)
+            assert torch.equal((weights[row] > 0)[:, real], expected[:, real])
+    # the pattern follows each row's own tokens: rows 1 and 2 see the same blocks as their tokens alone
+    torch.testing.assert_close(
+        brute_force_token_pattern(model.model.layers[0].self_attn, mask[2].bool())[:, 4:, 4:],
+        brute_force_token_pattern(model.model.layers[0].self_attn, torch.ones(9, dtype=torch.bool)),
+    )
+
+
+def test_flops_count_the_pairs_of_the_pattern():
+    config = FAMILIES["encoder"][0](**{**TINY, **BIGBIRD})
+    mixer = build_model("encoder", BIGBIRD).model.layers[0].self_attn
+    for seq_len in (1, 5, 13, 30):
+        allowed = brute_force_token_pattern(mixer, torch.ones(seq_len, dtype=torch.bool))
+        assert BigBirdAttention.attention_pairs(config, seq_len) == allowed.sum().item() / allowed.shape[0]
+
+
+def test_keys_beyond_the_sequence_are_refused():
+    mixer = build_model("encoder", BIGBIRD).model.layers[0].self_attn
+    query, key = torch.randn(1, TINY["num_attention_heads"], 5, 8), torch.randn(1, TINY["num_attention_heads"], 7, 8)
+    with pytest.raises(ValueError, match=r"token_mixer='bigbird' attends within the sequence \(5 tokens\), but got 7"):
+        mixer.restrict_attention_mask(None, query, key, None)
+
+
+@pytest.mark.parametrize(
+    "family, overrides, message",
+    [
+        ("encoder", {"bigbird_block_size": 0}, r"bigbird_block_size must be a positive integer, got 0"),
+        ("encoder", {"bigbird_num_random_blocks": -1}, r"bigbird_num_random_blocks must be a non-negative integer"),
+        ("encoder", {"bigbird_num_global_blocks": 1.5}, r"bigbird_num_global_blocks must be a non-negative integer"),
+        (
+            "decoder",
+            {"use_cache": False},
+            r"token_mixer='bigbird' is not defined for the causal decoder of hfzoo_decoder \(its global and random",
+        ),
+        (
+            "encoder-decoder",
+            {},
+            r"token_mixer='bigbird' is not defined for the causal decoder of hfzoo_encoder_decoder",
+        ),
+        ("encoder", {"token_mixer": "self_attention"}, r"bigbird_block_size=2 only applies to token_mixer='bigbird'"),
+    ],
+)
+def test_bad_bigbird_configs_are_refused(family, overrides, message):
+    with pytest.raises(StrictDataclassClassValidationError, match=message):
+        FAMILIES[family][0](**{**TINY, **BIGBIRD, **overrides})
+
+
+def test_bigbird_offers_eager_and_sdpa_only():
+    model = build_model("encoder", BIGBIRD)
+    assert model._supports_sdpa and not model._supports_flash_attn and not model._supports_flex_attn

@@ -128,6 +128,29 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
         BOTH,
     ),
     ({"token_mixer": "sliding_window", "attention_window": 2, "position_embedding_type": "alibi"}, ALL, BOTH),
+    # BigBird (Zaheer et al. 2020): blocks of 2 tokens, so 11 tokens have window, global and random blocks
+    ({"token_mixer": "bigbird", "bigbird_block_size": 2, "bigbird_num_random_blocks": 1}, ("encoder",), BOTH),
+    (
+        {
+            "token_mixer": "bigbird",
+            "decoder_token_mixer": "self_attention",
+            "bigbird_block_size": 2,
+            "bigbird_num_random_blocks": 2,
+            "bigbird_num_global_blocks": 1,
+        },
+        ("encoder-decoder",),
+        BOTH,
+    ),
+    (
+        {
+            "token_mixer": "bigbird",
+            "bigbird_block_size": 3,
+            "bigbird_num_global_blocks": 0,
+            "position_embedding_type": "shaw",
+        },
+        ("encoder",),
+        ("eager",),
+    ),
     ({"sublayer_pattern": sandwich_pattern(TINY["num_hidden_layers"], 1)}, ALL, BOTH),  # sandwich "ssff"
     ({"sublayer_pattern": "s" * 2 * TINY["num_hidden_layers"]}, ALL, BOTH),  # attention only
     ({"sublayer_pattern": "f" * 2 * TINY["num_hidden_layers"], "use_cache": False}, ("decoder", "encoder"), BOTH),

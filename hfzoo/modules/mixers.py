@@ -43,7 +43,13 @@ from torch import nn
 from .attention import HfzooAttention
 from .fourier import FourierMixer
 from .linformer import LinformerAttention, check_linformer_config
-from .sparse_attention import SlidingWindowAttention, check_attention_window, window_overlay
+from .sparse_attention import (
+    BigBirdAttention,
+    SlidingWindowAttention,
+    check_attention_window,
+    check_bigbird_config,
+    window_overlay,
+)
 
 
 @dataclass(frozen=True)
@@ -137,5 +143,14 @@ TOKEN_MIXERS = {
         config_fields=("attention_window",),
         check_config=check_attention_window,
         mask_overlay=window_overlay,
+    ),
+    "bigbird": TokenMixer(  # Zaheer et al. 2020 (ITC)
+        BigBirdAttention,
+        causal=False,
+        kv_cache=False,
+        attention_backends=("eager", "sdpa"),  # a dense pattern mask: no flash / flex
+        config_fields=("bigbird_block_size", "bigbird_num_random_blocks", "bigbird_num_global_blocks"),
+        check_config=check_bigbird_config,
+        reason="its global and random blocks lie anywhere in the sequence, so a token would see later ones",
     ),
 }
