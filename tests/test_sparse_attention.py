@@ -16,6 +16,7 @@ from hfzoo.modules.sparse_attention import (
     bigbird_block_pattern,
     window_overlay,
 )
+from hfzoo.training.peft_utils import build_peft_config, wrap_with_peft
 
 WINDOW = 4  # two tokens on each side
 SLIDING = {"token_mixer": "sliding_window", "attention_window": WINDOW, "num_hidden_layers": 1}
@@ -229,3 +230,20 @@ def test_bad_bigbird_configs_are_refused(family, overrides, message):
 def test_bigbird_offers_eager_and_sdpa_only():
     model = build_model("encoder", BIGBIRD)
     assert model._supports_sdpa and not model._supports_flash_attn and not model._supports_flex_attn
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"token_mixer": "fourier"}, r"token_mixer='fourier' has no keys or values, so a cache or a prefix"),
+        ({"token_mixer": "linformer", "linformer_k": 4}, r"token_mixer='linformer' projects the sequence's own keys"),
+        (BIGBIRD, r"token_mixer='bigbird' attends within the sequence \(6 tokens\), but got 9 keys"),
+    ],
+)
+def test_mixers_without_a_cache_refuse_a_prefix(overrides, message):
+    """PEFT prefix tuning hands an encoder a cache of prefix keys: a mixer that cannot use it says so."""
+    model = FAMILIES["encoder"][1](FAMILIES["encoder"][0](**{**TINY, **overrides}))
+    peft_model = wrap_with_peft(model, build_peft_config("prefix", model.config, num_virtual_tokens=3)).eval()
+    ids = torch.randint(2, TINY["vocab_size"], (2, 6))
+    with pytest.raises(ValueError, match=message), torch.no_grad():
+        peft_model(input_ids=ids, attention_mask=torch.ones_like(ids))

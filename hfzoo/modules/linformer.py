@@ -160,7 +160,8 @@ class LinformerAttention(HfzooAttention):
         Args:
             hidden_states: `(batch_size, seq_len, hidden_size)`, `seq_len <= max_position_embeddings`.
             attention_mask: unused (padding is left out of the projections through `padding_mask`).
-            past_key_values: unused (no cache: the stack is bidirectional).
+            past_key_values: must be None: the projections are defined over the sequence's own keys, which a
+                cache or a prefix would extend.
             padding_mask: `(batch_size, seq_len)` bool, False at padding, or None.
             position_embeddings: unused (the config refuses rotary positions with this mixer).
             position_bias: unused (the config refuses score biases with this mixer).
@@ -171,8 +172,14 @@ class LinformerAttention(HfzooAttention):
             `(batch_size, num_heads, seq_len, linformer_k)` (None for fused backends).
 
         Raises:
-            ValueError: a sequence longer than `max_position_embeddings` (the projections' n).
+            ValueError: a sequence longer than `max_position_embeddings` (the projections' n); `past_key_values`
+                given (e.g. PEFT prefix tuning, which would otherwise be ignored).
         """
+        if past_key_values is not None:
+            raise ValueError(
+                "token_mixer='linformer' projects the sequence's own keys and values, so a cache or a prefix (PEFT "
+                "prefix tuning) cannot extend them; finetune with LoRA or fully instead"
+            )
         batch_size, seq_len, _ = hidden_states.shape
         if seq_len > self.max_len:
             raise ValueError(
