@@ -241,9 +241,41 @@ def test_bigbird_offers_eager_and_sdpa_only():
     ],
 )
 def test_mixers_without_a_cache_refuse_a_prefix(overrides, message):
-    """PEFT prefix tuning hands an encoder a cache of prefix keys: a mixer that cannot use it says so."""
+    """PEFT prefix tuning set up directly hands an encoder a cache of prefix keys: a mixer that cannot use it says so.
+
+    (`build_peft_config` refuses these mixers first; the prefix config here is built for the same sizes with
+    self-attention, as a user calling peft by hand could.)
+    """
     model = FAMILIES["encoder"][1](FAMILIES["encoder"][0](**{**TINY, **overrides}))
-    peft_model = wrap_with_peft(model, build_peft_config("prefix", model.config, num_virtual_tokens=3)).eval()
+    prefix = build_peft_config("prefix", FAMILIES["encoder"][0](**TINY), num_virtual_tokens=3)
+    peft_model = wrap_with_peft(model, prefix).eval()
     ids = torch.randint(2, TINY["vocab_size"], (2, 6))
     with pytest.raises(ValueError, match=message), torch.no_grad():
         peft_model(input_ids=ids, attention_mask=torch.ones_like(ids))
+
+
+@pytest.mark.parametrize(
+    "family, overrides, field",
+    [
+        ("encoder", {"token_mixer": "fourier"}, "token_mixer='fourier'"),
+        ("encoder", {"token_mixer": "linformer", "linformer_k": 4}, "token_mixer='linformer'"),
+        ("encoder", BIGBIRD, "token_mixer='bigbird'"),
+        (
+            "encoder-decoder",
+            {"token_mixer": "fourier", "decoder_token_mixer": "self_attention"},
+            "token_mixer='fourier'",
+        ),
+    ],
+)
+def test_prefix_tuning_is_refused_when_its_config_is_built(family, overrides, field):
+    """The GLUE recipe builds the PEFT config before the model runs: a mixer without keys and values is refused there."""
+    config = FAMILIES[family][0](**{**TINY, **overrides})
+    with pytest.raises(ValueError, match=rf"--peft prefix prepends learned keys and values .* but {field} has no"):
+        build_peft_config("prefix", config, num_virtual_tokens=3)
+    assert build_peft_config("lora", config) is not None
+
+
+def test_prefix_tuning_config_is_built_for_sliding_window_attention():
+    """Sliding-window attention keeps a KV cache, so prefix tuning's config is built as for self-attention."""
+    config = FAMILIES["encoder"][0](**{**TINY, **SLIDING})
+    assert build_peft_config("prefix", config, num_virtual_tokens=3).num_layers == 1
