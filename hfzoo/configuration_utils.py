@@ -44,7 +44,8 @@ class HfzooConfig(PreTrainedConfig):
         hidden_act: feed-forward activation, a key of `hfzoo.modules.feed_forward.ACTIVATIONS`
             (transformers' `ACT2FN` plus `elu`, `selu`, `softplus`): e.g. relu, gelu, gelu_new, silu/swish,
             elu, selu, sigmoid, softplus, linear.
-        max_position_embeddings: longest sequence (tokens) the position scheme supports.
+        max_position_embeddings: longest sequence (tokens) the position scheme supports (and the length n
+            that Linformer's sequence projections compress).
         position_embedding_type: one of `hfzoo.modules.positions.POSITION_EMBEDDING_TYPES`
             (`learned`: trained absolute embeddings added to the tokens; `sinusoidal`: the fixed
             sin/cos encodings of Vaswani et al. 2017; `none`: no position information;
@@ -131,9 +132,13 @@ class HfzooConfig(PreTrainedConfig):
             tied embeddings (transformers' T5 calls it `scale_decoder_outputs`).
         token_mixer: the sublayer that mixes information across positions, a key of
             `hfzoo.modules.mixers.TOKEN_MIXERS` (`self_attention`: multi-head self-attention, Vaswani et al.
-            2017). Refused in a family or stack direction (causal / bidirectional) where the registry entry
-            says the mixer is undefined, with `use_cache=True` in a causal stack when the mixer has no KV
-            cache, and with position schemes acting inside attention when the mixer does not apply them.
+            2017; `fourier`: FNet's Fourier transform, Lee-Thorp et al. 2022; `linformer`: attention over keys
+            and values projected along the sequence, Wang et al. 2020; `sliding_window`: attention within a
+            local window, Beltagy et al. 2020; `bigbird`: BigBird's block-sparse window + global + random
+            attention, Zaheer et al. 2020). Refused in a family or stack
+            direction (causal / bidirectional) where the registry entry says the mixer is undefined, with
+            `use_cache=True` in a causal stack when the mixer has no KV cache, and with position schemes
+            acting inside attention when the mixer does not apply them.
         sublayer_pattern: the order of the sublayers of every stack, Press et al. 2020 ("Improving
             Transformer Models by Reordering their Sublayers"): a string of `s` (token mixer, followed by
             cross-attention in the encoder-decoder's decoder) and `f` (feed-forward) with 2N letters for N
@@ -142,6 +147,23 @@ class HfzooConfig(PreTrainedConfig):
             is `s^k (sf)^(N-k) f^k` (`hfzoo.modules.layer.sandwich_pattern`); `"s" * 2N` is attention only,
             `"f" * 2N` feed-forward only (no token mixing: `use_cache` must be False in a causal stack).
             Each `sf` is one layer and any other letter a layer of its own (`hfzoo.modules.layer.layer_sublayers`).
+        linformer_k: Linformer's projected length k (`token_mixer="linformer"` only; Wang et al. 2020, eq. 7):
+            keys and values are projected along the sequence from `max_position_embeddings` positions to k
+            (1 <= k <= `max_position_embeddings`).
+        linformer_sharing: Linformer's parameter sharing (`token_mixer="linformer"` only; Wang et al. 2020
+            §4): `headwise` (one key projection E and one value projection F per layer, shared by the heads)
+            or `key_value` (E = F), see `hfzoo.modules.linformer.LINFORMER_SHARING`.
+        attention_window: the local window w of sliding-window attention (`token_mixer="sliding_window"` only;
+            Beltagy et al. 2020, Longformer §3.1, whose `attention_window` it is): each token attends to the w/2
+            tokens on each side of it (before it, in a causal stack) and itself; a positive even integer.
+        bigbird_block_size: tokens per block of BigBird's block-sparse attention (`token_mixer="bigbird"` only;
+            Zaheer et al. 2020, App. D); a positive integer. Each query block attends to its window of 3
+            blocks, the global blocks and the random blocks (`hfzoo.modules.sparse_attention`).
+        bigbird_num_random_blocks: random key blocks per query block (r; `token_mixer="bigbird"` only), drawn
+            per layer and head with a fixed seed; >= 0.
+        bigbird_num_global_blocks: global blocks g (`token_mixer="bigbird"` only): the first ceil(g/2) and the
+            last floor(g/2) blocks of each sequence attend to and are attended by every token (2: BigBird-ITC's
+            first and last block); >= 0.
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
@@ -208,6 +230,12 @@ class HfzooConfig(PreTrainedConfig):
     # --- layer structure: token mixers and sublayer order
     token_mixer: str = "self_attention"
     sublayer_pattern: str | None = None
+    linformer_k: int = 256
+    linformer_sharing: str = "headwise"
+    attention_window: int = 512
+    bigbird_block_size: int = 64
+    bigbird_num_random_blocks: int = 3
+    bigbird_num_global_blocks: int = 2
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:
@@ -341,8 +369,9 @@ class HfzooConfig(PreTrainedConfig):
             allowed = [
                 other for other, entry in TOKEN_MIXERS.items() if entry.runs_in(self.model_type, layout.is_causal)
             ]
+            reason = f" ({mixer.reason})" if mixer.reason else ""
             raise ValueError(
-                f"{field}={name!r} is not defined for the {direction} {layout.name} of {self.model_type}; "
+                f"{field}={name!r} is not defined for the {direction} {layout.name} of {self.model_type}{reason}; "
                 f"choose one of {allowed}"
             )
         if layout.is_causal and self.use_cache and not mixer.kv_cache:

@@ -157,3 +157,15 @@ def test_switch_with_dropped_tokens_does_less_than_the_count():
         "decoder-tiny", {**SMALL, "num_experts": 8, "router_type": "switch", "expert_capacity_factor": 0.5}
     )
     assert measured_flops(config, T) < count_training_flops(config, T).total
+
+
+@pytest.mark.parametrize("family", ["decoder-tiny", "encoder-decoder-tiny"])
+def test_sublayer_patterns_count_their_sublayers(family):
+    """An attention-only stack counts 2N token mixers and no feed-forward; an ordering counts what it has."""
+    for pattern, mixers, feed_forwards in (("ssss", 4, 0), ("fssf", 2, 2)):
+        config = build_config(family, {**SMALL, "sublayer_pattern": pattern, "use_cache": False})
+        stack = "decoder" if config.is_encoder_decoder else "encoder"
+        cross = 2 * 16 * 16 if config.is_encoder_decoder else 0  # cross-attention q, o after each token mixer
+        assert weights_per_token(config, stack) == mixers * (4 * 16 * 16 + cross) + feed_forwards * 2 * 16 * 32
+        lengths = (T, DECODER_T) if config.is_encoder_decoder else (T,)
+        assert measured_flops(config, *lengths) == count_training_flops(config, *lengths).total

@@ -48,7 +48,11 @@ NO_ATTENTION = {"token_mixer": "mean", "use_cache": False}
 def mean_mixer(monkeypatch):
     """`TOKEN_MIXERS["mean"]` (and a bidirectional-only `"mean_bidirectional"`) for one test."""
     monkeypatch.setitem(TOKEN_MIXERS, "mean", MEAN)
-    monkeypatch.setitem(TOKEN_MIXERS, "mean_bidirectional", TokenMixer(MeanMixer, causal=False, kv_cache=False))
+    monkeypatch.setitem(
+        TOKEN_MIXERS,
+        "mean_bidirectional",
+        TokenMixer(MeanMixer, causal=False, kv_cache=False, reason="the mean runs over later tokens too"),
+    )
 
 
 def test_self_attention_is_the_default_mixer():
@@ -101,13 +105,13 @@ def test_encoder_decoder_takes_a_decoder_mixer(mean_mixer):
 @pytest.mark.parametrize(
     "family, overrides, message",
     [
-        ("decoder", {"token_mixer": "fourier"}, r"token_mixer='fourier' is not supported; choose one of \["),
-        ("encoder", {"token_mixer": "fourier"}, r"token_mixer='fourier' is not supported"),
+        ("decoder", {"token_mixer": "unknown"}, r"token_mixer='unknown' is not supported; choose one of \["),
+        ("encoder", {"token_mixer": "unknown"}, r"token_mixer='unknown' is not supported"),
         (
             "decoder",
             {"token_mixer": "mean_bidirectional", "use_cache": False},
-            r"token_mixer='mean_bidirectional' is not defined for the causal decoder of hfzoo_decoder; "
-            r"choose one of \['self_attention', 'mean'\]",
+            r"token_mixer='mean_bidirectional' is not defined for the causal decoder of hfzoo_decoder "
+            r"\(the mean runs over later tokens too\); choose one of \['self_attention', .*'mean'\]",
         ),
         (
             "encoder-decoder",
@@ -157,3 +161,34 @@ def test_entry_metadata_restricts_families_backends_and_checks_fields(monkeypatc
     assert FAMILIES["encoder"][0](**{**TINY, "token_mixer": "narrow", "hidden_size": 16, "num_attention_heads": 2})
     # the check of a mixer no stack uses does not run
     assert FAMILIES["encoder"][0](**TINY)
+
+
+def neighbours_only(config):
+    """A mask overlay: attend to the previous, the same and the next position only."""
+    return lambda batch_idx, head_idx, q_idx, kv_idx: abs(q_idx - kv_idx) <= 1
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_mask_overlay_restricts_the_stacks_self_attention(family, monkeypatch, tmp_path):
+    """An entry's `mask_overlay` is intersected with every stack's mask: eager, SDPA and the KV cache follow it."""
+    monkeypatch.setitem(TOKEN_MIXERS, "neighbours", TokenMixer(HfzooAttention, mask_overlay=neighbours_only))
+    overrides = {"token_mixer": "neighbours", "num_hidden_layers": 1, "num_decoder_layers": 1}
+    if family != "encoder-decoder":
+        overrides.pop("num_decoder_layers")
+    check_variant(family, overrides, tmp_path)
+    batch = make_batch(family)
+    for attn in ("eager", "sdpa"):
+        model = build_model(family, overrides, attn)
+        with torch.no_grad():
+            before = run(model, batch).logits
+            if family == "encoder-decoder":
+                batch.decoder_input_ids[:, 0] += 1
+            else:
+                batch.input_ids[:, 0] += 1
+            after = run(model, batch).logits
+            batch = make_batch(family)
+        # one layer: position 0 reaches positions 0 and 1 only (the decoder's cross-attention reads the encoder;
+        # outputs at padding positions are not compared)
+        real = batch.attention_mask.bool() if family != "encoder-decoder" else torch.ones_like(before[..., 0]).bool()
+        assert not torch.allclose(before[:, :2], after[:, :2])
+        torch.testing.assert_close(before[:, 2:][real[:, 2:]], after[:, 2:][real[:, 2:]])

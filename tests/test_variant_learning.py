@@ -45,6 +45,25 @@ LEARNING_VARIANTS: list[tuple[dict, tuple[str, ...]]] = [
     ({"gated_mlp": True, "hidden_act": "silu"}, ALL),  # SwiGLU (Shazeer 2020)
     ({"norm_type": "rms_norm"}, ALL),
     ({"position_embedding_type": "rotary"}, ALL),
+    # FNet (Lee-Thorp et al. 2022): Fourier token mixing in the encoder; a self-attention decoder
+    ({"token_mixer": "fourier"}, ("encoder",)),
+    ({"token_mixer": "fourier", "decoder_token_mixer": "self_attention"}, ("encoder-decoder",)),
+    # Linformer (Wang et al. 2020): 64-token blocks projected to k = 16
+    ({"token_mixer": "linformer", "linformer_k": 16}, ("encoder",)),
+    ({"token_mixer": "linformer", "linformer_k": 16, "decoder_token_mixer": "self_attention"}, ("encoder-decoder",)),
+    # sliding-window attention (Beltagy et al. 2020): 8 tokens on each side in 64-token blocks
+    ({"token_mixer": "sliding_window", "attention_window": 16}, ALL),
+    # BigBird (Zaheer et al. 2020): 8 blocks of 8 tokens, 2 random and 2 global blocks
+    ({"token_mixer": "bigbird", "bigbird_block_size": 8, "bigbird_num_random_blocks": 2}, ("encoder",)),
+    (
+        {
+            "token_mixer": "bigbird",
+            "decoder_token_mixer": "self_attention",
+            "bigbird_block_size": 8,
+            "bigbird_num_random_blocks": 2,
+        },
+        ("encoder-decoder",),
+    ),
 ]
 
 OBJECTIVES = {"decoder": "clm", "encoder": "mlm", "encoder-decoder": "span"}

@@ -26,6 +26,7 @@ from hfzoo.export import export_for_remote_code, family_source_files, flatten_so
 from hfzoo.modules.experts import ROUTERS
 from hfzoo.modules.feed_forward import ACTIVATIONS
 from hfzoo.modules.layer import NORM_POSITIONS, sandwich_pattern
+from hfzoo.modules.linformer import LINFORMER_SHARING
 from hfzoo.modules.mixers import TOKEN_MIXERS
 from hfzoo.modules.norms import NORM_CLASSES
 from hfzoo.modules.positions import POSITION_ATTENTION_BACKENDS, POSITION_EMBEDDING_TYPES
@@ -105,6 +106,51 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
     # ---- layer structure: token mixers (Press et al. 2020 sublayer orders in the patterns)
     *[({"token_mixer": name}, ALL, BOTH) for name in ("self_attention",)],
     ({"token_mixer": "self_attention", "decoder_token_mixer": "self_attention"}, ("encoder-decoder",), BOTH),
+    # FNet (Lee-Thorp et al. 2022): bidirectional stacks only; in the encoder-decoder with a self-attention decoder
+    ({"token_mixer": "fourier"}, ("encoder",), BOTH),
+    ({"token_mixer": "fourier", "decoder_token_mixer": "self_attention"}, ("encoder-decoder",), BOTH),
+    # Linformer (Wang et al. 2020): k = 4 projected positions for 11 tokens; bidirectional stacks only
+    *[
+        ({"token_mixer": "linformer", "linformer_k": 4, "linformer_sharing": sharing}, ("encoder",), BOTH)
+        for sharing in LINFORMER_SHARING
+    ],
+    (
+        {"token_mixer": "linformer", "linformer_k": 4, "decoder_token_mixer": "self_attention"},
+        ("encoder-decoder",),
+        BOTH,
+    ),
+    # sliding-window attention (Beltagy et al. 2020): 2 tokens on each side, inside the 11 and 7 tokens and the
+    # 5 + 4 of generation; also in the encoder only (self-attention in the decoder), and with ALiBi
+    ({"token_mixer": "sliding_window", "attention_window": 4}, ALL, BOTH),
+    (
+        {"token_mixer": "sliding_window", "attention_window": 4, "decoder_token_mixer": "self_attention"},
+        ("encoder-decoder",),
+        BOTH,
+    ),
+    ({"token_mixer": "sliding_window", "attention_window": 2, "position_embedding_type": "alibi"}, ALL, BOTH),
+    # BigBird (Zaheer et al. 2020): blocks of 2 tokens, so 11 tokens have window, global and random blocks
+    ({"token_mixer": "bigbird", "bigbird_block_size": 2, "bigbird_num_random_blocks": 1}, ("encoder",), BOTH),
+    (
+        {
+            "token_mixer": "bigbird",
+            "decoder_token_mixer": "self_attention",
+            "bigbird_block_size": 2,
+            "bigbird_num_random_blocks": 2,
+            "bigbird_num_global_blocks": 1,
+        },
+        ("encoder-decoder",),
+        BOTH,
+    ),
+    (
+        {
+            "token_mixer": "bigbird",
+            "bigbird_block_size": 3,
+            "bigbird_num_global_blocks": 0,
+            "position_embedding_type": "shaw",
+        },
+        ("encoder",),
+        ("eager",),
+    ),
     ({"sublayer_pattern": sandwich_pattern(TINY["num_hidden_layers"], 1)}, ALL, BOTH),  # sandwich "ssff"
     ({"sublayer_pattern": "s" * 2 * TINY["num_hidden_layers"]}, ALL, BOTH),  # attention only
     ({"sublayer_pattern": "f" * 2 * TINY["num_hidden_layers"], "use_cache": False}, ("decoder", "encoder"), BOTH),
@@ -252,6 +298,7 @@ def test_every_registered_choice_has_a_row():
         (("position_embedding_type",), POSITION_EMBEDDING_TYPES),
         (("block_sharing",), BLOCK_SHARING),
         (("token_mixer", "decoder_token_mixer"), TOKEN_MIXERS),
+        (("linformer_sharing",), LINFORMER_SHARING),
     ):
         missing = [c for c in choices if not any((field, c) in covered for field in fields)]
         assert not missing, f"{' / '.join(fields)} values without a VARIANTS row: {missing}"

@@ -184,6 +184,42 @@ class HfzooAttention(nn.Module):
         """`([v_proj], [o_proj])`: the value path and output DeepNorm / Fixup initialise (`hfzoo.modules.layer`)."""
         return [self.v_proj], [self.o_proj]
 
+    def restrict_attention_mask(
+        self,
+        attention_mask: torch.Tensor | None,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        padding_mask: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """This layer's self-attention mask: the stack's, unchanged (a subclass with a per-layer pattern restricts it).
+
+        Args:
+            attention_mask: the stack's backend-specific mask (see `forward`).
+            query: `(batch_size, num_heads, q_len, head_dim)`.
+            key: `(batch_size, num_heads, kv_len, head_dim)` (cached keys included).
+            padding_mask: `(batch_size, q_len)` bool, False at padding, or None.
+
+        Returns:
+            The mask handed to the attention backend (here `attention_mask` itself).
+        """
+        return attention_mask
+
+    @staticmethod
+    def mixer_weights(config) -> int:
+        """Matrix-product weights one token passes through in a self-attention sublayer: q, k, v, o.
+
+        Read by `hfzoo.training.flops` (each weight costs 6 training FLOPs per token).
+        """
+        return 4 * config.hidden_size * config.num_attention_heads * config.head_dim
+
+    @staticmethod
+    def attention_pairs(config, seq_len: int) -> int:
+        """(query, key) pairs whose scores a self-attention sublayer computes over `seq_len` tokens: `seq_len ** 2`.
+
+        Read by `hfzoo.training.flops` (12 d_attn training FLOPs per pair; causal masking not discounted, as PaLM).
+        """
+        return seq_len * seq_len
+
     def _project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (*states.shape[:-1], self.num_heads, self.head_dim)
         # (batch, kv_len, hidden) -> (batch, heads, kv_len, head_dim)
@@ -214,8 +250,8 @@ class HfzooAttention(nn.Module):
                 stack's `RotaryEmbedding` (self-attention only; ignored by cross-attention).
             position_bias: additive score bias `(batch_size or 1, num_heads, q_len, kv_len)` shared by the
                 stack's layers (T5 shared bias, ALiBi; ignored by cross-attention).
-            padding_mask: unused (attention reads padding from `attention_mask`); part of the token-mixer
-                call signature (`hfzoo.modules.mixers`).
+            padding_mask: `(batch_size, q_len)` bool, False at padding, or None; the stack's `attention_mask`
+                already masks padding, so only `restrict_attention_mask` reads it (a subclass's pattern).
             **kwargs: forwarded to the attention backend.
 
         Returns:
@@ -250,6 +286,7 @@ class HfzooAttention(nn.Module):
             )
             if cache is not None:
                 key, value = cache.update(key, value, self.layer_idx)
+            attention_mask = self.restrict_attention_mask(attention_mask, query, key, padding_mask)
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
         if self.is_cross_attention:
             position_bias = None

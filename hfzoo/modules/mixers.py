@@ -24,6 +24,10 @@ The contract of a mixer class (`HfzooAttention` is the reference):
   a later one (the variant matrix checks both).
 - `residual_branch_projections() -> (value_path, outputs)`: the `nn.Linear`s that DeepNorm and Fixup
   initialise (`hfzoo.modules.layer.residual_branch_projections`).
+- static methods `mixer_weights(config) -> int` (matrix-product weights one token passes through in one
+  mixer sublayer) and `attention_pairs(config, seq_len) -> int` ((query, key) pairs of scores over a
+  sequence of `seq_len` tokens): the mixer's compute, read by `hfzoo.training.flops`; a mixer without them
+  is counted as self-attention.
 
 The module is the layer's `self_attn` whatever the mixer (one checkpoint layout, PEFT's usual names).
 """
@@ -37,6 +41,15 @@ from typing import Any
 from torch import nn
 
 from .attention import HfzooAttention
+from .fourier import FourierMixer
+from .linformer import LinformerAttention, check_linformer_config
+from .sparse_attention import (
+    BigBirdAttention,
+    SlidingWindowAttention,
+    check_attention_window,
+    check_bigbird_config,
+    window_overlay,
+)
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,14 @@ class TokenMixer:
             them when no stack uses the mixer.
         check_config: called with the config when it is built (after the common checks), to refuse bad
             values of the mixer's own fields with a `ValueError` naming the field; or None.
+        reason: why the mixer is undefined in the stacks or families it refuses (e.g. "it mixes every
+            position into every other, so a token would see later ones"); the config's refusal ends with it.
+        mask_overlay: for attention with a pattern of its own (a local window): called with the config, it
+            returns a transformers mask function `(batch_idx, head_idx, q_idx, kv_idx) -> bool` (True = may
+            attend; indices are positions in the sequence, cache included) that the stack intersects with
+            its causal or bidirectional self-attention mask (`and_mask_function` of
+            `transformers.masking_utils.create_causal_mask` / `create_bidirectional_mask`), so every backend
+            that takes a mask applies it; or None.
     """
 
     module: type[nn.Module]
@@ -72,6 +93,8 @@ class TokenMixer:
     attention_positions: bool = True
     config_fields: tuple[str, ...] = ()
     check_config: Callable[[Any], None] | None = None
+    reason: str = ""
+    mask_overlay: Callable[[Any], Callable] | None = None
 
     def runs_in(self, model_type: str, is_causal: bool) -> bool:
         """Whether the mixer is defined in a stack of direction `is_causal` of the family `model_type`."""
@@ -97,4 +120,37 @@ def build_token_mixer(config, name: str, layer_idx: int, is_causal: bool) -> nn.
 # Token mixers, selected by `config.token_mixer` (and the encoder-decoder's `decoder_token_mixer`).
 TOKEN_MIXERS = {
     "self_attention": TokenMixer(HfzooAttention),  # Vaswani et al. 2017 §3.2
+    "fourier": TokenMixer(  # FNet, Lee-Thorp et al. 2022
+        FourierMixer,
+        causal=False,
+        kv_cache=False,
+        attention_positions=False,
+        reason="the Fourier transform over the sequence mixes every position into every other, so a token "
+        "would see later ones",
+    ),
+    "linformer": TokenMixer(  # Wang et al. 2020
+        LinformerAttention,
+        causal=False,
+        kv_cache=False,
+        attention_positions=False,
+        config_fields=("linformer_k", "linformer_sharing"),
+        check_config=check_linformer_config,
+        reason="the projections along the sequence mix every position's key and value into every projected one, "
+        "so a token would see later ones",
+    ),
+    "sliding_window": TokenMixer(  # Beltagy et al. 2020 (Longformer) §3.1
+        SlidingWindowAttention,
+        config_fields=("attention_window",),
+        check_config=check_attention_window,
+        mask_overlay=window_overlay,
+    ),
+    "bigbird": TokenMixer(  # Zaheer et al. 2020 (ITC)
+        BigBirdAttention,
+        causal=False,
+        kv_cache=False,
+        attention_backends=("eager", "sdpa"),  # a dense pattern mask: no flash / flex
+        config_fields=("bigbird_block_size", "bigbird_num_random_blocks", "bigbird_num_global_blocks"),
+        check_config=check_bigbird_config,
+        reason="its global and random blocks lie anywhere in the sequence, so a token would see later ones",
+    ),
 }

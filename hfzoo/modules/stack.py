@@ -34,6 +34,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttenti
 from .embeddings import TokenEmbedding
 from .experts import token_padding_mask
 from .layer import NORM_POSITIONS, HfzooLayer, layer_sublayers
+from .mixers import TOKEN_MIXERS
 from .norms import build_norm
 from .positions import (
     ATTENTION_SCORE_BIASES,
@@ -90,7 +91,8 @@ class HfzooStack:
     `config.type_vocab_size > 0`, else None), `embed_norm` (a norm of the summed embeddings when
     `config.embedding_norm`, else None), `embed_dropout`, `layers` (`HfzooLayer`s) and
     `norm` (the final norm when the norm placement has one, else an identity). Flags: `is_causal`,
-    `has_cross_attention` and `shares_layers` (`config.block_sharing` covers this stack).
+    `has_cross_attention` and `shares_layers` (`config.block_sharing` covers this stack); `token_mixer_name`
+    (the stack's `TOKEN_MIXERS` key, whose `mask_overlay` the self-attention mask takes).
 
     The layers follow `config.sublayer_pattern` (`StackLayout.sublayers`): each token mixer gets the next
     KV-cache layer index (`mixer_idx`, 0, 1, ... over the stack's token mixers, so a cache holds one layer
@@ -110,6 +112,7 @@ class HfzooStack:
         super().__init__(config)
         self.embed_tokens = embed_tokens if embed_tokens is not None else TokenEmbedding(config)
         self.is_causal = is_causal = layout.is_causal
+        self.token_mixer_name = layout.token_mixer
         self.has_cross_attention = layout.has_cross_attention
         self.shares_layers = layout.name in BLOCK_SHARING[config.block_sharing]
         self.embed_positions = build_position_embedding(config)
@@ -291,9 +294,19 @@ class HfzooStack:
         encoder_hidden_states: torch.Tensor | None,
         encoder_attention_mask: torch.Tensor | None,
     ) -> tuple:
-        """The backend-specific self-attention mask (causal or bidirectional) and cross-attention mask (or None)."""
+        """The backend-specific self-attention mask (causal or bidirectional) and cross-attention mask (or None).
+
+        The self-attention mask is intersected with the token mixer's own pattern when its `TOKEN_MIXERS` entry
+        has a `mask_overlay` (a local window).
+        """
         config = self.config
-        mask_kwargs = {"config": config, "inputs_embeds": inputs_embeds, "attention_mask": attention_mask}
+        overlay = TOKEN_MIXERS[self.token_mixer_name].mask_overlay
+        mask_kwargs = {
+            "config": config,
+            "inputs_embeds": inputs_embeds,
+            "attention_mask": attention_mask,
+            "and_mask_function": overlay(config) if overlay is not None else None,
+        }
         if self.is_causal:
             # A score bias travels in the mask, so SDPA must get a causal mask instead of its `is_causal` shortcut.
             self_mask = create_causal_mask(

@@ -19,6 +19,11 @@ any hfzoo family; `FlopsCount.per_token` divides by the tokens the model process
   over T keys). The scores `Q K^T` and the weighted values `P V` each cost 2 d_attn FLOPs per pair forward
   (`d_attn = num_attention_heads * head_dim`), three times that with backward. As in PaLM, causal masking
   is not discounted.
+- **Token mixers**: each stack counts its token mixer's sublayers (`sublayer_pattern`: the `s` letters)
+  and feed-forward sublayers (the `f` letters). What one token-mixer sublayer costs is the mixer class's
+  own count (`hfzoo.modules.mixers`): its static methods `mixer_weights(config)` (matrix-product weights
+  per token; self-attention's q, k, v, o) and `attention_pairs(config, seq_len)` ((query, key) pairs over a
+  sequence; self-attention's `seq_len ** 2`). A mixer class without them is counted as self-attention.
 - **Encoder-decoder**: encoder tokens pass the encoder layers; decoder tokens pass the decoder layers and
   the head; cross-attention's key and value projections apply to the encoder's outputs (once per encoder
   token and decoder layer) and its scores cover every (decoder token, encoder token) pair.
@@ -33,7 +38,9 @@ from __future__ import annotations
 import dataclasses
 
 from ..models.encoder.configuration_encoder import HfzooEncoderConfig
+from ..modules.attention import HfzooAttention
 from ..modules.experts import is_moe_layer
+from ..modules.mixers import TOKEN_MIXERS
 
 __all__ = ["FlopsCount", "count_training_flops", "weights_per_token"]
 
@@ -95,6 +102,19 @@ def _head_weights(config) -> int:
     return weights
 
 
+def _mixer_class(name: str) -> type:
+    """The class of the token mixer `name`, or `HfzooAttention` when it does not count its own compute."""
+    module = TOKEN_MIXERS[name].module
+    return module if hasattr(module, "mixer_weights") and hasattr(module, "attention_pairs") else HfzooAttention
+
+
+def _stack_sublayers(config, stack: str) -> tuple[str, str]:
+    """`(token mixer name, concatenated sublayer letters)` of the encoder or decoder stack of `config`."""
+    layouts = config.stack_layouts()
+    layout = layouts[1] if stack == "decoder" else layouts[0]
+    return layout.token_mixer, "".join(layout.sublayers(config))
+
+
 def weights_per_token(config, stack: str) -> int:
     """Matrix-product weights one token passes through in a stack (all its layers), without attention scores.
 
@@ -114,15 +134,14 @@ def weights_per_token(config, stack: str) -> int:
     embedding = config.embedding_size * hidden if config.embedding_size is not None else 0  # factorized input
     if stack == "head":
         return _head_weights(config)
-    if stack == "encoder":
-        layers = config.num_hidden_layers
-        attention = 4 * hidden * width  # q, k, v, o
-    elif stack == "decoder":
-        layers = config.num_decoder_layers
-        attention = 4 * hidden * width + 2 * hidden * width  # self q, k, v, o + cross q, o
-    else:
+    if stack not in ("encoder", "decoder"):
         raise ValueError(f"stack must be 'encoder', 'decoder' or 'head', got {stack!r}")
-    return embedding + sum(attention + _feed_forward_weights(config, i) for i in range(layers))
+    mixer, sublayers = _stack_sublayers(config, stack)
+    mixer_weights = _mixer_class(mixer).mixer_weights(config)
+    if stack == "decoder":
+        mixer_weights += 2 * hidden * width  # cross-attention's q, o after each token mixer
+    feed_forward = sum(_feed_forward_weights(config, i) for i in range(sublayers.count("f")))
+    return embedding + sublayers.count("s") * mixer_weights + feed_forward
 
 
 def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = None) -> FlopsCount:
@@ -156,16 +175,18 @@ def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = Non
         TRAINING_ATTENTION_FLOPS_PER_PAIR,
     )
     encoder_weights = weights_per_token(config, "encoder")
+    encoder_mixer, encoder_sublayers = _stack_sublayers(config, "encoder")
+    pairs = encoder_sublayers.count("s") * _mixer_class(encoder_mixer).attention_pairs(config, seq_len)
     if not encoder_decoder:
         weights = seq_len * (encoder_weights + weights_per_token(config, "head"))
-        attention = config.num_hidden_layers * seq_len * seq_len * width
-        return FlopsCount(flops_per_weight * weights, per_pair * attention, seq_len)
-    decoder_layers = config.num_decoder_layers
-    cross_key_value = decoder_layers * 2 * config.hidden_size * width  # applied to every encoder token
+        return FlopsCount(flops_per_weight * weights, per_pair * pairs * width, seq_len)
+    decoder_mixer, decoder_sublayers = _stack_sublayers(config, "decoder")
+    decoder_mixers = decoder_sublayers.count("s")  # each followed by cross-attention
+    cross_key_value = decoder_mixers * 2 * config.hidden_size * width  # applied to every encoder token
     weights = seq_len * (encoder_weights + cross_key_value) + decoder_seq_len * (
         weights_per_token(config, "decoder") + weights_per_token(config, "head")
     )
-    pairs = config.num_hidden_layers * seq_len * seq_len + decoder_layers * decoder_seq_len * (
-        decoder_seq_len + seq_len
+    pairs += decoder_mixers * (
+        _mixer_class(decoder_mixer).attention_pairs(config, decoder_seq_len) + decoder_seq_len * seq_len
     )
     return FlopsCount(flops_per_weight * weights, per_pair * pairs * width, seq_len + decoder_seq_len)

@@ -22,6 +22,8 @@ import torch
 from peft import LoraConfig, PeftConfig, PeftModel, PrefixTuningConfig, TaskType, get_peft_model
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
+from hfzoo.modules.mixers import TOKEN_MIXERS
+
 __all__ = [
     "PEFT_METHODS",
     "build_peft_config",
@@ -136,7 +138,9 @@ def build_peft_config(
         A `LoraConfig`, a `PrefixTuningConfig`, or None.
 
     Raises:
-        ValueError: an unknown method, or a non-positive rank.
+        ValueError: an unknown method, a non-positive rank, or prefix tuning of an hfzoo model with a token
+            mixer that has no keys and values to prepend the prefix to (no KV cache in its `TOKEN_MIXERS`
+            entry, e.g. FNet, Linformer, BigBird).
     """
     if method not in PEFT_METHODS:
         raise ValueError(f"--peft {method!r} is not supported; choose one of {list(PEFT_METHODS)}")
@@ -152,6 +156,16 @@ def build_peft_config(
             lora_dropout=lora_dropout,
             target_modules=target_modules or default_lora_target_modules(config),
         )
+    if config.model_type in _HFZOO_MODEL_TYPES:
+        mixers = {"token_mixer": config.token_mixer}
+        if getattr(config, "decoder_token_mixer", None):
+            mixers["decoder_token_mixer"] = config.decoder_token_mixer
+        for field, name in mixers.items():
+            if not TOKEN_MIXERS[name].kv_cache:
+                raise ValueError(
+                    f"--peft prefix prepends learned keys and values to every token mixer, but {field}={name!r} "
+                    "has no key/value cache to take them; use --peft lora or --peft none"
+                )
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return PrefixTuningConfig(
