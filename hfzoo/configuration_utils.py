@@ -142,6 +142,18 @@ class HfzooConfig(PreTrainedConfig):
             is `s^k (sf)^(N-k) f^k` (`hfzoo.modules.layer.sandwich_pattern`); `"s" * 2N` is attention only,
             `"f" * 2N` feed-forward only (no token mixing: `use_cache` must be False in a causal stack).
             Each `sf` is one layer and any other letter a layer of its own (`hfzoo.modules.layer.layer_sublayers`).
+        conv_kernel_size: kernel width (tokens) of the lightweight / dynamic convolutions (`token_mixer=
+            "lightweight_convolution"` / `"dynamic_convolution"`, Wu et al. 2019): one int for every layer, a
+            list with one width per token-mixer layer of each convolution stack, or None for Wu et al.'s
+            3, 7, 15, 31, 31, ... (`hfzoo.modules.convolutions`). Causal stacks see the current and k - 1
+            previous positions, bidirectional ones a centred window.
+        conv_num_heads: H, the convolution's heads: each kernel is shared by `hidden_size // H` channels
+            (Wu et al. §3); None: `num_attention_heads`. Must divide `hidden_size`.
+        conv_weight_dropout: DropConnect probability on the softmax-normalized convolution kernels in
+            training (Wu et al. §3), in [0, 1).
+        conv_pointwise_projection: a pointwise `hidden_size x hidden_size` projection after the depthwise
+            convolution (a depthwise-separable convolution, as the Mesh TensorFlow block Narang et al. 2021
+            used, which gives the block self-attention's 4 d^2 weights); False is Wu et al.'s block.
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
@@ -208,6 +220,11 @@ class HfzooConfig(PreTrainedConfig):
     # --- layer structure: token mixers and sublayer order
     token_mixer: str = "self_attention"
     sublayer_pattern: str | None = None
+    # --- token mixers: lightweight and dynamic convolutions (Wu et al. 2019)
+    conv_kernel_size: int | list[int] | None = None
+    conv_num_heads: int | None = None
+    conv_weight_dropout: float | int = 0.0
+    conv_pointwise_projection: bool = False
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:
@@ -473,10 +490,14 @@ class HfzooConfig(PreTrainedConfig):
             ValueError: naming the field, its value, the choice it belongs to and its default.
         """
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        owners: dict[str, list[str]] = {}  # a field may belong to several choices (e.g. both convolution mixers)
         for choice, names in fields_of_choice.items():
             for name in names:
-                if choice not in selected and getattr(self, name) != defaults[name]:
-                    raise ValueError(
-                        f"{name}={getattr(self, name)!r} only applies to {field}={choice!r}, but "
-                        f"{field}={getattr(self, field)!r}; leave it at its default {defaults[name]!r}"
-                    )
+                owners.setdefault(name, []).append(choice)
+        for name, choices in owners.items():
+            if not set(choices) & selected and getattr(self, name) != defaults[name]:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} only applies to {field}="
+                    f"{' or '.join(repr(choice) for choice in choices)}, but "
+                    f"{field}={getattr(self, field)!r}; leave it at its default {defaults[name]!r}"
+                )

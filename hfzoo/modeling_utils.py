@@ -40,6 +40,8 @@ class HfzooPreTrainedModel(PreTrainedModel):
     With `scale_attention_scores=False` (T5), `q_proj` is drawn with standard deviation
     `initializer_range * head_dim ** -0.5`: the score scaling moves into the initialisation, so
     attention starts out as in a scaled model (Mesh TensorFlow's T5 initialisation does the same).
+    A module that owns bare `nn.Parameter`s (a convolution kernel, a synthesizer's mixing weight) defines
+    `init_parameters(initializer_range)`, which `_init_weights` calls.
 
     Which attention backends a model supports depends on its `position_embedding_type`
     (`hfzoo.modules.positions.POSITION_ATTENTION_BACKENDS`) and its token mixers
@@ -191,6 +193,8 @@ class HfzooPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range * scale)
         if isinstance(module, Residual):  # ReZero / Fixup scalars
             module.init_scalars()
+        elif hasattr(module, "init_parameters"):  # a block's own nn.Parameters (e.g. a convolution kernel)
+            module.init_parameters(self.config.initializer_range)
 
 
 @dataclass

@@ -45,6 +45,9 @@ LEARNING_VARIANTS: list[tuple[dict, tuple[str, ...]]] = [
     ({"gated_mlp": True, "hidden_act": "silu"}, ALL),  # SwiGLU (Shazeer 2020)
     ({"norm_type": "rms_norm"}, ALL),
     ({"position_embedding_type": "rotary"}, ALL),
+    # token mixers in place of self-attention (cross-attention stays in the encoder-decoder)
+    ({"token_mixer": "lightweight_convolution"}, ALL),  # Wu et al. 2019
+    ({"token_mixer": "dynamic_convolution"}, ALL),
 ]
 
 OBJECTIVES = {"decoder": "clm", "encoder": "mlm", "encoder-decoder": "span"}

@@ -105,6 +105,26 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
     # ---- layer structure: token mixers (Press et al. 2020 sublayer orders in the patterns)
     *[({"token_mixer": name}, ALL, BOTH) for name in ("self_attention",)],
     ({"token_mixer": "self_attention", "decoder_token_mixer": "self_attention"}, ("encoder-decoder",), BOTH),
+    # lightweight / dynamic convolutions (Wu et al. 2019): Wu et al.'s kernel widths, then per-layer widths (an
+    # even one: asymmetric padding), fewer heads, the pointwise projection and weight dropout (train-mode checks)
+    ({"token_mixer": "lightweight_convolution"}, ALL, BOTH),
+    ({"token_mixer": "dynamic_convolution"}, ALL, BOTH),
+    (
+        {
+            "token_mixer": "dynamic_convolution",
+            "conv_kernel_size": [4, 2],
+            "conv_num_heads": 2,
+            "conv_pointwise_projection": True,
+            "conv_weight_dropout": 0.1,
+        },
+        ALL,
+        BOTH,
+    ),
+    (
+        {"token_mixer": "lightweight_convolution", "conv_kernel_size": 5, "decoder_token_mixer": "self_attention"},
+        ("encoder-decoder",),
+        BOTH,
+    ),
     ({"sublayer_pattern": sandwich_pattern(TINY["num_hidden_layers"], 1)}, ALL, BOTH),  # sandwich "ssff"
     ({"sublayer_pattern": "s" * 2 * TINY["num_hidden_layers"]}, ALL, BOTH),  # attention only
     ({"sublayer_pattern": "f" * 2 * TINY["num_hidden_layers"], "use_cache": False}, ("decoder", "encoder"), BOTH),

@@ -92,6 +92,19 @@ _FACTORIZED = Scaled("hidden_size", Fraction(1, 6), 8)
 #: 32 experts (Switch, top-1) this gives the paper's 648M and 1100M parameters (647.7M and 1100.6M).
 _EXPERTS = {"moe_layer_interval": 4}
 
+#: Lightweight and dynamic convolution rows (Wu et al. 2019) in place of self-attention in both stacks, sized
+#: as the Mesh TensorFlow block Narang et al. used (`LocalConvAttnBlock`): GLU input projection, depthwise
+#: convolution, pointwise and output projections (4 d^2, self-attention's weights), kernel width 31 in every
+#: layer, and hidden_size / num_attention_heads = head_dim = 64 kernels (each shared by 12 channels). The
+#: dynamic kernels (768 x 64 x 31 per layer) give 259.5M for the paper's 257M, the lightweight row 223.0M for
+#: 224M. No position scheme: the relative bias lives in self-attention, which these models do not have.
+_CONVOLUTION = {
+    "position_embedding_type": "none",
+    "conv_pointwise_projection": True,
+    "conv_kernel_size": 31,
+    "conv_num_heads": Scaled("head_dim", Fraction(1)),
+}
+
 #: Table 1 row name (as in the paper) -> config changes to the `narang-vanilla` baseline. Ties are
 #: (encoder/decoder input, decoder input/output); the block-sharing rows use an untied output matrix, as
 #: their counts show (65M = shared layers + two 24.7M vocabulary matrices), and "+ Factorized & shared"
@@ -130,6 +143,8 @@ TABLE_1_ROWS: dict[str, dict[str, Any]] = {
     "Tied decoder input and output embeddings": {"tie_encoder_decoder_embeddings": False},
     "Untied embeddings": {"tie_encoder_decoder_embeddings": False, "tie_word_embeddings": False},
     "Mixture of softmaxes": {"num_softmaxes": 15},
+    "Dynamic convolution": {"token_mixer": "dynamic_convolution", **_CONVOLUTION},
+    "Lightweight convolution": {"token_mixer": "lightweight_convolution", **_CONVOLUTION},
     "Mixture of experts": {"num_experts": 16, "num_experts_per_tok": 2, "router_type": "top_k", **_EXPERTS},
     "Switch Transformer": {"num_experts": 32, "num_experts_per_tok": 1, "router_type": "switch", **_EXPERTS},
 }

@@ -37,6 +37,7 @@ from typing import Any
 from torch import nn
 
 from .attention import HfzooAttention
+from .convolutions import CONVOLUTION_FIELDS, DynamicConvolution, LightweightConvolution, check_convolution_config
 
 
 @dataclass(frozen=True)
@@ -97,4 +98,17 @@ def build_token_mixer(config, name: str, layer_idx: int, is_causal: bool) -> nn.
 # Token mixers, selected by `config.token_mixer` (and the encoder-decoder's `decoder_token_mixer`).
 TOKEN_MIXERS = {
     "self_attention": TokenMixer(HfzooAttention),  # Vaswani et al. 2017 §3.2
+    # Wu et al. 2019 §3 / §4 (hfzoo/modules/convolutions.py); KV cache = the layer's past convolution inputs
+    "lightweight_convolution": TokenMixer(
+        LightweightConvolution,
+        attention_positions=False,
+        config_fields=CONVOLUTION_FIELDS,
+        check_config=check_convolution_config,
+    ),
+    "dynamic_convolution": TokenMixer(
+        DynamicConvolution,
+        attention_positions=False,
+        config_fields=CONVOLUTION_FIELDS,
+        check_config=check_convolution_config,
+    ),
 }

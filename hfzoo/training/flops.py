@@ -19,6 +19,10 @@ any hfzoo family; `FlopsCount.per_token` divides by the tokens the model process
   over T keys). The scores `Q K^T` and the weighted values `P V` each cost 2 d_attn FLOPs per pair forward
   (`d_attn = num_attention_heads * head_dim`), three times that with backward. As in PaLM, causal masking
   is not discounted.
+- **Other token mixers** give their own two terms (the static `flops_per_token` of their class in
+  `hfzoo.modules.mixers.TOKEN_MIXERS`): the weights a token passes through and the FLOPs per (query, key)
+  pair. A depthwise convolution's multiply-adds per channel are elementwise work (Wu et al. 2019's blocks count
+  their projections only).
 - **Encoder-decoder**: encoder tokens pass the encoder layers; decoder tokens pass the decoder layers and
   the head; cross-attention's key and value projections apply to the encoder's outputs (once per encoder
   token and decoder layer) and its scores cover every (decoder token, encoder token) pair.
@@ -34,6 +38,7 @@ import dataclasses
 
 from ..models.encoder.configuration_encoder import HfzooEncoderConfig
 from ..modules.experts import is_moe_layer
+from ..modules.mixers import TOKEN_MIXERS
 
 __all__ = ["FlopsCount", "count_training_flops", "weights_per_token"]
 
@@ -71,6 +76,22 @@ class FlopsCount:
 def _attention_width(config) -> int:
     head_dim = config.head_dim or config.hidden_size // config.num_attention_heads
     return config.num_attention_heads * head_dim
+
+
+def _token_mixer_flops(config, stack: str, layer_idx: int) -> tuple[int, int]:
+    """`(weights per token, training FLOPs per (query, key) pair)` of a stack's token mixer `layer_idx`.
+
+    Self-attention: q, k, v, o (`4 hidden d_attn`) and `12 d_attn` per pair. Another mixer's class gives its
+    own terms with a static `flops_per_token(config, layer_idx, is_causal)` (e.g. the convolutions of
+    `hfzoo.modules.convolutions`: projections only, nothing per pair).
+    """
+    layouts = config.stack_layouts()
+    layout = layouts[-1] if stack == "decoder" else layouts[0]
+    cost = getattr(TOKEN_MIXERS[layout.token_mixer].module, "flops_per_token", None)
+    if cost is None:
+        width = _attention_width(config)
+        return 4 * config.hidden_size * width, TRAINING_ATTENTION_FLOPS_PER_PAIR * width
+    return cost(config, layer_idx, layout.is_causal)
 
 
 def _feed_forward_weights(config, layer_idx: int) -> int:
@@ -115,14 +136,14 @@ def weights_per_token(config, stack: str) -> int:
     if stack == "head":
         return _head_weights(config)
     if stack == "encoder":
-        layers = config.num_hidden_layers
-        attention = 4 * hidden * width  # q, k, v, o
+        layers, cross = config.num_hidden_layers, 0
     elif stack == "decoder":
-        layers = config.num_decoder_layers
-        attention = 4 * hidden * width + 2 * hidden * width  # self q, k, v, o + cross q, o
+        layers, cross = config.num_decoder_layers, 2 * hidden * width  # + cross-attention's q, o
     else:
         raise ValueError(f"stack must be 'encoder', 'decoder' or 'head', got {stack!r}")
-    return embedding + sum(attention + _feed_forward_weights(config, i) for i in range(layers))
+    return embedding + sum(
+        _token_mixer_flops(config, stack, i)[0] + cross + _feed_forward_weights(config, i) for i in range(layers)
+    )
 
 
 def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = None) -> FlopsCount:
@@ -156,16 +177,20 @@ def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = Non
         TRAINING_ATTENTION_FLOPS_PER_PAIR,
     )
     encoder_weights = weights_per_token(config, "encoder")
+    # the token mixers' FLOPs per (query, key) pair, summed over each stack's layers
+    encoder_pair_flops = sum(_token_mixer_flops(config, "encoder", i)[1] for i in range(config.num_hidden_layers))
     if not encoder_decoder:
         weights = seq_len * (encoder_weights + weights_per_token(config, "head"))
-        attention = config.num_hidden_layers * seq_len * seq_len * width
-        return FlopsCount(flops_per_weight * weights, per_pair * attention, seq_len)
+        return FlopsCount(flops_per_weight * weights, encoder_pair_flops * seq_len * seq_len, seq_len)
     decoder_layers = config.num_decoder_layers
     cross_key_value = decoder_layers * 2 * config.hidden_size * width  # applied to every encoder token
     weights = seq_len * (encoder_weights + cross_key_value) + decoder_seq_len * (
         weights_per_token(config, "decoder") + weights_per_token(config, "head")
     )
-    pairs = config.num_hidden_layers * seq_len * seq_len + decoder_layers * decoder_seq_len * (
-        decoder_seq_len + seq_len
+    decoder_pair_flops = sum(_token_mixer_flops(config, "decoder", i)[1] for i in range(decoder_layers))
+    attention = (
+        encoder_pair_flops * seq_len * seq_len
+        + decoder_pair_flops * decoder_seq_len * decoder_seq_len
+        + per_pair * width * decoder_layers * decoder_seq_len * seq_len  # cross-attention
     )
-    return FlopsCount(flops_per_weight * weights, per_pair * pairs * width, seq_len + decoder_seq_len)
+    return FlopsCount(flops_per_weight * weights, attention, seq_len + decoder_seq_len)
