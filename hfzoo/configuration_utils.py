@@ -154,6 +154,17 @@ class HfzooConfig(PreTrainedConfig):
         conv_pointwise_projection: a pointwise `hidden_size x hidden_size` projection after the depthwise
             convolution (a depthwise-separable convolution, as the Mesh TensorFlow block Narang et al. 2021
             used, which gives the block self-attention's 4 d^2 weights); False is Wu et al.'s block.
+        synthesizer_type: how `token_mixer="synthesizer"` (Tay et al. 2020) synthesizes its attention logits, a
+            key of `hfzoo.modules.synthesizer.SYNTHESIZERS`: `dense` (each token predicts its logits over the key
+            positions from its query, §3.1), `random` (a learned matrix independent of the input, §3.2),
+            `factorized_random` (that matrix as a product of two rank-`synthesizer_factorized_rank` factors,
+            §3.3). The random matrices and the dense projection cover `max_position_embeddings` positions:
+            longer sequences are refused.
+        synthesizer_mixing: `none`, or mixed with dot-product attention (Tay et al. §3.4): `plus` sums the two
+            logits, `plus_alpha` weighs them by a learned sigmoid (one scalar per layer).
+        synthesizer_num_heads: the synthesizer's heads; None: `num_attention_heads`.
+        synthesizer_head_dim: the size of its heads; None: `head_dim`.
+        synthesizer_factorized_rank: the rank k of `factorized_random` (Mesh TensorFlow's 16).
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
@@ -225,6 +236,12 @@ class HfzooConfig(PreTrainedConfig):
     conv_num_heads: int | None = None
     conv_weight_dropout: float | int = 0.0
     conv_pointwise_projection: bool = False
+    # --- token mixers: Synthesizer (Tay et al. 2020)
+    synthesizer_type: str = "dense"
+    synthesizer_mixing: str = "none"
+    synthesizer_num_heads: int | None = None
+    synthesizer_head_dim: int | None = None
+    synthesizer_factorized_rank: int = 16
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:

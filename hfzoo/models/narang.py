@@ -105,6 +105,25 @@ _CONVOLUTION = {
     "conv_num_heads": Scaled("head_dim", Fraction(1)),
 }
 
+
+def _synthesizer(kind: str, mixing: str = "none") -> dict[str, Any]:
+    """A Synthesizer row (Tay et al. 2020) in place of self-attention in both stacks, as Mesh TensorFlow's layer.
+
+    Its defaults, 8 heads of 128 (2/3 of the baseline's heads, twice its d_kv) over 512 x 512 synthesized
+    matrices (`max_position_embeddings`), reproduce all seven of the paper's counts (dense 224.5M, dense plus
+    243.4M, factorized 207.2M, random 254.4M, random plus 292.2M; alpha adds one weight per layer), and the
+    relative bias is not applied there, so the rows use no position scheme.
+    """
+    return {
+        "token_mixer": "synthesizer",
+        "synthesizer_type": kind,
+        "synthesizer_mixing": mixing,
+        "synthesizer_num_heads": Scaled("num_attention_heads", Fraction(2, 3)),
+        "synthesizer_head_dim": Scaled("head_dim", Fraction(2)),
+        "position_embedding_type": "none",
+    }
+
+
 #: Table 1 row name (as in the paper) -> config changes to the `narang-vanilla` baseline. Ties are
 #: (encoder/decoder input, decoder input/output); the block-sharing rows use an untied output matrix, as
 #: their counts show (65M = shared layers + two 24.7M vocabulary matrices), and "+ Factorized & shared"
@@ -145,6 +164,13 @@ TABLE_1_ROWS: dict[str, dict[str, Any]] = {
     "Mixture of softmaxes": {"num_softmaxes": 15},
     "Dynamic convolution": {"token_mixer": "dynamic_convolution", **_CONVOLUTION},
     "Lightweight convolution": {"token_mixer": "lightweight_convolution", **_CONVOLUTION},
+    "Synthesizer (dense)": _synthesizer("dense"),
+    "Synthesizer (dense plus)": _synthesizer("dense", "plus"),
+    "Synthesizer (dense plus alpha)": _synthesizer("dense", "plus_alpha"),
+    "Synthesizer (factorized)": _synthesizer("factorized_random"),
+    "Synthesizer (random)": _synthesizer("random"),
+    "Synthesizer (random plus)": _synthesizer("random", "plus"),
+    "Synthesizer (random plus alpha)": _synthesizer("random", "plus_alpha"),
     "Mixture of experts": {"num_experts": 16, "num_experts_per_tok": 2, "router_type": "top_k", **_EXPERTS},
     "Switch Transformer": {"num_experts": 32, "num_experts_per_tok": 1, "router_type": "switch", **_EXPERTS},
 }

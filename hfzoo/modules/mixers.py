@@ -38,6 +38,7 @@ from torch import nn
 
 from .attention import HfzooAttention
 from .convolutions import CONVOLUTION_FIELDS, DynamicConvolution, LightweightConvolution, check_convolution_config
+from .synthesizer import SYNTHESIZER_FIELDS, Synthesizer, check_synthesizer_config
 
 
 @dataclass(frozen=True)
@@ -110,5 +111,13 @@ TOKEN_MIXERS = {
         attention_positions=False,
         config_fields=CONVOLUTION_FIELDS,
         check_config=check_convolution_config,
+    ),
+    # Tay et al. 2020 (hfzoo/modules/synthesizer.py): dense / random / factorized random, alone or mixed with
+    # dot products (synthesizer_type, synthesizer_mixing); score biases added to its logits, masks as attention's
+    "synthesizer": TokenMixer(
+        Synthesizer,
+        attention_backends=("eager", "sdpa"),
+        config_fields=SYNTHESIZER_FIELDS,
+        check_config=check_synthesizer_config,
     ),
 }
