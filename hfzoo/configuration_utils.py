@@ -27,7 +27,7 @@ from .modules.positions import (
     check_position_config,
     has_per_layer_score_bias,
 )
-from .modules.stack import BLOCK_SHARING, StackLayout
+from .modules.stack import BLOCK_SHARING, LAYER_TYPES, StackLayout
 
 
 @strict
@@ -142,6 +142,10 @@ class HfzooConfig(PreTrainedConfig):
             is `s^k (sf)^(N-k) f^k` (`hfzoo.modules.layer.sandwich_pattern`); `"s" * 2N` is attention only,
             `"f" * 2N` feed-forward only (no token mixing: `use_cache` must be False in a causal stack).
             Each `sf` is one layer and any other letter a layer of its own (`hfzoo.modules.layer.layer_sublayers`).
+        layer_type: the layers of every stack, a key of `hfzoo.modules.stack.LAYER_TYPES`: `transformer`
+            (`HfzooLayer`: token mixer, cross-attention, feed-forward, in `sublayer_pattern`'s order) or a layer
+            type with blocks of its own (e.g. `evolved_transformer`, So et al. 2019's cells); such a class
+            refuses the fields it does not take when the config is built (its `check_config`).
         conv_kernel_size: kernel width (tokens) of the lightweight / dynamic convolutions (`token_mixer=
             "lightweight_convolution"` / `"dynamic_convolution"`, Wu et al. 2019): one int for every layer, a
             list with one width per token-mixer layer of each convolution stack, or None for Wu et al.'s
@@ -231,6 +235,7 @@ class HfzooConfig(PreTrainedConfig):
     # --- layer structure: token mixers and sublayer order
     token_mixer: str = "self_attention"
     sublayer_pattern: str | None = None
+    layer_type: str = "transformer"
     # --- token mixers: lightweight and dynamic convolutions (Wu et al. 2019)
     conv_kernel_size: int | list[int] | None = None
     conv_num_heads: int | None = None
@@ -306,12 +311,13 @@ class HfzooConfig(PreTrainedConfig):
         """This config, or with `decoder=True` a view sized for the KV cache of the causal stack.
 
         transformers sizes generation caches from `get_text_config(decoder=True).num_hidden_layers`; the
-        cache holds one layer per token mixer of the causal stack (`sublayer_pattern`), which the view's
-        `num_hidden_layers` then is (the encoder-decoder's `num_decoder_layers` by default).
+        cache holds one layer per token mixer of the causal stack (`sublayer_pattern`; a layer type's
+        `num_cache_layers` per layer), which the view's `num_hidden_layers` then is (the encoder-decoder's
+        `num_decoder_layers` by default).
         """
         causal = [layout for layout in self.stack_layouts() if layout.is_causal]
         if decoder and causal:
-            cache_layers = sum("s" in sublayers for sublayers in causal[-1].sublayers(self))
+            cache_layers = causal[-1].cache_layers(self)
             if cache_layers != self.num_hidden_layers:
                 view = copy.copy(self)
                 view.num_hidden_layers = cache_layers
@@ -319,7 +325,12 @@ class HfzooConfig(PreTrainedConfig):
         return super().get_text_config(decoder=decoder, encoder=encoder)
 
     def _validate_stacks(self) -> None:
-        """Check `sublayer_pattern` and the token mixers against every stack (`stack_layouts`)."""
+        """Check `layer_type`, `sublayer_pattern` and the token mixers against every stack (`stack_layouts`)."""
+        if self.layer_type not in LAYER_TYPES:
+            raise ValueError(f"layer_type={self.layer_type!r} is not supported; choose one of {list(LAYER_TYPES)}")
+        check_layer = getattr(LAYER_TYPES[self.layer_type], "check_config", None)
+        if check_layer is not None:
+            check_layer(self)
         pattern = self.sublayer_pattern
         if pattern is not None and (not isinstance(pattern, str) or not pattern or set(pattern) - set(SUBLAYERS)):
             raise ValueError(

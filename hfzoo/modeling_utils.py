@@ -23,9 +23,10 @@ from .configuration_utils import HfzooConfig
 from .integrity import check_weight_files
 from .modules.attention import HfzooAttention
 from .modules.experts import HfzooRouter, router_aux_losses, token_padding_mask
-from .modules.layer import HfzooLayer, Residual
+from .modules.layer import Residual
 from .modules.mixers import TOKEN_MIXERS
 from .modules.positions import POSITION_ATTENTION_BACKENDS
+from .modules.stack import LAYER_TYPES
 
 
 class HfzooPreTrainedModel(PreTrainedModel):
@@ -53,11 +54,11 @@ class HfzooPreTrainedModel(PreTrainedModel):
     config: HfzooConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["HfzooLayer"]
+    _no_split_modules = [cls.__name__ for cls in LAYER_TYPES.values()]
     _skip_keys_device_placement = ["past_key_values"]
     _supports_attention_backend = True
     _can_record_outputs = {
-        "hidden_states": HfzooLayer,
+        "hidden_states": list(LAYER_TYPES.values()),  # HfzooLayer, or another layer type's class
         "attentions": HfzooAttention,
         "router_logits": OutputRecorder(HfzooRouter, index=0),
     }

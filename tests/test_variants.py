@@ -29,7 +29,7 @@ from hfzoo.modules.layer import NORM_POSITIONS, sandwich_pattern
 from hfzoo.modules.mixers import TOKEN_MIXERS
 from hfzoo.modules.norms import NORM_CLASSES
 from hfzoo.modules.positions import POSITION_ATTENTION_BACKENDS, POSITION_EMBEDDING_TYPES
-from hfzoo.modules.stack import BLOCK_SHARING
+from hfzoo.modules.stack import BLOCK_SHARING, LAYER_TYPES
 from hfzoo.modules.synthesizer import SYNTHESIZER_MIXINGS, SYNTHESIZERS
 
 ALL = tuple(FAMILIES)
@@ -164,6 +164,8 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
         ALL,
         BOTH,
     ),
+    # layer types: the Transformer layer (default) and the layers of other architectures
+    *[({"layer_type": name}, ALL, BOTH) for name in LAYER_TYPES],
     ({"sublayer_pattern": sandwich_pattern(TINY["num_hidden_layers"], 1)}, ALL, BOTH),  # sandwich "ssff"
     ({"sublayer_pattern": "s" * 2 * TINY["num_hidden_layers"]}, ALL, BOTH),  # attention only
     ({"sublayer_pattern": "f" * 2 * TINY["num_hidden_layers"], "use_cache": False}, ("decoder", "encoder"), BOTH),
@@ -310,6 +312,7 @@ def test_every_registered_choice_has_a_row():
         (("router_type",), ROUTERS),
         (("position_embedding_type",), POSITION_EMBEDDING_TYPES),
         (("block_sharing",), BLOCK_SHARING),
+        (("layer_type",), LAYER_TYPES),
         (("token_mixer", "decoder_token_mixer"), TOKEN_MIXERS),
         (("synthesizer_type",), SYNTHESIZERS),
         (("synthesizer_mixing",), SYNTHESIZER_MIXINGS),

@@ -39,6 +39,7 @@ import dataclasses
 from ..models.encoder.configuration_encoder import HfzooEncoderConfig
 from ..modules.experts import is_moe_layer
 from ..modules.mixers import TOKEN_MIXERS
+from ..modules.stack import LAYER_TYPES
 
 __all__ = ["FlopsCount", "count_training_flops", "weights_per_token"]
 
@@ -85,13 +86,44 @@ def _token_mixer_flops(config, stack: str, layer_idx: int) -> tuple[int, int]:
     own terms with a static `flops_per_token(config, layer_idx, is_causal)` (e.g. the convolutions of
     `hfzoo.modules.convolutions`: projections only, nothing per pair).
     """
-    layouts = config.stack_layouts()
-    layout = layouts[-1] if stack == "decoder" else layouts[0]
+    layout = _layout(config, stack)
     cost = getattr(TOKEN_MIXERS[layout.token_mixer].module, "flops_per_token", None)
     if cost is None:
         width = _attention_width(config)
         return 4 * config.hidden_size * width, TRAINING_ATTENTION_FLOPS_PER_PAIR * width
     return cost(config, layer_idx, layout.is_causal)
+
+
+def _layout(config, stack: str):
+    """The `StackLayout` of `"decoder"` (an encoder-decoder's decoder) or `"encoder"` (the first / only stack)."""
+    layouts = config.stack_layouts()
+    return layouts[-1] if stack == "decoder" else layouts[0]
+
+
+def _layer_flops(config, stack: str) -> list[tuple[int, int, int, int]]:
+    """Per layer of a stack: `(weights per token, self pair FLOPs, cross pair FLOPs, cross key/value weights)`.
+
+    The weights are those a token of the stack passes (token mixer, cross-attention's q and o, feed-forward);
+    the pair FLOPs multiply the (query, key) pairs of self- and cross-attention; the cross key/value weights
+    apply to every encoder token. A `LAYER_TYPES` class other than `HfzooLayer` gives the four terms of its
+    layers with a static `training_flops(config, is_causal, has_cross_attention)` (the Evolved Transformer).
+    """
+    layout = _layout(config, stack)
+    layers = config.num_decoder_layers if stack == "decoder" else config.num_hidden_layers
+    cost = getattr(LAYER_TYPES[config.layer_type], "training_flops", None)
+    if cost is not None:
+        return [cost(config, layout.is_causal, layout.has_cross_attention)] * layers
+    hidden, width = config.hidden_size, _attention_width(config)
+    cross = layout.has_cross_attention
+    return [
+        (
+            _token_mixer_flops(config, stack, i)[0] + cross * 2 * hidden * width + _feed_forward_weights(config, i),
+            _token_mixer_flops(config, stack, i)[1],
+            cross * TRAINING_ATTENTION_FLOPS_PER_PAIR * width,
+            cross * 2 * hidden * width,
+        )
+        for i in range(layers)
+    ]
 
 
 def _feed_forward_weights(config, layer_idx: int) -> int:
@@ -131,19 +163,13 @@ def weights_per_token(config, stack: str) -> int:
     Raises:
         ValueError: an unknown `stack`.
     """
-    hidden, width = config.hidden_size, _attention_width(config)
+    hidden = config.hidden_size
     embedding = config.embedding_size * hidden if config.embedding_size is not None else 0  # factorized input
     if stack == "head":
         return _head_weights(config)
-    if stack == "encoder":
-        layers, cross = config.num_hidden_layers, 0
-    elif stack == "decoder":
-        layers, cross = config.num_decoder_layers, 2 * hidden * width  # + cross-attention's q, o
-    else:
+    if stack not in ("encoder", "decoder"):
         raise ValueError(f"stack must be 'encoder', 'decoder' or 'head', got {stack!r}")
-    return embedding + sum(
-        _token_mixer_flops(config, stack, i)[0] + cross + _feed_forward_weights(config, i) for i in range(layers)
-    )
+    return embedding + sum(layer[0] for layer in _layer_flops(config, stack))
 
 
 def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = None) -> FlopsCount:
@@ -171,26 +197,21 @@ def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = Non
             "decoder_seq_len is required for an encoder-decoder and only for one "
             f"(is_encoder_decoder={encoder_decoder}, decoder_seq_len={decoder_seq_len})"
         )
-    width, flops_per_weight, per_pair = (
-        _attention_width(config),
-        TRAINING_FLOPS_PER_WEIGHT,
-        TRAINING_ATTENTION_FLOPS_PER_PAIR,
-    )
+    flops_per_weight = TRAINING_FLOPS_PER_WEIGHT
     encoder_weights = weights_per_token(config, "encoder")
     # the token mixers' FLOPs per (query, key) pair, summed over each stack's layers
-    encoder_pair_flops = sum(_token_mixer_flops(config, "encoder", i)[1] for i in range(config.num_hidden_layers))
+    encoder_pair_flops = sum(layer[1] for layer in _layer_flops(config, "encoder"))
     if not encoder_decoder:
         weights = seq_len * (encoder_weights + weights_per_token(config, "head"))
         return FlopsCount(flops_per_weight * weights, encoder_pair_flops * seq_len * seq_len, seq_len)
-    decoder_layers = config.num_decoder_layers
-    cross_key_value = decoder_layers * 2 * config.hidden_size * width  # applied to every encoder token
+    decoder = _layer_flops(config, "decoder")
+    cross_key_value = sum(layer[3] for layer in decoder)  # applied to every encoder token
     weights = seq_len * (encoder_weights + cross_key_value) + decoder_seq_len * (
         weights_per_token(config, "decoder") + weights_per_token(config, "head")
     )
-    decoder_pair_flops = sum(_token_mixer_flops(config, "decoder", i)[1] for i in range(decoder_layers))
     attention = (
         encoder_pair_flops * seq_len * seq_len
-        + decoder_pair_flops * decoder_seq_len * decoder_seq_len
-        + per_pair * width * decoder_layers * decoder_seq_len * seq_len  # cross-attention
+        + sum(layer[1] for layer in decoder) * decoder_seq_len * decoder_seq_len
+        + sum(layer[2] for layer in decoder) * decoder_seq_len * seq_len  # cross-attention
     )
     return FlopsCount(flops_per_weight * weights, attention, seq_len + decoder_seq_len)
