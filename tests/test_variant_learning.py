@@ -53,6 +53,7 @@ LEARNING_VARIANTS: list[tuple[dict, tuple[str, ...]]] = [
     ({"token_mixer": "synthesizer", "synthesizer_type": "random", "max_position_embeddings": 128}, ALL),  # 128 x 128
     ({"token_mixer": "synthesizer", "synthesizer_mixing": "plus"}, ALL),
     ({"token_mixer": "synthesizer", "synthesizer_type": "factorized_random", "synthesizer_mixing": "plus_alpha"}, ALL),
+    ({"layer_type": "evolved_transformer"}, ALL),  # So et al. 2019
 ]
 
 OBJECTIVES = {"decoder": "clm", "encoder": "mlm", "encoder-decoder": "span"}

@@ -166,6 +166,20 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
     ),
     # layer types: the Transformer layer (default) and the layers of other architectures
     *[({"layer_type": name}, ALL, BOTH) for name in LAYER_TYPES],
+    # Evolved Transformer (So et al. 2019): with T5's shared relative bias and ALiBi (a shared score bias is
+    # repeated for the decoder cell's 2H-head attention), RMSNorm and no biases; rotary positions
+    (
+        {
+            "layer_type": "evolved_transformer",
+            "position_embedding_type": "relative_attention_bias",
+            "norm_type": "rms_norm",
+            "mlp_bias": False,
+        },
+        ALL,
+        BOTH,
+    ),
+    ({"layer_type": "evolved_transformer", "position_embedding_type": "rotary"}, ALL, BOTH),
+    ({"layer_type": "evolved_transformer", "position_embedding_type": "alibi"}, ALL, BOTH),
     ({"sublayer_pattern": sandwich_pattern(TINY["num_hidden_layers"], 1)}, ALL, BOTH),  # sandwich "ssff"
     ({"sublayer_pattern": "s" * 2 * TINY["num_hidden_layers"]}, ALL, BOTH),  # attention only
     ({"sublayer_pattern": "f" * 2 * TINY["num_hidden_layers"], "use_cache": False}, ("decoder", "encoder"), BOTH),

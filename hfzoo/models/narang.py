@@ -106,6 +106,18 @@ _CONVOLUTION = {
 }
 
 
+#: The Evolved Transformer row (So et al. 2019): each layer one of its searched cells (`layer_type`), half as many
+#: as the baseline's layers, since one cell stacks the blocks of two Transformer layers (So et al. §4: the
+#: Transformer's encoder is 3 cells of 6 blocks, its decoder 3 cells of 8). Cells as Mesh TensorFlow's
+#: evolved-transformer layers (the decoder's wide attention has 2 x 12 heads of d_kv = 64): 6 + 6 cells give
+#: 216.3M for the paper's 217M, with the baseline's shared relative bias.
+_EVOLVED = {
+    "layer_type": "evolved_transformer",
+    "num_hidden_layers": Scaled("num_hidden_layers", Fraction(1, 2)),
+    "num_decoder_layers": Scaled("num_decoder_layers", Fraction(1, 2)),
+}
+
+
 def _synthesizer(kind: str, mixing: str = "none") -> dict[str, Any]:
     """A Synthesizer row (Tay et al. 2020) in place of self-attention in both stacks, as Mesh TensorFlow's layer.
 
@@ -164,6 +176,7 @@ TABLE_1_ROWS: dict[str, dict[str, Any]] = {
     "Mixture of softmaxes": {"num_softmaxes": 15},
     "Dynamic convolution": {"token_mixer": "dynamic_convolution", **_CONVOLUTION},
     "Lightweight convolution": {"token_mixer": "lightweight_convolution", **_CONVOLUTION},
+    "Evolved Transformer": _EVOLVED,
     "Synthesizer (dense)": _synthesizer("dense"),
     "Synthesizer (dense plus)": _synthesizer("dense", "plus"),
     "Synthesizer (dense plus alpha)": _synthesizer("dense", "plus_alpha"),

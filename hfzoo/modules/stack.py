@@ -32,6 +32,7 @@ from transformers.masking_utils import create_bidirectional_mask, create_causal_
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
 from .embeddings import TokenEmbedding
+from .evolved import EvolvedTransformerLayer
 from .experts import token_padding_mask
 from .layer import NORM_POSITIONS, HfzooLayer, layer_sublayers
 from .norms import build_norm
@@ -337,4 +338,5 @@ BLOCK_SHARING = {
 #: built).
 LAYER_TYPES = {
     "transformer": HfzooLayer,  # token mixer, (cross-attention,) feed-forward; `sublayer_pattern`
+    "evolved_transformer": EvolvedTransformerLayer,  # So et al. 2019's searched encoder / decoder cells
 }
