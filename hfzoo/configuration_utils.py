@@ -27,7 +27,7 @@ from .modules.positions import (
     check_position_config,
     has_per_layer_score_bias,
 )
-from .modules.stack import BLOCK_SHARING, StackLayout
+from .modules.stack import BLOCK_SHARING, LAYER_TYPES, StackLayout
 
 
 @strict
@@ -164,6 +164,33 @@ class HfzooConfig(PreTrainedConfig):
         bigbird_num_global_blocks: global blocks g (`token_mixer="bigbird"` only): the first ceil(g/2) and the
             last floor(g/2) blocks of each sequence attend to and are attended by every token (2: BigBird-ITC's
             first and last block); >= 0.
+        layer_type: the layers of every stack, a key of `hfzoo.modules.stack.LAYER_TYPES`: `transformer`
+            (`HfzooLayer`: token mixer, cross-attention, feed-forward, in `sublayer_pattern`'s order) or a layer
+            type with blocks of its own (e.g. `evolved_transformer`, So et al. 2019's cells); such a class
+            refuses the fields it does not take when the config is built (its `check_config`).
+        conv_kernel_size: kernel width (tokens) of the lightweight / dynamic convolutions (`token_mixer=
+            "lightweight_convolution"` / `"dynamic_convolution"`, Wu et al. 2019): one int for every layer, a
+            list with one width per token-mixer layer of each convolution stack, or None for Wu et al.'s
+            3, 7, 15, 31, 31, ... (`hfzoo.modules.convolutions`). Causal stacks see the current and k - 1
+            previous positions, bidirectional ones a centred window.
+        conv_num_heads: H, the convolution's heads: each kernel is shared by `hidden_size // H` channels
+            (Wu et al. §3); None: `num_attention_heads`. Must divide `hidden_size`.
+        conv_weight_dropout: DropConnect probability on the softmax-normalized convolution kernels in
+            training (Wu et al. §3), in [0, 1).
+        conv_pointwise_projection: a pointwise `hidden_size x hidden_size` projection after the depthwise
+            convolution (a depthwise-separable convolution, as the Mesh TensorFlow block Narang et al. 2021
+            used, which gives the block self-attention's 4 d^2 weights); False is Wu et al.'s block.
+        synthesizer_type: how `token_mixer="synthesizer"` (Tay et al. 2020) synthesizes its attention logits, a
+            key of `hfzoo.modules.synthesizer.SYNTHESIZERS`: `dense` (each token predicts its logits over the key
+            positions from its query, §3.1), `random` (a learned matrix independent of the input, §3.2),
+            `factorized_random` (that matrix as a product of two rank-`synthesizer_factorized_rank` factors,
+            §3.3). The random matrices and the dense projection cover `max_position_embeddings` positions:
+            longer sequences are refused.
+        synthesizer_mixing: `none`, or mixed with dot-product attention (Tay et al. §3.4): `plus` sums the two
+            logits, `plus_alpha` weighs them by a learned sigmoid (one scalar per layer).
+        synthesizer_num_heads: the synthesizer's heads; None: `num_attention_heads`.
+        synthesizer_head_dim: the size of its heads; None: `head_dim`.
+        synthesizer_factorized_rank: the rank k of `factorized_random` (Mesh TensorFlow's 16).
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
@@ -236,6 +263,18 @@ class HfzooConfig(PreTrainedConfig):
     bigbird_block_size: int = 64
     bigbird_num_random_blocks: int = 3
     bigbird_num_global_blocks: int = 2
+    layer_type: str = "transformer"
+    # --- token mixers: lightweight and dynamic convolutions (Wu et al. 2019)
+    conv_kernel_size: int | list[int] | None = None
+    conv_num_heads: int | None = None
+    conv_weight_dropout: float | int = 0.0
+    conv_pointwise_projection: bool = False
+    # --- token mixers: Synthesizer (Tay et al. 2020)
+    synthesizer_type: str = "dense"
+    synthesizer_mixing: str = "none"
+    synthesizer_num_heads: int | None = None
+    synthesizer_head_dim: int | None = None
+    synthesizer_factorized_rank: int = 16
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:
@@ -300,12 +339,13 @@ class HfzooConfig(PreTrainedConfig):
         """This config, or with `decoder=True` a view sized for the KV cache of the causal stack.
 
         transformers sizes generation caches from `get_text_config(decoder=True).num_hidden_layers`; the
-        cache holds one layer per token mixer of the causal stack (`sublayer_pattern`), which the view's
-        `num_hidden_layers` then is (the encoder-decoder's `num_decoder_layers` by default).
+        cache holds one layer per token mixer of the causal stack (`sublayer_pattern`; a layer type's
+        `num_cache_layers` per layer), which the view's `num_hidden_layers` then is (the encoder-decoder's
+        `num_decoder_layers` by default).
         """
         causal = [layout for layout in self.stack_layouts() if layout.is_causal]
         if decoder and causal:
-            cache_layers = sum("s" in sublayers for sublayers in causal[-1].sublayers(self))
+            cache_layers = causal[-1].cache_layers(self)
             if cache_layers != self.num_hidden_layers:
                 view = copy.copy(self)
                 view.num_hidden_layers = cache_layers
@@ -313,7 +353,12 @@ class HfzooConfig(PreTrainedConfig):
         return super().get_text_config(decoder=decoder, encoder=encoder)
 
     def _validate_stacks(self) -> None:
-        """Check `sublayer_pattern` and the token mixers against every stack (`stack_layouts`)."""
+        """Check `layer_type`, `sublayer_pattern` and the token mixers against every stack (`stack_layouts`)."""
+        if self.layer_type not in LAYER_TYPES:
+            raise ValueError(f"layer_type={self.layer_type!r} is not supported; choose one of {list(LAYER_TYPES)}")
+        check_layer = getattr(LAYER_TYPES[self.layer_type], "check_config", None)
+        if check_layer is not None:
+            check_layer(self)
         pattern = self.sublayer_pattern
         if pattern is not None and (not isinstance(pattern, str) or not pattern or set(pattern) - set(SUBLAYERS)):
             raise ValueError(
@@ -502,10 +547,14 @@ class HfzooConfig(PreTrainedConfig):
             ValueError: naming the field, its value, the choice it belongs to and its default.
         """
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        owners: dict[str, list[str]] = {}  # a field may belong to several choices (e.g. both convolution mixers)
         for choice, names in fields_of_choice.items():
             for name in names:
-                if choice not in selected and getattr(self, name) != defaults[name]:
-                    raise ValueError(
-                        f"{name}={getattr(self, name)!r} only applies to {field}={choice!r}, but "
-                        f"{field}={getattr(self, field)!r}; leave it at its default {defaults[name]!r}"
-                    )
+                owners.setdefault(name, []).append(choice)
+        for name, choices in owners.items():
+            if not set(choices) & selected and getattr(self, name) != defaults[name]:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} only applies to {field}="
+                    f"{' or '.join(repr(choice) for choice in choices)}, but "
+                    f"{field}={getattr(self, field)!r}; leave it at its default {defaults[name]!r}"
+                )

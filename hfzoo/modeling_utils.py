@@ -23,9 +23,10 @@ from .configuration_utils import HfzooConfig
 from .integrity import check_weight_files
 from .modules.attention import HfzooAttention
 from .modules.experts import HfzooRouter, router_aux_losses, token_padding_mask
-from .modules.layer import HfzooLayer, Residual
+from .modules.layer import Residual
 from .modules.mixers import TOKEN_MIXERS
 from .modules.positions import POSITION_ATTENTION_BACKENDS
+from .modules.stack import LAYER_TYPES
 
 
 class HfzooPreTrainedModel(PreTrainedModel):
@@ -40,6 +41,8 @@ class HfzooPreTrainedModel(PreTrainedModel):
     With `scale_attention_scores=False` (T5), `q_proj` is drawn with standard deviation
     `initializer_range * head_dim ** -0.5`: the score scaling moves into the initialisation, so
     attention starts out as in a scaled model (Mesh TensorFlow's T5 initialisation does the same).
+    A module that owns bare `nn.Parameter`s (a convolution kernel, a synthesizer's mixing weight) defines
+    `init_parameters(initializer_range)`, which `_init_weights` calls.
 
     Which attention backends a model supports depends on its `position_embedding_type`
     (`hfzoo.modules.positions.POSITION_ATTENTION_BACKENDS`) and its token mixers
@@ -51,11 +54,11 @@ class HfzooPreTrainedModel(PreTrainedModel):
     config: HfzooConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["HfzooLayer"]
+    _no_split_modules = [cls.__name__ for cls in LAYER_TYPES.values()]
     _skip_keys_device_placement = ["past_key_values"]
     _supports_attention_backend = True
     _can_record_outputs = {
-        "hidden_states": HfzooLayer,
+        "hidden_states": list(LAYER_TYPES.values()),  # HfzooLayer, or another layer type's class
         "attentions": HfzooAttention,
         "router_logits": OutputRecorder(HfzooRouter, index=0),
     }
@@ -191,6 +194,8 @@ class HfzooPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range * scale)
         if isinstance(module, Residual):  # ReZero / Fixup scalars
             module.init_scalars()
+        elif hasattr(module, "init_parameters"):  # a block's own nn.Parameters (e.g. a convolution kernel)
+            module.init_parameters(self.config.initializer_range)
 
 
 @dataclass

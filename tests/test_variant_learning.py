@@ -64,6 +64,15 @@ LEARNING_VARIANTS: list[tuple[dict, tuple[str, ...]]] = [
         },
         ("encoder-decoder",),
     ),
+    # token mixers in place of self-attention (cross-attention stays in the encoder-decoder)
+    ({"token_mixer": "lightweight_convolution"}, ALL),  # Wu et al. 2019
+    ({"token_mixer": "dynamic_convolution"}, ALL),
+    # Synthesizer (Tay et al. 2020): each synthesis and each mixing with dot-product attention once
+    ({"token_mixer": "synthesizer"}, ALL),
+    ({"token_mixer": "synthesizer", "synthesizer_type": "random", "max_position_embeddings": 128}, ALL),  # 128 x 128
+    ({"token_mixer": "synthesizer", "synthesizer_mixing": "plus"}, ALL),
+    ({"token_mixer": "synthesizer", "synthesizer_type": "factorized_random", "synthesizer_mixing": "plus_alpha"}, ALL),
+    ({"layer_type": "evolved_transformer"}, ALL),  # So et al. 2019
 ]
 
 OBJECTIVES = {"decoder": "clm", "encoder": "mlm", "encoder-decoder": "span"}

@@ -30,7 +30,8 @@ from hfzoo.modules.linformer import LINFORMER_SHARING
 from hfzoo.modules.mixers import TOKEN_MIXERS
 from hfzoo.modules.norms import NORM_CLASSES
 from hfzoo.modules.positions import POSITION_ATTENTION_BACKENDS, POSITION_EMBEDDING_TYPES
-from hfzoo.modules.stack import BLOCK_SHARING
+from hfzoo.modules.stack import BLOCK_SHARING, LAYER_TYPES
+from hfzoo.modules.synthesizer import SYNTHESIZER_MIXINGS, SYNTHESIZERS
 
 ALL = tuple(FAMILIES)
 BOTH = ("eager", "sdpa")
@@ -151,6 +152,80 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
         ("encoder",),
         ("eager",),
     ),
+    # lightweight / dynamic convolutions (Wu et al. 2019): Wu et al.'s kernel widths, then per-layer widths (an
+    # even one: asymmetric padding), fewer heads, the pointwise projection and weight dropout (train-mode checks)
+    ({"token_mixer": "lightweight_convolution"}, ALL, BOTH),
+    ({"token_mixer": "dynamic_convolution"}, ALL, BOTH),
+    (
+        {
+            "token_mixer": "dynamic_convolution",
+            "conv_kernel_size": [4, 2],
+            "conv_num_heads": 2,
+            "conv_pointwise_projection": True,
+            "conv_weight_dropout": 0.1,
+        },
+        ALL,
+        BOTH,
+    ),
+    (
+        {"token_mixer": "lightweight_convolution", "conv_kernel_size": 5, "decoder_token_mixer": "self_attention"},
+        ("encoder-decoder",),
+        BOTH,
+    ),
+    # Synthesizer (Tay et al. 2020): every synthesis and mixing (Narang et al.'s seven rows), other heads without
+    # positions, rotary in a mixture, a score bias added to random logits
+    *[
+        ({"token_mixer": "synthesizer", "synthesizer_type": kind, "synthesizer_mixing": mixing}, ALL, BOTH)
+        for kind in ("dense", "random")
+        for mixing in ("none", "plus", "plus_alpha")
+    ],
+    (
+        {"token_mixer": "synthesizer", "synthesizer_type": "factorized_random", "synthesizer_factorized_rank": 3},
+        ALL,
+        BOTH,
+    ),
+    (
+        {
+            "token_mixer": "synthesizer",
+            "synthesizer_type": "factorized_random",
+            "synthesizer_mixing": "plus_alpha",
+            "synthesizer_num_heads": 2,
+            "synthesizer_head_dim": 12,
+            "position_embedding_type": "none",
+        },
+        ALL,
+        BOTH,
+    ),
+    (
+        {"token_mixer": "synthesizer", "synthesizer_mixing": "plus", "position_embedding_type": "rotary"},
+        ALL,
+        BOTH,
+    ),
+    (
+        {
+            "token_mixer": "synthesizer",
+            "synthesizer_type": "random",
+            "position_embedding_type": "relative_attention_bias",
+        },
+        ALL,
+        BOTH,
+    ),
+    # layer types: the Transformer layer (default) and the layers of other architectures
+    *[({"layer_type": name}, ALL, BOTH) for name in LAYER_TYPES],
+    # Evolved Transformer (So et al. 2019): with T5's shared relative bias and ALiBi (a shared score bias is
+    # repeated for the decoder cell's 2H-head attention), RMSNorm and no biases; rotary positions
+    (
+        {
+            "layer_type": "evolved_transformer",
+            "position_embedding_type": "relative_attention_bias",
+            "norm_type": "rms_norm",
+            "mlp_bias": False,
+        },
+        ALL,
+        BOTH,
+    ),
+    ({"layer_type": "evolved_transformer", "position_embedding_type": "rotary"}, ALL, BOTH),
+    ({"layer_type": "evolved_transformer", "position_embedding_type": "alibi"}, ALL, BOTH),
     ({"sublayer_pattern": sandwich_pattern(TINY["num_hidden_layers"], 1)}, ALL, BOTH),  # sandwich "ssff"
     ({"sublayer_pattern": "s" * 2 * TINY["num_hidden_layers"]}, ALL, BOTH),  # attention only
     ({"sublayer_pattern": "f" * 2 * TINY["num_hidden_layers"], "use_cache": False}, ("decoder", "encoder"), BOTH),
@@ -289,7 +364,7 @@ def test_variant_loads_as_remote_code(family, overrides, backends, remote_code_o
 
 def test_every_registered_choice_has_a_row():
     """A registry entry without a row in `VARIANTS` would be an untested option."""
-    covered = {(k, v) for overrides, _, _ in VARIANTS for k, v in overrides.items()}
+    covered = {(k, str(v)) for overrides, _, _ in VARIANTS for k, v in overrides.items()}  # str: lists too
     for fields, choices in (
         (("norm_type",), NORM_CLASSES),
         (("norm_position",), NORM_POSITIONS),
@@ -297,10 +372,13 @@ def test_every_registered_choice_has_a_row():
         (("router_type",), ROUTERS),
         (("position_embedding_type",), POSITION_EMBEDDING_TYPES),
         (("block_sharing",), BLOCK_SHARING),
+        (("layer_type",), LAYER_TYPES),
         (("token_mixer", "decoder_token_mixer"), TOKEN_MIXERS),
         (("linformer_sharing",), LINFORMER_SHARING),
+        (("synthesizer_type",), SYNTHESIZERS),
+        (("synthesizer_mixing",), SYNTHESIZER_MIXINGS),
     ):
-        missing = [c for c in choices if not any((field, c) in covered for field in fields)]
+        missing = [c for c in choices if not any((field, str(c)) in covered for field in fields)]
         assert not missing, f"{' / '.join(fields)} values without a VARIANTS row: {missing}"
 
 

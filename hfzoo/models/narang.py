@@ -92,6 +92,50 @@ _FACTORIZED = Scaled("hidden_size", Fraction(1, 6), 8)
 #: 32 experts (Switch, top-1) this gives the paper's 648M and 1100M parameters (647.7M and 1100.6M).
 _EXPERTS = {"moe_layer_interval": 4}
 
+#: Lightweight and dynamic convolution rows (Wu et al. 2019) in place of self-attention in both stacks, sized
+#: as the Mesh TensorFlow block Narang et al. used (`LocalConvAttnBlock`): GLU input projection, depthwise
+#: convolution, pointwise and output projections (4 d^2, self-attention's weights), kernel width 31 in every
+#: layer, and hidden_size / num_attention_heads = head_dim = 64 kernels (each shared by 12 channels). The
+#: dynamic kernels (768 x 64 x 31 per layer) give 259.5M for the paper's 257M, the lightweight row 223.0M for
+#: 224M. No position scheme: the relative bias lives in self-attention, which these models do not have.
+_CONVOLUTION = {
+    "position_embedding_type": "none",
+    "conv_pointwise_projection": True,
+    "conv_kernel_size": 31,
+    "conv_num_heads": Scaled("head_dim", Fraction(1)),
+}
+
+
+#: The Evolved Transformer row (So et al. 2019): each layer one of its searched cells (`layer_type`), half as many
+#: as the baseline's layers, since one cell stacks the blocks of two Transformer layers (So et al. §4: the
+#: Transformer's encoder is 3 cells of 6 blocks, its decoder 3 cells of 8). Cells as Mesh TensorFlow's
+#: evolved-transformer layers (the decoder's wide attention has 2 x 12 heads of d_kv = 64): 6 + 6 cells give
+#: 216.3M for the paper's 217M, with the baseline's shared relative bias.
+_EVOLVED = {
+    "layer_type": "evolved_transformer",
+    "num_hidden_layers": Scaled("num_hidden_layers", Fraction(1, 2)),
+    "num_decoder_layers": Scaled("num_decoder_layers", Fraction(1, 2)),
+}
+
+
+def _synthesizer(kind: str, mixing: str = "none") -> dict[str, Any]:
+    """A Synthesizer row (Tay et al. 2020) in place of self-attention in both stacks, as Mesh TensorFlow's layer.
+
+    Its defaults, 8 heads of 128 (2/3 of the baseline's heads, twice its d_kv) over 512 x 512 synthesized
+    matrices (`max_position_embeddings`), reproduce all seven of the paper's counts (dense 224.5M, dense plus
+    243.4M, factorized 207.2M, random 254.4M, random plus 292.2M; alpha adds one weight per layer), and the
+    relative bias is not applied there, so the rows use no position scheme.
+    """
+    return {
+        "token_mixer": "synthesizer",
+        "synthesizer_type": kind,
+        "synthesizer_mixing": mixing,
+        "synthesizer_num_heads": Scaled("num_attention_heads", Fraction(2, 3)),
+        "synthesizer_head_dim": Scaled("head_dim", Fraction(2)),
+        "position_embedding_type": "none",
+    }
+
+
 #: Table 1 row name (as in the paper) -> config changes to the `narang-vanilla` baseline. Ties are
 #: (encoder/decoder input, decoder input/output); the block-sharing rows use an untied output matrix, as
 #: their counts show (65M = shared layers + two 24.7M vocabulary matrices), and "+ Factorized & shared"
@@ -130,6 +174,16 @@ TABLE_1_ROWS: dict[str, dict[str, Any]] = {
     "Tied decoder input and output embeddings": {"tie_encoder_decoder_embeddings": False},
     "Untied embeddings": {"tie_encoder_decoder_embeddings": False, "tie_word_embeddings": False},
     "Mixture of softmaxes": {"num_softmaxes": 15},
+    "Dynamic convolution": {"token_mixer": "dynamic_convolution", **_CONVOLUTION},
+    "Lightweight convolution": {"token_mixer": "lightweight_convolution", **_CONVOLUTION},
+    "Evolved Transformer": _EVOLVED,
+    "Synthesizer (dense)": _synthesizer("dense"),
+    "Synthesizer (dense plus)": _synthesizer("dense", "plus"),
+    "Synthesizer (dense plus alpha)": _synthesizer("dense", "plus_alpha"),
+    "Synthesizer (factorized)": _synthesizer("factorized_random"),
+    "Synthesizer (random)": _synthesizer("random"),
+    "Synthesizer (random plus)": _synthesizer("random", "plus"),
+    "Synthesizer (random plus alpha)": _synthesizer("random", "plus_alpha"),
     "Mixture of experts": {"num_experts": 16, "num_experts_per_tok": 2, "router_type": "top_k", **_EXPERTS},
     "Switch Transformer": {"num_experts": 32, "num_experts_per_tok": 1, "router_type": "switch", **_EXPERTS},
 }

@@ -378,6 +378,11 @@ class HfzooLayer(GradientCheckpointingLayer):
             self.mlp_residual.mark_branch_init(self.mlp)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
+    @staticmethod
+    def num_cache_layers(sublayers: str, is_causal: bool) -> int:
+        """KV-cache layers of one layer: 1 with a token mixer (`"s"` in `sublayers`), else 0."""
+        return int("s" in sublayers)
+
     def forward(
         self,
         hidden_states: torch.Tensor,

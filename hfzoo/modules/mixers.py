@@ -41,6 +41,7 @@ from typing import Any
 from torch import nn
 
 from .attention import HfzooAttention
+from .convolutions import CONVOLUTION_FIELDS, DynamicConvolution, LightweightConvolution, check_convolution_config
 from .fourier import FourierMixer
 from .linformer import LinformerAttention, check_linformer_config
 from .sparse_attention import (
@@ -50,6 +51,7 @@ from .sparse_attention import (
     check_bigbird_config,
     window_overlay,
 )
+from .synthesizer import SYNTHESIZER_FIELDS, Synthesizer, check_synthesizer_config
 
 
 @dataclass(frozen=True)
@@ -152,5 +154,26 @@ TOKEN_MIXERS = {
         config_fields=("bigbird_block_size", "bigbird_num_random_blocks", "bigbird_num_global_blocks"),
         check_config=check_bigbird_config,
         reason="its global and random blocks lie anywhere in the sequence, so a token would see later ones",
+    ),
+    # Wu et al. 2019 §3 / §4 (hfzoo/modules/convolutions.py); KV cache = the layer's past convolution inputs
+    "lightweight_convolution": TokenMixer(
+        LightweightConvolution,
+        attention_positions=False,
+        config_fields=CONVOLUTION_FIELDS,
+        check_config=check_convolution_config,
+    ),
+    "dynamic_convolution": TokenMixer(
+        DynamicConvolution,
+        attention_positions=False,
+        config_fields=CONVOLUTION_FIELDS,
+        check_config=check_convolution_config,
+    ),
+    # Tay et al. 2020 (hfzoo/modules/synthesizer.py): dense / random / factorized random, alone or mixed with
+    # dot products (synthesizer_type, synthesizer_mixing); score biases added to its logits, masks as attention's
+    "synthesizer": TokenMixer(
+        Synthesizer,
+        attention_backends=("eager", "sdpa"),
+        config_fields=SYNTHESIZER_FIELDS,
+        check_config=check_synthesizer_config,
     ),
 }

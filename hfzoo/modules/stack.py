@@ -32,6 +32,7 @@ from transformers.masking_utils import create_bidirectional_mask, create_causal_
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
 from .embeddings import TokenEmbedding
+from .evolved import EvolvedTransformerLayer
 from .experts import token_padding_mask
 from .layer import NORM_POSITIONS, HfzooLayer, layer_sublayers
 from .mixers import TOKEN_MIXERS
@@ -75,6 +76,11 @@ class StackLayout:
         """The sublayers of each layer (`hfzoo.modules.layer.layer_sublayers` of `config.sublayer_pattern`)."""
         return layer_sublayers(config.sublayer_pattern, self.num_layers)
 
+    def cache_layers(self, config) -> int:
+        """The stack's KV-cache layers: the `num_cache_layers` of each of its layers (`LAYER_TYPES`)."""
+        layer_class = LAYER_TYPES[config.layer_type]
+        return sum(layer_class.num_cache_layers(sublayers, self.is_causal) for sublayers in self.sublayers(config))
+
 
 class HfzooStack:
     """Embeddings, `HfzooLayer`s and a final norm: the body of every hfzoo family.
@@ -89,15 +95,16 @@ class HfzooStack:
     or None), `relative_attention_bias` (a score bias the scheme shares across the stack's layers,
     `hfzoo.modules.positions.build_stack_score_bias`; else None), `token_type_embeddings` (when
     `config.type_vocab_size > 0`, else None), `embed_norm` (a norm of the summed embeddings when
-    `config.embedding_norm`, else None), `embed_dropout`, `layers` (`HfzooLayer`s) and
+    `config.embedding_norm`, else None), `embed_dropout`, `layers` (`HfzooLayer`s, or the class of
+    `config.layer_type` in `LAYER_TYPES`, e.g. the Evolved Transformer's cells) and
     `norm` (the final norm when the norm placement has one, else an identity). Flags: `is_causal`,
     `has_cross_attention` and `shares_layers` (`config.block_sharing` covers this stack); `token_mixer_name`
     (the stack's `TOKEN_MIXERS` key, whose `mask_overlay` the self-attention mask takes).
 
     The layers follow `config.sublayer_pattern` (`StackLayout.sublayers`): each token mixer gets the next
     KV-cache layer index (`mixer_idx`, 0, 1, ... over the stack's token mixers, so a cache holds one layer
-    per token mixer and the cross-attention after it) and each feed-forward the next feed-forward index
-    (which places the experts).
+    per token mixer and the cross-attention after it; a layer type with more cache layers per layer takes as
+    many, `num_cache_layers`) and each feed-forward the next feed-forward index (which places the experts).
 
     Args:
         config: an hfzoo config.
@@ -125,9 +132,10 @@ class HfzooStack:
         self.embed_norm = build_norm(config) if config.embedding_norm else None
         self.embed_dropout = nn.Dropout(config.hidden_dropout_prob)
         layers, mixer_idx, ffn_idx = [], 0, 0
+        layer_class = LAYER_TYPES[config.layer_type]
         for i, sublayers in enumerate(layout.sublayers(config)):
             layers.append(
-                HfzooLayer(
+                layer_class(
                     config,
                     i,
                     is_causal=is_causal,
@@ -138,7 +146,7 @@ class HfzooStack:
                     ffn_idx=ffn_idx,
                 )
             )
-            mixer_idx += "s" in sublayers
+            mixer_idx += layer_class.num_cache_layers(sublayers, is_causal)
             ffn_idx += "f" in sublayers
         self.layers = nn.ModuleList(layers)
         self.norm = build_norm(config) if NORM_POSITIONS[config.norm_position].final_norm else nn.Identity()
@@ -335,4 +343,13 @@ BLOCK_SHARING = {
     "all": ("encoder", "decoder"),
     "encoder": ("encoder",),
     "decoder": ("decoder",),
+}
+
+#: `config.layer_type` -> the class of every layer of the stacks (built as `cls(config, layer_idx, is_causal=...,
+#: has_cross_attention=..., sublayers=..., token_mixer=..., mixer_idx=..., ffn_idx=...)`, with a static
+#: `num_cache_layers(sublayers, is_causal)` and optionally a static `check_config(config)` run when the config is
+#: built).
+LAYER_TYPES = {
+    "transformer": HfzooLayer,  # token mixer, (cross-attention,) feed-forward; `sublayer_pattern`
+    "evolved_transformer": EvolvedTransformerLayer,  # So et al. 2019's searched encoder / decoder cells
 }

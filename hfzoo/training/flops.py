@@ -21,9 +21,14 @@ any hfzoo family; `FlopsCount.per_token` divides by the tokens the model process
   is not discounted.
 - **Token mixers**: each stack counts its token mixer's sublayers (`sublayer_pattern`: the `s` letters)
   and feed-forward sublayers (the `f` letters). What one token-mixer sublayer costs is the mixer class's
-  own count (`hfzoo.modules.mixers`): its static methods `mixer_weights(config)` (matrix-product weights
-  per token; self-attention's q, k, v, o) and `attention_pairs(config, seq_len)` ((query, key) pairs over a
-  sequence; self-attention's `seq_len ** 2`). A mixer class without them is counted as self-attention.
+  own count (`hfzoo.modules.mixers`), in one of two forms: static methods `mixer_weights(config)`
+  (matrix-product weights per token; self-attention's q, k, v, o) and `attention_pairs(config, seq_len)`
+  ((query, key) pairs over a sequence; self-attention's `seq_len ** 2`, each costing `12 d_attn`), or a
+  static `flops_per_token(config, mixer_idx, is_causal)` giving `(weights per token, FLOPs per (query, key)
+  pair)` over all `seq_len ** 2` pairs (mixers with their own heads or per-layer widths: the convolutions,
+  whose depthwise multiply-adds are elementwise work, and the Synthesizer). A mixer class with neither is
+  counted as self-attention. A layer type other than the Transformer layer (`hfzoo.modules.stack.LAYER_TYPES`,
+  e.g. the Evolved Transformer's cells) gives its layers' terms with a static `training_flops`.
 - **Encoder-decoder**: encoder tokens pass the encoder layers; decoder tokens pass the decoder layers and
   the head; cross-attention's key and value projections apply to the encoder's outputs (once per encoder
   token and decoder layer) and its scores cover every (decoder token, encoder token) pair.
@@ -41,6 +46,7 @@ from ..models.encoder.configuration_encoder import HfzooEncoderConfig
 from ..modules.attention import HfzooAttention
 from ..modules.experts import is_moe_layer
 from ..modules.mixers import TOKEN_MIXERS
+from ..modules.stack import LAYER_TYPES
 
 __all__ = ["FlopsCount", "count_training_flops", "weights_per_token"]
 
@@ -102,17 +108,51 @@ def _head_weights(config) -> int:
     return weights
 
 
-def _mixer_class(name: str) -> type:
-    """The class of the token mixer `name`, or `HfzooAttention` when it does not count its own compute."""
-    module = TOKEN_MIXERS[name].module
-    return module if hasattr(module, "mixer_weights") and hasattr(module, "attention_pairs") else HfzooAttention
-
-
-def _stack_sublayers(config, stack: str) -> tuple[str, str]:
-    """`(token mixer name, concatenated sublayer letters)` of the encoder or decoder stack of `config`."""
+def _layout(config, stack: str):
+    """The `StackLayout` of `"decoder"` (an encoder-decoder's decoder) or `"encoder"` (the first / only stack)."""
     layouts = config.stack_layouts()
-    layout = layouts[1] if stack == "decoder" else layouts[0]
-    return layout.token_mixer, "".join(layout.sublayers(config))
+    return layouts[1] if stack == "decoder" else layouts[0]
+
+
+def _token_mixer_terms(config, layout, mixer_idx: int, seq_len: int) -> tuple[int, float]:
+    """`(weights per token, training FLOPs of its (query, key) pairs over seq_len tokens)` of one token mixer."""
+    module = TOKEN_MIXERS[layout.token_mixer].module
+    cost = getattr(module, "flops_per_token", None)
+    if cost is not None:  # (weights, FLOPs per pair), over every pair of the sequence
+        weights, per_pair = cost(config, mixer_idx, layout.is_causal)
+        return weights, per_pair * seq_len * seq_len
+    if not (hasattr(module, "mixer_weights") and hasattr(module, "attention_pairs")):
+        module = HfzooAttention
+    pairs = module.attention_pairs(config, seq_len)
+    return module.mixer_weights(config), TRAINING_ATTENTION_FLOPS_PER_PAIR * _attention_width(config) * pairs
+
+
+@dataclasses.dataclass(frozen=True)
+class _StackTerms:
+    weights: int  # matrix-product weights a token of the stack passes (token mixers, cross q/o, feed-forwards)
+    self_attention: float  # training FLOPs of the token mixers' (query, key) pairs over the stack's sequence
+    cross_pair_flops: float  # training FLOPs per (stack token, encoder token) pair of the cross-attentions
+    cross_key_value: int  # cross-attention key / value weights every encoder token passes
+
+
+def _stack_terms(config, stack: str, seq_len: int) -> _StackTerms:
+    layout = _layout(config, stack)
+    hidden, width = config.hidden_size, _attention_width(config)
+    layer_cost = getattr(LAYER_TYPES[config.layer_type], "training_flops", None)
+    if layer_cost is not None:  # a layer type with blocks of its own (the Evolved Transformer's cells)
+        weights, pair, cross_pair, cross_kv = layer_cost(config, layout.is_causal, layout.has_cross_attention)
+        n = layout.num_layers
+        return _StackTerms(n * weights, n * pair * seq_len * seq_len, n * cross_pair, n * cross_kv)
+    sublayers = "".join(layout.sublayers(config))
+    mixers = [_token_mixer_terms(config, layout, i, seq_len) for i in range(sublayers.count("s"))]
+    crossings = len(mixers) if layout.has_cross_attention else 0  # cross-attention after each token mixer
+    feed_forward = sum(_feed_forward_weights(config, i) for i in range(sublayers.count("f")))
+    return _StackTerms(
+        weights=sum(w for w, _ in mixers) + crossings * 2 * hidden * width + feed_forward,
+        self_attention=sum(a for _, a in mixers),
+        cross_pair_flops=crossings * TRAINING_ATTENTION_FLOPS_PER_PAIR * width,
+        cross_key_value=crossings * 2 * hidden * width,
+    )
 
 
 def weights_per_token(config, stack: str) -> int:
@@ -130,18 +170,12 @@ def weights_per_token(config, stack: str) -> int:
     Raises:
         ValueError: an unknown `stack`.
     """
-    hidden, width = config.hidden_size, _attention_width(config)
-    embedding = config.embedding_size * hidden if config.embedding_size is not None else 0  # factorized input
+    embedding = config.embedding_size * config.hidden_size if config.embedding_size is not None else 0
     if stack == "head":
         return _head_weights(config)
     if stack not in ("encoder", "decoder"):
         raise ValueError(f"stack must be 'encoder', 'decoder' or 'head', got {stack!r}")
-    mixer, sublayers = _stack_sublayers(config, stack)
-    mixer_weights = _mixer_class(mixer).mixer_weights(config)
-    if stack == "decoder":
-        mixer_weights += 2 * hidden * width  # cross-attention's q, o after each token mixer
-    feed_forward = sum(_feed_forward_weights(config, i) for i in range(sublayers.count("f")))
-    return embedding + sublayers.count("s") * mixer_weights + feed_forward
+    return embedding + _stack_terms(config, stack, 1).weights
 
 
 def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = None) -> FlopsCount:
@@ -169,24 +203,16 @@ def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = Non
             "decoder_seq_len is required for an encoder-decoder and only for one "
             f"(is_encoder_decoder={encoder_decoder}, decoder_seq_len={decoder_seq_len})"
         )
-    width, flops_per_weight, per_pair = (
-        _attention_width(config),
-        TRAINING_FLOPS_PER_WEIGHT,
-        TRAINING_ATTENTION_FLOPS_PER_PAIR,
-    )
-    encoder_weights = weights_per_token(config, "encoder")
-    encoder_mixer, encoder_sublayers = _stack_sublayers(config, "encoder")
-    pairs = encoder_sublayers.count("s") * _mixer_class(encoder_mixer).attention_pairs(config, seq_len)
+    flops_per_weight = TRAINING_FLOPS_PER_WEIGHT
+    embedding = config.embedding_size * config.hidden_size if config.embedding_size is not None else 0
+    encoder = _stack_terms(config, "encoder", seq_len)
+    head = weights_per_token(config, "head")
     if not encoder_decoder:
-        weights = seq_len * (encoder_weights + weights_per_token(config, "head"))
-        return FlopsCount(flops_per_weight * weights, per_pair * pairs * width, seq_len)
-    decoder_mixer, decoder_sublayers = _stack_sublayers(config, "decoder")
-    decoder_mixers = decoder_sublayers.count("s")  # each followed by cross-attention
-    cross_key_value = decoder_mixers * 2 * config.hidden_size * width  # applied to every encoder token
-    weights = seq_len * (encoder_weights + cross_key_value) + decoder_seq_len * (
-        weights_per_token(config, "decoder") + weights_per_token(config, "head")
+        weights = seq_len * (embedding + encoder.weights + head)
+        return FlopsCount(flops_per_weight * weights, encoder.self_attention, seq_len)
+    decoder = _stack_terms(config, "decoder", decoder_seq_len)
+    weights = seq_len * (embedding + encoder.weights + decoder.cross_key_value) + decoder_seq_len * (
+        embedding + decoder.weights + head
     )
-    pairs += decoder_mixers * (
-        _mixer_class(decoder_mixer).attention_pairs(config, decoder_seq_len) + decoder_seq_len * seq_len
-    )
-    return FlopsCount(flops_per_weight * weights, per_pair * pairs * width, seq_len + decoder_seq_len)
+    attention = encoder.self_attention + decoder.self_attention + decoder.cross_pair_flops * decoder_seq_len * seq_len
+    return FlopsCount(flops_per_weight * weights, attention, seq_len + decoder_seq_len)

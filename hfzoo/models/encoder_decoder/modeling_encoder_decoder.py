@@ -25,8 +25,7 @@ from ...modules.attention import HfzooAttention
 from ...modules.embeddings import TokenEmbedding, VocabProjection, tied_embedding_keys
 from ...modules.experts import HfzooRouter
 from ...modules.heads import SequenceClassificationHead, check_classification_labels, token_cross_entropy
-from ...modules.layer import HfzooLayer
-from ...modules.stack import HfzooStack
+from ...modules.stack import LAYER_TYPES, HfzooStack
 from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
 
 
@@ -80,7 +79,7 @@ class HfzooEncoderDecoderPreTrainedModel(HfzooPreTrainedModel):
     config_class = HfzooEncoderDecoderConfig
     config: HfzooEncoderDecoderConfig
     _can_record_outputs = {
-        "hidden_states": HfzooLayer,
+        "hidden_states": list(LAYER_TYPES.values()),  # HfzooLayer, or another layer type's class
         "attentions": OutputRecorder(HfzooAttention, index=1, layer_name="self_attn"),
         "cross_attentions": OutputRecorder(HfzooAttention, index=1, layer_name="cross_attn"),
         "router_logits": OutputRecorder(HfzooRouter, index=0),
