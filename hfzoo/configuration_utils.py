@@ -15,6 +15,7 @@ import dataclasses
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
+from .modules.embeddings import check_adaptive_config
 from .modules.experts import ROUTERS
 from .modules.feed_forward import ACTIVATIONS
 from .modules.layer import NORM_POSITIONS, SUBLAYERS
@@ -88,6 +89,24 @@ class HfzooConfig(PreTrainedConfig):
             with a per-layer structure (experts on every k-th layer only, a relative bias table per layer).
         num_softmaxes: K > 1 makes every LM head a mixture of K softmaxes (Yang et al. 2018) whose
             `logits` are log-probabilities (see `hfzoo.modules.embeddings.VocabProjection`); 1: one softmax.
+        adaptive_input_cutoffs: adaptive input embeddings (Baevski & Auli 2019): the token ids are split into
+            frequency clusters `[0, c_0), [c_0, c_1), ..., [c_last, vocab_size)` (strictly increasing ids in
+            `[1, vocab_size)`), cluster i embedded with width `hidden_size // adaptive_input_factor ** i` and
+            projected to `hidden_size` (`hfzoo.modules.embeddings.AdaptiveEmbedding`); a head tied to them
+            scores each cluster through the same factors with one softmax (`AdaptiveVocabProjection`).
+            Narang et al. 2021: `[2500, 8500]` (clusters of 2,500 / 6,000 / 23,628 tokens). None: one matrix.
+            Not with `embedding_size`; the vocabulary cannot be resized.
+        adaptive_input_factor: the shrink factor k >= 1 of the adaptive input clusters (Baevski & Auli: 4;
+            1 keeps every cluster at `hidden_size`, without projections). Only with `adaptive_input_cutoffs`.
+        adaptive_softmax_cutoffs: the adaptive softmax (Grave et al. 2017) on every LM head: a head cluster
+            `[0, c_0)` plus tail clusters split like `adaptive_input_cutoffs`, and `logits` that are
+            log-probabilities of the whole vocabulary (`hfzoo.modules.embeddings.AdaptiveLogSoftmax`). Narang
+            et al. 2021: `[2500, 8500, 32000]`. Tied (`tie_word_embeddings`), the input embeddings share its
+            clusters, so `adaptive_input_cutoffs` / `adaptive_input_factor` must equal these. Not with
+            `embedding_size` or `num_softmaxes > 1`; classification heads have no vocabulary output and ignore it.
+        adaptive_softmax_factor: the shrink factor k >= 1 of the adaptive softmax's tail clusters (4 as
+            torch's `div_value`; 1 is Narang et al.'s "adaptive softmax without projection"). Only with
+            `adaptive_softmax_cutoffs`.
         use_cache: return key/value caches from the forward pass (generation).
         gated_mlp: gated feed-forward `down_proj(act(gate_proj(x)) * up_proj(x))`, the GLU family
             (Dauphin et al. 2017; Shazeer 2020): GLU = `hidden_act="sigmoid"`, ReGLU = "relu", GeGLU =
@@ -185,6 +204,10 @@ class HfzooConfig(PreTrainedConfig):
     scale_embeddings: bool = False
     block_sharing: str = "none"
     num_softmaxes: int = 1
+    adaptive_input_cutoffs: list[int] | None = None
+    adaptive_input_factor: float | int = 4
+    adaptive_softmax_cutoffs: list[int] | None = None
+    adaptive_softmax_factor: float | int = 4
     # --- feed-forward / norms / experts (issue 4)
     gated_mlp: bool = False
     rezero: bool = False
@@ -357,11 +380,12 @@ class HfzooConfig(PreTrainedConfig):
             )
 
     def _validate_embeddings(self) -> None:
-        """Check `embedding_size`, `num_softmaxes` and `block_sharing` (and what block sharing contradicts)."""
+        """Check `embedding_size`, `num_softmaxes`, the adaptive vocabulary fields and `block_sharing`."""
         if self.embedding_size is not None and (not isinstance(self.embedding_size, int) or self.embedding_size < 1):
             raise ValueError(f"embedding_size must be None or a positive integer, got {self.embedding_size!r}")
         if not isinstance(self.num_softmaxes, int) or self.num_softmaxes < 1:
             raise ValueError(f"num_softmaxes must be a positive integer, got {self.num_softmaxes!r}")
+        check_adaptive_config(self)
         allowed = list(BLOCK_SHARING)
         if not getattr(self, "is_encoder_decoder", False):
             allowed = [choice for choice in allowed if choice not in ("encoder", "decoder")]

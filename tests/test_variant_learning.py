@@ -45,6 +45,18 @@ LEARNING_VARIANTS: list[tuple[dict, tuple[str, ...]]] = [
     ({"gated_mlp": True, "hidden_act": "silu"}, ALL),  # SwiGLU (Shazeer 2020)
     ({"norm_type": "rms_norm"}, ALL),
     ({"position_embedding_type": "rotary"}, ALL),
+    # adaptive input embeddings (tied, one softmax) and the tied adaptive softmax; the tokenizers have ~300 ids
+    ({"adaptive_input_cutoffs": [64, 160]}, ALL),
+    ({"adaptive_input_cutoffs": [64, 160], "adaptive_softmax_cutoffs": [64, 160]}, ALL),
+    (  # the adaptive softmax without projection: every cluster at hidden_size
+        {
+            "adaptive_input_cutoffs": [64, 160],
+            "adaptive_softmax_cutoffs": [64, 160],
+            "adaptive_input_factor": 1,
+            "adaptive_softmax_factor": 1,
+        },
+        ALL,
+    ),
 ]
 
 OBJECTIVES = {"decoder": "clm", "encoder": "mlm", "encoder-decoder": "span"}

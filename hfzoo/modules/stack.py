@@ -31,7 +31,7 @@ from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
-from .embeddings import TokenEmbedding
+from .embeddings import build_token_embedding
 from .experts import token_padding_mask
 from .layer import NORM_POSITIONS, HfzooLayer, layer_sublayers
 from .norms import build_norm
@@ -100,7 +100,7 @@ class HfzooStack:
     Args:
         config: an hfzoo config.
         layout: the stack's `StackLayout` (depth, direction, cross-attention, token mixer).
-        embed_tokens: the token embedding module to use (default: a new `TokenEmbedding`).
+        embed_tokens: the token embedding module to use (default: a new one, `build_token_embedding`).
 
     Raises:
         ValueError: block sharing over layers whose parameters differ (a per-layer setting).
@@ -108,7 +108,7 @@ class HfzooStack:
 
     def __init__(self, config, layout: StackLayout, embed_tokens: nn.Module | None = None) -> None:
         super().__init__(config)
-        self.embed_tokens = embed_tokens if embed_tokens is not None else TokenEmbedding(config)
+        self.embed_tokens = embed_tokens if embed_tokens is not None else build_token_embedding(config)
         self.is_causal = is_causal = layout.is_causal
         self.has_cross_attention = layout.has_cross_attention
         self.shares_layers = layout.name in BLOCK_SHARING[config.block_sharing]

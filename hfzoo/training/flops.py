@@ -10,10 +10,12 @@ any hfzoo family; `FlopsCount.per_token` divides by the tokens the model process
   non-embedding parameters of Kaplan et al.: attention projections, the feed-forward block (in a
   mixture-of-experts layer the router and only the `num_experts_per_tok` experts a token is sent to:
   compute, not storage), and the language-model head (hidden -> vocabulary, with the factorized
-  projection or the mixture-of-softmaxes matrices when present; the masked-LM head's transform). The
-  output projection matters at small scale, which is why Hoffmann et al. 2022 ("Chinchilla", App. F)
-  count it too. The factorized embedding's input projection (E -> hidden) is a matrix product and is
-  counted; a layer shared by block sharing counts once per application. Not counted: lookups (token,
+  projection or the mixture-of-softmaxes matrices when present; the masked-LM head's transform; an
+  adaptive head's cluster matrices and projections, every cluster on every token, since the full
+  distribution is computed). The output projection matters at small scale, which is why Hoffmann et al.
+  2022 ("Chinchilla", App. F) count it too. The factorized embedding's input projection (E -> hidden) and
+  the adaptive input embeddings' cluster projections (each applied to every token) are matrix products and
+  are counted; a layer shared by block sharing counts once per application. Not counted: lookups (token,
   position and relative-bias tables) and elementwise work (norms, activations, softmax, residuals).
 - **Attention, 12 d_attn per (query, key) pair** (PaLM App. B: 12 L H Q T per token for self-attention
   over T keys). The scores `Q K^T` and the weighted values `P V` each cost 2 d_attn FLOPs per pair forward
@@ -33,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..models.encoder.configuration_encoder import HfzooEncoderConfig
+from ..modules.embeddings import adaptive_input_clusters, adaptive_softmax_clusters
 from ..modules.experts import is_moe_layer
 
 __all__ = ["FlopsCount", "count_training_flops", "weights_per_token"]
@@ -81,12 +84,34 @@ def _feed_forward_weights(config, layer_idx: int) -> int:
     return per_expert
 
 
+def _cluster_weights(config, clusters, head_rows: int = 0) -> int:
+    """Weights of an adaptive vocabulary's clusters applied to one token: projections (narrower ones) + matrices."""
+    hidden = config.hidden_size
+    projections = sum(hidden * c.embedding_size for c in clusters if c.embedding_size != hidden)
+    return projections + sum(c.embedding_size * c.size for c in clusters) + clusters[0].embedding_size * head_rows
+
+
+def _input_embedding_weights(config) -> int:
+    """Matrix-product weights of the input embedding per token: a factorized or adaptive embedding's projections."""
+    if config.embedding_size is not None:
+        return config.embedding_size * config.hidden_size
+    clusters = adaptive_input_clusters(config)
+    if clusters is None:
+        return 0
+    return sum(config.hidden_size * c.embedding_size for c in clusters if c.embedding_size != config.hidden_size)
+
+
 def _head_weights(config) -> int:
     """Weights of the language-model head per token: vocabulary projection (+ MoS, factorized, MLM transform)."""
     hidden, vocab, softmaxes = config.hidden_size, config.vocab_size, config.num_softmaxes
     factorized = config.tie_word_embeddings and config.embedding_size is not None
     # one projection to the vocabulary per softmax; a tied factorized head goes hidden -> E -> vocabulary
     projection = (hidden * config.embedding_size + config.embedding_size * vocab) if factorized else hidden * vocab
+    softmax_clusters = adaptive_softmax_clusters(config)
+    if softmax_clusters is not None:  # Grave et al. 2017: head (+ one entry per tail cluster) and every tail
+        projection = _cluster_weights(config, softmax_clusters, len(softmax_clusters) - 1)
+    elif config.tie_word_embeddings and config.adaptive_input_cutoffs is not None:  # tied adaptive input, one softmax
+        projection = _cluster_weights(config, adaptive_input_clusters(config))
     weights = softmaxes * projection
     if softmaxes > 1:  # Yang et al. 2018: prior (hidden -> K) and latent contexts (hidden -> K * hidden)
         weights += hidden * softmaxes + hidden * softmaxes * hidden
@@ -111,7 +136,7 @@ def weights_per_token(config, stack: str) -> int:
         ValueError: an unknown `stack`.
     """
     hidden, width = config.hidden_size, _attention_width(config)
-    embedding = config.embedding_size * hidden if config.embedding_size is not None else 0  # factorized input
+    embedding = _input_embedding_weights(config)  # factorized or adaptive input projections
     if stack == "head":
         return _head_weights(config)
     if stack == "encoder":
