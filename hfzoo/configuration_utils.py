@@ -161,6 +161,10 @@ class HfzooConfig(PreTrainedConfig):
             is `s^k (sf)^(N-k) f^k` (`hfzoo.modules.layer.sandwich_pattern`); `"s" * 2N` is attention only,
             `"f" * 2N` feed-forward only (no token mixing: `use_cache` must be False in a causal stack).
             Each `sf` is one layer and any other letter a layer of its own (`hfzoo.modules.layer.layer_sublayers`).
+        transparent_attention: transparent attention (Bapna et al. 2018, "Training Deeper Neural Machine
+            Translation Models with Transparent Attention", §3): each decoder cross-attention reads a learned
+            softmax-weighted combination of the encoder's embedding output and layer outputs instead of its
+            last output (`hfzoo.modules.attention.TransparentAttention`). Defined for the encoder-decoder only.
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
@@ -231,6 +235,7 @@ class HfzooConfig(PreTrainedConfig):
     # --- layer structure: token mixers and sublayer order
     token_mixer: str = "self_attention"
     sublayer_pattern: str | None = None
+    transparent_attention: bool = False
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:
@@ -314,6 +319,14 @@ class HfzooConfig(PreTrainedConfig):
             raise ValueError(
                 f"sublayer_pattern={pattern!r} must be a non-empty string of the letters {list(SUBLAYERS)} "
                 "(s = token mixer, f = feed-forward), or None for the interleaved 'sfsf...'"
+            )
+        if not isinstance(self.transparent_attention, bool):
+            raise ValueError(f"transparent_attention must be True or False, got {self.transparent_attention!r}")
+        if self.transparent_attention and not any(layout.has_cross_attention for layout in self.stack_layouts()):
+            raise ValueError(
+                f"transparent_attention=True is defined for the encoder-decoder (hfzoo_encoder_decoder) only: it "
+                f"changes what the decoder's cross-attention reads of the encoder, and {self.model_type} has no "
+                "cross-attention; set transparent_attention=False"
             )
         used_mixers = set()
         for layout in self.stack_layouts():

@@ -57,6 +57,7 @@ LEARNING_VARIANTS: list[tuple[dict, tuple[str, ...]]] = [
         },
         ALL,
     ),
+    ({"transparent_attention": True}, ("encoder-decoder",)),  # Bapna et al. 2018
 ]
 
 OBJECTIVES = {"decoder": "clm", "encoder": "mlm", "encoder-decoder": "span"}

@@ -119,6 +119,9 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
     ),
     ({"num_softmaxes": 3}, ALL, BOTH),
     ({"num_softmaxes": 3, "embedding_size": 16}, ALL, BOTH),
+    # ---- what the decoder's cross-attention reads: transparent attention (Bapna et al. 2018)
+    ({"transparent_attention": True}, ("encoder-decoder",), BOTH),
+    ({"transparent_attention": True, "num_decoder_layers": 3, "block_sharing": "encoder"}, ("encoder-decoder",), BOTH),
     # ---- layer structure: token mixers (Press et al. 2020 sublayer orders in the patterns)
     *[({"token_mixer": name}, ALL, BOTH) for name in ("self_attention",)],
     ({"token_mixer": "self_attention", "decoder_token_mixer": "self_attention"}, ("encoder-decoder",), BOTH),

@@ -182,6 +182,7 @@ TABLE_1_ROWS: dict[str, dict[str, Any]] = {
         "adaptive_softmax_factor": 1,
     },
     "Mixture of softmaxes": {"num_softmaxes": 15},
+    "Transparent attention": {"transparent_attention": True},
     "Mixture of experts": {"num_experts": 16, "num_experts_per_tok": 2, "router_type": "top_k", **_EXPERTS},
     "Switch Transformer": {"num_experts": 32, "num_experts_per_tok": 1, "router_type": "switch", **_EXPERTS},
 }

@@ -23,7 +23,9 @@ any hfzoo family; `FlopsCount.per_token` divides by the tokens the model process
   is not discounted.
 - **Encoder-decoder**: encoder tokens pass the encoder layers; decoder tokens pass the decoder layers and
   the head; cross-attention's key and value projections apply to the encoder's outputs (once per encoder
-  token and decoder layer) and its scores cover every (decoder token, encoder token) pair.
+  token and decoder layer) and its scores cover every (decoder token, encoder token) pair. Transparent
+  attention (Bapna et al. 2018) mixes the N + 1 encoder outputs once per cross-attention: `N + 1` weights
+  per cross-attention and hidden unit, applied to every encoder token.
 
 `tests/test_flops.py` checks the count against a hand count for a small decoder, encoder,
 encoder-decoder and mixture-of-experts layer, and against torch's `FlopCounterMode` for every Table 1
@@ -190,6 +192,10 @@ def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = Non
     weights = seq_len * (encoder_weights + cross_key_value) + decoder_seq_len * (
         weights_per_token(config, "decoder") + weights_per_token(config, "head")
     )
+    if config.transparent_attention:  # Bapna et al. 2018: N + 1 encoder outputs mixed per cross-attention
+        encoder, decoder = config.stack_layouts()
+        cross_attentions = sum("s" in layer for layer in decoder.sublayers(config))
+        weights += seq_len * cross_attentions * (len(encoder.sublayers(config)) + 1) * config.hidden_size
     pairs = config.num_hidden_layers * seq_len * seq_len + decoder_layers * decoder_seq_len * (
         decoder_seq_len + seq_len
     )

@@ -15,9 +15,9 @@ from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import (
     BaseModelOutput,
-    BaseModelOutputWithPastAndCrossAttentions,
     Seq2SeqMoEModelOutput,
 )
+from transformers.utils import ModelOutput
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
@@ -27,7 +27,7 @@ from ...modules.embeddings import build_token_embedding, build_vocab_projection,
 from ...modules.experts import HfzooRouter
 from ...modules.heads import SequenceClassificationHead, check_classification_labels, token_cross_entropy
 from ...modules.layer import HfzooLayer
-from ...modules.stack import HfzooStack
+from ...modules.stack import HfzooStack, HfzooStackOutput
 from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
 
 
@@ -118,8 +118,9 @@ class HfzooEncoderDecoderStack(HfzooStack, HfzooEncoderDecoderPreTrainedModel):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        encoder_layer_outputs: torch.Tensor | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPastAndCrossAttentions:
+    ) -> HfzooStackOutput:
         """Run this side; arguments and returns as `hfzoo.modules.stack.HfzooStack.forward`."""
         return super().forward(
             input_ids=input_ids,
@@ -130,6 +131,7 @@ class HfzooEncoderDecoderStack(HfzooStack, HfzooEncoderDecoderPreTrainedModel):
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask,
             use_cache=use_cache if self.is_causal else None,
+            encoder_layer_outputs=encoder_layer_outputs,
             **kwargs,
         )
 
@@ -228,7 +230,7 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
                 past_key_values=encoder_prefix,
                 **kwargs,
             )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
+        elif not isinstance(encoder_outputs, ModelOutput):  # a tuple; an output object keeps its layer_outputs
             encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
         source_length = encoder_outputs.last_hidden_state.shape[1]
         if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape[1] > source_length:
@@ -241,6 +243,7 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
             past_key_values=past_key_values,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
+            encoder_layer_outputs=encoder_outputs.get("layer_outputs"),  # transparent attention
             use_cache=use_cache,
             **kwargs,
         )
