@@ -224,6 +224,21 @@ def test_adaptive_softmax_logits_are_log_probabilities_and_the_loss_their_nll(fa
     torch.testing.assert_close(out.loss, nll)
 
 
+@pytest.mark.parametrize("overrides", [{"adaptive_input_cutoffs": [20, 50]}, TIED_SOFTMAX])
+def test_adaptive_heads_with_labels_return_the_summed_nll_of_their_scores(overrides):
+    model = build("decoder", **overrides)
+    randomize(model)
+    head = model.lm_head
+    hidden = torch.randn(2, 5, TINY["hidden_size"])
+    labels = torch.randint(0, 97, (2, 5)).masked_fill(torch.rand(2, 5) < 0.3, -100)
+    log_probs = torch.log_softmax(head(hidden).float(), dim=-1)
+    keep = labels != -100
+    expected = -log_probs[keep].gather(-1, labels[keep][:, None]).sum()
+    summed = head(hidden, labels=labels)
+    assert summed.dtype == torch.float32 and summed.dim() == 0
+    torch.testing.assert_close(summed, expected)
+
+
 def test_tied_adaptive_softmax_shares_every_cluster_with_the_input_and_saves_it_once(tmp_path):
     model = build("encoder-decoder", **TIED_SOFTMAX)
     shared, head = model.model.shared, model.lm_head

@@ -366,6 +366,21 @@ class _AdaptiveOutput(nn.Module):
             hidden_states = hidden_states * self.input_scale
         return [cluster(projection(hidden_states)) for cluster, projection in zip(self.clusters, self.projections)]
 
+    @staticmethod
+    def summed_cross_entropy(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Float32 sum of `-log softmax(scores)[label]` over the positions whose label is not -100.
+
+        Args:
+            scores: `(..., vocab_size)` logits or log-probabilities (softmax leaves the latter unchanged).
+            labels: int64 `scores.shape[:-1]`, -100 where ignored.
+
+        Returns:
+            A float32 scalar (nats, summed; divide by the number of labels for the mean).
+        """
+        return nn.functional.cross_entropy(
+            scores.float().reshape(-1, scores.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
+        )
+
 
 class AdaptiveVocabProjection(_AdaptiveOutput):
     """Hidden states -> vocabulary logits through the clusters of tied adaptive input embeddings (one softmax).
@@ -390,9 +405,19 @@ class AdaptiveVocabProjection(_AdaptiveOutput):
     def __init__(self, config, bias: bool) -> None:
         super().__init__(config, adaptive_input_clusters(config), 0, bias)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Score `hidden_states` `(..., hidden_size)` against the vocabulary: `(..., vocab_size)` logits."""
-        return torch.cat(self.cluster_scores(hidden_states), dim=-1)
+    def forward(self, hidden_states: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Score `hidden_states` `(..., hidden_size)` against the vocabulary.
+
+        Args:
+            hidden_states: `(..., hidden_size)`.
+            labels: optional int64 targets `hidden_states.shape[:-1]` (-100 = ignored).
+
+        Returns:
+            The logits `(..., vocab_size)`, or with `labels` the float32 summed cross-entropy
+            (`summed_cross_entropy`), the interface of `VocabProjection` for the LM heads' losses.
+        """
+        logits = torch.cat(self.cluster_scores(hidden_states), dim=-1)
+        return logits if labels is None else self.summed_cross_entropy(logits, labels)
 
 
 class AdaptiveLogSoftmax(_AdaptiveOutput):
@@ -436,8 +461,18 @@ class AdaptiveLogSoftmax(_AdaptiveOutput):
     def __init__(self, config, bias: bool) -> None:
         super().__init__(config, adaptive_softmax_clusters(config), len(config.adaptive_softmax_cutoffs), bias)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities `(..., vocab_size)` of every token given `hidden_states` `(..., hidden_size)`."""
+    def forward(self, hidden_states: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Log-probabilities of every token given `hidden_states`.
+
+        Args:
+            hidden_states: `(..., hidden_size)`.
+            labels: optional int64 targets `hidden_states.shape[:-1]` (-100 = ignored).
+
+        Returns:
+            The log-probabilities `(..., vocab_size)` in the input dtype, or with `labels` the float32 sum of
+            `-log p(label)` (`summed_cross_entropy` on the float32 log-probabilities), the interface of
+            `VocabProjection` for the LM heads' losses.
+        """
         head, *tails = self.cluster_scores(hidden_states)
         head = torch.log_softmax(head.float(), dim=-1)  # (..., size_0 + n_tail)
         shortlist = self.cluster_sizes[0]
@@ -445,7 +480,8 @@ class AdaptiveLogSoftmax(_AdaptiveOutput):
         for i, tail in enumerate(tails):
             cluster_log_prob = head[..., shortlist + i : shortlist + i + 1]  # (..., 1)
             log_probs.append(torch.log_softmax(tail.float(), dim=-1) + cluster_log_prob)  # (..., size_i)
-        return torch.cat(log_probs, dim=-1).to(hidden_states.dtype)
+        log_probs = torch.cat(log_probs, dim=-1)  # float32 (..., vocab_size)
+        return log_probs.to(hidden_states.dtype) if labels is None else self.summed_cross_entropy(log_probs, labels)
 
 
 def build_token_embedding(config) -> nn.Module:
