@@ -15,6 +15,7 @@ import dataclasses
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
+from .modules.embeddings import check_adaptive_config
 from .modules.experts import ROUTERS
 from .modules.feed_forward import ACTIVATIONS
 from .modules.layer import NORM_POSITIONS, SUBLAYERS
@@ -89,6 +90,24 @@ class HfzooConfig(PreTrainedConfig):
             with a per-layer structure (experts on every k-th layer only, a relative bias table per layer).
         num_softmaxes: K > 1 makes every LM head a mixture of K softmaxes (Yang et al. 2018) whose
             `logits` are log-probabilities (see `hfzoo.modules.embeddings.VocabProjection`); 1: one softmax.
+        adaptive_input_cutoffs: adaptive input embeddings (Baevski & Auli 2019): the token ids are split into
+            frequency clusters `[0, c_0), [c_0, c_1), ..., [c_last, vocab_size)` (strictly increasing ids in
+            `[1, vocab_size)`), cluster i embedded with width `hidden_size // adaptive_input_factor ** i` and
+            projected to `hidden_size` (`hfzoo.modules.embeddings.AdaptiveEmbedding`); a head tied to them
+            scores each cluster through the same factors with one softmax (`AdaptiveVocabProjection`).
+            Narang et al. 2021: `[2500, 8500]` (clusters of 2,500 / 6,000 / 23,628 tokens). None: one matrix.
+            Not with `embedding_size`; the vocabulary cannot be resized.
+        adaptive_input_factor: the shrink factor k >= 1 of the adaptive input clusters (Baevski & Auli: 4;
+            1 keeps every cluster at `hidden_size`, without projections). Only with `adaptive_input_cutoffs`.
+        adaptive_softmax_cutoffs: the adaptive softmax (Grave et al. 2017) on every LM head: a head cluster
+            `[0, c_0)` plus tail clusters split like `adaptive_input_cutoffs`, and `logits` that are
+            log-probabilities of the whole vocabulary (`hfzoo.modules.embeddings.AdaptiveLogSoftmax`). Narang
+            et al. 2021: `[2500, 8500, 32000]`. Tied (`tie_word_embeddings`), the input embeddings share its
+            clusters, so `adaptive_input_cutoffs` / `adaptive_input_factor` must equal these. Not with
+            `embedding_size` or `num_softmaxes > 1`; classification heads have no vocabulary output and ignore it.
+        adaptive_softmax_factor: the shrink factor k >= 1 of the adaptive softmax's tail clusters (4 as
+            torch's `div_value`; 1 is Narang et al.'s "adaptive softmax without projection"). Only with
+            `adaptive_softmax_cutoffs`.
         use_cache: return key/value caches from the forward pass (generation).
         gated_mlp: gated feed-forward `down_proj(act(gate_proj(x)) * up_proj(x))`, the GLU family
             (Dauphin et al. 2017; Shazeer 2020): GLU = `hidden_act="sigmoid"`, ReGLU = "relu", GeGLU =
@@ -191,6 +210,10 @@ class HfzooConfig(PreTrainedConfig):
         synthesizer_num_heads: the synthesizer's heads; None: `num_attention_heads`.
         synthesizer_head_dim: the size of its heads; None: `head_dim`.
         synthesizer_factorized_rank: the rank k of `factorized_random` (Mesh TensorFlow's 16).
+        transparent_attention: transparent attention (Bapna et al. 2018, "Training Deeper Neural Machine
+            Translation Models with Transparent Attention", §3): each decoder cross-attention reads a learned
+            softmax-weighted combination of the encoder's embedding output and layer outputs instead of its
+            last output (`hfzoo.modules.attention.TransparentAttention`). Defined for the encoder-decoder only.
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
@@ -234,6 +257,10 @@ class HfzooConfig(PreTrainedConfig):
     scale_embeddings: bool = False
     block_sharing: str = "none"
     num_softmaxes: int = 1
+    adaptive_input_cutoffs: list[int] | None = None
+    adaptive_input_factor: float | int = 4
+    adaptive_softmax_cutoffs: list[int] | None = None
+    adaptive_softmax_factor: float | int = 4
     # --- feed-forward / norms / experts (issue 4)
     gated_mlp: bool = False
     rezero: bool = False
@@ -275,6 +302,7 @@ class HfzooConfig(PreTrainedConfig):
     synthesizer_num_heads: int | None = None
     synthesizer_head_dim: int | None = None
     synthesizer_factorized_rank: int = 16
+    transparent_attention: bool = False
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:
@@ -365,6 +393,14 @@ class HfzooConfig(PreTrainedConfig):
                 f"sublayer_pattern={pattern!r} must be a non-empty string of the letters {list(SUBLAYERS)} "
                 "(s = token mixer, f = feed-forward), or None for the interleaved 'sfsf...'"
             )
+        if not isinstance(self.transparent_attention, bool):
+            raise ValueError(f"transparent_attention must be True or False, got {self.transparent_attention!r}")
+        if self.transparent_attention and not any(layout.has_cross_attention for layout in self.stack_layouts()):
+            raise ValueError(
+                f"transparent_attention=True is defined for the encoder-decoder (hfzoo_encoder_decoder) only: it "
+                f"changes what the decoder's cross-attention reads of the encoder, and {self.model_type} has no "
+                "cross-attention; set transparent_attention=False"
+            )
         used_mixers = set()
         for layout in self.stack_layouts():
             if not isinstance(layout.num_layers, int) or layout.num_layers < 1:
@@ -431,11 +467,12 @@ class HfzooConfig(PreTrainedConfig):
             )
 
     def _validate_embeddings(self) -> None:
-        """Check `embedding_size`, `num_softmaxes` and `block_sharing` (and what block sharing contradicts)."""
+        """Check `embedding_size`, `num_softmaxes`, the adaptive vocabulary fields and `block_sharing`."""
         if self.embedding_size is not None and (not isinstance(self.embedding_size, int) or self.embedding_size < 1):
             raise ValueError(f"embedding_size must be None or a positive integer, got {self.embedding_size!r}")
         if not isinstance(self.num_softmaxes, int) or self.num_softmaxes < 1:
             raise ValueError(f"num_softmaxes must be a positive integer, got {self.num_softmaxes!r}")
+        check_adaptive_config(self)
         allowed = list(BLOCK_SHARING)
         if not getattr(self, "is_encoder_decoder", False):
             allowed = [choice for choice in allowed if choice not in ("encoder", "decoder")]

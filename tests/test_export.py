@@ -189,7 +189,7 @@ def test_family_files_follow_imports():
     assert all(module.startswith("hfzoo.") for module in decoder.values())
     flat = flatten_source("hfzoo.models.decoder.modeling_decoder")
     assert "from .stack import HfzooStack" in flat
-    assert "from .embeddings import VocabProjection, tied_embedding_keys" in flat
+    assert "from .embeddings import build_vocab_projection, tied_embedding_keys" in flat
     assert decoder["embeddings.py"] == "hfzoo.modules.embeddings"
     assert "from .configuration_decoder import HfzooDecoderConfig" in flat
 

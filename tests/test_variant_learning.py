@@ -73,6 +73,19 @@ LEARNING_VARIANTS: list[tuple[dict, tuple[str, ...]]] = [
     ({"token_mixer": "synthesizer", "synthesizer_mixing": "plus"}, ALL),
     ({"token_mixer": "synthesizer", "synthesizer_type": "factorized_random", "synthesizer_mixing": "plus_alpha"}, ALL),
     ({"layer_type": "evolved_transformer"}, ALL),  # So et al. 2019
+    # adaptive input embeddings (tied, one softmax) and the tied adaptive softmax; the tokenizers have ~300 ids
+    ({"adaptive_input_cutoffs": [64, 160]}, ALL),
+    ({"adaptive_input_cutoffs": [64, 160], "adaptive_softmax_cutoffs": [64, 160]}, ALL),
+    (  # the adaptive softmax without projection: every cluster at hidden_size
+        {
+            "adaptive_input_cutoffs": [64, 160],
+            "adaptive_softmax_cutoffs": [64, 160],
+            "adaptive_input_factor": 1,
+            "adaptive_softmax_factor": 1,
+        },
+        ALL,
+    ),
+    ({"transparent_attention": True}, ("encoder-decoder",)),  # Bapna et al. 2018
 ]
 
 OBJECTIVES = {"decoder": "clm", "encoder": "mlm", "encoder-decoder": "span"}

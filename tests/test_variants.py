@@ -102,8 +102,28 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
         for choice in BLOCK_SHARING
     ],
     # ---- output
+    # adaptive input embeddings (Baevski & Auli 2019): tied (one softmax through the clusters) and untied
+    ({"adaptive_input_cutoffs": [20, 50]}, ALL, BOTH),
+    ({"adaptive_input_cutoffs": [20, 50], "adaptive_input_factor": 2, "tie_word_embeddings": False}, ALL, BOTH),
+    ({"adaptive_input_cutoffs": [20, 50], "tie_encoder_decoder_embeddings": False}, ("encoder-decoder",), BOTH),
+    # adaptive softmax (Grave et al. 2017): output only; tied to adaptive inputs; without projection (factor 1)
+    ({"adaptive_softmax_cutoffs": [20, 50, 90], "tie_word_embeddings": False}, ALL, BOTH),
+    ({"adaptive_input_cutoffs": [20, 50, 90], "adaptive_softmax_cutoffs": [20, 50, 90]}, ALL, BOTH),
+    (
+        {
+            "adaptive_input_cutoffs": [20, 50, 90],
+            "adaptive_softmax_cutoffs": [20, 50, 90],
+            "adaptive_input_factor": 1,
+            "adaptive_softmax_factor": 1,
+        },
+        ALL,
+        BOTH,
+    ),
     ({"num_softmaxes": 3}, ALL, BOTH),
     ({"num_softmaxes": 3, "embedding_size": 16}, ALL, BOTH),
+    # ---- what the decoder's cross-attention reads: transparent attention (Bapna et al. 2018)
+    ({"transparent_attention": True}, ("encoder-decoder",), BOTH),
+    ({"transparent_attention": True, "num_decoder_layers": 3, "block_sharing": "encoder"}, ("encoder-decoder",), BOTH),
     # ---- layer structure: token mixers (Press et al. 2020 sublayer orders in the patterns)
     *[({"token_mixer": name}, ALL, BOTH) for name in ("self_attention",)],
     ({"token_mixer": "self_attention", "decoder_token_mixer": "self_attention"}, ("encoder-decoder",), BOTH),

@@ -5,7 +5,8 @@ Narang et al. 2021, "Do Transformer Modifications Transfer Across Implementation
 `narang-vanilla` preset, `hfzoo.models.presets`), with relative attention and a shared bias.
 
 - `TABLE_1_ROWS`: the paper's row name -> the config fields that differ from the baseline. A value is
-  either a plain value or `Scaled(field, factor)`, a multiple of the baseline's own field, so one table
+  a plain value, `Scaled(field, factor)`, a multiple of the baseline's own field, or `ClusterCutoffs`,
+  vocabulary clusters in proportion to the baseline's `vocab_size`, so one table
   serves the full-size preset (`resolve_row(name, PRESETS["narang-vanilla"])` gives the paper's sizes:
   GLU rows d_ff 2048, "18 layers" d_ff 2048 and 8 heads, ...) and any scaled-down baseline (the study,
   `hfzoo.training.study`), where the parameter-matched rows shrink or grow with the base as the paper
@@ -26,7 +27,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TABLE_1_ROWS", "PaperRow", "Scaled", "load_paper_table", "resolve_row"]
+__all__ = ["TABLE_1_ROWS", "ClusterCutoffs", "PaperRow", "Scaled", "load_paper_table", "resolve_row"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +68,42 @@ class Scaled:
         return value
 
 
+@dataclasses.dataclass(frozen=True)
+class ClusterCutoffs:
+    """Vocabulary cluster boundaries given as the paper's cluster sizes in T5's 32,128-token vocabulary.
+
+    Resolved against a baseline's `vocab_size`: each boundary keeps its fraction of the vocabulary (the
+    paper's own sizes on a 32,128-token vocabulary), rounded to the nearest id, and every cluster keeps at
+    least one token, so the adaptive rows also build on a scaled-down baseline with a small vocabulary.
+
+    Args:
+        token_counts: the clusters' sizes in the paper, e.g. `(2500, 6000, 23628)`; they sum to
+            `paper_vocab_size`.
+        paper_vocab_size: the vocabulary they partition (T5's 32,128 ids).
+    """
+
+    token_counts: tuple[int, ...]
+    paper_vocab_size: int = 32128
+
+    def resolve(self, base: Mapping[str, Any]) -> list[int]:
+        """The cutoffs (first id of every cluster but the first) for `base["vocab_size"]`.
+
+        Raises:
+            KeyError: `base` has no `vocab_size`.
+            ValueError: the vocabulary has fewer ids than there are clusters.
+        """
+        vocab_size, clusters = base["vocab_size"], len(self.token_counts)
+        if vocab_size < clusters:
+            raise ValueError(f"vocab_size={vocab_size} cannot hold {clusters} clusters")
+        cutoffs, total = [], 0
+        for i, count in enumerate(self.token_counts[:-1]):
+            total += count
+            cutoff = round(Fraction(vocab_size * total, self.paper_vocab_size))
+            low = cutoffs[-1] + 1 if cutoffs else 1
+            cutoffs.append(min(max(cutoff, low), vocab_size - (clusters - 1 - i)))
+        return cutoffs
+
+
 def _glu(activation: str) -> dict[str, Any]:
     """A GLU-family row: gated feed-forward with d_ff shrunk to 2/3 so parameters stay equal (2048 for 3072)."""
     return {
@@ -91,6 +128,13 @@ _FACTORIZED = Scaled("hidden_size", Fraction(1, 6), 8)
 #: Sparse experts on every 4th layer of each stack (6 of the 24 layers): with 16 experts (top-2, GShard) and
 #: 32 experts (Switch, top-1) this gives the paper's 648M and 1100M parameters (647.7M and 1100.6M).
 _EXPERTS = {"moe_layer_interval": 4}
+#: Adaptive input embeddings: clusters of 2,500 / 6,000 / 23,628 tokens (cutoffs 2500, 8500 on T5's 32,128 ids);
+#: the adaptive softmax splits the third into 23,500 + 128 (the last 128 ids: T5's 100 sentinels and 28 unused
+#: ids). Both tie input and output through the clusters (Mesh TensorFlow's adaptive vocabulary embeddings), with
+#: widths 768 / 192 / 48 (/ 12): Baevski & Auli's factor 4 (`adaptive_*_factor`'s default). "Without projection"
+#: keeps every cluster at d_model (factor 1), so its clusters need no projection.
+_ADAPTIVE_INPUT = ClusterCutoffs((2500, 6000, 23628))
+_ADAPTIVE_SOFTMAX = ClusterCutoffs((2500, 6000, 23500, 128))
 
 #: Lightweight and dynamic convolution rows (Wu et al. 2019) in place of self-attention in both stacks, sized
 #: as the Mesh TensorFlow block Narang et al. used (`LocalConvAttnBlock`): GLU input projection, depthwise
@@ -173,7 +217,16 @@ TABLE_1_ROWS: dict[str, dict[str, Any]] = {
     "Tied encoder/decoder input embeddings": {"tie_word_embeddings": False},
     "Tied decoder input and output embeddings": {"tie_encoder_decoder_embeddings": False},
     "Untied embeddings": {"tie_encoder_decoder_embeddings": False, "tie_word_embeddings": False},
+    "Adaptive input embeddings": {"adaptive_input_cutoffs": _ADAPTIVE_INPUT},
+    "Adaptive softmax": {"adaptive_input_cutoffs": _ADAPTIVE_SOFTMAX, "adaptive_softmax_cutoffs": _ADAPTIVE_SOFTMAX},
+    "Adaptive softmax without projection": {
+        "adaptive_input_cutoffs": _ADAPTIVE_SOFTMAX,
+        "adaptive_softmax_cutoffs": _ADAPTIVE_SOFTMAX,
+        "adaptive_input_factor": 1,
+        "adaptive_softmax_factor": 1,
+    },
     "Mixture of softmaxes": {"num_softmaxes": 15},
+    "Transparent attention": {"transparent_attention": True},
     "Dynamic convolution": {"token_mixer": "dynamic_convolution", **_CONVOLUTION},
     "Lightweight convolution": {"token_mixer": "lightweight_convolution", **_CONVOLUTION},
     "Evolved Transformer": _EVOLVED,
@@ -212,7 +265,7 @@ def resolve_row(
         raise ValueError(f"unknown Table 1 row {name!r}; known rows: {list(rows)}")
     resolved = {}
     for key, value in rows[name].items():
-        if isinstance(value, Scaled):
+        if isinstance(value, (Scaled, ClusterCutoffs)):
             try:
                 value = value.resolve(base)
             except (KeyError, ValueError) as err:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from transformers import AutoConfig, PreTrainedConfig
 
 def parse_overrides(overrides: str | dict[str, Any] | None) -> dict[str, str | Any]:
     """Parse `"key=value,key=value"` (transformers' `--config_overrides` format) into a dict.
+
+    A list value is written in brackets, its commas kept: `"adaptive_input_cutoffs=[2500,8500],hidden_size=512"`.
 
     Args:
         overrides: the string, an already-parsed dict, or None.
@@ -33,7 +36,7 @@ def parse_overrides(overrides: str | dict[str, Any] | None) -> dict[str, str | A
     if isinstance(overrides, dict):
         return dict(overrides)
     parsed = {}
-    for item in overrides.split(","):
+    for item in re.split(r",(?![^\[]*\])", overrides):  # commas outside [...]
         if not item.strip():
             continue
         key, sep, value = item.partition("=")
@@ -49,6 +52,18 @@ def _convert(key: str, value: Any, current: Any, annotation: str) -> Any:
         return value
     if value.lower() in ("none", "null"):
         return None
+    if annotation.startswith("list["):  # a JSON list of the element type, e.g. [2500, 8500]
+        try:
+            items = json.loads(value)
+        except json.JSONDecodeError:
+            items = None
+        element = int if "list[int]" in annotation else float if "list[float]" in annotation else str
+        if not isinstance(items, list) or not all(type(item) is element for item in items):
+            raise ValueError(
+                f"--config_overrides {key}={value!r}: expected a list of {element.__name__}s in brackets, "
+                "e.g. [2500,8500]"
+            )
+        return items
     kind = type(current) if current is not None else None
     if kind is None:  # a field that is None by default: infer from its annotation
         kind = float if "float" in annotation else int if "int" in annotation else bool if "bool" in annotation else str

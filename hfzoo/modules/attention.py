@@ -308,3 +308,51 @@ class HfzooAttention(nn.Module):
             )
         output = output.reshape(batch_size, q_len, -1).contiguous()  # (batch, q_len, heads * head_dim)
         return self.o_proj(output), weights
+
+
+class TransparentAttention(nn.Linear):
+    """Transparent attention (Bapna et al. 2018, §3): what each decoder cross-attention reads of the encoder.
+
+    Bapna et al. 2018, "Training Deeper Neural Machine Translation Models with Transparent Attention".
+    Instead of the encoder's last output, cross-attention j attends to
+    ```
+    z_j = sum_i s_ij h_i,    s_.j = softmax_i(W_j.)
+    ```
+    over the encoder's embedding output `h_0`, its layer outputs `h_1 .. h_{N-1}` and its final (normalised)
+    output `h_N`; `W` (this module's `weight`, `(num_cross_attentions, num_encoder_outputs)`) holds one vector
+    of N + 1 logits per cross-attention of the decoder (one per decoder layer). Mesh TensorFlow's
+    `TransparentEncDecAttention` (which Narang et al. 2021 used) stacks the same encoder outputs and
+    initialises `W` with standard deviation `(N + 1) ** -0.5`, as here (through `init_std_scale`, read by
+    `HfzooPreTrainedModel._init_weights`); its optional dropout on `W` is not applied. The softmax is taken
+    in float32.
+
+    Subclassing `nn.Linear` gives `W` transformers' initialisation and keeps it owned by the module whose
+    `forward` reads it (DeepSpeed ZeRO-3 gathers per module); it is not applied as a linear map.
+
+    Args:
+        config: an hfzoo config (`initializer_range`).
+        num_encoder_outputs: N + 1, the encoder's layers plus its embedding output.
+        num_cross_attentions: the decoder's cross-attention sublayers.
+
+    Shapes:
+        `encoder_layer_outputs` `(batch_size, num_encoder_outputs, src_len, hidden_size)` ->
+        `(batch_size, num_cross_attentions, src_len, hidden_size)`.
+    """
+
+    def __init__(self, config, num_encoder_outputs: int, num_cross_attentions: int) -> None:
+        super().__init__(num_encoder_outputs, num_cross_attentions, bias=False)
+        self.init_std_scale = num_encoder_outputs**-0.5 / config.initializer_range
+
+    def forward(self, encoder_layer_outputs: torch.Tensor) -> torch.Tensor:
+        """Combine the encoder outputs `(batch_size, N + 1, src_len, hidden_size)` once per cross-attention.
+
+        Raises:
+            ValueError: the number of encoder outputs is not `in_features`.
+        """
+        if encoder_layer_outputs.shape[1] != self.in_features:
+            raise ValueError(
+                f"transparent attention expects {self.in_features} encoder outputs (embeddings + layers), got "
+                f"{encoder_layer_outputs.shape[1]}"
+            )
+        weights = torch.softmax(self.weight.float(), dim=-1).to(encoder_layer_outputs.dtype)  # (M, N + 1)
+        return torch.einsum("mn,bnsd->bmsd", weights, encoder_layer_outputs)

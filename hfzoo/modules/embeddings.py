@@ -6,7 +6,16 @@
   (`config.tie_word_embeddings`), factorized when tied to a factorized embedding, and a mixture of
   softmaxes when `config.num_softmaxes > 1` (Yang et al. 2018), in which case it returns
   log-probabilities.
-- `tied_embedding_keys`: the `_tied_weights_keys` entries that tie one of these to a `TokenEmbedding`.
+- `AdaptiveEmbedding`, `AdaptiveVocabProjection`, `AdaptiveLogSoftmax`: the vocabulary in frequency-ordered
+  clusters whose embedding size shrinks by a factor per cluster: adaptive input embeddings (Baevski & Auli
+  2019, `config.adaptive_input_cutoffs`), their tied output with one softmax (Mesh TensorFlow's
+  `AdaptiveVocabEmbedding`, which Narang et al. 2021 used), and the adaptive softmax (Grave et al. 2017,
+  `config.adaptive_softmax_cutoffs`), whose `logits` are log-probabilities. `vocab_clusters` gives the
+  clusters, `check_adaptive_config` validates the fields.
+- `build_token_embedding` / `build_vocab_projection`: the input embedding and the LM head's output layer a
+  config asks for (what the stacks and the LM heads build).
+- `tied_embedding_keys`: the `_tied_weights_keys` entries that tie one of these to a `TokenEmbedding`
+  (or an `AdaptiveEmbedding`).
 
 Which parameters are tied is declared, never done by hand: the models list the pairs in their
 `_tied_weights_keys` (computed from the config) and transformers ties, saves and loads them once
@@ -16,9 +25,34 @@ Which parameters are tied is declared, never done by hand: the models list the p
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    """Refuse token ids outside `[0, vocab_size)` before an embedding lookup.
+
+    Checked in eager mode only (one min/max pass over the ids and one host sync); skipped under
+    `torch.compile`, where the lookup itself fails on such an id.
+
+    Args:
+        input_ids: int64 token ids of any shape.
+        vocab_size: the number of token ids the embedding has.
+
+    Raises:
+        ValueError: an id `< 0` or `>= vocab_size`; the message gives it.
+    """
+    if torch.compiler.is_compiling() or not input_ids.numel():
+        return
+    low, high = torch.aminmax(input_ids)
+    if (low < 0) | (high >= vocab_size):
+        bad = int(low) if int(low) < 0 else int(high)
+        raise ValueError(
+            f"token id {bad} is outside the vocabulary: input ids must be in [0, vocab_size="
+            f"{vocab_size}) (a tokenizer larger than the model's vocab_size, or ids from another one?)"
+        )
 
 
 class TokenEmbedding(nn.Embedding):
@@ -54,14 +88,7 @@ class TokenEmbedding(nn.Embedding):
             ValueError: an id outside `[0, vocab_size)` (checked in eager mode: one min/max pass over the ids and
                 one host sync; skipped under `torch.compile`, where the lookup itself fails on such an id).
         """
-        if not torch.compiler.is_compiling() and input_ids.numel():
-            low, high = torch.aminmax(input_ids)
-            if (low < 0) | (high >= self.num_embeddings):
-                bad = int(low) if int(low) < 0 else int(high)
-                raise ValueError(
-                    f"token id {bad} is outside the vocabulary: input ids must be in [0, vocab_size="
-                    f"{self.num_embeddings}) (a tokenizer larger than the model's vocab_size, or ids from another one?)"
-                )
+        check_token_ids(input_ids, self.num_embeddings)
         embeddings = super().forward(input_ids)  # (batch, seq, embedding_size)
         if self.embed_proj is not None:
             embeddings = self.embed_proj(embeddings)  # (batch, seq, hidden_size)
@@ -154,19 +181,437 @@ class VocabProjection(nn.Linear):
         return mixed.to(hidden_states.dtype)
 
 
+#: Why an adaptive vocabulary module cannot be resized (its `vocab_resize_refusal`).
+_ADAPTIVE_RESIZE_REFUSAL = (
+    "the vocabulary is stored as one matrix per frequency cluster (adaptive_input_cutoffs / "
+    "adaptive_softmax_cutoffs), the last cluster ending at vocab_size, so new ids have no defined cluster; "
+    "build the model with the new vocab_size and cutoffs instead"
+)
+
+
+@dataclass(frozen=True)
+class VocabCluster:
+    """One cluster of an adaptive vocabulary: the token ids `[start, end)` and their embedding size.
+
+    Attributes:
+        start: first token id of the cluster.
+        end: one past its last token id.
+        embedding_size: the cluster's embedding width (`hidden_size` for the first cluster).
+    """
+
+    start: int
+    end: int
+    embedding_size: int
+
+    @property
+    def size(self) -> int:
+        """Number of tokens in the cluster."""
+        return self.end - self.start
+
+
+def vocab_clusters(config, cutoffs: list[int], factor: float) -> list[VocabCluster]:
+    """Split the vocabulary at `cutoffs` into clusters whose embedding size shrinks by `factor` per cluster.
+
+    Cluster i holds the ids `[cutoffs[i-1], cutoffs[i])` (the first starts at 0, the last ends at
+    `vocab_size`) with embedding size `int(hidden_size // factor ** i)` (Baevski & Auli 2019, §3: d / k^i;
+    fairseq's `AdaptiveInput`, torch's `AdaptiveLogSoftmaxWithLoss` tails), at least 1 (a narrow model with
+    many clusters would otherwise leave the last ones without width). Clusters are contiguous id
+    ranges, so they follow token frequency when the tokenizer numbers its tokens by frequency
+    (SentencePiece; roughly BPE, whose merges come in order of frequency).
+
+    Args:
+        config: an hfzoo config (`vocab_size`, `hidden_size`), its cutoffs already validated.
+        cutoffs: strictly increasing ids in `(0, vocab_size)`.
+        factor: the shrink factor k >= 1 (1: every cluster has `hidden_size`).
+
+    Returns:
+        `len(cutoffs) + 1` clusters covering `[0, vocab_size)`.
+    """
+    bounds = [0, *cutoffs, config.vocab_size]
+    return [
+        VocabCluster(bounds[i], bounds[i + 1], max(1, int(config.hidden_size // factor**i)))
+        for i in range(len(bounds) - 1)
+    ]
+
+
+def adaptive_input_clusters(config) -> list[VocabCluster] | None:
+    """The clusters of the adaptive input embeddings (`adaptive_input_cutoffs`, `adaptive_input_factor`), or None."""
+    if config.adaptive_input_cutoffs is None:
+        return None
+    return vocab_clusters(config, config.adaptive_input_cutoffs, config.adaptive_input_factor)
+
+
+def adaptive_softmax_clusters(config) -> list[VocabCluster] | None:
+    """The clusters of the adaptive softmax (`adaptive_softmax_cutoffs`, `adaptive_softmax_factor`), or None."""
+    if config.adaptive_softmax_cutoffs is None:
+        return None
+    return vocab_clusters(config, config.adaptive_softmax_cutoffs, config.adaptive_softmax_factor)
+
+
+def adaptive_head_rows(config) -> int:
+    """Extra rows of the first cluster's matrix: one per tail cluster when it is tied to an adaptive softmax.
+
+    The adaptive softmax's head scores the first cluster's tokens and one entry per tail cluster (Grave et
+    al. 2017, §4.2), so its `(first cluster size + tail clusters, hidden_size)` matrix is what a tied
+    input embedding's first cluster holds (its last rows are never looked up), as Mesh TensorFlow's
+    `AdaptiveSoftmaxVocabEmbedding` does.
+    """
+    if config.adaptive_softmax_cutoffs is None or not config.tie_word_embeddings:
+        return 0
+    return len(config.adaptive_softmax_cutoffs)
+
+
+class AdaptiveEmbedding(nn.Module):
+    """Adaptive input embeddings (Baevski & Auli 2019, §3): ids -> `hidden_size` vectors, less width for rare ones.
+
+    Baevski & Auli 2019, "Adaptive Input Representations for Neural Language Modeling".
+    The vocabulary is split into clusters at `config.adaptive_input_cutoffs` (`vocab_clusters`); cluster i
+    has its own `(size_i, E_i)` matrix `clusters.i` with `E_i = hidden_size // adaptive_input_factor ** i`
+    and a projection `projections.i` (`nn.Linear(E_i, hidden_size, bias=False)`) to the model width:
+    `embed(t) = scale * W_i E_i[t - start_i]` for `t` in cluster i. A cluster of full width has no
+    projection (`nn.Identity`), as in Mesh TensorFlow's `AdaptiveVocabEmbedding` (which Narang et al. 2021
+    used): with factor 1 the layer is a plain `(vocab_size, hidden_size)` embedding cut into pieces. `scale`
+    is `sqrt(hidden_size)` with `config.scale_embeddings`, else 1. Tied to an adaptive softmax, the first
+    cluster's matrix has one more row per tail cluster (`adaptive_head_rows`), never looked up.
+
+    Every token is looked up in every cluster (at a clamped row) and the results outside its cluster are
+    zeroed: no data-dependent shapes (`torch.compile`, exact FLOP counts), at the cost of the small
+    projections applied to every token.
+
+    The matrices cannot be resized (`vocab_resize_refusal` says why, for `resize_token_embeddings`).
+
+    Args:
+        config: an hfzoo config with `adaptive_input_cutoffs` set (`vocab_size`, `hidden_size`,
+            `adaptive_input_factor`, `scale_embeddings`).
+
+    Shapes:
+        `input_ids` `(batch_size, seq_len)` int64 -> `(batch_size, seq_len, hidden_size)` in the weights' dtype.
+    """
+
+    #: Why the vocabulary size cannot change (read by `resize_token_embeddings`' refusal hook).
+    vocab_resize_refusal: str | None = _ADAPTIVE_RESIZE_REFUSAL
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        clusters = adaptive_input_clusters(config)
+        head_rows = adaptive_head_rows(config)
+        self.vocab_size = config.vocab_size
+        self.bounds = [(cluster.start, cluster.end) for cluster in clusters]
+        self.clusters = nn.ModuleList(
+            nn.Embedding(cluster.size + (head_rows if i == 0 else 0), cluster.embedding_size)
+            for i, cluster in enumerate(clusters)
+        )
+        self.projections = nn.ModuleList(
+            nn.Identity()
+            if cluster.embedding_size == config.hidden_size
+            else nn.Linear(cluster.embedding_size, config.hidden_size, bias=False)
+            for cluster in clusters
+        )
+        self.scale = math.sqrt(config.hidden_size) if config.scale_embeddings else 1.0
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Embed `input_ids` `(batch_size, seq_len)` into `(batch_size, seq_len, hidden_size)`.
+
+        Raises:
+            ValueError: an id outside `[0, vocab_size)` (see `check_token_ids`).
+        """
+        check_token_ids(input_ids, self.vocab_size)
+        embeddings = None
+        for (start, end), cluster, projection in zip(self.bounds, self.clusters, self.projections, strict=True):
+            in_cluster = (input_ids >= start) & (input_ids < end)  # (batch, seq)
+            rows = (input_ids - start).clamp(0, end - start - 1)  # any valid row outside the cluster: zeroed below
+            vectors = projection(cluster(rows))  # (batch, seq, E_i) -> (batch, seq, hidden_size)
+            vectors = vectors * in_cluster[..., None].to(vectors.dtype)
+            embeddings = vectors if embeddings is None else embeddings + vectors
+        return embeddings * self.scale if self.scale != 1.0 else embeddings
+
+
+class _AdaptiveOutput(nn.Module):
+    """The output side of an adaptive vocabulary: per cluster, `hidden_size -> E_i -> cluster scores`.
+
+    `clusters.i` is `nn.Linear(E_i, rows_i, bias=bias)` (its weight has the shape of the input side's
+    `clusters.i` embedding, so the two tie) and `projections.i` a `TransposedLinear(E_i, hidden_size)`
+    (`hidden_size -> E_i` with the weight shape of the input side's `projections.i`), or `nn.Identity` for
+    a full-width cluster. With `config.scale_lm_head_input` the hidden states are first multiplied by
+    `hidden_size ** -0.5` (T5 v1.0).
+
+    Args:
+        config: an hfzoo config.
+        clusters: the vocabulary clusters (`vocab_clusters`).
+        head_rows: extra output rows of the first cluster (the adaptive softmax's cluster entries).
+        bias: a per-row output bias in every cluster (BERT's masked-LM head).
+    """
+
+    #: Why the vocabulary size cannot change (read by `resize_token_embeddings`' refusal hook).
+    vocab_resize_refusal: str | None = _ADAPTIVE_RESIZE_REFUSAL
+
+    def __init__(self, config, clusters: list[VocabCluster], head_rows: int, bias: bool) -> None:
+        super().__init__()
+        self.cluster_sizes = [cluster.size for cluster in clusters]
+        self.clusters = nn.ModuleList(
+            nn.Linear(cluster.embedding_size, cluster.size + (head_rows if i == 0 else 0), bias=bias)
+            for i, cluster in enumerate(clusters)
+        )
+        self.projections = nn.ModuleList(
+            nn.Identity()
+            if cluster.embedding_size == config.hidden_size
+            else TransposedLinear(cluster.embedding_size, config.hidden_size)
+            for cluster in clusters
+        )
+        self.input_scale = config.hidden_size**-0.5 if config.scale_lm_head_input else None
+
+    def cluster_scores(self, hidden_states: torch.Tensor) -> list[torch.Tensor]:
+        """Each cluster's scores `(..., rows_i)` for `hidden_states` `(..., hidden_size)`."""
+        if self.input_scale is not None:
+            hidden_states = hidden_states * self.input_scale
+        return [cluster(projection(hidden_states)) for cluster, projection in zip(self.clusters, self.projections)]
+
+    @staticmethod
+    def summed_cross_entropy(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Float32 sum of `-log softmax(scores)[label]` over the positions whose label is not -100.
+
+        Args:
+            scores: `(..., vocab_size)` logits or log-probabilities (softmax leaves the latter unchanged).
+            labels: int64 `scores.shape[:-1]`, -100 where ignored.
+
+        Returns:
+            A float32 scalar (nats, summed; divide by the number of labels for the mean).
+        """
+        return nn.functional.cross_entropy(
+            scores.float().reshape(-1, scores.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
+        )
+
+
+class AdaptiveVocabProjection(_AdaptiveOutput):
+    """Hidden states -> vocabulary logits through the clusters of tied adaptive input embeddings (one softmax).
+
+    ```
+    logits = concat_i( (h P_i) E_i^T + b_i )      E_i: (size_i, E_i), P_i: (hidden_size, E_i) (identity at full width)
+    ```
+    the transposed factors of each cluster of the `AdaptiveEmbedding` it is tied to, concatenated over the
+    clusters in id order: Mesh TensorFlow's `AdaptiveVocabEmbedding.hidden_to_logits`, which Narang et al.
+    2021 used for their "Adaptive input embeddings" row (a single softmax over the whole vocabulary, unlike
+    Baevski & Auli's adaptive softmax output). The LM heads build it when `tie_word_embeddings` and
+    `adaptive_input_cutoffs` are set without an adaptive softmax; an untied head is a full `VocabProjection`.
+
+    Args:
+        config: an hfzoo config with `adaptive_input_cutoffs`.
+        bias: a per-token output bias (BERT's masked-LM head).
+
+    Shapes:
+        `(..., hidden_size)` -> logits `(..., vocab_size)`.
+    """
+
+    def __init__(self, config, bias: bool) -> None:
+        super().__init__(config, adaptive_input_clusters(config), 0, bias)
+
+    def forward(self, hidden_states: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Score `hidden_states` `(..., hidden_size)` against the vocabulary.
+
+        Args:
+            hidden_states: `(..., hidden_size)`.
+            labels: optional int64 targets `hidden_states.shape[:-1]` (-100 = ignored).
+
+        Returns:
+            The logits `(..., vocab_size)`, or with `labels` the float32 summed cross-entropy
+            (`summed_cross_entropy`), the interface of `VocabProjection` for the LM heads' losses.
+        """
+        logits = torch.cat(self.cluster_scores(hidden_states), dim=-1)
+        return logits if labels is None else self.summed_cross_entropy(logits, labels)
+
+
+class AdaptiveLogSoftmax(_AdaptiveOutput):
+    """The adaptive softmax (Grave et al. 2017, §4): full-vocabulary log-probabilities from a head and tail clusters.
+
+    Grave et al. 2017, "Efficient softmax approximation for GPUs": a head softmax and one softmax per tail cluster.
+    The vocabulary is split at `config.adaptive_softmax_cutoffs` (`vocab_clusters`, embedding sizes
+    `hidden_size // adaptive_softmax_factor ** i`). The head (`clusters.0`, `nn.Linear(hidden_size,
+    size_0 + n_tail)`) scores the first cluster's tokens and one entry per tail cluster; tail cluster i
+    projects `h` to its width (`projections.i`, none at full width: factor 1 is Narang et al. 2021's
+    "Adaptive softmax without projection") and scores its tokens (`clusters.i`):
+    ```
+    log p(t | h) = log_softmax(head(h))[t]                                        t in the first cluster
+    log p(t | h) = log_softmax(head(h))[size_0 + i - 1] + log_softmax(tail_i(P_i h))[t - start_i]   t in cluster i
+    ```
+    The returned "logits" are these log-probabilities for every token (float32 log-softmax, cast back to
+    the input's dtype), as `torch.nn.AdaptiveLogSoftmaxWithLoss.log_prob` computes them: `softmax` of them
+    is the model's distribution and cross-entropy on them is its negative log-likelihood, so the LM losses,
+    `generate()` (greedy, sampling, beam search) and pipelines work unchanged. The training cost is that of
+    the full distribution (the head, then every tail on every token): the shortcut of computing a tail only
+    for the tokens whose target lies in it cannot return the logits that `generate()` and pipelines need.
+
+    Why not `torch.nn.AdaptiveLogSoftmaxWithLoss` itself: its tails always have a projection (`Linear(h,
+    h // div_value ** (i + 1))`, even at `div_value=1`), so the paper's variant without projection (223M
+    parameters) cannot be built with it; its `forward(input, target)` returns only the targets'
+    log-probabilities; and its tails' first factor would need transposing to tie with the input
+    embeddings. The computation is the same as its `log_prob` (tests/test_adaptive.py compares the two).
+
+    Tied to adaptive input embeddings with the same clusters (`tie_word_embeddings`; required by the
+    config when tied), `clusters.i` and `projections.i` are the embedding's matrices (Baevski & Auli 2019
+    §4.5; Mesh TensorFlow's `AdaptiveSoftmaxVocabEmbedding`), the head's extra rows included.
+
+    Args:
+        config: an hfzoo config with `adaptive_softmax_cutoffs`.
+        bias: a per-row output bias in every cluster (BERT's masked-LM head; Grave et al. have none).
+
+    Shapes:
+        `(..., hidden_size)` -> log-probabilities `(..., vocab_size)`.
+    """
+
+    def __init__(self, config, bias: bool) -> None:
+        super().__init__(config, adaptive_softmax_clusters(config), len(config.adaptive_softmax_cutoffs), bias)
+
+    def forward(self, hidden_states: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Log-probabilities of every token given `hidden_states`.
+
+        Args:
+            hidden_states: `(..., hidden_size)`.
+            labels: optional int64 targets `hidden_states.shape[:-1]` (-100 = ignored).
+
+        Returns:
+            The log-probabilities `(..., vocab_size)` in the input dtype, or with `labels` the float32 sum of
+            `-log p(label)` (`summed_cross_entropy` on the float32 log-probabilities), the interface of
+            `VocabProjection` for the LM heads' losses.
+        """
+        head, *tails = self.cluster_scores(hidden_states)
+        head = torch.log_softmax(head.float(), dim=-1)  # (..., size_0 + n_tail)
+        shortlist = self.cluster_sizes[0]
+        log_probs = [head[..., :shortlist]]
+        for i, tail in enumerate(tails):
+            cluster_log_prob = head[..., shortlist + i : shortlist + i + 1]  # (..., 1)
+            log_probs.append(torch.log_softmax(tail.float(), dim=-1) + cluster_log_prob)  # (..., size_i)
+        log_probs = torch.cat(log_probs, dim=-1)  # float32 (..., vocab_size)
+        return log_probs.to(hidden_states.dtype) if labels is None else self.summed_cross_entropy(log_probs, labels)
+
+
+def build_token_embedding(config) -> nn.Module:
+    """The token embedding `config` asks for: `AdaptiveEmbedding` with `adaptive_input_cutoffs`, else `TokenEmbedding`.
+
+    Args:
+        config: an hfzoo config (validated).
+
+    Returns:
+        A module mapping `(batch_size, seq_len)` int64 ids to `(batch_size, seq_len, hidden_size)`.
+    """
+    return AdaptiveEmbedding(config) if config.adaptive_input_cutoffs is not None else TokenEmbedding(config)
+
+
+def build_vocab_projection(config, bias: bool, tied: bool) -> nn.Module:
+    """The output layer of an LM head: hidden states -> vocabulary scores.
+
+    `AdaptiveLogSoftmax` with `adaptive_softmax_cutoffs` (log-probabilities); `AdaptiveVocabProjection` when
+    tied to adaptive input embeddings without an adaptive softmax; otherwise `VocabProjection` (plain,
+    factorized when tied to factorized embeddings, a mixture of softmaxes with `num_softmaxes > 1`).
+
+    Args:
+        config: an hfzoo config (validated).
+        bias: a per-token output bias (BERT's masked-LM head).
+        tied: the weights will be tied to the input embedding (`tie_word_embeddings`).
+
+    Returns:
+        A module mapping `(..., hidden_size)` to `(..., vocab_size)`.
+    """
+    if config.adaptive_softmax_cutoffs is not None:
+        return AdaptiveLogSoftmax(config, bias)
+    if tied and config.adaptive_input_cutoffs is not None:
+        return AdaptiveVocabProjection(config, bias)
+    return VocabProjection(config, bias, tied)
+
+
+def _check_cutoffs(config, field: str) -> None:
+    cutoffs = getattr(config, field)
+    if cutoffs is None:
+        return
+    if (
+        not isinstance(cutoffs, (list, tuple))
+        or not cutoffs
+        or not all(isinstance(c, int) and not isinstance(c, bool) for c in cutoffs)
+    ):
+        raise ValueError(f"{field} must be None or a non-empty list of token ids, got {cutoffs!r}")
+    if any(b <= a for a, b in zip(cutoffs, cutoffs[1:])) or cutoffs[0] < 1 or cutoffs[-1] >= config.vocab_size:
+        raise ValueError(
+            f"{field}={list(cutoffs)} must be strictly increasing ids inside the vocabulary, each in "
+            f"[1, vocab_size={config.vocab_size}): cluster i holds the ids [cutoffs[i-1], cutoffs[i]) and the last "
+            "cluster ends at vocab_size"
+        )
+
+
+def _check_factor(config, cutoffs_field: str, factor_field: str) -> None:
+    factor = getattr(config, factor_field)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1:
+        raise ValueError(f"{factor_field} must be a number >= 1 (1: no shrinking), got {factor!r}")
+    if getattr(config, cutoffs_field) is None and factor != 4:
+        raise ValueError(
+            f"{factor_field}={factor!r} only applies with {cutoffs_field}, which is None; leave it at its default 4"
+        )
+
+
+def check_adaptive_config(config) -> None:
+    """Validate the adaptive input / adaptive softmax fields and what they contradict (called by the config).
+
+    Args:
+        config: an hfzoo config.
+
+    Raises:
+        ValueError: cutoffs that are not strictly increasing ids in `[1, vocab_size)`; a factor below 1 or one
+            set without its cutoffs; adaptive clusters together with
+            `embedding_size` (both factorize the vocabulary matrix); an adaptive softmax, or a head tied to
+            adaptive input embeddings, with `num_softmaxes > 1`; a tied adaptive softmax whose clusters differ
+            from the input embeddings' (the message names the fields and the values that would work).
+    """
+    for kind in ("input", "softmax"):
+        _check_cutoffs(config, f"adaptive_{kind}_cutoffs")
+        _check_factor(config, f"adaptive_{kind}_cutoffs", f"adaptive_{kind}_factor")
+    adaptive_input, adaptive_softmax = config.adaptive_input_cutoffs, config.adaptive_softmax_cutoffs
+    if config.embedding_size is not None and (adaptive_input is not None or adaptive_softmax is not None):
+        field = "adaptive_input_cutoffs" if adaptive_input is not None else "adaptive_softmax_cutoffs"
+        raise ValueError(
+            f"embedding_size={config.embedding_size} and {field} both factorize the vocabulary matrix; "
+            "set one of them (embedding_size=None for the adaptive clusters)"
+        )
+    adaptive_head = adaptive_softmax is not None or (config.tie_word_embeddings and adaptive_input is not None)
+    if config.num_softmaxes > 1 and adaptive_head:
+        field = "adaptive_softmax_cutoffs" if adaptive_softmax is not None else "adaptive_input_cutoffs"
+        raise ValueError(
+            f"num_softmaxes={config.num_softmaxes} (a mixture of softmaxes) needs a plain output matrix, but {field} "
+            "makes the LM head adaptive; use num_softmaxes=1"
+            + ("" if adaptive_softmax is not None else " or tie_word_embeddings=False")
+        )
+    if adaptive_softmax is not None and config.tie_word_embeddings:
+        same = list(adaptive_input or []) == list(adaptive_softmax)
+        if not same or config.adaptive_input_factor != config.adaptive_softmax_factor:
+            raise ValueError(
+                f"adaptive_softmax_cutoffs={list(adaptive_softmax)} with tie_word_embeddings=True ties the softmax's "
+                f"clusters to the input embeddings, so adaptive_input_cutoffs must be {list(adaptive_softmax)} and "
+                f"adaptive_input_factor={config.adaptive_softmax_factor!r} (got adaptive_input_cutoffs="
+                f"{adaptive_input!r}, adaptive_input_factor={config.adaptive_input_factor!r}); or set "
+                "tie_word_embeddings=False"
+            )
+
+
 def tied_embedding_keys(config, target: str, source: str) -> dict[str, str]:
     """`_tied_weights_keys` entries tying the module at `target` to the `TokenEmbedding` at `source`.
 
     `target` is a `TokenEmbedding` or a tied `VocabProjection`; both have a `weight` and, with
-    `config.embedding_size`, an `embed_proj.weight` of the same shapes as the source's.
+    `config.embedding_size`, an `embed_proj.weight` of the same shapes as the source's. With
+    `config.adaptive_input_cutoffs` the source is an `AdaptiveEmbedding` and the target another one or a tied
+    `AdaptiveVocabProjection` / `AdaptiveLogSoftmax` with the same clusters: each cluster's matrix
+    (`clusters.i.weight`) and projection (`projections.i.weight`, clusters narrower than `hidden_size`) are tied.
 
     Args:
-        config: an hfzoo config (`embedding_size`).
+        config: an hfzoo config (`embedding_size`, `adaptive_input_cutoffs`).
         target: dotted module path of the tied copy, e.g. `"lm_head"`.
         source: dotted module path of the embedding that owns the weights, e.g. `"model.embed_tokens"`.
 
     Returns:
-        `{f"{target}.weight": f"{source}.weight", ...}` (plus the `embed_proj` pair when factorized).
+        `{f"{target}.weight": f"{source}.weight", ...}` (plus the `embed_proj` pair when factorized; the
+        clusters' pairs when adaptive).
     """
+    clusters = adaptive_input_clusters(config)
+    if clusters is not None:
+        names = [f"clusters.{i}.weight" for i in range(len(clusters))] + [
+            f"projections.{i}.weight" for i, c in enumerate(clusters) if c.embedding_size != config.hidden_size
+        ]
+        return {f"{target}.{name}": f"{source}.{name}" for name in names}
     names = ["weight"] + (["embed_proj.weight"] if config.embedding_size is not None else [])
     return {f"{target}.{name}": f"{source}.{name}" for name in names}

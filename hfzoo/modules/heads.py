@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .embeddings import VocabProjection
+from .embeddings import build_vocab_projection
 from .feed_forward import ACTIVATIONS
 from .norms import build_norm
 
@@ -14,10 +14,11 @@ class MaskedLMHead(nn.Module):
     """BERT's masked-LM head (Devlin et al. 2019; `BertLMPredictionHead`): transform, then vocabulary projection.
 
     `decoder(norm(act(dense(h))))` with a per-token output bias; `norm` follows `config.norm_type` (an
-    identity with `none`). `decoder` is a
-    `hfzoo.modules.embeddings.VocabProjection` (factorized when tied to factorized embeddings; a mixture
-    of softmaxes returning log-probabilities when `config.num_softmaxes > 1`); its weight is tied to the
-    input embeddings when `config.tie_word_embeddings` (declared by the model's `_tied_weights_keys`).
+    identity with `none`). `decoder` is `hfzoo.modules.embeddings.build_vocab_projection`'s: a
+    `VocabProjection` (factorized when tied to factorized embeddings; a mixture of softmaxes returning
+    log-probabilities when `config.num_softmaxes > 1`), an `AdaptiveVocabProjection` (tied adaptive input
+    embeddings) or an `AdaptiveLogSoftmax` (log-probabilities); its weights are tied to the input embeddings
+    when `config.tie_word_embeddings` (declared by the model's `_tied_weights_keys`).
 
     Shapes:
         `(batch_size, seq_len, hidden_size)` -> logits `(batch_size, seq_len, vocab_size)`.
@@ -28,7 +29,7 @@ class MaskedLMHead(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act_fn = ACTIVATIONS[config.hidden_act]
         self.norm = build_norm(config)
-        self.decoder = VocabProjection(config, bias=True, tied=config.tie_word_embeddings)
+        self.decoder = build_vocab_projection(config, bias=True, tied=config.tie_word_embeddings)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Map hidden states `(..., hidden_size)` to vocabulary logits `(..., vocab_size)`."""

@@ -31,7 +31,8 @@ from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
-from .embeddings import TokenEmbedding
+from .attention import TransparentAttention
+from .embeddings import build_token_embedding
 from .evolved import EvolvedTransformerLayer
 from .experts import token_padding_mask
 from .layer import NORM_POSITIONS, HfzooLayer, layer_sublayers
@@ -82,6 +83,19 @@ class StackLayout:
         return sum(layer_class.num_cache_layers(sublayers, self.is_causal) for sublayers in self.sublayers(config))
 
 
+@dataclass
+class HfzooStackOutput(BaseModelOutputWithPastAndCrossAttentions):
+    """`BaseModelOutputWithPastAndCrossAttentions` plus the encoder outputs transparent attention reads.
+
+    Args:
+        layer_outputs: `(batch_size, num_layers + 1, seq_len, hidden_size)`: the embedding output, each layer's
+            output and the final (normalised) output, stacked; set by the encoder of an encoder-decoder with
+            `config.transparent_attention` (batch first, so `generate` expands it for beams), else None.
+    """
+
+    layer_outputs: torch.FloatTensor | None = None
+
+
 class HfzooStack:
     """Embeddings, `HfzooLayer`s and a final norm: the body of every hfzoo family.
 
@@ -96,10 +110,13 @@ class HfzooStack:
     `hfzoo.modules.positions.build_stack_score_bias`; else None), `token_type_embeddings` (when
     `config.type_vocab_size > 0`, else None), `embed_norm` (a norm of the summed embeddings when
     `config.embedding_norm`, else None), `embed_dropout`, `layers` (`HfzooLayer`s, or the class of
-    `config.layer_type` in `LAYER_TYPES`, e.g. the Evolved Transformer's cells) and
-    `norm` (the final norm when the norm placement has one, else an identity). Flags: `is_causal`,
-    `has_cross_attention` and `shares_layers` (`config.block_sharing` covers this stack); `token_mixer_name`
-    (the stack's `TOKEN_MIXERS` key, whose `mask_overlay` the self-attention mask takes).
+    `config.layer_type` in `LAYER_TYPES`, e.g. the Evolved Transformer's cells),
+    `norm` (the final norm when the norm placement has one, else an identity) and `transparent_attention`
+    (`hfzoo.modules.attention.TransparentAttention`, in the cross-attending stack with
+    `config.transparent_attention`, else None). Flags: `is_causal`, `has_cross_attention`, `shares_layers`
+    (`config.block_sharing` covers this stack) and `returns_layer_outputs` (the encoder side with
+    `config.transparent_attention`: its output carries `layer_outputs`); `token_mixer_name` (the stack's
+    `TOKEN_MIXERS` key, whose `mask_overlay` the self-attention mask takes).
 
     The layers follow `config.sublayer_pattern` (`StackLayout.sublayers`): each token mixer gets the next
     KV-cache layer index (`mixer_idx`, 0, 1, ... over the stack's token mixers, so a cache holds one layer
@@ -109,7 +126,7 @@ class HfzooStack:
     Args:
         config: an hfzoo config.
         layout: the stack's `StackLayout` (depth, direction, cross-attention, token mixer).
-        embed_tokens: the token embedding module to use (default: a new `TokenEmbedding`).
+        embed_tokens: the token embedding module to use (default: a new one, `build_token_embedding`).
 
     Raises:
         ValueError: block sharing over layers whose parameters differ (a per-layer setting).
@@ -117,7 +134,7 @@ class HfzooStack:
 
     def __init__(self, config, layout: StackLayout, embed_tokens: nn.Module | None = None) -> None:
         super().__init__(config)
-        self.embed_tokens = embed_tokens if embed_tokens is not None else TokenEmbedding(config)
+        self.embed_tokens = embed_tokens if embed_tokens is not None else build_token_embedding(config)
         self.is_causal = is_causal = layout.is_causal
         self.token_mixer_name = layout.token_mixer
         self.has_cross_attention = layout.has_cross_attention
@@ -150,6 +167,12 @@ class HfzooStack:
             ffn_idx += "f" in sublayers
         self.layers = nn.ModuleList(layers)
         self.norm = build_norm(config) if NORM_POSITIONS[config.norm_position].final_norm else nn.Identity()
+        # Transparent attention (Bapna et al. 2018): the decoder weighs every encoder output, which the encoder keeps.
+        self.returns_layer_outputs = config.transparent_attention and not layout.has_cross_attention
+        self.transparent_attention = None
+        if config.transparent_attention and layout.has_cross_attention:
+            encoder = next(other for other in config.stack_layouts() if not other.has_cross_attention)
+            self.transparent_attention = TransparentAttention(config, len(encoder.sublayers(config)) + 1, mixer_idx)
         if self.shares_layers:
             first = [(name, p.shape) for name, p in self.layers[0].named_parameters()]
             for i, layer in enumerate(self.layers):
@@ -182,8 +205,9 @@ class HfzooStack:
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        encoder_layer_outputs: torch.Tensor | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPastAndCrossAttentions:
+    ) -> HfzooStackOutput:
         """Embed the inputs and run the layers.
 
         Args:
@@ -198,15 +222,20 @@ class HfzooStack:
             encoder_hidden_states: `(batch_size, src_len, hidden_size)` for cross-attention.
             encoder_attention_mask: `(batch_size, src_len)` padding mask of the encoder outputs.
             use_cache: create a cache when none is given (causal stacks only).
+            encoder_layer_outputs: `(batch_size, num_encoder_layers + 1, src_len, hidden_size)`, the encoder's
+                `layer_outputs`; required by a stack with transparent attention, which ignores
+                `encoder_hidden_states`.
             **kwargs: attention-backend options.
 
         Returns:
-            `BaseModelOutputWithPastAndCrossAttentions` with `last_hidden_state`
-            `(batch_size, seq_len, hidden_size)` and `past_key_values`.
+            `HfzooStackOutput` (a `BaseModelOutputWithPastAndCrossAttentions`) with `last_hidden_state`
+            `(batch_size, seq_len, hidden_size)`, `past_key_values` and, from an encoder feeding transparent
+            attention, `layer_outputs`.
 
         Raises:
             ValueError: both or neither of `input_ids`/`inputs_embeds`; a sequence longer than
-                `max_position_embeddings` with absolute positions; cross-attention without encoder states.
+                `max_position_embeddings` with absolute positions; cross-attention without encoder states;
+                transparent attention without `encoder_layer_outputs`.
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids or inputs_embeds")
@@ -235,20 +264,37 @@ class HfzooStack:
             inputs_embeds, attention_mask, self_cache, position_ids, encoder_hidden_states, encoder_attention_mask
         )
         padding_mask = token_padding_mask(attention_mask, seq_length)  # for token mixers and expert routing
-        for layer in self.layers:
+        memories = None
+        if self.transparent_attention is not None:
+            if encoder_layer_outputs is None:
+                raise ValueError(
+                    "transparent_attention=True: the decoder's cross-attention reads every encoder output, so "
+                    "encoder_layer_outputs is required (pass the encoder's output object as encoder_outputs: its "
+                    "layer_outputs field holds them)"
+                )
+            memories = self.transparent_attention(encoder_layer_outputs)  # (batch, cross-attentions, src, hidden)
+        layer_outputs = [hidden_states] if self.returns_layer_outputs else None
+        for i, layer in enumerate(self.layers):
+            memory = encoder_hidden_states
+            if memories is not None and layer.cross_attn is not None:
+                memory = memories[:, layer.cross_attn.layer_idx]
             hidden_states = layer(
                 hidden_states,
                 attention_mask=self_mask,
                 past_key_values=past_key_values,
-                encoder_hidden_states=encoder_hidden_states,
+                encoder_hidden_states=memory,
                 encoder_attention_mask=cross_mask,
                 padding_mask=padding_mask,
                 **position_inputs,
                 **kwargs,
             )
+            if layer_outputs is not None and i < len(self.layers) - 1:
+                layer_outputs.append(hidden_states)
         hidden_states = self.norm(hidden_states)
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, past_key_values=past_key_values
+        if layer_outputs is not None:  # the last entry is the normalised output, as in Mesh TensorFlow
+            layer_outputs = torch.stack([*layer_outputs, hidden_states], dim=1)  # (batch, layers + 1, seq, hidden)
+        return HfzooStackOutput(
+            last_hidden_state=hidden_states, past_key_values=past_key_values, layer_outputs=layer_outputs
         )
 
     def _embed(

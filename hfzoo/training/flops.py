@@ -10,10 +10,12 @@ any hfzoo family; `FlopsCount.per_token` divides by the tokens the model process
   non-embedding parameters of Kaplan et al.: attention projections, the feed-forward block (in a
   mixture-of-experts layer the router and only the `num_experts_per_tok` experts a token is sent to:
   compute, not storage), and the language-model head (hidden -> vocabulary, with the factorized
-  projection or the mixture-of-softmaxes matrices when present; the masked-LM head's transform). The
-  output projection matters at small scale, which is why Hoffmann et al. 2022 ("Chinchilla", App. F)
-  count it too. The factorized embedding's input projection (E -> hidden) is a matrix product and is
-  counted; a layer shared by block sharing counts once per application. Not counted: lookups (token,
+  projection or the mixture-of-softmaxes matrices when present; the masked-LM head's transform; an
+  adaptive head's cluster matrices and projections, every cluster on every token, since the full
+  distribution is computed). The output projection matters at small scale, which is why Hoffmann et al.
+  2022 ("Chinchilla", App. F) count it too. The factorized embedding's input projection (E -> hidden) and
+  the adaptive input embeddings' cluster projections (each applied to every token) are matrix products and
+  are counted; a layer shared by block sharing counts once per application. Not counted: lookups (token,
   position and relative-bias tables) and elementwise work (norms, activations, softmax, residuals).
 - **Attention, 12 d_attn per (query, key) pair** (PaLM App. B: 12 L H Q T per token for self-attention
   over T keys). The scores `Q K^T` and the weighted values `P V` each cost 2 d_attn FLOPs per pair forward
@@ -31,7 +33,9 @@ any hfzoo family; `FlopsCount.per_token` divides by the tokens the model process
   e.g. the Evolved Transformer's cells) gives its layers' terms with a static `training_flops`.
 - **Encoder-decoder**: encoder tokens pass the encoder layers; decoder tokens pass the decoder layers and
   the head; cross-attention's key and value projections apply to the encoder's outputs (once per encoder
-  token and decoder layer) and its scores cover every (decoder token, encoder token) pair.
+  token and decoder layer) and its scores cover every (decoder token, encoder token) pair. Transparent
+  attention (Bapna et al. 2018) mixes the N + 1 encoder outputs once per cross-attention: `N + 1` weights
+  per cross-attention and hidden unit, applied to every encoder token.
 
 `tests/test_flops.py` checks the count against a hand count for a small decoder, encoder,
 encoder-decoder and mixture-of-experts layer, and against torch's `FlopCounterMode` for every Table 1
@@ -44,6 +48,7 @@ import dataclasses
 
 from ..models.encoder.configuration_encoder import HfzooEncoderConfig
 from ..modules.attention import HfzooAttention
+from ..modules.embeddings import adaptive_input_clusters, adaptive_softmax_clusters
 from ..modules.experts import is_moe_layer
 from ..modules.mixers import TOKEN_MIXERS
 from ..modules.stack import LAYER_TYPES
@@ -94,12 +99,34 @@ def _feed_forward_weights(config, layer_idx: int) -> int:
     return per_expert
 
 
+def _cluster_weights(config, clusters, head_rows: int = 0) -> int:
+    """Weights of an adaptive vocabulary's clusters applied to one token: projections (narrower ones) + matrices."""
+    hidden = config.hidden_size
+    projections = sum(hidden * c.embedding_size for c in clusters if c.embedding_size != hidden)
+    return projections + sum(c.embedding_size * c.size for c in clusters) + clusters[0].embedding_size * head_rows
+
+
+def _input_embedding_weights(config) -> int:
+    """Matrix-product weights of the input embedding per token: a factorized or adaptive embedding's projections."""
+    if config.embedding_size is not None:
+        return config.embedding_size * config.hidden_size
+    clusters = adaptive_input_clusters(config)
+    if clusters is None:
+        return 0
+    return sum(config.hidden_size * c.embedding_size for c in clusters if c.embedding_size != config.hidden_size)
+
+
 def _head_weights(config) -> int:
     """Weights of the language-model head per token: vocabulary projection (+ MoS, factorized, MLM transform)."""
     hidden, vocab, softmaxes = config.hidden_size, config.vocab_size, config.num_softmaxes
     factorized = config.tie_word_embeddings and config.embedding_size is not None
     # one projection to the vocabulary per softmax; a tied factorized head goes hidden -> E -> vocabulary
     projection = (hidden * config.embedding_size + config.embedding_size * vocab) if factorized else hidden * vocab
+    softmax_clusters = adaptive_softmax_clusters(config)
+    if softmax_clusters is not None:  # Grave et al. 2017: head (+ one entry per tail cluster) and every tail
+        projection = _cluster_weights(config, softmax_clusters, len(softmax_clusters) - 1)
+    elif config.tie_word_embeddings and config.adaptive_input_cutoffs is not None:  # tied adaptive input, one softmax
+        projection = _cluster_weights(config, adaptive_input_clusters(config))
     weights = softmaxes * projection
     if softmaxes > 1:  # Yang et al. 2018: prior (hidden -> K) and latent contexts (hidden -> K * hidden)
         weights += hidden * softmaxes + hidden * softmaxes * hidden
@@ -170,7 +197,7 @@ def weights_per_token(config, stack: str) -> int:
     Raises:
         ValueError: an unknown `stack`.
     """
-    embedding = config.embedding_size * config.hidden_size if config.embedding_size is not None else 0
+    embedding = _input_embedding_weights(config)  # factorized or adaptive input projections
     if stack == "head":
         return _head_weights(config)
     if stack not in ("encoder", "decoder"):
@@ -204,7 +231,7 @@ def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = Non
             f"(is_encoder_decoder={encoder_decoder}, decoder_seq_len={decoder_seq_len})"
         )
     flops_per_weight = TRAINING_FLOPS_PER_WEIGHT
-    embedding = config.embedding_size * config.hidden_size if config.embedding_size is not None else 0
+    embedding = _input_embedding_weights(config)
     encoder = _stack_terms(config, "encoder", seq_len)
     head = weights_per_token(config, "head")
     if not encoder_decoder:
@@ -215,4 +242,8 @@ def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = Non
         embedding + decoder.weights + head
     )
     attention = encoder.self_attention + decoder.self_attention + decoder.cross_pair_flops * decoder_seq_len * seq_len
+    if config.transparent_attention:  # Bapna et al. 2018: N + 1 encoder outputs mixed per cross-attention
+        encoder_layout, decoder_layout = config.stack_layouts()
+        cross_attentions = sum("s" in layer for layer in decoder_layout.sublayers(config))
+        weights += seq_len * cross_attentions * (len(encoder_layout.sublayers(config)) + 1) * config.hidden_size
     return FlopsCount(flops_per_weight * weights, attention, seq_len + decoder_seq_len)

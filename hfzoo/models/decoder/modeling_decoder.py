@@ -16,7 +16,7 @@ from transformers.utils.generic import can_return_tuple, merge_with_config_defau
 from transformers.utils.output_capturing import capture_outputs
 
 from ...modeling_utils import HfzooPreTrainedModel, MoeSequenceClassifierOutputWithPast
-from ...modules.embeddings import VocabProjection, tied_embedding_keys
+from ...modules.embeddings import build_vocab_projection, tied_embedding_keys
 from ...modules.heads import check_classification_labels, last_token_pool
 from ...modules.stack import HfzooStack
 from .configuration_decoder import HfzooDecoderConfig
@@ -92,10 +92,11 @@ class HfzooDecoderModel(HfzooStack, HfzooDecoderPreTrainedModel):
 class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
     """Decoder with a language-modelling head: next-token prediction (causal LM), `generate()` ready.
 
-    The head `lm_head` (`hfzoo.modules.embeddings.VocabProjection`) shares its weight with
+    The head `lm_head` (`hfzoo.modules.embeddings.build_vocab_projection`) shares its weights with
     `model.embed_tokens` when `tie_word_embeddings=True` (Press & Wolf 2017), declared through
-    `_tied_weights_keys` so that safetensors stores it once and DeepSpeed ZeRO-3 partitions it once.
-    With `num_softmaxes > 1` the `logits` are log-probabilities of a mixture of softmaxes.
+    `_tied_weights_keys` so that safetensors stores them once and DeepSpeed ZeRO-3 partitions them once.
+    With `num_softmaxes > 1` or `adaptive_softmax_cutoffs` the `logits` are log-probabilities (a mixture of
+    softmaxes; the adaptive softmax), and the loss their negative log-likelihood.
 
     Args:
         config: an `HfzooDecoderConfig`.
@@ -104,7 +105,7 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
     def __init__(self, config: HfzooDecoderConfig) -> None:
         super().__init__(config)
         self.model = HfzooDecoderModel(config)
-        self.lm_head = VocabProjection(config, bias=False, tied=config.tie_word_embeddings)
+        self.lm_head = build_vocab_projection(config, bias=False, tied=config.tie_word_embeddings)
         self.post_init()
 
     @property

@@ -10,22 +10,23 @@ when `tie_word_embeddings`). Generation uses transformers' `EncoderDecoderCache`
 from __future__ import annotations
 
 import torch
+from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import (
     BaseModelOutput,
-    BaseModelOutputWithPastAndCrossAttentions,
     Seq2SeqMoEModelOutput,
 )
+from transformers.utils import ModelOutput
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from ...modeling_utils import HfzooPreTrainedModel, Seq2SeqMoELMOutput, Seq2SeqMoESequenceClassifierOutput
 from ...modules.attention import HfzooAttention
-from ...modules.embeddings import TokenEmbedding, VocabProjection, tied_embedding_keys
+from ...modules.embeddings import build_token_embedding, build_vocab_projection, tied_embedding_keys
 from ...modules.experts import HfzooRouter
 from ...modules.heads import SequenceClassificationHead, check_classification_labels, token_cross_entropy
-from ...modules.stack import LAYER_TYPES, HfzooStack
+from ...modules.stack import LAYER_TYPES, HfzooStack, HfzooStackOutput
 from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
 
 
@@ -99,7 +100,7 @@ class HfzooEncoderDecoderStack(HfzooStack, HfzooEncoderDecoderPreTrainedModel):
         is_decoder: build the decoder side instead of the encoder side.
     """
 
-    def __init__(self, config: HfzooEncoderDecoderConfig, embed_tokens: TokenEmbedding, is_decoder: bool) -> None:
+    def __init__(self, config: HfzooEncoderDecoderConfig, embed_tokens: nn.Module, is_decoder: bool) -> None:
         encoder, decoder = config.stack_layouts()
         super().__init__(config, decoder if is_decoder else encoder, embed_tokens=embed_tokens)
         self.post_init()
@@ -116,8 +117,9 @@ class HfzooEncoderDecoderStack(HfzooStack, HfzooEncoderDecoderPreTrainedModel):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        encoder_layer_outputs: torch.Tensor | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPastAndCrossAttentions:
+    ) -> HfzooStackOutput:
         """Run this side; arguments and returns as `hfzoo.modules.stack.HfzooStack.forward`."""
         return super().forward(
             input_ids=input_ids,
@@ -128,6 +130,7 @@ class HfzooEncoderDecoderStack(HfzooStack, HfzooEncoderDecoderPreTrainedModel):
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask,
             use_cache=use_cache if self.is_causal else None,
+            encoder_layer_outputs=encoder_layer_outputs,
             **kwargs,
         )
 
@@ -144,8 +147,8 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
 
     def __init__(self, config: HfzooEncoderDecoderConfig) -> None:
         super().__init__(config)
-        self.shared = TokenEmbedding(config)
-        decoder_embeddings = self.shared if config.tie_encoder_decoder_embeddings else TokenEmbedding(config)
+        self.shared = build_token_embedding(config)
+        decoder_embeddings = self.shared if config.tie_encoder_decoder_embeddings else build_token_embedding(config)
         self.encoder = HfzooEncoderDecoderStack(config, self.shared, is_decoder=False)
         self.decoder = HfzooEncoderDecoderStack(config, decoder_embeddings, is_decoder=True)
         self.post_init()
@@ -158,11 +161,11 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
             keys.update(tied_embedding_keys(self.config, "decoder.embed_tokens", "shared"))
         return keys
 
-    def get_input_embeddings(self) -> TokenEmbedding:
+    def get_input_embeddings(self) -> nn.Module:
         """Return the encoder's (shared) token embeddings."""
         return self.shared
 
-    def set_input_embeddings(self, new_embeddings: TokenEmbedding) -> None:
+    def set_input_embeddings(self, new_embeddings: nn.Module) -> None:
         """Replace the shared token embeddings (in the decoder too when `tie_encoder_decoder_embeddings`)."""
         self.shared = new_embeddings
         self.encoder.embed_tokens = new_embeddings
@@ -226,7 +229,7 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
                 past_key_values=encoder_prefix,
                 **kwargs,
             )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
+        elif not isinstance(encoder_outputs, ModelOutput):  # a tuple; an output object keeps its layer_outputs
             encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
         source_length = encoder_outputs.last_hidden_state.shape[1]
         if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape[1] > source_length:
@@ -239,6 +242,7 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
             past_key_values=past_key_values,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
+            encoder_layer_outputs=encoder_outputs.get("layer_outputs"),  # transparent attention
             use_cache=use_cache,
             **kwargs,
         )
@@ -260,9 +264,10 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
     """Encoder-decoder with a language-modelling head: T5-style text-to-text (Raffel et al. 2020).
 
     `labels` are shifted right behind `decoder_start_token_id` to make the decoder inputs when none
-    are given. With `tie_word_embeddings`, `lm_head` (a `hfzoo.modules.embeddings.VocabProjection`)
+    are given. With `tie_word_embeddings`, `lm_head` (`hfzoo.modules.embeddings.build_vocab_projection`)
     shares the decoder's input embedding (`model.shared` when `tie_encoder_decoder_embeddings`). With
-    `num_softmaxes > 1` the `logits` are log-probabilities of a mixture of softmaxes.
+    `num_softmaxes > 1` or `adaptive_softmax_cutoffs` the `logits` are log-probabilities (a mixture of
+    softmaxes; the adaptive softmax), and the loss their negative log-likelihood.
 
     Args:
         config: an `HfzooEncoderDecoderConfig`.
@@ -271,7 +276,7 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
     def __init__(self, config: HfzooEncoderDecoderConfig) -> None:
         super().__init__(config)
         self.model = HfzooEncoderDecoderModel(config)
-        self.lm_head = VocabProjection(config, bias=False, tied=config.tie_word_embeddings)
+        self.lm_head = build_vocab_projection(config, bias=False, tied=config.tie_word_embeddings)
         self.post_init()
 
     @property
