@@ -37,6 +37,7 @@ from typing import Any
 from torch import nn
 
 from .attention import HfzooAttention
+from .weighted import BranchedAttention
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,12 @@ class TokenMixer:
             them when no stack uses the mixer.
         check_config: called with the config when it is built (after the common checks), to refuse bad
             values of the mixer's own fields with a `ValueError` naming the field; or None.
+        feed_forward: the mixer contains its layer's feed-forward (the Weighted Transformer's branches): the
+            layers of a stack using it have no feed-forward sublayer (`StackLayout.sublayers`), and
+            `sublayer_pattern` must be None.
+        cross_attention: the class of the cross-attention that follows the mixer in a cross-attending stack,
+            built as `cross_attention(config, layer_idx, is_causal=False, is_cross_attention=True)`; None:
+            `HfzooAttention`.
     """
 
     module: type[nn.Module]
@@ -72,6 +79,8 @@ class TokenMixer:
     attention_positions: bool = True
     config_fields: tuple[str, ...] = ()
     check_config: Callable[[Any], None] | None = None
+    feed_forward: bool = False
+    cross_attention: type[nn.Module] | None = None
 
     def runs_in(self, model_type: str, is_causal: bool) -> bool:
         """Whether the mixer is defined in a stack of direction `is_causal` of the family `model_type`."""
@@ -97,4 +106,6 @@ def build_token_mixer(config, name: str, layer_idx: int, is_causal: bool) -> nn.
 # Token mixers, selected by `config.token_mixer` (and the encoder-decoder's `decoder_token_mixer`).
 TOKEN_MIXERS = {
     "self_attention": TokenMixer(HfzooAttention),  # Vaswani et al. 2017 §3.2
+    # Weighted Transformer, Ahmed et al. 2017 §3: branches with their own feed-forward; cross-attention branched too
+    "branched_attention": TokenMixer(BranchedAttention, feed_forward=True, cross_attention=BranchedAttention),
 }

@@ -22,6 +22,14 @@ any hfzoo family; `FlopsCount.per_token` divides by the tokens the model process
 - **Encoder-decoder**: encoder tokens pass the encoder layers; decoder tokens pass the decoder layers and
   the head; cross-attention's key and value projections apply to the encoder's outputs (once per encoder
   token and decoder layer) and its scores cover every (decoder token, encoder token) pair.
+- **Layer structure** (from the stacks' `StackLayout`s): the layers a stack builds and their sublayers
+  (`sublayer_pattern`); a Universal Transformer applies its block once per recurrent step (all
+  `num_recurrent_steps`: with ACT this is the most a position can take) plus its halting unit; a funnel
+  encoder runs each block at its pooled length, its first layer's queries at the pooled length and keys and
+  values at the previous one (`FunnelLayerStack.layer_lengths`); the Weighted Transformer's branched
+  attention runs its feed-forward once per head; a product key memory costs its query projection and the
+  scores of its `2 * memory_num_keys` sub-keys per head (its value read is a lookup, not counted); a GRU
+  residual gate costs three `2 hidden -> hidden` projections per sublayer.
 
 `tests/test_flops.py` checks the count against a hand count for a small decoder, encoder,
 encoder-decoder and mixture-of-experts layer, and against torch's `FlopCounterMode` for every Table 1
@@ -33,7 +41,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..models.encoder.configuration_encoder import HfzooEncoderConfig
-from ..modules.experts import is_moe_layer
+from ..modules.mixers import TOKEN_MIXERS
+from ..modules.stack import LAYER_STACKS
 
 __all__ = ["FlopsCount", "count_training_flops", "weights_per_token"]
 
@@ -73,12 +82,73 @@ def _attention_width(config) -> int:
     return config.num_attention_heads * head_dim
 
 
-def _feed_forward_weights(config, layer_idx: int) -> int:
-    """Weights a token passes in the feed-forward block of layer `layer_idx` (active experts only)."""
+def _feed_forward_weights(config, kind: str = "dense") -> int:
+    """Weights a token passes in a feed-forward block (`hfzoo.modules.layer.FEED_FORWARD_BLOCKS` key)."""
     per_expert = (3 if config.gated_mlp else 2) * config.hidden_size * config.intermediate_size
-    if is_moe_layer(config, layer_idx):
-        return config.num_experts_per_tok * per_expert + config.hidden_size * config.num_experts  # + router
+    if kind == "experts":  # active experts only, + the router
+        return config.num_experts_per_tok * per_expert + config.hidden_size * config.num_experts
+    if kind == "product_key_memory":  # query projection + the sub-key scores of every head (Lample et al. §3.2)
+        queries = config.memory_heads * config.memory_key_dim
+        return config.hidden_size * queries + config.memory_num_keys * queries
     return per_expert
+
+
+@dataclasses.dataclass(frozen=True)
+class _LayerCost:
+    """Matrix-product weights of one built layer, by the tokens they apply to."""
+
+    query: int  # per token of the layer's (query) sequence: q, o, feed-forward, gates, cross q/o
+    key_value: int  # self-attention k, v: per token of the key sequence
+    cross_key_value: int  # cross-attention k, v: per encoder token
+    mixes: bool  # has self-attention scores
+    cross: bool  # has cross-attention scores
+
+
+def _layer_costs(config, layout) -> list[_LayerCost]:
+    """The cost of each layer a stack builds (`StackLayout.sublayers`, `feed_forward_kinds`)."""
+    hidden, width = config.hidden_size, _attention_width(config)
+    branched = TOKEN_MIXERS[layout.token_mixer].feed_forward  # the feed-forward runs once per head (branch)
+    # the branches' feed-forward once per head, and the alpha-weighted sum over the heads (a contraction)
+    mixer_ffn = config.num_attention_heads * (_feed_forward_weights(config) + hidden) if branched else 0
+    gate = 3 * 2 * hidden * hidden if config.residual_gating != "none" else 0  # three 2h -> h projections
+    kinds = iter(layout.feed_forward_kinds(config))
+    costs = []
+    for sublayers in layout.sublayers(config):
+        query = key_value = cross_key_value = 0
+        if "s" in sublayers:
+            query += 2 * hidden * width + mixer_ffn + gate  # q, o (+ branches' feed-forward)
+            key_value += 2 * hidden * width
+            if layout.has_cross_attention:
+                query += 2 * hidden * width + mixer_ffn + gate
+                cross_key_value += 2 * hidden * width
+        if "f" in sublayers:
+            query += _feed_forward_weights(config, next(kinds)) + gate
+        costs.append(_LayerCost(query, key_value, cross_key_value, "s" in sublayers, layout.has_cross_attention))
+    return costs
+
+
+def _stack_layout(config, stack: str):
+    layouts = config.stack_layouts()
+    return layouts[1] if stack == "decoder" else layouts[0]
+
+
+def _stack_cost(config, layout, seq_len: int) -> tuple[int, int, int, int]:
+    """`(weights, self-attention pairs, cross-attention key/value weights per encoder token, output length)`.
+
+    `weights` sums each layer's weights times the tokens they apply to (lengths from the layer stack,
+    `layer_lengths`); the factorized input projection and the layer stack's own weights apply to `seq_len`.
+    """
+    stack_type = LAYER_STACKS[layout.layer_stack].module
+    lengths, out_len = stack_type.layer_lengths(config, layout, seq_len)
+    weights = seq_len * stack_type.weights_per_token(config, layout)
+    if config.embedding_size is not None:
+        weights += seq_len * config.embedding_size * config.hidden_size  # factorized input projection
+    pairs = cross = 0
+    for cost, (q_len, kv_len) in zip(_layer_costs(config, layout), lengths, strict=True):
+        weights += q_len * cost.query + kv_len * cost.key_value
+        pairs += q_len * kv_len if cost.mixes else 0
+        cross += cost.cross_key_value
+    return weights, pairs, cross, out_len
 
 
 def _head_weights(config) -> int:
@@ -110,19 +180,13 @@ def weights_per_token(config, stack: str) -> int:
     Raises:
         ValueError: an unknown `stack`.
     """
-    hidden, width = config.hidden_size, _attention_width(config)
-    embedding = config.embedding_size * hidden if config.embedding_size is not None else 0  # factorized input
     if stack == "head":
         return _head_weights(config)
-    if stack == "encoder":
-        layers = config.num_hidden_layers
-        attention = 4 * hidden * width  # q, k, v, o
-    elif stack == "decoder":
-        layers = config.num_decoder_layers
-        attention = 4 * hidden * width + 2 * hidden * width  # self q, k, v, o + cross q, o
-    else:
+    if stack not in ("encoder", "decoder"):
         raise ValueError(f"stack must be 'encoder', 'decoder' or 'head', got {stack!r}")
-    return embedding + sum(attention + _feed_forward_weights(config, i) for i in range(layers))
+    layout = _stack_layout(config, stack)
+    weights, _, _, _ = _stack_cost(config, layout, 1)
+    return weights
 
 
 def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = None) -> FlopsCount:
@@ -155,17 +219,14 @@ def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = Non
         TRAINING_FLOPS_PER_WEIGHT,
         TRAINING_ATTENTION_FLOPS_PER_PAIR,
     )
-    encoder_weights = weights_per_token(config, "encoder")
+    layouts = config.stack_layouts()
+    weights, pairs, _, encoder_len = _stack_cost(config, layouts[0], seq_len)
     if not encoder_decoder:
-        weights = seq_len * (encoder_weights + weights_per_token(config, "head"))
-        attention = config.num_hidden_layers * seq_len * seq_len * width
-        return FlopsCount(flops_per_weight * weights, per_pair * attention, seq_len)
-    decoder_layers = config.num_decoder_layers
-    cross_key_value = decoder_layers * 2 * config.hidden_size * width  # applied to every encoder token
-    weights = seq_len * (encoder_weights + cross_key_value) + decoder_seq_len * (
-        weights_per_token(config, "decoder") + weights_per_token(config, "head")
-    )
-    pairs = config.num_hidden_layers * seq_len * seq_len + decoder_layers * decoder_seq_len * (
-        decoder_seq_len + seq_len
-    )
+        weights += seq_len * weights_per_token(config, "head")
+        return FlopsCount(flops_per_weight * weights, per_pair * pairs * width, seq_len)
+    # The decoder's cross-attention reads the encoder's outputs (compressed by a funnel encoder).
+    decoder_weights, decoder_pairs, cross_key_value, _ = _stack_cost(config, layouts[1], decoder_seq_len)
+    cross_layers = sum(cost.cross for cost in _layer_costs(config, layouts[1]))
+    weights += encoder_len * cross_key_value + decoder_weights + decoder_seq_len * weights_per_token(config, "head")
+    pairs += decoder_pairs + cross_layers * decoder_seq_len * encoder_len
     return FlopsCount(flops_per_weight * weights, per_pair * pairs * width, seq_len + decoder_seq_len)
