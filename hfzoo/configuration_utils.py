@@ -18,7 +18,7 @@ from transformers import PreTrainedConfig
 from .modules.embeddings import check_adaptive_config
 from .modules.experts import ROUTERS
 from .modules.feed_forward import ACTIVATIONS
-from .modules.layer import NORM_POSITIONS, SUBLAYERS
+from .modules.layer import FEED_FORWARD_BLOCKS, NORM_POSITIONS, RESIDUAL_GATES, SUBLAYERS
 from .modules.mixers import TOKEN_MIXERS
 from .modules.norms import NORM_CLASSES
 from .modules.positions import (
@@ -28,7 +28,7 @@ from .modules.positions import (
     check_position_config,
     has_per_layer_score_bias,
 )
-from .modules.stack import BLOCK_SHARING, LAYER_TYPES, StackLayout
+from .modules.stack import BLOCK_SHARING, LAYER_STACKS, LAYER_TYPES, StackLayout
 
 
 @strict
@@ -166,6 +166,7 @@ class HfzooConfig(PreTrainedConfig):
             is `s^k (sf)^(N-k) f^k` (`hfzoo.modules.layer.sandwich_pattern`); `"s" * 2N` is attention only,
             `"f" * 2N` feed-forward only (no token mixing: `use_cache` must be False in a causal stack).
             Each `sf` is one layer and any other letter a layer of its own (`hfzoo.modules.layer.layer_sublayers`).
+            Must be None with a token mixer that contains its feed-forward (`branched_attention`).
         linformer_k: Linformer's projected length k (`token_mixer="linformer"` only; Wang et al. 2020, eq. 7):
             keys and values are projected along the sequence from `max_position_embeddings` positions to k
             (1 <= k <= `max_position_embeddings`).
@@ -214,6 +215,39 @@ class HfzooConfig(PreTrainedConfig):
             Translation Models with Transparent Attention", §3): each decoder cross-attention reads a learned
             softmax-weighted combination of the encoder's embedding output and layer outputs instead of its
             last output (`hfzoo.modules.attention.TransparentAttention`). Defined for the encoder-decoder only.
+        layer_stack: how each stack applies its layers, a key of `hfzoo.modules.stack.LAYER_STACKS`
+            (`standard`; `universal`: the Universal Transformer, Dehghani et al. 2019, one block of
+            `num_hidden_layers` layers applied `num_recurrent_steps` times with shared parameters, a timestep
+            signal and ACT halting; `funnel`: the Funnel Transformer's encoder, Dai et al. 2020, pooling the
+            sequence between blocks, bidirectional stacks only). The encoder-decoder's `decoder_layer_stack`
+            may set the decoder's separately.
+        num_recurrent_steps: the Universal Transformer's number of recurrent steps T (with ACT, the maximum;
+            `layer_stack="universal"` only). Narang et al. 2021 use 24.
+        adaptive_computation_time: halt each position with Adaptive Computation Time (Graves 2016; Dehghani
+            et al. 2019 §2.2) and return the ponder cost; False: every position takes `num_recurrent_steps`
+            steps (tensor2tensor's "basic" recurrence, which Narang et al.'s released configuration runs).
+        act_threshold: ACT's halting threshold 1 - epsilon, in (0, 1] (tensor2tensor: 0.99; Narang et al.'s
+            configuration: 0.95). A position halts once its summed halting probability exceeds it.
+        act_loss_coef: weight of the ACT ponder cost (steps + remainder, averaged over real tokens) in the loss
+            (tensor2tensor's `act_loss_weight`); it is returned in the outputs' `aux_loss`.
+        residual_gating: a gate between each sublayer's output and the residual sum, a key of
+            `hfzoo.modules.layer.RESIDUAL_GATES` (`none`; `gru`: Mesh TensorFlow's GRU-type gate of its
+            Universal Transformer, `hfzoo.modules.universal.GRUResidualGate`, used in Narang et al.'s row).
+        funnel_block_sizes: layers per block of a funnel stack (`layer_stack="funnel"`), summing to its depth;
+            None: three blocks as equal as possible (Dai et al.'s B4-4-4 for 12 layers).
+        funnel_upsampling_layers: full-length layers after the funnel's up-sampling (Dai et al. 2020 §2.3: 2),
+            in stacks whose heads read every position (the encoder family); the encoder-decoder's decoder
+            cross-attends to the compressed encoder output (Narang et al. 2021) and does not use it.
+        memory_layers: feed-forward sublayers (indices among the stack's layers' ones; negative counts from the
+            end) replaced by a product key memory (Lample et al. 2019, `hfzoo.modules.memory`), in every stack
+            (the encoder-decoder's `decoder_memory_layers` sets the decoder's); None: none.
+        memory_num_keys: |K|, sub-keys per half; the memory holds |K|^2 values (Lample et al.: 512, 262k values).
+        memory_heads: memory heads H, whose reads are summed (Lample et al.: 4).
+        memory_top_k: k, keys read per head (Lample et al.: 32); at most `memory_num_keys`.
+        memory_key_dim: d_q, the query and product-key dimension (even; XLM's default 256).
+        memory_query_norm: normalisation of the memory queries, a key of `hfzoo.modules.memory.MEMORY_QUERY_NORMS`
+            (`batch_norm`: Lample et al. §3.2, over real tokens; `layer_norm`: per sub-key, Narang et al.'s
+            Mesh TensorFlow).
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
@@ -303,6 +337,21 @@ class HfzooConfig(PreTrainedConfig):
     synthesizer_head_dim: int | None = None
     synthesizer_factorized_rank: int = 16
     transparent_attention: bool = False
+    # --- layer stacks: Universal Transformer, Funnel Transformer; gated residuals; product key memory
+    layer_stack: str = "standard"
+    num_recurrent_steps: int = 6
+    adaptive_computation_time: bool = True
+    act_threshold: float | int = 0.99
+    act_loss_coef: float | int = 0.01
+    residual_gating: str = "none"
+    funnel_block_sizes: list[int] | None = None
+    funnel_upsampling_layers: int = 2
+    memory_layers: list[int] | None = None
+    memory_num_keys: int = 512
+    memory_heads: int = 4
+    memory_top_k: int = 32
+    memory_key_dim: int = 256
+    memory_query_norm: str = "batch_norm"
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:
@@ -342,6 +391,7 @@ class HfzooConfig(PreTrainedConfig):
             "position_embedding_type": list(POSITION_EMBEDDING_TYPES),
             "norm_type": list(NORM_CLASSES),
             "norm_position": list(NORM_POSITIONS),
+            "residual_gating": list(RESIDUAL_GATES),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -368,13 +418,16 @@ class HfzooConfig(PreTrainedConfig):
 
         transformers sizes generation caches from `get_text_config(decoder=True).num_hidden_layers`; the
         cache holds one layer per token mixer of the causal stack (`sublayer_pattern`; a layer type's
-        `num_cache_layers` per layer), which the view's `num_hidden_layers` then is (the encoder-decoder's
-        `num_decoder_layers` by default).
+        `num_cache_layers` per layer), which the view's
+        `num_hidden_layers` then is (the encoder-decoder's `num_decoder_layers` by default; a Universal
+        Transformer's stack has one per recurrent step). The encoder-decoder always gets such a view, never
+        transformers' flat-config copy, which would move `decoder_token_mixer` / `decoder_layer_stack` onto the
+        encoder's fields.
         """
         causal = [layout for layout in self.stack_layouts() if layout.is_causal]
         if decoder and causal:
             cache_layers = causal[-1].cache_layers(self)
-            if cache_layers != self.num_hidden_layers:
+            if cache_layers != self.num_hidden_layers or getattr(self, "is_encoder_decoder", False):
                 view = copy.copy(self)
                 view.num_hidden_layers = cache_layers
                 return view
@@ -401,10 +454,28 @@ class HfzooConfig(PreTrainedConfig):
                 f"changes what the decoder's cross-attention reads of the encoder, and {self.model_type} has no "
                 "cross-attention; set transparent_attention=False"
             )
-        used_mixers = set()
+        if self.transparent_attention:
+            other = [(f.layer_stack_field, f.layer_stack) for f in self.stack_layouts() if f.layer_stack != "standard"]
+            if self.layer_type != "transformer":
+                other.append(("layer_type", self.layer_type))
+            if other:
+                field, value = other[0]
+                raise ValueError(
+                    f"transparent_attention=True needs every encoder layer's output, which {field}={value!r} does not "
+                    "keep; use the standard layer stack and layer type, or transparent_attention=False"
+                )
+        for layout in self.stack_layouts():
+            mixer = TOKEN_MIXERS.get(layout.token_mixer)
+            if pattern is not None and mixer is not None and mixer.feed_forward:
+                raise ValueError(
+                    f"sublayer_pattern={pattern!r}, but {layout.token_mixer_field}={layout.token_mixer!r} contains "
+                    "its layer's feed-forward, so its layers have no other sublayer; leave sublayer_pattern=None"
+                )
+        used_mixers, used_stacks = set(), set()
         for layout in self.stack_layouts():
             if not isinstance(layout.num_layers, int) or layout.num_layers < 1:
                 raise ValueError(f"{layout.num_layers_field} must be a positive integer, got {layout.num_layers!r}")
+            self._validate_layer_stack(layout)
             if pattern is not None and len(pattern) != 2 * layout.num_layers:
                 raise ValueError(
                     f"sublayer_pattern={pattern!r} has {len(pattern)} sublayers, but the {layout.name} has "
@@ -432,12 +503,41 @@ class HfzooConfig(PreTrainedConfig):
             self._validate_token_mixer(layout)
             if has_mixer:
                 used_mixers.add(layout.token_mixer)
+            used_stacks.add(layout.layer_stack)
         for name in used_mixers:
             if TOKEN_MIXERS[name].check_config is not None:
                 TOKEN_MIXERS[name].check_config(self)
         self._refuse_unused_fields(
             "token_mixer", {name: entry.config_fields for name, entry in TOKEN_MIXERS.items()}, used_mixers
         )
+        self._refuse_unused_fields(
+            "layer_stack", {name: entry.config_fields for name, entry in LAYER_STACKS.items()}, used_stacks
+        )
+
+    def _validate_layer_stack(self, layout: StackLayout) -> None:
+        """Check a stack's layer stack against its `LAYER_STACKS` entry (where it is defined, KV cache)."""
+        field, name = layout.layer_stack_field, layout.layer_stack
+        if name not in LAYER_STACKS:
+            raise ValueError(f"{field}={name!r} is not supported; choose one of {list(LAYER_STACKS)}")
+        entry = LAYER_STACKS[name]
+        if not (entry.causal if layout.is_causal else entry.bidirectional):
+            direction = "causal" if layout.is_causal else "bidirectional"
+            allowed = [
+                other for other, e in LAYER_STACKS.items() if (e.causal if layout.is_causal else e.bidirectional)
+            ]
+            reason = (
+                " (pooling mixes neighbouring positions, so a position would see later ones)"
+                if layout.is_causal
+                else ""
+            )
+            raise ValueError(
+                f"{field}={name!r} is not defined for the {direction} {layout.name} of {self.model_type}{reason}; "
+                f"choose one of {allowed}"
+            )
+        if layout.is_causal and self.use_cache and not entry.kv_cache:
+            raise ValueError(f"use_cache=True, but {field}={name!r} has no KV cache; set use_cache=False")
+        if entry.check_config is not None:
+            entry.check_config(self, [layout])
 
     def _validate_token_mixer(self, layout: StackLayout) -> None:
         """Check a stack's token mixer against its `TOKEN_MIXERS` entry (where it is defined, cache, positions)."""
@@ -519,6 +619,10 @@ class HfzooConfig(PreTrainedConfig):
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.router_type not in ROUTERS:
             raise ValueError(f"router_type={self.router_type!r} is not supported; choose one of {list(ROUTERS)}")
+        for block in FEED_FORWARD_BLOCKS.values():  # each feed-forward block checks its own fields
+            check = getattr(block, "check_config", None)
+            if check is not None:
+                check(self)
         if self.expert_capacity_factor <= 0:
             raise ValueError(f"expert_capacity_factor must be positive, got {self.expert_capacity_factor!r}")
         for name in ("router_aux_loss_coef", "router_z_loss_coef"):

@@ -26,7 +26,8 @@ from .modules.experts import HfzooRouter, router_aux_losses, token_padding_mask
 from .modules.layer import Residual
 from .modules.mixers import TOKEN_MIXERS
 from .modules.positions import POSITION_ATTENTION_BACKENDS
-from .modules.stack import LAYER_TYPES
+from .modules.stack import LAYER_STACKS, LAYER_TYPES
+from .modules.universal import UniversalTransformerLayerStack
 
 
 class HfzooPreTrainedModel(PreTrainedModel):
@@ -43,6 +44,8 @@ class HfzooPreTrainedModel(PreTrainedModel):
     attention starts out as in a scaled model (Mesh TensorFlow's T5 initialisation does the same).
     A module that owns bare `nn.Parameter`s (a convolution kernel, a synthesizer's mixing weight) defines
     `init_parameters(initializer_range)`, which `_init_weights` calls.
+    A module with tensors of its own beyond those (the memory's keys and values, the branch weights of
+    branched attention, the halting unit's bias) initialises them in its method `init_module_weights(config)`.
 
     Which attention backends a model supports depends on its `position_embedding_type`
     (`hfzoo.modules.positions.POSITION_ATTENTION_BACKENDS`) and its token mixers
@@ -61,6 +64,7 @@ class HfzooPreTrainedModel(PreTrainedModel):
         "hidden_states": list(LAYER_TYPES.values()),  # HfzooLayer, or another layer type's class
         "attentions": HfzooAttention,
         "router_logits": OutputRecorder(HfzooRouter, index=0),
+        "ponder_cost": OutputRecorder(UniversalTransformerLayerStack, index=1),
     }
 
     @classmethod
@@ -107,10 +111,12 @@ class HfzooPreTrainedModel(PreTrainedModel):
         return dict(self._tied_weights_keys or {})
 
     def _request_router_logits(self, kwargs: dict) -> bool:
-        """Prepare a head's call of its base model for the experts' auxiliary losses (every head, every family).
+        """Prepare a head's call of its base model for the auxiliary losses (every head, every family).
 
         Pops the caller's `output_router_logits` (default `config.output_router_logits`) from `kwargs` and,
-        when the model has experts, asks the base model for the routers' logits, which the losses need.
+        when the model has experts, asks the base model for the routers' logits, which the losses need; asks
+        for the layer stacks' extra outputs the losses need (`LayerStack.extra_output`: the Universal
+        Transformer's ACT ponder cost).
 
         Args:
             kwargs: the head's `**kwargs`, changed in place before they are passed to the base model.
@@ -119,6 +125,10 @@ class HfzooPreTrainedModel(PreTrainedModel):
             Whether the head returns the routers' logits in its output.
         """
         requested = kwargs.pop("output_router_logits", self.config.output_router_logits)
+        for layout in self.config.stack_layouts():
+            extra = LAYER_STACKS[layout.layer_stack].extra_output
+            if extra is not None:
+                kwargs[f"output_{extra}"] = True
         if self.config.num_experts == 0:
             return False
         kwargs["output_router_logits"] = True
@@ -132,11 +142,12 @@ class HfzooPreTrainedModel(PreTrainedModel):
         decoder_attention_mask: torch.Tensor | None = None,
         return_router_logits: bool = False,
     ) -> tuple[torch.Tensor | None, dict]:
-        """Add the experts' auxiliary losses to a head's loss; the fields they add to the head's output.
+        """Add the auxiliary losses to a head's loss; the fields they add to the head's output.
 
-        Each stack's loss is `router_aux_losses` of its MoE layers (padding excluded); the total `aux_loss`
-        sums the stacks, as transformers' `SwitchTransformersForConditionalGeneration` does. A dense model
-        gets `(loss, {})`.
+        Each stack's experts' loss is `router_aux_losses` of its MoE layers (padding excluded); the total
+        `aux_loss` sums the stacks, as transformers' `SwitchTransformersForConditionalGeneration` does, plus
+        `act_loss_coef` times the Universal Transformer's ponder costs (`ponder_cost` of each stack that
+        recorded one, tensor2tensor's `act_loss`). A model with neither gets `(loss, {})`.
 
         Args:
             loss: the head's task loss (scalar), or None without labels.
@@ -146,6 +157,8 @@ class HfzooPreTrainedModel(PreTrainedModel):
             attention_mask: `(batch_size, seq_len)` padding mask of the (encoder) input, or None.
             decoder_attention_mask: `(batch_size, tgt_len)` padding mask of the decoder input, or None.
             return_router_logits: also return the routers' logits (`_request_router_logits`'s answer).
+                The outputs' `ponder_cost` (single stack) or `encoder_ponder_cost` / `decoder_ponder_cost`
+                (encoder-decoder) hold the Universal Transformer's ponder costs, when recorded.
 
         Returns:
             `(loss + aux_loss, fields)`; `fields` holds `aux_loss` (float32 scalar), for the encoder-decoder
@@ -153,8 +166,16 @@ class HfzooPreTrainedModel(PreTrainedModel):
             that did not run, e.g. the encoder when `encoder_outputs` are given, has None), and with
             `return_router_logits` the `router_logits` (or `{side}_router_logits`).
         """
+        ponder_costs = [
+            cost
+            for key in ("ponder_cost", "encoder_ponder_cost", "decoder_ponder_cost")
+            for cost in (outputs.get(key) or ())
+        ]
+        ponder_loss = self.config.act_loss_coef * sum(cost.float() for cost in ponder_costs) if ponder_costs else None
         if self.config.num_experts == 0:
-            return loss, {}
+            if ponder_loss is None:
+                return loss, {}
+            return (None if loss is None else loss + ponder_loss.to(loss.device)), {"aux_loss": ponder_loss}
         if self.config.is_encoder_decoder:
             stacks = {
                 "encoder_": (outputs.encoder_router_logits, attention_mask, outputs.encoder_last_hidden_state),
@@ -174,6 +195,8 @@ class HfzooPreTrainedModel(PreTrainedModel):
             aux_loss = aux_loss + stack_aux
             if side:
                 fields[f"{side}aux_loss"], fields[f"{side}z_loss"] = balance, z
+        if ponder_loss is not None:
+            aux_loss = aux_loss + ponder_loss.to(aux_loss.device)
         fields["aux_loss"] = aux_loss
         return (None if loss is None else loss + aux_loss.to(loss.device)), fields
 
@@ -192,6 +215,9 @@ class HfzooPreTrainedModel(PreTrainedModel):
         scale = getattr(module, "init_std_scale", None)
         if scale is not None:  # q_proj with scale_attention_scores=False (T5): head_dim ** -0.5
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range * scale)
+        init_module_weights = getattr(module, "init_module_weights", None)
+        if init_module_weights is not None:  # a module's own tensors (memory keys, branch weights, halting bias)
+            init_module_weights(self.config)
         if isinstance(module, Residual):  # ReZero / Fixup scalars
             module.init_scalars()
         elif hasattr(module, "init_parameters"):  # a block's own nn.Parameters (e.g. a convolution kernel)

@@ -25,16 +25,19 @@ from hfzoo import AUTO_CLASSES
 from hfzoo.export import export_for_remote_code, family_source_files, flatten_source
 from hfzoo.modules.experts import ROUTERS
 from hfzoo.modules.feed_forward import ACTIVATIONS
-from hfzoo.modules.layer import NORM_POSITIONS, sandwich_pattern
+from hfzoo.modules.layer import NORM_POSITIONS, RESIDUAL_GATES, sandwich_pattern
 from hfzoo.modules.linformer import LINFORMER_SHARING
+from hfzoo.modules.memory import MEMORY_QUERY_NORMS
 from hfzoo.modules.mixers import TOKEN_MIXERS
 from hfzoo.modules.norms import NORM_CLASSES
 from hfzoo.modules.positions import POSITION_ATTENTION_BACKENDS, POSITION_EMBEDDING_TYPES
-from hfzoo.modules.stack import BLOCK_SHARING, LAYER_TYPES
+from hfzoo.modules.stack import BLOCK_SHARING, LAYER_STACKS, LAYER_TYPES
 from hfzoo.modules.synthesizer import SYNTHESIZER_MIXINGS, SYNTHESIZERS
 
 ALL = tuple(FAMILIES)
 BOTH = ("eager", "sdpa")
+#: A product key memory small enough for `TINY`: 16 values, 2 heads reading 3 each.
+TINY_MEMORY = {"memory_num_keys": 4, "memory_heads": 2, "memory_top_k": 3, "memory_key_dim": 8}
 
 
 def backends_of(kind: str) -> tuple[str, ...]:
@@ -250,6 +253,51 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
     ({"sublayer_pattern": "s" * 2 * TINY["num_hidden_layers"]}, ALL, BOTH),  # attention only
     ({"sublayer_pattern": "f" * 2 * TINY["num_hidden_layers"], "use_cache": False}, ("decoder", "encoder"), BOTH),
     ({"sublayer_pattern": "fssf", "num_experts": 2, "moe_layer_interval": 2}, ALL, BOTH),  # any order
+    # ---- Narang et al. 2021's Table 1: Universal Transformer (Dehghani et al. 2019; ACT, Graves 2016), with the
+    # gated residuals of Narang et al.'s configuration; Funnel Transformer (Dai et al. 2020, bidirectional stacks);
+    # Weighted Transformer (Ahmed et al. 2017); product key memory (Lample et al. 2019)
+    ({"layer_stack": "universal", "num_recurrent_steps": 3}, ALL, BOTH),
+    ({"layer_stack": "universal", "act_threshold": 0.6, "act_loss_coef": 0.1, "num_recurrent_steps": 4}, ALL, BOTH),
+    (
+        {
+            "layer_stack": "universal",
+            "adaptive_computation_time": False,
+            "num_recurrent_steps": 2,
+            "residual_gating": "gru",
+        },
+        ALL,
+        BOTH,
+    ),
+    ({"decoder_layer_stack": "universal", "num_recurrent_steps": 2}, ("encoder-decoder",), BOTH),
+    *[({"residual_gating": gate}, ALL, BOTH) for gate in RESIDUAL_GATES],
+    ({"layer_stack": "funnel"}, ("encoder",), BOTH),
+    ({"layer_stack": "standard", "decoder_layer_stack": "standard"}, ("encoder-decoder",), BOTH),
+    ({"layer_stack": "funnel", "decoder_layer_stack": "standard"}, ("encoder-decoder",), BOTH),
+    # three blocks (two poolings) of one layer, a score bias at pooled positions, one up-sampling layer
+    (
+        {
+            "layer_stack": "funnel",
+            "num_hidden_layers": 3,
+            "funnel_block_sizes": [1, 1, 1],
+            "funnel_upsampling_layers": 1,
+            "position_embedding_type": "relative_attention_bias",
+        },
+        ("encoder",),
+        BOTH,
+    ),
+    (
+        {
+            "layer_stack": "funnel",
+            "decoder_layer_stack": "standard",
+            "num_hidden_layers": 3,
+            "position_embedding_type": "alibi",
+        },
+        ("encoder-decoder",),
+        BOTH,
+    ),
+    ({"token_mixer": "branched_attention"}, ALL, BOTH),
+    *[({"memory_layers": [-1], "memory_query_norm": norm, **TINY_MEMORY}, ALL, BOTH) for norm in MEMORY_QUERY_NORMS],
+    ({"decoder_memory_layers": [0], **TINY_MEMORY}, ("encoder-decoder",), BOTH),
     # ---- depth and token types
     ({"num_decoder_layers": 3}, ("encoder-decoder",), BOTH),
     ({"type_vocab_size": 0}, ("encoder",), BOTH),
@@ -397,6 +445,9 @@ def test_every_registered_choice_has_a_row():
         (("linformer_sharing",), LINFORMER_SHARING),
         (("synthesizer_type",), SYNTHESIZERS),
         (("synthesizer_mixing",), SYNTHESIZER_MIXINGS),
+        (("layer_stack", "decoder_layer_stack"), LAYER_STACKS),
+        (("residual_gating",), RESIDUAL_GATES),
+        (("memory_query_norm",), MEMORY_QUERY_NORMS),
     ):
         missing = [c for c in choices if not any((field, str(c)) in covered for field in fields)]
         assert not missing, f"{' / '.join(fields)} values without a VARIANTS row: {missing}"

@@ -180,6 +180,20 @@ def _synthesizer(kind: str, mixing: str = "none") -> dict[str, Any]:
     }
 
 
+#: Universal Transformer as Narang et al.'s released `universal_transformer.gin` builds it: one shared layer per
+#: stack applied 24 times (twice the baseline's depth) with the "basic" recurrence (no ACT halting, although the
+#: file sets ACT's parameters), Mesh TensorFlow's GRU gate on every sublayer, and an untied output matrix:
+#: 65.9M for the two layers and two vocabulary matrices + 17.7M of gates = 83.7M (the paper's 84M).
+_UNIVERSAL = {
+    "layer_stack": "universal",
+    "num_hidden_layers": 1,
+    "num_decoder_layers": 1,
+    "num_recurrent_steps": Scaled("num_hidden_layers", Fraction(2)),
+    "adaptive_computation_time": False,
+    "residual_gating": "gru",
+    "tie_word_embeddings": False,
+}
+
 #: Table 1 row name (as in the paper) -> config changes to the `narang-vanilla` baseline. Ties are
 #: (encoder/decoder input, decoder input/output); the block-sharing rows use an untied output matrix, as
 #: their counts show (65M = shared layers + two 24.7M vocabulary matrices), and "+ Factorized & shared"
@@ -239,6 +253,10 @@ TABLE_1_ROWS: dict[str, dict[str, Any]] = {
     "Synthesizer (random plus alpha)": _synthesizer("random", "plus_alpha"),
     "Mixture of experts": {"num_experts": 16, "num_experts_per_tok": 2, "router_type": "top_k", **_EXPERTS},
     "Switch Transformer": {"num_experts": 32, "num_experts_per_tok": 1, "router_type": "switch", **_EXPERTS},
+    "Universal Transformer": _UNIVERSAL,
+    "Funnel Transformer": {"layer_stack": "funnel", "decoder_layer_stack": "standard"},
+    "Weighted Transformer": {"token_mixer": "branched_attention"},
+    "Product key memory": {"decoder_memory_layers": [-2], "memory_query_norm": "layer_norm"},
 }
 
 

@@ -238,6 +238,51 @@ class HfzooAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from `hidden_states` to itself (plus cached keys/values) or to `key_value_states`.
 
+        `o_proj` of the heads' outputs (`attend`), concatenated.
+
+        Args:
+            hidden_states: `(batch_size, q_len, hidden_size)`.
+            attention_mask: see `attend`.
+            past_key_values: see `attend`.
+            key_value_states: see `attend`.
+            position_embeddings: see `attend`.
+            position_bias: see `attend`.
+            padding_mask: see `attend`.
+            **kwargs: forwarded to the attention backend.
+
+        Returns:
+            `(attn_output, attn_weights)`: `(batch_size, q_len, hidden_size)` and the attention
+            probabilities `(batch_size, num_heads, q_len, kv_len)` (None for fused backends).
+
+        Raises:
+            ValueError: as `attend`.
+        """
+        output, weights = self.attend(
+            hidden_states,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            key_value_states=key_value_states,
+            position_embeddings=position_embeddings,
+            position_bias=position_bias,
+            padding_mask=padding_mask,
+            **kwargs,
+        )
+        output = output.reshape(*output.shape[:2], -1).contiguous()  # (batch, q_len, heads * head_dim)
+        return self.o_proj(output), weights
+
+    def attend(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        key_value_states: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        position_bias: torch.Tensor | None = None,
+        padding_mask: torch.Tensor | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The heads' outputs before the output projection `o_proj` (Vaswani et al. 2017, §3.2.2).
+
         Args:
             hidden_states: `(batch_size, q_len, hidden_size)`.
             attention_mask: the backend-specific mask from `transformers.masking_utils` (None when the
@@ -245,7 +290,10 @@ class HfzooAttention(nn.Module):
             past_key_values: a transformers `Cache`, updated in place. For an `EncoderDecoderCache`,
                 self-attention uses its `self_attention_cache`; cross-attention stores the encoder's
                 keys/values in its `cross_attention_cache` once and reuses them at later steps.
-            key_value_states: `(batch_size, kv_len, hidden_size)` encoder outputs (cross-attention).
+            key_value_states: `(batch_size, kv_len, hidden_size)` encoder outputs (cross-attention); in
+                self-attention, the states keys and values come from when the queries `hidden_states` are a
+                pooled copy of them (the Funnel Transformer's pool-query-only attention, Dai et al. 2020
+                §2.2; no cache, and the score bias given as `position_bias`), else None.
             position_embeddings: rotary `(cos, sin)`, each `(batch_size or 1, q_len, head_dim)`, from the
                 stack's `RotaryEmbedding` (self-attention only; ignored by cross-attention).
             position_bias: additive score bias `(batch_size or 1, num_heads, q_len, kv_len)` shared by the
@@ -255,11 +303,12 @@ class HfzooAttention(nn.Module):
             **kwargs: forwarded to the attention backend.
 
         Returns:
-            `(attn_output, attn_weights)`: `(batch_size, q_len, hidden_size)` and the attention
+            `(head_outputs, attn_weights)`: `(batch_size, q_len, num_heads, head_dim)` and the attention
             probabilities `(batch_size, num_heads, q_len, kv_len)` (None for fused backends).
 
         Raises:
-            ValueError: a cross-attention module called without `key_value_states`.
+            ValueError: a cross-attention module called without `key_value_states`; self-attention given
+                both `key_value_states` and a cache.
         """
         batch_size, q_len, _ = hidden_states.shape
         # (batch, q_len, hidden) -> (batch, heads, q_len, head_dim)
@@ -275,6 +324,10 @@ class HfzooAttention(nn.Module):
                 if cache is not None:
                     key, value = cache.update(key, value, self.layer_idx)
                     past_key_values.is_updated[self.layer_idx] = True
+        elif key_value_states is not None:  # pooled queries attend to the unpooled states (funnel)
+            if past_key_values is not None:
+                raise ValueError("self-attention from pooled queries (key_value_states) takes no cache")
+            key, value = self._project_key_value(key_value_states)
         else:
             key, value = self._project_key_value(hidden_states)
             if position_embeddings is not None:
@@ -306,8 +359,7 @@ class HfzooAttention(nn.Module):
             output, weights = attention(
                 self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
             )
-        output = output.reshape(batch_size, q_len, -1).contiguous()  # (batch, q_len, heads * head_dim)
-        return self.o_proj(output), weights
+        return output, weights  # (batch, q_len, heads, head_dim)
 
 
 class TransparentAttention(nn.Linear):

@@ -296,8 +296,9 @@ class EvolvedTransformerLayer(GradientCheckpointingLayer):
 
         Raises:
             ValueError: a `sublayer_pattern`, a token mixer other than self-attention, `norm_position` other than
-                `pre`, `norm_type="none"`, ReZero, Fixup, experts, a gated feed-forward, block sharing, or an odd
-                `hidden_size` (the branches are d / 2 wide); each message names the field.
+                `pre`, `norm_type="none"`, ReZero, Fixup, experts, a gated feed-forward, block sharing, an odd
+                `hidden_size` (the branches are d / 2 wide), a layer stack other than the standard one, residual
+                gates or product key memories; each message names the field.
         """
         name = "layer_type='evolved_transformer'"
         refused = {
@@ -315,6 +316,17 @@ class EvolvedTransformerLayer(GradientCheckpointingLayer):
             "gated_mlp": (config.gated_mlp, "its feed-forward blocks are ReLU (encoder) and Swish (decoder)"),
             "block_sharing": (config.block_sharing != "none", "each cell has its own parameters"),
             "hidden_size": (config.hidden_size % 2 == 1, "its conv branches are hidden_size / 2 wide"),
+            "layer_stack": (config.layer_stack != "standard", "its cells are applied once each, in order"),
+            "decoder_layer_stack": (
+                getattr(config, "decoder_layer_stack", None) not in (None, "standard"),
+                "its cells are applied once each, in order",
+            ),
+            "residual_gating": (config.residual_gating != "none", "its residual connections are plain"),
+            "memory_layers": (config.memory_layers is not None, "its feed-forward blocks are dense"),
+            "decoder_memory_layers": (
+                getattr(config, "decoder_memory_layers", None) is not None,
+                "its feed-forward blocks are dense",
+            ),
         }
         for field, (bad, reason) in refused.items():
             if bad:

@@ -162,6 +162,8 @@ class SparseMoeFeedForward(nn.Module):
         or None -> `(batch_size, seq_len, hidden_size)`, same dtype.
     """
 
+    uses_padding_mask = True  # the layer hands it `padding_mask` (`hfzoo.modules.layer.HfzooLayer`)
+
     def __init__(self, config) -> None:
         super().__init__()
         self.router = HfzooRouter(config)

@@ -31,8 +31,10 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from .attention import HfzooAttention
 from .experts import SparseMoeFeedForward, is_moe_layer
 from .feed_forward import FeedForward
-from .mixers import build_token_mixer
+from .memory import ProductKeyMemory
+from .mixers import TOKEN_MIXERS, build_token_mixer
 from .norms import build_norm
+from .universal import GRUResidualGate
 
 
 def deepnorm_constants(config, is_decoder_side: bool) -> tuple[float, float]:
@@ -114,7 +116,12 @@ class Residual(nn.Module):
 
     - `final_norm`: the stack ends with a norm (pre-norm placements leave the residual stream unnormalised);
     - `needs_norm`: the placement is undefined with `norm_type="none"`;
-    - `rescales_residual`: the placement scales the residual stream itself, so ReZero cannot be added.
+    - `rescales_residual`: the placement scales the residual stream itself, so ReZero cannot be added;
+    - `normalizes_input`: the sublayer sees the normalised stream (pre-norm placements), so states handed to
+      it from elsewhere (the funnel's unpooled keys and values) are normalised the same way.
+
+    With `config.residual_gating` (a `RESIDUAL_GATES` entry other than "none"), the sublayer's output passes
+    through the gate `gate(inputs, output)` before the scalars (Mesh TensorFlow's gated Universal Transformer).
 
     Each placement also owns its initialisation rule (`branch_init_scales`, applied to the wrapped block
     by `mark_branch_init`).
@@ -130,9 +137,12 @@ class Residual(nn.Module):
     final_norm: bool = True
     needs_norm: bool = False
     rescales_residual: bool = False
+    normalizes_input: bool = False
 
     def __init__(self, config, is_decoder_side: bool = False) -> None:
         super().__init__()
+        gate = RESIDUAL_GATES[config.residual_gating]
+        self.gate = gate(config) if gate is not None else None
         self.rezero_alpha = nn.Parameter(torch.zeros(1)) if config.rezero else None
         if config.fixup_init:
             self.fixup_bias_in = nn.Parameter(torch.zeros(1))
@@ -159,6 +169,8 @@ class Residual(nn.Module):
         if self.fixup_bias_in is not None:
             inputs = inputs + self.fixup_bias_in
         branch = self.post_sublayer(sublayer(inputs))
+        if self.gate is not None:
+            branch = self.gate(inputs, branch)
         if self.fixup_scale is not None:
             branch = branch * self.fixup_scale + self.fixup_bias_out
         if self.rezero_alpha is not None:
@@ -233,6 +245,8 @@ class Residual(nn.Module):
 
 class PreNormResidual(Residual):
     """Pre-LN (Xiong et al. 2020; GPT-2, T5): `x + Dropout(F(Norm(x)))`, and a final norm at the end of the stack."""
+
+    normalizes_input = True
 
     def forward(
         self, hidden_states: torch.Tensor, norm: nn.Module, sublayer: Callable, dropout: nn.Module
@@ -335,10 +349,13 @@ class HfzooLayer(GradientCheckpointingLayer):
         has_cross_attention: add a cross-attention sub-block after the token mixer (the decoder of an
             encoder-decoder, Vaswani et al. 2017 §3.1).
         sublayers: `"sf"`, `"s"` or `"f"`.
-        token_mixer: a key of `TOKEN_MIXERS` (default `config.token_mixer`).
+        token_mixer: a key of `TOKEN_MIXERS` (default `config.token_mixer`); its entry's `cross_attention`
+            class (default `HfzooAttention`) builds the cross-attention.
         mixer_idx: index of this layer's token mixer among its stack's (its KV-cache layer, also used by the
             cross-attention); default `layer_idx`.
         ffn_idx: index of this layer's feed-forward among its stack's (chooses the MoE ones); default `layer_idx`.
+        feed_forward: the feed-forward block, a key of `FEED_FORWARD_BLOCKS` (`StackLayout.feed_forward_kinds`);
+            None: `experts` on the layers `is_moe_layer` selects, else `dense`.
 
     Shapes:
         `hidden_states` `(batch_size, seq_len, hidden_size)` -> same shape.
@@ -354,25 +371,30 @@ class HfzooLayer(GradientCheckpointingLayer):
         token_mixer: str | None = None,
         mixer_idx: int | None = None,
         ffn_idx: int | None = None,
+        feed_forward: str | None = None,
     ) -> None:
         super().__init__()
         mixer_idx = layer_idx if mixer_idx is None else mixer_idx
         ffn_idx = layer_idx if ffn_idx is None else ffn_idx
+        token_mixer = token_mixer or config.token_mixer
+        if feed_forward is None:
+            feed_forward = "experts" if is_moe_layer(config, ffn_idx) else "dense"
         self.self_attn = self.self_attn_norm = self.self_attn_residual = None
         self.cross_attn = self.cross_attn_norm = self.cross_attn_residual = None
         self.mlp = self.mlp_norm = self.mlp_residual = None
         if "s" in sublayers:
-            self.self_attn = build_token_mixer(config, token_mixer or config.token_mixer, mixer_idx, is_causal)
+            self.self_attn = build_token_mixer(config, token_mixer, mixer_idx, is_causal)
             self.self_attn_norm = build_norm(config)
             self.self_attn_residual = build_residual(config, has_cross_attention)
             self.self_attn_residual.mark_branch_init(self.self_attn)
             if has_cross_attention:
-                self.cross_attn = HfzooAttention(config, mixer_idx, is_causal=False, is_cross_attention=True)
+                cross_attention = TOKEN_MIXERS[token_mixer].cross_attention or HfzooAttention
+                self.cross_attn = cross_attention(config, mixer_idx, is_causal=False, is_cross_attention=True)
                 self.cross_attn_norm = build_norm(config)
                 self.cross_attn_residual = build_residual(config, has_cross_attention)
                 self.cross_attn_residual.mark_branch_init(self.cross_attn)
         if "f" in sublayers:
-            self.mlp = SparseMoeFeedForward(config) if is_moe_layer(config, ffn_idx) else FeedForward(config)
+            self.mlp = FEED_FORWARD_BLOCKS[feed_forward](config)
             self.mlp_norm = build_norm(config)
             self.mlp_residual = build_residual(config, has_cross_attention)
             self.mlp_residual.mark_branch_init(self.mlp)
@@ -391,6 +413,7 @@ class HfzooLayer(GradientCheckpointingLayer):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         padding_mask: torch.Tensor | None = None,
+        key_value_states: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
         """Run the layer.
@@ -402,7 +425,12 @@ class HfzooLayer(GradientCheckpointingLayer):
             encoder_hidden_states: `(batch_size, src_len, hidden_size)` (layers with cross-attention).
             encoder_attention_mask: backend-specific cross-attention mask over the encoder outputs.
             padding_mask: `(batch_size, seq_len)` bool, False for padding, or None; read by the token mixer
-                and by a mixture-of-experts feed-forward (padding is never routed nor counted against capacity).
+                and by the feed-forward blocks that take it (`uses_padding_mask`: a mixture of experts never
+                routes padding nor counts it against capacity; the memory's batch norm leaves it out).
+            key_value_states: `(batch_size, kv_len, hidden_size)`, the unpooled states the token mixer's keys
+                and values come from when `hidden_states` are their pooled copy (the funnel's first layer of a
+                block, Dai et al. 2020 §2.2), normalised as the mixer's input is (`Residual.normalizes_input`);
+                else None.
             **kwargs: position inputs of the token mixer (`position_embeddings`, `position_bias`) and
                 attention-backend options.
 
@@ -410,6 +438,11 @@ class HfzooLayer(GradientCheckpointingLayer):
             `(batch_size, seq_len, hidden_size)`.
         """
         if self.self_attn is not None:
+            mixer_kwargs = {}
+            if key_value_states is not None:
+                if self.self_attn_residual.normalizes_input:
+                    key_value_states = self.self_attn_norm(key_value_states)
+                mixer_kwargs["key_value_states"] = key_value_states
 
             def mix(x: torch.Tensor) -> torch.Tensor:
                 return self.self_attn(
@@ -417,6 +450,7 @@ class HfzooLayer(GradientCheckpointingLayer):
                     attention_mask=attention_mask,
                     past_key_values=past_key_values,
                     padding_mask=padding_mask,
+                    **mixer_kwargs,
                     **kwargs,
                 )[0]
 
@@ -435,7 +469,7 @@ class HfzooLayer(GradientCheckpointingLayer):
             hidden_states = self.cross_attn_residual(hidden_states, self.cross_attn_norm, cross_attend, self.dropout)
         if self.mlp is not None:
             mlp = self.mlp
-            if isinstance(mlp, SparseMoeFeedForward):
+            if getattr(mlp, "uses_padding_mask", False):
                 mlp = partial(mlp, padding_mask=padding_mask)
             hidden_states = self.mlp_residual(hidden_states, self.mlp_norm, mlp, self.dropout)
         return hidden_states
@@ -492,6 +526,19 @@ NORM_POSITIONS = {
     "post": PostNormResidual,  # Vaswani et al. 2017 §5.4; BERT
     "sandwich": SandwichNormResidual,  # Ding et al. 2021 (CogView) §2.4
     "deepnorm": DeepNormResidual,  # Wang et al. 2022 (DeepNet) eq. 1
+}
+
+# Gates of each residual branch's output, selected by `config.residual_gating` (None: no gate).
+RESIDUAL_GATES = {
+    "none": None,
+    "gru": GRUResidualGate,  # Mesh TensorFlow's gated Universal Transformer (Narang et al. 2021)
+}
+
+# Feed-forward blocks of the `f` sublayers (which one a sublayer gets: `StackLayout.feed_forward_kinds` in stack.py).
+FEED_FORWARD_BLOCKS = {
+    "dense": FeedForward,  # Vaswani et al. 2017 §3.3 (gated: Shazeer 2020)
+    "experts": SparseMoeFeedForward,  # Shazeer et al. 2017; Fedus et al. 2021 (config.num_experts)
+    "product_key_memory": ProductKeyMemory,  # Lample et al. 2019 (config.memory_layers)
 }
 
 # The letters of `config.sublayer_pattern` (Press et al. 2020): the sublayer kinds a layer is built from.

@@ -52,6 +52,7 @@ from .sparse_attention import (
     window_overlay,
 )
 from .synthesizer import SYNTHESIZER_FIELDS, Synthesizer, check_synthesizer_config
+from .weighted import BranchedAttention
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,12 @@ class TokenMixer:
             its causal or bidirectional self-attention mask (`and_mask_function` of
             `transformers.masking_utils.create_causal_mask` / `create_bidirectional_mask`), so every backend
             that takes a mask applies it; or None.
+        feed_forward: the mixer contains its layer's feed-forward (the Weighted Transformer's branches): the
+            layers of a stack using it have no feed-forward sublayer (`StackLayout.sublayers`), and
+            `sublayer_pattern` must be None.
+        cross_attention: the class of the cross-attention that follows the mixer in a cross-attending stack,
+            built as `cross_attention(config, layer_idx, is_causal=False, is_cross_attention=True)`; None:
+            `HfzooAttention`.
     """
 
     module: type[nn.Module]
@@ -97,6 +104,8 @@ class TokenMixer:
     check_config: Callable[[Any], None] | None = None
     reason: str = ""
     mask_overlay: Callable[[Any], Callable] | None = None
+    feed_forward: bool = False
+    cross_attention: type[nn.Module] | None = None
 
     def runs_in(self, model_type: str, is_causal: bool) -> bool:
         """Whether the mixer is defined in a stack of direction `is_causal` of the family `model_type`."""
@@ -176,4 +185,6 @@ TOKEN_MIXERS = {
         config_fields=SYNTHESIZER_FIELDS,
         check_config=check_synthesizer_config,
     ),
+    # Weighted Transformer, Ahmed et al. 2017 §3: branches with their own feed-forward; cross-attention branched too
+    "branched_attention": TokenMixer(BranchedAttention, feed_forward=True, cross_attention=BranchedAttention),
 }

@@ -19,11 +19,21 @@ bottom) keeps the distinct `HfzooLayer` modules, each with its own KV-cache inde
 parameter of layers 1..N-1 to layer 0's through the stack's `_tied_weights_keys`. So the KV cache has
 one layer per application, gradient checkpointing wraps each application, checkpoints store layer 0
 only, and DeepSpeed ZeRO-3 partitions each tensor once.
+
+How a stack applies its layers is its layer stack (`config.layer_stack`; the encoder-decoder's
+`decoder_layer_stack`), an entry of `LAYER_STACKS` at the bottom (the variation point of Mesh TensorFlow's
+`layer_stack_cls`): `standard` runs them in order; `universal` applies a block of layers recurrently with
+adaptive computation time (Universal Transformer, `hfzoo.modules.universal`); `funnel` pools the sequence
+between blocks (Funnel Transformer, `hfzoo.modules.funnel`). An entry's module says which layers the stack
+builds (`layer_plan`: the Universal Transformer builds its block once per recurrent step, tied like block
+sharing, so each step owns its KV-cache layers) and runs them (`forward(stack, hidden_states, inputs)`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,7 +44,8 @@ from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttenti
 from .attention import TransparentAttention
 from .embeddings import build_token_embedding
 from .evolved import EvolvedTransformerLayer
-from .experts import token_padding_mask
+from .experts import is_moe_layer, token_padding_mask
+from .funnel import FunnelLayerStack
 from .layer import NORM_POSITIONS, HfzooLayer, layer_sublayers
 from .mixers import TOKEN_MIXERS
 from .norms import build_norm
@@ -45,6 +56,7 @@ from .positions import (
     build_stack_score_bias,
     token_positions,
 )
+from .universal import UniversalTransformerLayerStack
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,13 @@ class StackLayout:
         has_cross_attention: each token mixer is followed by cross-attention to the encoder outputs.
         token_mixer: the stack's token mixer, a key of `hfzoo.modules.mixers.TOKEN_MIXERS`.
         token_mixer_field: the config field that sets it (for error messages).
+        layer_stack: how the stack applies its layers, a key of `LAYER_STACKS`.
+        layer_stack_field: the config field that sets it (for error messages).
+        memory_layers: indices of the feed-forward sublayers (among the `num_layers` layers' ones; negative
+            counts from the end) that are product key memories (`hfzoo.modules.memory`), or None.
+        memory_layers_field: the config field that sets them (for error messages).
+        per_token_outputs: heads read the stack's output at every position (the encoder family), rather than
+            only cross-attention (the encoder-decoder's encoder): a funnel stack then up-samples its output.
     """
 
     name: str
@@ -72,10 +91,93 @@ class StackLayout:
     has_cross_attention: bool
     token_mixer: str
     token_mixer_field: str = "token_mixer"
+    layer_stack: str = "standard"
+    layer_stack_field: str = "layer_stack"
+    memory_layers: list[int] | None = None
+    memory_layers_field: str = "memory_layers"
+    per_token_outputs: bool = True
+
+    def block_sublayers(self, config) -> list[str]:
+        """The sublayers of each of the `num_layers` layers (`hfzoo.modules.layer.layer_sublayers`).
+
+        `config.sublayer_pattern` split into layers; with a token mixer that contains its feed-forward
+        (`TokenMixer.feed_forward`, the Weighted Transformer) every layer is its mixer alone (`"s"`).
+        """
+        mixer = TOKEN_MIXERS.get(self.token_mixer)
+        if mixer is not None and mixer.feed_forward:
+            return ["s"] * self.num_layers
+        return layer_sublayers(config.sublayer_pattern, self.num_layers)
+
+    def layer_plan(self, config) -> list[int | None]:
+        """For each layer the stack builds, the index of the `block_sublayers` layer it is (a copy of), or None.
+
+        None is a layer of the layer stack's own (the funnel's up-sampling layers, `"sf"`). See `LAYER_STACKS`.
+        """
+        block = self.block_sublayers(config)
+        return LAYER_STACKS[self.layer_stack].module.layer_plan(config, self, len(block))
 
     def sublayers(self, config) -> list[str]:
-        """The sublayers of each layer (`hfzoo.modules.layer.layer_sublayers` of `config.sublayer_pattern`)."""
-        return layer_sublayers(config.sublayer_pattern, self.num_layers)
+        """The sublayers of each layer the stack builds, in order (a layer stack may repeat or add layers)."""
+        block = self.block_sublayers(config)
+        return [block[j] if j is not None else "sf" for j in self.layer_plan(config)]
+
+    def memory_positions(self, config) -> set[int]:
+        """The feed-forward indices (in the block, non-negative) of the stack's product key memories.
+
+        Raises:
+            ValueError: an index that is not an integer, is outside the stack's feed-forward sublayers, or is
+                repeated (the message names `memory_layers_field`).
+        """
+        if not self.memory_layers:
+            return set()
+        count = sum("f" in layer for layer in self.block_sublayers(config))
+        positions = set()
+        for index in self.memory_layers:
+            if not isinstance(index, int) or isinstance(index, bool) or not -count <= index < count:
+                raise ValueError(
+                    f"{self.memory_layers_field}={self.memory_layers!r}: {index!r} is not the index of one of the "
+                    f"{count} feed-forward sublayers of the {self.name} (negative indices count from the end)"
+                )
+            if index % count in positions:
+                raise ValueError(f"{self.memory_layers_field}={self.memory_layers!r} names a layer twice")
+            positions.add(index % count)
+        return positions
+
+    def feed_forward_kinds(self, config) -> list[str]:
+        """The block (`hfzoo.modules.layer.FEED_FORWARD_BLOCKS` key) of each feed-forward sublayer the stack builds.
+
+        A memory where `memory_layers` says; else experts on the sublayers `is_moe_layer` selects (counted over
+        the built layers, as before); else dense. A copy of a block layer (Universal Transformer) has the
+        original's; the layer stack's own layers (funnel up-sampling) are dense.
+        """
+        block = self.block_sublayers(config)
+        memory = self.memory_positions(config)
+        block_ffn = {}  # block layer index -> its feed-forward index in the block
+        for j, layer in enumerate(block):
+            if "f" in layer:
+                block_ffn[j] = len(block_ffn)
+        kinds = []
+        for source in self.layer_plan(config):
+            if source is None:
+                kinds.append("dense")
+            elif source in block_ffn:
+                if block_ffn[source] in memory:
+                    kinds.append("product_key_memory")
+                else:
+                    kinds.append("experts" if is_moe_layer(config, len(kinds)) else "dense")
+        return kinds
+
+    def tied_layers(self, config) -> list[int]:
+        """For each built layer, the layer whose parameters it uses (itself when untied).
+
+        Block sharing (`BLOCK_SHARING`) ties every layer to layer 0; otherwise a copy of a block layer
+        (`layer_plan`, the Universal Transformer's steps) is tied to the first layer copying the same one.
+        """
+        plan = self.layer_plan(config)
+        if self.name in BLOCK_SHARING[config.block_sharing]:
+            return [0] * len(plan)
+        first = {}
+        return [i if source is None else first.setdefault(source, i) for i, source in enumerate(plan)]
 
     def cache_layers(self, config) -> int:
         """The stack's KV-cache layers: the `num_cache_layers` of each of its layers (`LAYER_TYPES`)."""
@@ -118,10 +220,13 @@ class HfzooStack:
     `config.transparent_attention`: its output carries `layer_outputs`); `token_mixer_name` (the stack's
     `TOKEN_MIXERS` key, whose `mask_overlay` the self-attention mask takes).
 
-    The layers follow `config.sublayer_pattern` (`StackLayout.sublayers`): each token mixer gets the next
-    KV-cache layer index (`mixer_idx`, 0, 1, ... over the stack's token mixers, so a cache holds one layer
-    per token mixer and the cross-attention after it; a layer type with more cache layers per layer takes as
-    many, `num_cache_layers`) and each feed-forward the next feed-forward index (which places the experts).
+    The layers follow `config.sublayer_pattern` and the layer stack (`StackLayout.sublayers`): each token
+    mixer gets the next KV-cache layer index (`mixer_idx`, 0, 1, ... over the stack's token mixers, so a
+    cache holds one layer per token mixer and the cross-attention after it; a layer type with more
+    cache layers per layer takes as many, `num_cache_layers`) and each feed-forward the next
+    feed-forward index and its block (`StackLayout.feed_forward_kinds`: dense, experts, product key memory).
+    `layer_stack` (the `LAYER_STACKS` entry's module) applies them; `layer_sources[i]` is the layer whose
+    parameters layer i uses (`StackLayout.tied_layers`: block sharing, the Universal Transformer's steps).
 
     Args:
         config: an hfzoo config.
@@ -129,7 +234,8 @@ class HfzooStack:
         embed_tokens: the token embedding module to use (default: a new one, `build_token_embedding`).
 
     Raises:
-        ValueError: block sharing over layers whose parameters differ (a per-layer setting).
+        ValueError: tied layers (block sharing, Universal Transformer steps) whose parameters differ (a
+            per-layer setting).
     """
 
     def __init__(self, config, layout: StackLayout, embed_tokens: nn.Module | None = None) -> None:
@@ -139,6 +245,7 @@ class HfzooStack:
         self.token_mixer_name = layout.token_mixer
         self.has_cross_attention = layout.has_cross_attention
         self.shares_layers = layout.name in BLOCK_SHARING[config.block_sharing]
+        self.layer_stack = LAYER_STACKS[layout.layer_stack].module(config, layout)
         self.embed_positions = build_position_embedding(config)
         # Position schemes computed once per stack and handed to every layer's self-attention.
         rotary = ROTARY_POSITION_EMBEDDINGS.get(config.position_embedding_type)
@@ -150,7 +257,10 @@ class HfzooStack:
         self.embed_dropout = nn.Dropout(config.hidden_dropout_prob)
         layers, mixer_idx, ffn_idx = [], 0, 0
         layer_class = LAYER_TYPES[config.layer_type]
+        kinds = layout.feed_forward_kinds(config)
         for i, sublayers in enumerate(layout.sublayers(config)):
+            # the Transformer layer takes its feed-forward block's kind (dense, experts, product key memory)
+            block = {"feed_forward": kinds[ffn_idx] if "f" in sublayers else None} if layer_class is HfzooLayer else {}
             layers.append(
                 layer_class(
                     config,
@@ -161,38 +271,53 @@ class HfzooStack:
                     token_mixer=layout.token_mixer,
                     mixer_idx=mixer_idx,
                     ffn_idx=ffn_idx,
+                    **block,
                 )
             )
             mixer_idx += layer_class.num_cache_layers(sublayers, is_causal)
             ffn_idx += "f" in sublayers
         self.layers = nn.ModuleList(layers)
         self.norm = build_norm(config) if NORM_POSITIONS[config.norm_position].final_norm else nn.Identity()
+        self.layer_sources = layout.tied_layers(config)
+        for i, source in enumerate(self.layer_sources):
+            shapes = [(name, p.shape) for name, p in self.layers[source].named_parameters()]
+            if [(name, p.shape) for name, p in self.layers[i].named_parameters()] != shapes:
+                raise ValueError(
+                    f"block_sharing={config.block_sharing!r}, {layout.layer_stack_field}={layout.layer_stack!r}: "
+                    f"layer {i} has different parameters than layer {source}, so one set of parameters cannot "
+                    "serve both; use block_sharing='none' or settings that are the same in every layer"
+                )
         # Transparent attention (Bapna et al. 2018): the decoder weighs every encoder output, which the encoder keeps.
         self.returns_layer_outputs = config.transparent_attention and not layout.has_cross_attention
         self.transparent_attention = None
         if config.transparent_attention and layout.has_cross_attention:
             encoder = next(other for other in config.stack_layouts() if not other.has_cross_attention)
             self.transparent_attention = TransparentAttention(config, len(encoder.sublayers(config)) + 1, mixer_idx)
-        if self.shares_layers:
-            first = [(name, p.shape) for name, p in self.layers[0].named_parameters()]
-            for i, layer in enumerate(self.layers):
-                if [(name, p.shape) for name, p in layer.named_parameters()] != first:
-                    raise ValueError(
-                        f"block_sharing={config.block_sharing!r}: layer {i} has different parameters than layer "
-                        "0, so one set of parameters cannot serve every layer; use block_sharing='none'"
-                    )
 
     @property
     def _tied_weights_keys(self) -> dict[str, str]:
-        """Block sharing's ties: `{"layers.i.<param>": "layers.0.<param>"}` for i >= 1, or `{}`.
+        """The layers' ties: `{"layers.i.<param>": "layers.j.<param>"}` for each layer i using layer j's parameters.
 
-        Empty while the stack is being built, and when `config.block_sharing` does not cover it.
+        Block sharing ties layers 1.. to layer 0; the Universal Transformer ties each step's copy of a layer to
+        the first step's. Empty while the stack is being built, and when no layer is tied.
         """
-        layers = getattr(self, "layers", None)
-        if not getattr(self, "shares_layers", False) or layers is None:
+        layers, sources = getattr(self, "layers", None), getattr(self, "layer_sources", None)
+        if layers is None or sources is None:
             return {}
-        names = [name for name, _ in layers[0].named_parameters()]
-        return {f"layers.{i}.{name}": f"layers.0.{name}" for i in range(1, len(layers)) for name in names}
+        ties = {}
+        for i, source in enumerate(sources):
+            if source != i:
+                names = [name for name, _ in layers[source].named_parameters()]
+                ties.update({f"layers.{i}.{name}": f"layers.{source}.{name}" for name in names})
+        return ties
+
+    def output_attention_mask(self, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The `(batch_size, out_len)` padding mask of the stack's outputs, from the input's `attention_mask`.
+
+        The input's mask, unless the layer stack shortens the sequence (a funnel encoder that does not
+        up-sample: its pooled mask, which the encoder-decoder's cross-attention uses).
+        """
+        return self.layer_stack.output_attention_mask(attention_mask)
 
     def forward(
         self,
@@ -273,23 +398,20 @@ class HfzooStack:
                     "layer_outputs field holds them)"
                 )
             memories = self.transparent_attention(encoder_layer_outputs)  # (batch, cross-attentions, src, hidden)
+        layer_kwargs = dict(
+            attention_mask=self_mask,
+            past_key_values=past_key_values,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=cross_mask,
+            padding_mask=padding_mask,
+            **position_inputs,
+            **kwargs,
+        )
         layer_outputs = [hidden_states] if self.returns_layer_outputs else None
-        for i, layer in enumerate(self.layers):
-            memory = encoder_hidden_states
-            if memories is not None and layer.cross_attn is not None:
-                memory = memories[:, layer.cross_attn.layer_idx]
-            hidden_states = layer(
-                hidden_states,
-                attention_mask=self_mask,
-                past_key_values=past_key_values,
-                encoder_hidden_states=memory,
-                encoder_attention_mask=cross_mask,
-                padding_mask=padding_mask,
-                **position_inputs,
-                **kwargs,
-            )
-            if layer_outputs is not None and i < len(self.layers) - 1:
-                layer_outputs.append(hidden_states)
+        inputs = StackInputs(
+            layer_kwargs, attention_mask, padding_mask, position_ids, past_key_values, memories, layer_outputs
+        )
+        hidden_states, _ = self.layer_stack(self, hidden_states, inputs)
         hidden_states = self.norm(hidden_states)
         if layer_outputs is not None:  # the last entry is the normalised output, as in Mesh TensorFlow
             layer_outputs = torch.stack([*layer_outputs, hidden_states], dim=1)  # (batch, layers + 1, seq, hidden)
@@ -381,6 +503,145 @@ class HfzooStack:
             )
         return self_mask, cross_mask
 
+
+@dataclass
+class StackInputs:
+    """What a layer stack's `forward` receives besides the hidden states (prepared by `HfzooStack.forward`).
+
+    Args:
+        layer_kwargs: the keyword arguments of every `HfzooLayer` call: `attention_mask` (backend-specific
+            self-attention mask), `past_key_values`, `encoder_hidden_states`, `encoder_attention_mask`,
+            `padding_mask`, the position inputs (`position_embeddings`, `position_bias`) and backend options.
+        attention_mask: the stack's input mask as given: `(batch_size, past_len + seq_len)` (1 = token), a
+            prepared 4-D mask, or None.
+        padding_mask: `(batch_size, seq_len)` bool, False at padding, or None.
+        position_ids: `(batch_size or 1, seq_len)` int64.
+        past_key_values: the cache, or None.
+        cross_attention_memories: with transparent attention (Bapna et al. 2018), what each cross-attention reads
+            of the encoder: `(batch_size, num_cross_attentions, src_len, hidden_size)`, indexed by the
+            cross-attention's `layer_idx`; else None (every cross-attention reads `encoder_hidden_states`).
+        layer_outputs: a list the standard layer stack appends each layer's output to (but the last), for an
+            encoder feeding transparent attention; else None.
+    """
+
+    layer_kwargs: dict[str, Any]
+    attention_mask: torch.Tensor | None
+    padding_mask: torch.Tensor | None
+    position_ids: torch.Tensor
+    past_key_values: Cache | None
+    cross_attention_memories: torch.Tensor | None = None
+    layer_outputs: list[torch.Tensor] | None = None
+
+
+class StandardLayerStack(nn.Module):
+    """The Transformer's layer stack: every layer once, in order (`layer_stack="standard"`). No parameters.
+
+    The protocol of a `LAYER_STACKS` module (`__init__(config, layout)`):
+
+    - `layer_plan(config, layout, block_size) -> list[int | None]` (static): the layers the stack builds, as
+      indices into its block of `layout.num_layers` layers (copies are tied to the first copy) or None for
+      a standard `"sf"` layer of the layer stack's own;
+    - `output_attention_mask(attention_mask)`: the padding mask of the stack's outputs;
+    - `layer_lengths(config, layout, seq_len) -> (list[(q_len, kv_len)], out_len)` and
+      `weights_per_token(config, layout)` (static): the sequence lengths each built layer runs at and the
+      module's own matrix-product weights per input token, for `hfzoo.training.flops`;
+    - `forward(stack, hidden_states, inputs) -> (hidden_states, extra)`: run `stack.layers` (the
+      `HfzooStack`; `inputs` a `StackInputs`); `extra` is what the heads need from the stack (the Universal
+      Transformer's ponder cost), or None.
+
+    Args:
+        config: an hfzoo config.
+        layout: the stack's `StackLayout`.
+    """
+
+    def __init__(self, config, layout: StackLayout) -> None:
+        super().__init__()
+
+    @staticmethod
+    def layer_plan(config, layout: StackLayout, block_size: int) -> list[int | None]:
+        """The block's layers, each once."""
+        return list(range(block_size))
+
+    @staticmethod
+    def output_attention_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """Every position is kept: the input's mask."""
+        return attention_mask
+
+    @staticmethod
+    def layer_lengths(config, layout: StackLayout, seq_len: int) -> tuple[list[tuple[int, int]], int]:
+        """Every layer runs at the input's length: `([(seq_len, seq_len)] * layers, seq_len)`."""
+        return [(seq_len, seq_len)] * len(layout.layer_plan(config)), seq_len
+
+    @staticmethod
+    def weights_per_token(config, layout: StackLayout) -> int:
+        """No weights of its own."""
+        return 0
+
+    def forward(self, stack, hidden_states: torch.Tensor, inputs: StackInputs) -> tuple[torch.Tensor, None]:
+        """`hidden_states` `(batch_size, seq_len, hidden_size)` through every layer of `stack.layers`.
+
+        With `inputs.cross_attention_memories`, each layer's cross-attention reads its own combination of the
+        encoder outputs (transparent attention); with `inputs.layer_outputs`, the outputs of every layer but the
+        last are appended to it.
+        """
+        memories, outputs = inputs.cross_attention_memories, inputs.layer_outputs
+        for i, layer in enumerate(stack.layers):
+            layer_kwargs = inputs.layer_kwargs
+            cross_attn = getattr(layer, "cross_attn", None)
+            if memories is not None and cross_attn is not None:
+                layer_kwargs = {**layer_kwargs, "encoder_hidden_states": memories[:, cross_attn.layer_idx]}
+            hidden_states = layer(hidden_states, **layer_kwargs)
+            if outputs is not None and i < len(stack.layers) - 1:
+                outputs.append(hidden_states)
+        return hidden_states, None
+
+
+@dataclass(frozen=True)
+class LayerStack:
+    """A `LAYER_STACKS` entry: a layer-stack module and where it is defined (read by the config validation).
+
+    Args:
+        module: the class, built as `module(config, layout)` on each stack using it (protocol:
+            `StandardLayerStack`).
+        causal: defined in a causal stack (decoder, decoder side of the encoder-decoder).
+        bidirectional: defined in a bidirectional stack.
+        kv_cache: supports incremental decoding with a KV cache in a causal stack.
+        config_fields: config fields only this layer stack reads; refused at a non-default value when no
+            stack uses it.
+        check_config: called as `check_config(config, [layout])` for each stack using the entry when the config
+            is built (before the stack's layers are checked), to refuse bad values with a `ValueError` naming the
+            field; or None.
+        extra_output: the name under which the module's second output (`forward`'s `extra`) is recorded for
+            the heads' auxiliary losses (`HfzooPreTrainedModel._can_record_outputs`), or None.
+    """
+
+    module: type[nn.Module]
+    causal: bool = True
+    bidirectional: bool = True
+    kv_cache: bool = True
+    config_fields: tuple[str, ...] = ()
+    check_config: Callable[[Any, list[StackLayout]], None] | None = None
+    extra_output: str | None = None
+
+
+#: `config.layer_stack` (and the encoder-decoder's `decoder_layer_stack`) -> how a stack applies its layers.
+LAYER_STACKS = {
+    "standard": LayerStack(StandardLayerStack),  # Vaswani et al. 2017
+    # Dehghani et al. 2019: one block applied recurrently, ACT halting (Graves 2016); tensor2tensor's reference
+    "universal": LayerStack(
+        UniversalTransformerLayerStack,
+        config_fields=UniversalTransformerLayerStack.config_fields,
+        check_config=UniversalTransformerLayerStack.check_config,
+        extra_output="ponder_cost",
+    ),
+    # Dai et al. 2020: pooling between blocks (stride 2), up-sampling for per-token outputs; no causal form
+    "funnel": LayerStack(
+        FunnelLayerStack,
+        causal=False,
+        config_fields=FunnelLayerStack.config_fields,
+        check_config=FunnelLayerStack.check_config,
+    ),
+}
 
 #: `config.block_sharing` -> the stacks whose layers share one set of parameters (ALBERT, Lan et al. 2020).
 #: `encoder` and `decoder` exist for the encoder-decoder only (validated in `HfzooConfig`).

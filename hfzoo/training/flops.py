@@ -36,6 +36,14 @@ any hfzoo family; `FlopsCount.per_token` divides by the tokens the model process
   token and decoder layer) and its scores cover every (decoder token, encoder token) pair. Transparent
   attention (Bapna et al. 2018) mixes the N + 1 encoder outputs once per cross-attention: `N + 1` weights
   per cross-attention and hidden unit, applied to every encoder token.
+- **Layer structure** (from the stacks' `StackLayout`s): the layers a stack builds and their sublayers
+  (`sublayer_pattern`); a Universal Transformer applies its block once per recurrent step (all
+  `num_recurrent_steps`: with ACT this is the most a position can take) plus its halting unit; a funnel
+  encoder runs each block at its pooled length, its first layer's queries at the pooled length and keys and
+  values at the previous one (`FunnelLayerStack.layer_lengths`); the Weighted Transformer's branched
+  attention runs its feed-forward once per head; a product key memory costs its query projection and the
+  scores of its `2 * memory_num_keys` sub-keys per head (its value read is a lookup, not counted); a GRU
+  residual gate costs three `2 hidden -> hidden` projections per sublayer.
 
 `tests/test_flops.py` checks the count against a hand count for a small decoder, encoder,
 encoder-decoder and mixture-of-experts layer, and against torch's `FlopCounterMode` for every Table 1
@@ -49,9 +57,8 @@ import dataclasses
 from ..models.encoder.configuration_encoder import HfzooEncoderConfig
 from ..modules.attention import HfzooAttention
 from ..modules.embeddings import adaptive_input_clusters, adaptive_softmax_clusters
-from ..modules.experts import is_moe_layer
 from ..modules.mixers import TOKEN_MIXERS
-from ..modules.stack import LAYER_TYPES
+from ..modules.stack import LAYER_STACKS, LAYER_TYPES
 
 __all__ = ["FlopsCount", "count_training_flops", "weights_per_token"]
 
@@ -91,11 +98,14 @@ def _attention_width(config) -> int:
     return config.num_attention_heads * head_dim
 
 
-def _feed_forward_weights(config, layer_idx: int) -> int:
-    """Weights a token passes in the feed-forward block of layer `layer_idx` (active experts only)."""
+def _feed_forward_weights(config, kind: str = "dense") -> int:
+    """Weights a token passes in a feed-forward block (`hfzoo.modules.layer.FEED_FORWARD_BLOCKS` key)."""
     per_expert = (3 if config.gated_mlp else 2) * config.hidden_size * config.intermediate_size
-    if is_moe_layer(config, layer_idx):
-        return config.num_experts_per_tok * per_expert + config.hidden_size * config.num_experts  # + router
+    if kind == "experts":  # active experts only, + the router
+        return config.num_experts_per_tok * per_expert + config.hidden_size * config.num_experts
+    if kind == "product_key_memory":  # query projection + the sub-key scores of every head (Lample et al. §3.2)
+        queries = config.memory_heads * config.memory_key_dim
+        return config.hidden_size * queries + config.memory_num_keys * queries
     return per_expert
 
 
@@ -116,23 +126,38 @@ def _input_embedding_weights(config) -> int:
     return sum(config.hidden_size * c.embedding_size for c in clusters if c.embedding_size != config.hidden_size)
 
 
-def _head_weights(config) -> int:
-    """Weights of the language-model head per token: vocabulary projection (+ MoS, factorized, MLM transform)."""
-    hidden, vocab, softmaxes = config.hidden_size, config.vocab_size, config.num_softmaxes
-    factorized = config.tie_word_embeddings and config.embedding_size is not None
-    # one projection to the vocabulary per softmax; a tied factorized head goes hidden -> E -> vocabulary
-    projection = (hidden * config.embedding_size + config.embedding_size * vocab) if factorized else hidden * vocab
-    softmax_clusters = adaptive_softmax_clusters(config)
-    if softmax_clusters is not None:  # Grave et al. 2017: head (+ one entry per tail cluster) and every tail
-        projection = _cluster_weights(config, softmax_clusters, len(softmax_clusters) - 1)
-    elif config.tie_word_embeddings and config.adaptive_input_cutoffs is not None:  # tied adaptive input, one softmax
-        projection = _cluster_weights(config, adaptive_input_clusters(config))
-    weights = softmaxes * projection
-    if softmaxes > 1:  # Yang et al. 2018: prior (hidden -> K) and latent contexts (hidden -> K * hidden)
-        weights += hidden * softmaxes + hidden * softmaxes * hidden
-    if isinstance(config, HfzooEncoderConfig):  # BERT's masked-LM transform (dense hidden -> hidden)
-        weights += hidden * hidden
-    return weights
+@dataclasses.dataclass(frozen=True)
+class _LayerCost:
+    """Matrix-product weights of one built layer, by the tokens they apply to (the token mixer's apart)."""
+
+    query: int  # per token of the layer's (query) sequence: feed-forward, gates, cross q/o, branches
+    cross_key_value: int  # cross-attention k, v: per encoder token
+    mixer_idx: int | None  # the layer's token mixer, counted among the stack's (None: no token mixer)
+    cross: bool  # has cross-attention scores
+
+
+def _layer_costs(config, layout) -> list[_LayerCost]:
+    """The cost of each layer a stack builds (`StackLayout.sublayers`, `feed_forward_kinds`)."""
+    hidden, width = config.hidden_size, _attention_width(config)
+    branched = TOKEN_MIXERS[layout.token_mixer].feed_forward  # the feed-forward runs once per head (branch)
+    # the branches' feed-forward once per head, and the alpha-weighted sum over the heads (a contraction)
+    mixer_ffn = config.num_attention_heads * (_feed_forward_weights(config) + hidden) if branched else 0
+    gate = 3 * 2 * hidden * hidden if config.residual_gating != "none" else 0  # three 2h -> h projections
+    kinds = iter(layout.feed_forward_kinds(config))
+    costs, mixers = [], 0
+    for sublayers in layout.sublayers(config):
+        query = cross_key_value = 0
+        mixer_idx = None
+        if "s" in sublayers:
+            query += mixer_ffn + gate  # (+ the token mixer's own weights, `_token_mixer_terms`)
+            mixer_idx, mixers = mixers, mixers + 1
+            if layout.has_cross_attention:
+                query += 2 * hidden * width + mixer_ffn + gate
+                cross_key_value += 2 * hidden * width
+        if "f" in sublayers:
+            query += _feed_forward_weights(config, next(kinds)) + gate
+        costs.append(_LayerCost(query, cross_key_value, mixer_idx, "s" in sublayers and layout.has_cross_attention))
+    return costs
 
 
 def _layout(config, stack: str):
@@ -155,31 +180,65 @@ def _token_mixer_terms(config, layout, mixer_idx: int, seq_len: int) -> tuple[in
 
 
 @dataclasses.dataclass(frozen=True)
-class _StackTerms:
-    weights: int  # matrix-product weights a token of the stack passes (token mixers, cross q/o, feed-forwards)
-    self_attention: float  # training FLOPs of the token mixers' (query, key) pairs over the stack's sequence
-    cross_pair_flops: float  # training FLOPs per (stack token, encoder token) pair of the cross-attentions
+class _StackCost:
+    weights: float  # matrix-product weights applied over the stack's sequence (summed over its tokens)
+    attention: float  # training FLOPs of the token mixers' (query, key) pairs
     cross_key_value: int  # cross-attention key / value weights every encoder token passes
+    cross_pair_flops: float  # training FLOPs per (stack token, encoder token) pair of the cross-attentions
+    out_len: int  # the stack's output length (a funnel encoder's compressed length)
 
 
-def _stack_terms(config, stack: str, seq_len: int) -> _StackTerms:
-    layout = _layout(config, stack)
-    hidden, width = config.hidden_size, _attention_width(config)
+def _stack_cost(config, layout, seq_len: int) -> _StackCost:
+    """What a stack of `layout` costs over a sequence of `seq_len` tokens.
+
+    Each layer's weights times the tokens they apply to (lengths from the layer stack, `layer_lengths`); the
+    input projections (factorized or adaptive embeddings) and the layer stack's own weights apply to `seq_len`.
+    """
+    stack_type = LAYER_STACKS[layout.layer_stack].module
+    lengths, out_len = stack_type.layer_lengths(config, layout, seq_len)
+    weights = seq_len * (stack_type.weights_per_token(config, layout) + _input_embedding_weights(config))
     layer_cost = getattr(LAYER_TYPES[config.layer_type], "training_flops", None)
     if layer_cost is not None:  # a layer type with blocks of its own (the Evolved Transformer's cells)
-        weights, pair, cross_pair, cross_kv = layer_cost(config, layout.is_causal, layout.has_cross_attention)
-        n = layout.num_layers
-        return _StackTerms(n * weights, n * pair * seq_len * seq_len, n * cross_pair, n * cross_kv)
-    sublayers = "".join(layout.sublayers(config))
-    mixers = [_token_mixer_terms(config, layout, i, seq_len) for i in range(sublayers.count("s"))]
-    crossings = len(mixers) if layout.has_cross_attention else 0  # cross-attention after each token mixer
-    feed_forward = sum(_feed_forward_weights(config, i) for i in range(sublayers.count("f")))
-    return _StackTerms(
-        weights=sum(w for w, _ in mixers) + crossings * 2 * hidden * width + feed_forward,
-        self_attention=sum(a for _, a in mixers),
-        cross_pair_flops=crossings * TRAINING_ATTENTION_FLOPS_PER_PAIR * width,
-        cross_key_value=crossings * 2 * hidden * width,
+        cell, pair, cross_pair, cross_kv = layer_cost(config, layout.is_causal, layout.has_cross_attention)
+        n = len(lengths)
+        return _StackCost(
+            weights + n * cell * seq_len, n * pair * seq_len * seq_len, n * cross_kv, n * cross_pair, out_len
+        )
+    hidden, width = config.hidden_size, _attention_width(config)
+    attention = cross_key_value = cross_layers = 0
+    for cost, (q_len, kv_len) in zip(_layer_costs(config, layout), lengths, strict=True):
+        weights += q_len * cost.query
+        if cost.mixer_idx is not None and q_len == kv_len:
+            mixer_weights, mixer_attention = _token_mixer_terms(config, layout, cost.mixer_idx, q_len)
+            weights += q_len * mixer_weights
+            attention += mixer_attention
+        elif cost.mixer_idx is not None:  # pooled queries (funnel): q, o at q_len; k, v at kv_len
+            weights += (q_len + kv_len) * 2 * hidden * width
+            attention += TRAINING_ATTENTION_FLOPS_PER_PAIR * width * q_len * kv_len
+        cross_key_value += cost.cross_key_value
+        cross_layers += cost.cross
+    return _StackCost(
+        weights, attention, cross_key_value, cross_layers * TRAINING_ATTENTION_FLOPS_PER_PAIR * width, out_len
     )
+
+
+def _head_weights(config) -> int:
+    """Weights of the language-model head per token: vocabulary projection (+ MoS, factorized, MLM transform)."""
+    hidden, vocab, softmaxes = config.hidden_size, config.vocab_size, config.num_softmaxes
+    factorized = config.tie_word_embeddings and config.embedding_size is not None
+    # one projection to the vocabulary per softmax; a tied factorized head goes hidden -> E -> vocabulary
+    projection = (hidden * config.embedding_size + config.embedding_size * vocab) if factorized else hidden * vocab
+    softmax_clusters = adaptive_softmax_clusters(config)
+    if softmax_clusters is not None:  # Grave et al. 2017: head (+ one entry per tail cluster) and every tail
+        projection = _cluster_weights(config, softmax_clusters, len(softmax_clusters) - 1)
+    elif config.tie_word_embeddings and config.adaptive_input_cutoffs is not None:  # tied adaptive input, one softmax
+        projection = _cluster_weights(config, adaptive_input_clusters(config))
+    weights = softmaxes * projection
+    if softmaxes > 1:  # Yang et al. 2018: prior (hidden -> K) and latent contexts (hidden -> K * hidden)
+        weights += hidden * softmaxes + hidden * softmaxes * hidden
+    if isinstance(config, HfzooEncoderConfig):  # BERT's masked-LM transform (dense hidden -> hidden)
+        weights += hidden * hidden
+    return weights
 
 
 def weights_per_token(config, stack: str) -> int:
@@ -197,12 +256,11 @@ def weights_per_token(config, stack: str) -> int:
     Raises:
         ValueError: an unknown `stack`.
     """
-    embedding = _input_embedding_weights(config)  # factorized or adaptive input projections
     if stack == "head":
         return _head_weights(config)
     if stack not in ("encoder", "decoder"):
         raise ValueError(f"stack must be 'encoder', 'decoder' or 'head', got {stack!r}")
-    return embedding + _stack_terms(config, stack, 1).weights
+    return _stack_cost(config, _layout(config, stack), 1).weights
 
 
 def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = None) -> FlopsCount:
@@ -231,19 +289,16 @@ def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = Non
             f"(is_encoder_decoder={encoder_decoder}, decoder_seq_len={decoder_seq_len})"
         )
     flops_per_weight = TRAINING_FLOPS_PER_WEIGHT
-    embedding = _input_embedding_weights(config)
-    encoder = _stack_terms(config, "encoder", seq_len)
     head = weights_per_token(config, "head")
+    layouts = config.stack_layouts()
+    encoder = _stack_cost(config, layouts[0], seq_len)
     if not encoder_decoder:
-        weights = seq_len * (embedding + encoder.weights + head)
-        return FlopsCount(flops_per_weight * weights, encoder.self_attention, seq_len)
-    decoder = _stack_terms(config, "decoder", decoder_seq_len)
-    weights = seq_len * (embedding + encoder.weights + decoder.cross_key_value) + decoder_seq_len * (
-        embedding + decoder.weights + head
-    )
-    attention = encoder.self_attention + decoder.self_attention + decoder.cross_pair_flops * decoder_seq_len * seq_len
+        return FlopsCount(flops_per_weight * (encoder.weights + seq_len * head), encoder.attention, seq_len)
+    # The decoder's cross-attention reads the encoder's outputs (compressed by a funnel encoder).
+    decoder = _stack_cost(config, layouts[1], decoder_seq_len)
+    weights = encoder.weights + encoder.out_len * decoder.cross_key_value + decoder.weights + decoder_seq_len * head
+    attention = encoder.attention + decoder.attention + decoder.cross_pair_flops * decoder_seq_len * encoder.out_len
     if config.transparent_attention:  # Bapna et al. 2018: N + 1 encoder outputs mixed per cross-attention
-        encoder_layout, decoder_layout = config.stack_layouts()
-        cross_attentions = sum("s" in layer for layer in decoder_layout.sublayers(config))
-        weights += seq_len * cross_attentions * (len(encoder_layout.sublayers(config)) + 1) * config.hidden_size
+        cross_attentions = sum("s" in layer for layer in layouts[1].sublayers(config))
+        weights += encoder.out_len * cross_attentions * (len(layouts[0].sublayers(config)) + 1) * config.hidden_size
     return FlopsCount(flops_per_weight * weights, attention, seq_len + decoder_seq_len)

@@ -30,4 +30,15 @@ class HfzooDecoderConfig(HfzooConfig):
 
     def stack_layouts(self) -> tuple[StackLayout, ...]:
         """One causal stack of `num_hidden_layers` layers (see `HfzooConfig.stack_layouts`)."""
-        return (StackLayout("decoder", self.num_hidden_layers, "num_hidden_layers", True, False, self.token_mixer),)
+        return (
+            StackLayout(
+                "decoder",
+                self.num_hidden_layers,
+                "num_hidden_layers",
+                True,
+                False,
+                self.token_mixer,
+                layer_stack=self.layer_stack,
+                memory_layers=self.memory_layers,
+            ),
+        )

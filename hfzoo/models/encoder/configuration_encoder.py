@@ -36,7 +36,18 @@ class HfzooEncoderConfig(HfzooConfig):
 
     def stack_layouts(self) -> tuple[StackLayout, ...]:
         """One bidirectional stack of `num_hidden_layers` layers (see `HfzooConfig.stack_layouts`)."""
-        return (StackLayout("encoder", self.num_hidden_layers, "num_hidden_layers", False, False, self.token_mixer),)
+        return (
+            StackLayout(
+                "encoder",
+                self.num_hidden_layers,
+                "num_hidden_layers",
+                False,
+                False,
+                self.token_mixer,
+                layer_stack=self.layer_stack,
+                memory_layers=self.memory_layers,
+            ),
+        )
 
     def validate_hfzoo_encoder(self) -> None:
         """Check the encoder-only fields; raise `ValueError` naming the bad one."""

@@ -24,6 +24,12 @@ class HfzooEncoderDecoderConfig(HfzooConfig):
         decoder_token_mixer: the decoder's token mixer (a key of `hfzoo.modules.mixers.TOKEN_MIXERS`), when
             it differs from the encoder's `token_mixer` (e.g. a bidirectional-only mixer in the encoder and
             self-attention in the decoder); None: `token_mixer` in both stacks.
+        decoder_layer_stack: the decoder's layer stack (a key of `hfzoo.modules.stack.LAYER_STACKS`), when it
+            differs from the encoder's `layer_stack` (the Funnel Transformer's encoder with a `standard`
+            decoder, as Narang et al. 2021); None: `layer_stack` in both stacks.
+        decoder_memory_layers: the decoder's product-key-memory feed-forward indices (see `memory_layers`),
+            when they differ from the encoder's (Narang et al. 2021: the decoder's 11th of 12 layers, `[-2]`);
+            None: `memory_layers` in both stacks.
 
     The three vocabulary matrices (encoder input, decoder input, decoder output) of Narang et al. 2021:
     `(tie_encoder_decoder_embeddings, tie_word_embeddings)` = `(True, True)` is their baseline (all three
@@ -41,6 +47,8 @@ class HfzooEncoderDecoderConfig(HfzooConfig):
     is_encoder_decoder: bool = True
     tie_encoder_decoder_embeddings: bool = True
     decoder_token_mixer: str | None = None
+    decoder_layer_stack: str | None = None
+    decoder_memory_layers: list[int] | None = None
 
     def __post_init__(self, **kwargs):
         if self.num_decoder_layers is None:
@@ -49,8 +57,19 @@ class HfzooEncoderDecoderConfig(HfzooConfig):
 
     def stack_layouts(self) -> tuple[StackLayout, ...]:
         """The bidirectional encoder and the causal, cross-attending decoder (see `HfzooConfig.stack_layouts`)."""
+        decoder_memory = self.memory_layers if self.decoder_memory_layers is None else self.decoder_memory_layers
         return (
-            StackLayout("encoder", self.num_hidden_layers, "num_hidden_layers", False, False, self.token_mixer),
+            StackLayout(
+                "encoder",
+                self.num_hidden_layers,
+                "num_hidden_layers",
+                False,
+                False,
+                self.token_mixer,
+                layer_stack=self.layer_stack,
+                memory_layers=self.memory_layers,
+                per_token_outputs=False,  # read by the decoder's cross-attention only
+            ),
             StackLayout(
                 "decoder",
                 self.num_decoder_layers,
@@ -59,6 +78,12 @@ class HfzooEncoderDecoderConfig(HfzooConfig):
                 True,
                 self.decoder_token_mixer or self.token_mixer,
                 "decoder_token_mixer" if self.decoder_token_mixer else "token_mixer",
+                layer_stack=self.decoder_layer_stack or self.layer_stack,
+                layer_stack_field="decoder_layer_stack" if self.decoder_layer_stack else "layer_stack",
+                memory_layers=decoder_memory,
+                memory_layers_field="decoder_memory_layers"
+                if self.decoder_memory_layers is not None
+                else "memory_layers",
             ),
         )
 

@@ -27,6 +27,7 @@ from ...modules.embeddings import build_token_embedding, build_vocab_projection,
 from ...modules.experts import HfzooRouter
 from ...modules.heads import SequenceClassificationHead, check_classification_labels, token_cross_entropy
 from ...modules.stack import LAYER_TYPES, HfzooStack, HfzooStackOutput
+from ...modules.universal import UniversalTransformerLayerStack
 from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
 
 
@@ -84,6 +85,7 @@ class HfzooEncoderDecoderPreTrainedModel(HfzooPreTrainedModel):
         "attentions": OutputRecorder(HfzooAttention, index=1, layer_name="self_attn"),
         "cross_attentions": OutputRecorder(HfzooAttention, index=1, layer_name="cross_attn"),
         "router_logits": OutputRecorder(HfzooRouter, index=0),
+        "ponder_cost": OutputRecorder(UniversalTransformerLayerStack, index=1),
     }
 
 
@@ -231,6 +233,8 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
             )
         elif not isinstance(encoder_outputs, ModelOutput):  # a tuple; an output object keeps its layer_outputs
             encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
+        # The mask of the encoder's outputs (pooled by a funnel encoder, which returns the compressed sequence).
+        attention_mask = self.encoder.output_attention_mask(attention_mask)
         source_length = encoder_outputs.last_hidden_state.shape[1]
         if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape[1] > source_length:
             attention_mask = attention_mask[:, -source_length:]  # cross-attention sees the source, not the prefix
@@ -246,7 +250,7 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
             use_cache=use_cache,
             **kwargs,
         )
-        return Seq2SeqMoEModelOutput(
+        outputs = Seq2SeqMoEModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
             past_key_values=decoder_outputs.past_key_values,
             decoder_hidden_states=decoder_outputs.hidden_states,
@@ -258,6 +262,10 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
             decoder_router_logits=decoder_outputs.get("router_logits"),
             encoder_router_logits=encoder_outputs.get("router_logits"),
         )
+        for side, side_outputs in (("encoder", encoder_outputs), ("decoder", decoder_outputs)):
+            if side_outputs.get("ponder_cost") is not None:  # Universal Transformer with ACT, when requested
+                outputs[f"{side}_ponder_cost"] = side_outputs["ponder_cost"]
+        return outputs
 
 
 class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedModel, GenerationMixin):
