@@ -274,6 +274,13 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
         help="Default: what the accelerate config says.",
     )
     train.add_argument("--seed", type=int, default=42, help="Random seed.")
+    train.add_argument(
+        "--eval_seed",
+        type=int,
+        default=None,
+        help="Seed of the validation batches' random masking / span corruption (default: --seed). Fix it to "
+        "compare runs of different seeds on the same held-out examples.",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--output_dir", type=str, required=False, default=None, help="Where to write the model.")
     out.add_argument(
