@@ -38,6 +38,7 @@ SCRIPTS = {
     "hfzoo-finetune-glue": "hfzoo.training.glue",
     "hfzoo-evaluate-lm": "hfzoo.training.evaluation",
     "hfzoo-convert": "hfzoo.convert",
+    "hfzoo-study": "hfzoo.training.study",
 }
 TEXT = (
     "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "

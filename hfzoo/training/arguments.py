@@ -288,6 +288,13 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
         help="Seconds a collective operation waits for the other processes before the run stops with an error "
         "(a failed or stuck process).",
     )
+    train.add_argument(
+        "--eval_seed",
+        type=int,
+        default=None,
+        help="Seed of the validation batches' random masking / span corruption (default: --seed). Fix it to "
+        "compare runs of different seeds on the same held-out examples.",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--output_dir", type=str, required=False, default=None, help="Where to write the model.")
     out.add_argument(

@@ -102,3 +102,79 @@ def plot_results_bars(values: dict[str, float], path: str | os.PathLike, title: 
     if title:
         axes.set_title(title)
     return _save(figure, Path(path), {"Title": title or "results", "hfzoo:bars": json.dumps(values)})
+
+
+def plot_curves_by_name(
+    curves: dict[str, list[list[float]]],
+    path: str | os.PathLike,
+    title: str | None = None,
+    xlabel: str = "step",
+    ylabel: str = "value",
+) -> Path:
+    """Draw one line per name on shared axes (e.g. the validation loss of each variant of a study).
+
+    Args:
+        curves: `{name: [[x, y], ...]}`; non-finite points are left out.
+        path: the PNG file to write.
+        title: the figure's title (default: none).
+        xlabel: the x axis label.
+        ylabel: the y axis label.
+
+    Returns:
+        `path`. Its `hfzoo:curves` text chunk holds `{name: [[x, y], ...]}` as drawn.
+    """
+    figure = Figure(figsize=(10, 6), layout="constrained")
+    axes = figure.subplots()
+    drawn = {}
+    for name, points in curves.items():
+        points = [(float(x), float(y)) for x, y in points if math.isfinite(x) and math.isfinite(y)]
+        drawn[name] = [list(p) for p in points]
+        if points:
+            xs, ys = zip(*points)
+            axes.plot(xs, ys, marker="o", markersize=3, label=name)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.grid(alpha=0.3)
+    if drawn:
+        axes.legend(fontsize="small", ncol=2)
+    if title:
+        axes.set_title(title)
+    return _save(figure, Path(path), {"Title": title or "curves", "hfzoo:curves": json.dumps(drawn)})
+
+
+def plot_labelled_scatter(panels: list[dict[str, Any]], path: str | os.PathLike, columns: int = 1) -> Path:
+    """Draw labelled points with vertical error bars, one panel per entry (e.g. our loss against the paper's).
+
+    Args:
+        panels: each `{"title", "xlabel", "ylabel", "points": {label: (x, y, y_std)}}`, optionally
+            `"log_x": True`; a non-finite `y_std` draws no error bar, non-finite x or y no point.
+        path: the PNG file to write.
+        columns: panels per row.
+
+    Returns:
+        `path`. Its `hfzoo:scatter` text chunk holds `[{title: {label: [x, y, y_std]}}, ...]` as drawn.
+    """
+    rows = max(1, math.ceil(len(panels) / columns))
+    figure = Figure(figsize=(7 * columns, 5.5 * rows), layout="constrained")
+    grid = figure.subplots(rows, columns, squeeze=False).flat
+    drawn = []
+    for axes, panel in zip(grid, panels):
+        points = {
+            label: (float(x), float(y), float(std))
+            for label, (x, y, std) in panel["points"].items()
+            if math.isfinite(x) and math.isfinite(y)
+        }
+        drawn.append({panel["title"]: {label: list(p) for label, p in points.items()}})
+        for label, (x, y, std) in points.items():
+            axes.errorbar(x, y, yerr=std if math.isfinite(std) else None, fmt="o", capsize=3, markersize=4)
+            axes.annotate(label, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7)
+        if panel.get("log_x") and points and min(p[0] for p in points.values()) > 0:
+            axes.set_xscale("log")
+        if not points:
+            axes.text(0.5, 0.5, "no data", ha="center", va="center", transform=axes.transAxes)
+        axes.set_title(panel["title"])
+        axes.set_xlabel(panel["xlabel"])
+        axes.set_ylabel(panel["ylabel"])
+        axes.grid(alpha=0.3)
+    return _save(figure, Path(path), {"Title": panels[0]["title"] if panels else "scatter",
+                                      "hfzoo:scatter": json.dumps(drawn)})  # fmt: skip

@@ -449,10 +449,11 @@ def train(run: PretrainingRun) -> dict[str, float]:
     logger.info(f"  Optimizer steps = {run.max_train_steps}")
 
     completed_steps, tokens_seen = 0, 0
+    eval_seed = args.seed if args.eval_seed is None else args.eval_seed  # the validation set's corruption/masks
     init_metrics = None
     eval_history: list[dict[str, float]] = []  # validation metrics by step, for train_history.json and the plot
     if run.resume_path is None:
-        init_metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=args.seed)
+        init_metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=eval_seed)
         eval_history.append({"step": 0, **init_metrics})
         logger.info(f"validation loss at initialization: {init_metrics['eval_loss']:.4f}")
     else:
@@ -543,7 +544,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
                 save_checkpoint(run, completed_steps, tokens_seen)
                 last_saved = completed_steps
             if args.eval_steps and completed_steps % args.eval_steps == 0 and completed_steps < run.max_train_steps:
-                metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=args.seed)
+                metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=eval_seed)
                 eval_history.append({"step": completed_steps, **metrics})
                 logger.info(f"step {completed_steps}: {metrics}")
                 if args.with_tracking:
@@ -565,7 +566,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
     progress.close()
     train_runtime = time.perf_counter() - start
 
-    metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=args.seed)
+    metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=eval_seed)
     eval_history.append({"step": completed_steps, **metrics})
     logger.info(f"validation: eval_loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}")
     results: dict[str, Any] = {

@@ -1,0 +1,87 @@
+#!/usr/bin/env python
+"""CPU time of one pretraining step of each variant of a `hfzoo-study` study file, at the study's scale.
+
+    OMP_NUM_THREADS=1 python benchmarks/study_step_cost.py --study recipes/studies/narang_small.yaml \
+        --tokenizer_name outputs/study/tokenizer --variants "Vanilla Transformer" SwiGLU --steps 10
+
+For each variant: the study's model for that Table 1 row (`hfzoo.training.study.build_variant_config`),
+trained for `--steps` optimizer steps (after 2 warm-up steps) on random token ids shaped like the study's
+span-corruption batches (`train_batch_tokens / block_size` sequences of the corrupted input length, targets
+of the target length), AdamW, bf16 autocast when the study uses `mixed_precision: bf16`. Prints the
+process CPU seconds per step (`time.process_time`, which on a machine shared with other jobs is far less
+disturbed than the wall time), the wall seconds per step, the training FLOPs per step
+(`hfzoo.training.flops`) and the CPU time the study's `max_train_steps` would take. With
+`OMP_NUM_THREADS=1` the CPU time per step is the single-thread wall time of a step on an otherwise idle
+core. Pretraining only: evaluation, data preparation and GLUE finetuning are not included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from hfzoo.data.collators import compute_input_and_target_lengths
+from hfzoo.training.flops import count_training_flops
+from hfzoo.training.study import _tokenizer_fields, build_variant_config, load_settings
+
+
+def step_cost(settings, variant: str, tokenizer, steps: int) -> dict:
+    """Time `steps` training steps of `variant`'s model; CPU and wall seconds per step, FLOPs per step."""
+    config = build_variant_config(settings, variant, _tokenizer_fields(tokenizer))
+    torch.manual_seed(0)
+    model = AutoModelForSeq2SeqLM.from_config(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
+    # T5's arithmetic: raw blocks long enough that the corrupted input is `block_size` tokens
+    _, target_length = compute_input_and_target_lengths(
+        settings.block_size, settings.noise_density, settings.mean_noise_span_length
+    )
+    input_length = settings.block_size
+    batch = settings.train_batch_tokens // settings.block_size
+    generator = torch.Generator().manual_seed(0)
+    vocab = min(config.vocab_size, len(tokenizer))
+    inputs = torch.randint(3, vocab, (batch, input_length), generator=generator)
+    labels = torch.randint(3, vocab, (batch, target_length), generator=generator)
+    bf16 = settings.mixed_precision == "bf16"
+
+    def train_step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(input_ids=inputs, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(2):
+        train_step()
+    cpu, wall = time.process_time(), time.perf_counter()
+    for _ in range(steps):
+        train_step()
+    cpu, wall = (time.process_time() - cpu) / steps, (time.perf_counter() - wall) / steps
+    flops = count_training_flops(config, input_length, target_length).total * batch
+    return {"cpu": cpu, "wall": wall, "flops": flops, "params": sum(p.numel() for p in model.parameters())}
+
+
+def main() -> None:
+    """Parse the arguments and print one table row per variant."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--study", required=True, help="YAML study file")
+    parser.add_argument("--tokenizer_name", required=True, help="the study's tokenizer folder")
+    parser.add_argument("--variants", nargs="+", default=None, help="Table 1 rows (default: the study file's)")
+    parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per variant")
+    args = parser.parse_args()
+    settings = load_settings(args.study)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name)
+    print(f"torch threads: {torch.get_num_threads()}; {settings.max_train_steps} steps of "
+          f"{settings.train_batch_tokens} tokens per run")  # fmt: skip
+    print("| variant | params | GFLOP/step | CPU s/step | wall s/step | CPU min per run (pretraining) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for variant in args.variants or settings.variants:
+        r = step_cost(settings, variant, tokenizer, args.steps)
+        print(f"| {variant} | {r['params'] / 1e6:.2f}M | {r['flops'] / 1e9:.1f} | {r['cpu']:.3f} | {r['wall']:.3f} "
+              f"| {r['cpu'] * settings.max_train_steps / 60:.1f} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
