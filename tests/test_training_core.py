@@ -124,3 +124,19 @@ def test_glue_recipe_does_not_decay_rezero_alpha_or_layer_norm(tmp_path, encoder
     )  # fmt: skip
     run = prepare_glue(args)
     _assert_rezero_and_layer_norm_undecayed(run.accelerator.unwrap_model(run.model), run.optimizer, 0.01)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "expected"),
+    [
+        ("position_embedding_type=none", "position_embedding_type", "none"),  # "none" is a choice of a str field
+        ("norm_type=none", "norm_type", "none"),
+        ("embedding_size=none", "embedding_size", None),  # an `int | None` field: None
+        ("adaptive_input_cutoffs=null", "adaptive_input_cutoffs", None),
+        ("adaptive_input_cutoffs=[100,200]", "adaptive_input_cutoffs", [100, 200]),
+    ],
+)
+def test_config_overrides_take_none_only_where_a_field_may_be_none(overrides, field, expected):
+    """`--config_overrides` strings become the field's type; "none" is None only for fields that may be None."""
+    config = build_config("decoder-tiny", overrides + ",vocab_size=512")
+    assert getattr(config, field) == expected

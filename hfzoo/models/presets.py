@@ -50,8 +50,8 @@ def _convert(key: str, value: Any, current: Any, annotation: str) -> Any:
     """Convert a string override to the type of the field it replaces."""
     if not isinstance(value, str):
         return value
-    if value.lower() in ("none", "null"):
-        return None
+    if value.lower() in ("none", "null") and ("None" in annotation or "Optional" in annotation):
+        return None  # a field that may be None; elsewhere "none" is a value (position_embedding_type="none")
     if annotation.startswith("list["):  # a JSON list of the element type, e.g. [2500, 8500]
         try:
             items = json.loads(value)
