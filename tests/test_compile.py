@@ -118,3 +118,16 @@ def test_compile_model_compiles_in_place_or_falls_back_with_a_warning(monkeypatc
     assert not compilation.compile_requested(Args())
     Args.torch_compile_mode = "max-autotune"  # a mode implies compilation, as in transformers
     assert compilation.compile_requested(Args())
+
+
+@pytest.mark.slow
+def test_listed_blockers_do_break_the_graph():
+    """Each COMPILE_BLOCKERS entry is real: a model with it has graph breaks (when one is fixed, drop the entry)."""
+    config = build_config("decoder-tiny", "vocab_size=128,num_experts=4")
+    assert compilation.compile_blocker(config).startswith("num_experts=4: mixture-of-experts")
+    assert compilation.compile_blocker(build_config("decoder-tiny", "vocab_size=128")) is None
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).train()
+    torch._dynamo.reset()
+    batch = batch_for(model)
+    assert torch._dynamo.explain(lambda b: model(**b).loss)(batch).graph_break_count > 0
