@@ -1,24 +1,37 @@
-"""Training throughput and peak memory of hfzoo vs transformers' reference model of the same architecture.
+"""Training throughput, MFU and peak memory of hfzoo vs transformers' reference model of the same architecture.
 
-For each family, an hfzoo model is built from a parity preset (`gpt2`, `bert`, `t5-v1.0`) with the
+For each family, an hfzoo model is built from a parity preset (`gpt2`, `bert`, `t5-v1.0`) at one of the
 sizes below, and transformers' own model (`GPT2LMHeadModel`, `BertForMaskedLM`,
 `T5ForConditionalGeneration`) from the converted config (`hfzoo.convert.*_config_from_hfzoo`), so both
-have the same architecture and parameter count. Each (family, implementation, precision) case runs in a
-fresh process: `--warmup_steps` then `--steps` timed training steps (forward with labels, backward,
-AdamW step) on random tokens, fp32 or bf16 autocast. Reported: tokens/s (input tokens per second) and
-the peak resident memory the case added over the process after imports (MiB, `ru_maxrss`).
+have the same architecture and parameter count. Implementations: `hfzoo` (eager), `hfzoo-compiled`
+(`torch.nn.Module.compile`, as the recipes' `--torch_compile`), `transformers` (eager, the attention of
+`--attn_implementation`, SDPA by default) and `transformers-compiled`. Each (size, family, precision,
+implementation) case runs in a fresh process: `--warmup_steps` (which include compilation) then `--steps`
+timed training steps (forward with labels, backward, AdamW step) on random tokens, fp32 or bf16 autocast;
+then the loss on a held-out random batch (`eval loss`: compiled and eager runs of one implementation should
+agree). The cases are repeated `--repeats` times, interleaved (A B C D A B C D ...), so that a change in the
+machine's load hits every case alike; the table gives the median tokens/s (input tokens per second) with
+the spread (min-max) over the repetitions, the MFU of the median (model FLOPs per token of
+`hfzoo.training.flops` x tokens/s / peak of `hfzoo.training.throughput.resolve_peak_tflops`: this CPU's
+measured matmul peak, or the GPU's datasheet peak, or `--peak_tflops`), and the peak memory the case added
+(CPU: resident memory over the process after imports, `ru_maxrss`; CUDA: `torch.cuda.max_memory_allocated`).
 
-Usage (prints a markdown table; about 5 minutes on 2 CPU cores):
+Usage (prints a markdown table; `--sizes base` are the presets' own 768-wide sizes):
 
-    python benchmarks/compare_transformers.py
-    python benchmarks/compare_transformers.py --families decoder --precisions bf16 --steps 5
+    python benchmarks/compare_transformers.py                      # small sizes, 5 interleaved repeats
+    python benchmarks/compare_transformers.py --sizes small base --repeats 5
+    python benchmarks/compare_transformers.py --device cuda --sizes base --seq_len 1024 --batch_size 8
+    python benchmarks/compare_transformers.py --families decoder --precisions bf16 --steps 2 --repeats 1
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -32,30 +45,37 @@ FAMILIES = {
     "encoder-decoder": ("t5-v1.0", "AutoModelForSeq2SeqLM", "t5_config_from_hfzoo", "T5ForConditionalGeneration"),
 }
 
-#: Sizes small enough for a CPU run (the presets' other fields: norms, activations, positions, ties, stay).
+#: size -> family -> overrides of the preset. `small` is small enough for a CPU run (the presets' other fields:
+#: norms, activations, positions, ties, stay); `base` keeps the presets' own sizes (hidden 768, 12 layers).
 SIZES = {
-    "decoder": "vocab_size=8192,hidden_size=256,num_hidden_layers=4,num_attention_heads=4,intermediate_size=1024",
-    "encoder": "vocab_size=8192,hidden_size=256,num_hidden_layers=4,num_attention_heads=4,intermediate_size=1024",
-    "encoder-decoder": "vocab_size=8192,hidden_size=256,num_hidden_layers=2,num_decoder_layers=2,"
-    "num_attention_heads=4,head_dim=64,intermediate_size=1024",
+    "small": {
+        "decoder": "vocab_size=8192,hidden_size=256,num_hidden_layers=4,num_attention_heads=4,intermediate_size=1024",
+        "encoder": "vocab_size=8192,hidden_size=256,num_hidden_layers=4,num_attention_heads=4,intermediate_size=1024",
+        "encoder-decoder": "vocab_size=8192,hidden_size=256,num_hidden_layers=2,num_decoder_layers=2,"
+        "num_attention_heads=4,head_dim=64,intermediate_size=1024",
+    },
+    "base": {"decoder": None, "encoder": None, "encoder-decoder": None},
 }
+
+IMPLEMENTATIONS = ("hfzoo", "hfzoo-compiled", "transformers", "transformers-compiled")
 
 
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def run_case(family: str, implementation: str, precision: str, args: argparse.Namespace) -> dict:
-    """Time `args.steps` training steps of one model in this process; return tokens/s and peak memory.
+def run_case(size: str, family: str, implementation: str, precision: str, args: argparse.Namespace) -> dict:
+    """Time `args.steps` training steps of one model in this process; return tokens/s, MFU inputs and peak memory.
 
     Args:
+        size: a key of `SIZES`.
         family: a key of `FAMILIES`.
-        implementation: "hfzoo" or "transformers".
-        precision: "fp32" or "bf16" (CPU autocast).
-        args: the parsed command line (batch size, sequence length, steps, seed, attention backend).
+        implementation: one of `IMPLEMENTATIONS`.
+        precision: "fp32" or "bf16" (autocast).
+        args: the parsed command line (device, batch size, sequence length, steps, seed, attention backend).
 
     Returns:
-        `{"tokens_per_s", "peak_mib", "params"}`.
+        `{"tokens_per_s", "peak_mib", "params", "flops_per_token", "peak_tflops", "eval_loss"}`.
     """
     import torch
     import transformers
@@ -63,104 +83,171 @@ def run_case(family: str, implementation: str, precision: str, args: argparse.Na
     import hfzoo  # noqa: F401  (registers the hfzoo classes with the Auto classes)
     from hfzoo import convert
     from hfzoo.models.presets import build_config
+    from hfzoo.training.flops import count_training_flops
+    from hfzoo.training.throughput import resolve_peak_tflops
 
+    device = torch.device(args.device)
     torch.manual_seed(args.seed)
     baseline = _peak_rss_mib()
     preset, auto_name, converter, reference_name = FAMILIES[family]
-    config = build_config(preset, SIZES[family])
-    if implementation == "hfzoo":
+    config = build_config(preset, SIZES[size][family])
+    if implementation.startswith("hfzoo"):
         model = getattr(transformers, auto_name).from_config(config, attn_implementation=args.attn_implementation)
     else:
         reference_config = getattr(convert, converter)(config)
         model_class = getattr(transformers, reference_name)
         model = model_class._from_config(reference_config, attn_implementation=args.attn_implementation)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model.to(device).train()
+    if implementation.endswith("-compiled"):
+        model.compile(mode=args.compile_mode)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     g = torch.Generator().manual_seed(args.seed)
-    shape = (args.batch_size, args.seq_len)
-    input_ids = torch.randint(5, config.vocab_size, shape, generator=g)
-    batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": input_ids.clone()}
-    if family == "encoder-decoder":
-        batch["labels"] = torch.randint(5, config.vocab_size, (args.batch_size, args.seq_len // 4), generator=g)
+    target_len = args.seq_len // 4
+
+    def random_batch() -> dict:
+        input_ids = torch.randint(5, config.vocab_size, (args.batch_size, args.seq_len), generator=g)
+        batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": input_ids.clone()}
+        if family == "encoder-decoder":
+            batch["labels"] = torch.randint(5, config.vocab_size, (args.batch_size, target_len), generator=g)
+        return {k: v.to(device) for k, v in batch.items()}
+
+    batch, eval_batch = random_batch(), random_batch()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with autocast:
             loss = model(**batch).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
     for _ in range(args.warmup_steps):
         step()
+    synchronize()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     for _ in range(args.steps):
         step()
+    synchronize()
     elapsed = time.perf_counter() - start
+    with torch.no_grad(), autocast:
+        eval_loss = float(model(**eval_batch).loss)
+    decoder_len = target_len if family == "encoder-decoder" else None
+    flops = count_training_flops(config, args.seq_len, decoder_len).total  # one sequence, forward + backward
+    peak = resolve_peak_tflops(device, "bf16" if precision == "bf16" else "no", args.peak_tflops)
+    memory = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else _peak_rss_mib() - baseline
     return {
         "tokens_per_s": args.steps * args.batch_size * args.seq_len / elapsed,
-        "peak_mib": _peak_rss_mib() - baseline,
+        "flops_per_token": flops / args.seq_len,  # per input token, the unit of tokens_per_s
+        "peak_tflops": peak.tflops,
+        "peak_source": peak.source,
+        "peak_mib": memory,
         "params": sum(p.numel() for p in model.parameters()),
+        "eval_loss": eval_loss,
     }
 
 
+def _median_and_spread(values: list[float]) -> tuple[float, float, float]:
+    ordered = sorted(values)
+    return statistics.median(ordered), ordered[0], ordered[-1]
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
-    """Run every case in a fresh subprocess and print the markdown table; return the rows."""
+    """Run every case `--repeats` times, interleaved, each in a fresh subprocess; print the table; return the rows."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    parser.add_argument("--sizes", nargs="+", default=["small"], choices=list(SIZES))
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--implementations", nargs="+", default=list(IMPLEMENTATIONS), choices=IMPLEMENTATIONS)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--seq_len", type=int, default=128)
-    parser.add_argument("--warmup_steps", type=int, default=2)
+    parser.add_argument("--warmup_steps", type=int, default=3, help="untimed steps first (compilation included)")
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions of every case")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--attn_implementation", default="sdpa", choices=["eager", "sdpa"])
-    parser.add_argument("--case", nargs=3, metavar=("FAMILY", "IMPLEMENTATION", "PRECISION"), help=argparse.SUPPRESS)
+    parser.add_argument("--attn_implementation", default="sdpa", choices=["eager", "sdpa", "flash_attention_2"])
+    parser.add_argument("--compile_mode", default=None, help="torch.compile mode (default: torch's default)")
+    parser.add_argument("--peak_tflops", type=float, default=None, help="peak TFLOP/s of the device for the MFU")
+    parser.add_argument("--case", nargs=4, metavar=("SIZE", "FAMILY", "IMPL", "PRECISION"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.case:  # child process: one measurement, JSON on stdout
         print(json.dumps(run_case(*args.case, args)))
         return []
 
     common = [
+        f"--device={args.device}",
         f"--batch_size={args.batch_size}",
         f"--seq_len={args.seq_len}",
         f"--warmup_steps={args.warmup_steps}",
         f"--steps={args.steps}",
         f"--seed={args.seed}",
         f"--attn_implementation={args.attn_implementation}",
+        *([f"--compile_mode={args.compile_mode}"] if args.compile_mode else []),
+        *([f"--peak_tflops={args.peak_tflops}"] if args.peak_tflops else []),
     ]
-    rows = []
-    for family in args.families:
-        for precision in args.precisions:
-            result = {}
-            for implementation in ("hfzoo", "transformers"):
-                out = subprocess.run(
-                    [sys.executable, __file__, "--case", family, implementation, precision, *common],
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                )
-                result[implementation] = json.loads(out.stdout.strip().splitlines()[-1])
-            rows.append({"family": family, "precision": precision, **result})
-            print(f"done: {family} {precision}", file=sys.stderr, flush=True)
+    cases = list(itertools.product(args.sizes, args.families, args.precisions, args.implementations))
+    results: dict[tuple, list[dict]] = {case: [] for case in cases}
+    for repeat in range(args.repeats):
+        for size, family, precision, implementation in cases:  # A B C D, A B C D, ...: interleaved
+            out = subprocess.run(
+                [sys.executable, __file__, "--case", size, family, implementation, precision, *common],
+                capture_output=True,
+                text=True,
+            )
+            if out.returncode != 0:
+                raise SystemExit(f"case {size} {family} {implementation} {precision} failed:\n{out.stderr[-3000:]}")
+            results[(size, family, precision, implementation)].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(f"done: repetition {repeat + 1}/{args.repeats}", file=sys.stderr, flush=True)
 
+    first = next(iter(results.values()))[0]
     print(
-        f"\nbatch {args.batch_size} x {args.seq_len} tokens, {args.steps} timed steps after {args.warmup_steps} "
-        f"warm-up, AdamW, attention {args.attn_implementation}, torch threads: default\n"
+        f"\n{args.device}, batch {args.batch_size} x {args.seq_len} tokens, {args.steps} timed steps after "
+        f"{args.warmup_steps} warm-up, AdamW, attention {args.attn_implementation}, compile mode "
+        f"{args.compile_mode or 'default'}, {args.repeats} interleaved repetitions (median, min-max); "
+        f"peak: {first['peak_source']}\n"
     )
     print(
-        "| family (preset) | precision | params | hfzoo tok/s | transformers tok/s | ratio | hfzoo peak MiB "
-        "| transformers peak MiB | ratio |"
+        "| size | family (preset) | precision | params | implementation | tok/s median | min-max | vs transformers "
+        "| MFU | eval loss | peak MiB |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for row in rows:
-        h, t = row["hfzoo"], row["transformers"]
+    print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    rows = []
+    for size, family, precision, implementation in cases:
+        runs = results[(size, family, precision, implementation)]
+        median, low, high = _median_and_spread([r["tokens_per_s"] for r in runs])
+        reference = results.get((size, family, precision, "transformers"))
+        ratio = median / statistics.median(r["tokens_per_s"] for r in reference) if reference else math.nan
+        peak = runs[0]["peak_tflops"]
+        mfu = median * runs[0]["flops_per_token"] / (peak * 1e12) if peak else math.nan
+        row = {
+            "size": size,
+            "family": family,
+            "precision": precision,
+            "implementation": implementation,
+            "tokens_per_s": [r["tokens_per_s"] for r in runs],
+            "median": median,
+            "ratio_to_transformers": ratio,
+            "mfu": mfu,
+            "eval_loss": statistics.median(r["eval_loss"] for r in runs),
+            "peak_mib": statistics.median(r["peak_mib"] for r in runs),
+            "params": runs[0]["params"],
+        }
+        rows.append(row)
         print(
-            f"| {row['family']} ({FAMILIES[row['family']][0]}) | {row['precision']} | {h['params'] / 1e6:.2f}M "
-            f"| {h['tokens_per_s']:,.0f} | {t['tokens_per_s']:,.0f} | {h['tokens_per_s'] / t['tokens_per_s']:.2f} "
-            f"| {h['peak_mib']:,.0f} | {t['peak_mib']:,.0f} | {h['peak_mib'] / max(t['peak_mib'], 1e-9):.2f} |"
+            f"| {size} | {family} ({FAMILIES[family][0]}) | {precision} | {row['params'] / 1e6:.2f}M "
+            f"| {implementation} | {median:,.0f} | {low:,.0f}-{high:,.0f} | {ratio:.2f} | {100 * mfu:.1f}% "
+            f"| {row['eval_loss']:.4f} | {row['peak_mib']:,.0f} |"
         )
-    if any(row["hfzoo"]["params"] != row["transformers"]["params"] for row in rows):
-        print("\nWARNING: parameter counts differ between hfzoo and transformers for some rows", file=sys.stderr)
+    for size, family, precision in itertools.product(args.sizes, args.families, args.precisions):
+        params = {r["params"] for r in rows if (r["size"], r["family"], r["precision"]) == (size, family, precision)}
+        if len(params) > 1:
+            print(f"\nWARNING: parameter counts differ for {size} {family} {precision}: {params}", file=sys.stderr)
     return rows
 
 

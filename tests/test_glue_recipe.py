@@ -218,9 +218,10 @@ def read_png_text(path: Path) -> dict[str, str]:
 
 def test_progress_bar_history_and_training_curves(checkpoints, glue_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "mrpc", "--logging_steps", "1", "--max_train_steps", "6"))
+    results = finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "mrpc", "--logging_steps", "1",
+                            "--max_train_steps", "6", "--peak_tflops", "0.5"))  # fmt: skip
     err = capsys.readouterr().err
-    assert re.search(r"mrpc \(lora\): +100%.*\| 6/6 ", err), err[-2000:]  # tqdm's bar, final state
+    assert re.search(r"mrpc \(lora\): +100%.*\| 6/6 .*tflops=.*mfu=", err), err[-2000:]  # tqdm's bar, final state
     history = json.loads((out / "train_history.json").read_text())
     assert [r["step"] for r in history["log_history"]] == [1, 2, 3, 4, 5, 6]
     assert [(r["epoch"], r["step"]) for r in history["eval_history"]] == [(1, 4), (2, 6)]
@@ -230,6 +231,18 @@ def test_progress_bar_history_and_training_curves(checkpoints, glue_dir, tmp_pat
     assert curves["validation loss"] == [[r["step"], r["eval_loss"]] for r in history["eval_history"]]
     assert [s for s, _ in curves["learning rate"]] == [1, 2, 3, 4, 5, 6]
     assert all(v > 0 for _, v in curves["tokens/s"]) and len(curves["tokens/s"]) == 6
+    # Throughput: 6 N per real token (N: non-embedding parameters, LoRA's included) + 12 L d_attn T per token
+    # for sequences of T <= 32 tokens; TFLOP/s and MFU against --peak_tflops in every record and the results.
+    base = AutoModelForSequenceClassification.from_pretrained(checkpoints["encoder-tiny"], num_labels=2)
+    config = base.config
+    low = 6 * base.num_parameters(exclude_embeddings=True)
+    high = 6 * (low // 6 + results["trainable_parameters"]) + 12 * config.num_hidden_layers * config.hidden_size * 32
+    for record in history["log_history"]:
+        assert low < record["flops_per_token"] < high
+        assert record["tflops"] == pytest.approx(record["tokens_per_second"] * record["flops_per_token"] / 1e12)
+        assert record["mfu"] == pytest.approx(record["tflops"] / 0.5)
+    assert low < results["flops_per_token"] < high
+    assert results["train_mfu"] == pytest.approx(results["train_tflops"] / 0.5) and results["peak_tflops"] == 0.5
 
 
 def _trainable(path: Path) -> dict[str, torch.Tensor]:
@@ -255,7 +268,8 @@ def test_resume_from_checkpoint_continues_exactly(resume_step, checkpoints, glue
     history = {n: json.loads((tmp_path / n / "train_history.json").read_text()) for n in ("full", "resumed")}
     for records in (history["full"]["log_history"], history["resumed"]["log_history"]):
         for record in records:
-            assert record.pop("tokens_per_second") > 0  # wall-clock dependent
+            assert record.pop("tokens_per_second") > 0 and record.pop("tflops") > 0  # wall-clock dependent
+            record.pop("mfu")
     assert history["resumed"] == history["full"]  # the resumed run carries the earlier records along
 
 

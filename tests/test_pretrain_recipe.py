@@ -11,10 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoConfig, AutoTokenizer
 
 from hfzoo.data.loading import clean_text
 from hfzoo.tokenization import train_bpe_tokenizer
+from hfzoo.training import throughput
 from hfzoo.training.arguments import parse_pretrain_args
+from hfzoo.training.flops import count_training_flops
+from hfzoo.training.objectives import get_objective
 from hfzoo.training.pretraining import main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -234,7 +238,8 @@ OBJECTIVE_SETUPS = {
 def test_objective_trains_its_family(objective, small_jsonl_xz, family_tokenizers, tmp_path):
     family, preset = OBJECTIVE_SETUPS[objective]
     argv = base_args(small_jsonl_xz, family_tokenizers[family], tmp_path / "out", "--objective", objective,
-                     "--max_train_steps", "25", "--learning_rate", "3e-3", "--per_device_train_batch_size", "8")  # fmt: skip
+                     "--max_train_steps", "25", "--learning_rate", "3e-3", "--per_device_train_batch_size", "8",
+                     "--peak_tflops", "0.5")  # fmt: skip
     argv[argv.index("decoder-tiny")] = preset
     if objective == "mlm":
         # With learned positions the tiny encoder may sit on the unigram plateau for the whole 25 steps, or not,
@@ -247,6 +252,21 @@ def test_objective_trains_its_family(objective, small_jsonl_xz, family_tokenizer
     assert "unigram_perplexity" not in results
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["model_type"] == {"mlm": "hfzoo_encoder", "span": "hfzoo_encoder_decoder"}[objective]
+    # Throughput: model FLOPs per text token from the config (span: 32 encoder inputs and their targets out of
+    # the longer raw block), TFLOP/s of the optimizer steps, MFU against --peak_tflops.
+    model_config = AutoConfig.from_pretrained(tmp_path / "out")
+    if objective == "span":
+        tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+        collator, raw = get_objective("span").build_collator(parse_pretrain_args(argv), tokenizer, 32)
+        expected = count_training_flops(model_config, 32, collator.target_length).total / raw
+    else:
+        expected = count_training_flops(model_config, 32).per_token
+    saved = json.loads((tmp_path / "out" / "all_results.json").read_text())
+    assert saved["flops_per_token"] == pytest.approx(expected, rel=1e-12)
+    assert saved["train_tflops"] == pytest.approx(saved["train_step_tokens_per_second"] * expected / 1e12)
+    assert saved["train_mfu"] == pytest.approx(saved["train_tflops"] / 0.5)
+    assert saved["peak_tflops"] == 0.5 and saved["peak_tflops_source"] == "--peak_tflops"
+    assert saved["train_step_tokens_per_second"] >= saved["train_tokens_per_second"]  # evaluations left out
 
 
 @pytest.mark.parametrize(
@@ -275,10 +295,15 @@ def test_objective_bad_input(
     assert expected in run_main_expecting_error(argv, capsys)
 
 
-def test_training_curves_and_scheduler_kwargs(small_jsonl_xz, tokenizer_dir, tmp_path):
-    """training_curves.png holds the run's records (read back from the PNG); --lr_scheduler_kwargs shapes the schedule."""
+def test_training_curves_and_scheduler_kwargs(small_jsonl_xz, tokenizer_dir, tmp_path, monkeypatch):
+    """training_curves.png holds the run's records (read back from the PNG); --lr_scheduler_kwargs shapes the schedule.
+
+    Every record carries the throughput, MFU against this CPU's measured (and cached) fp32 matmul peak.
+    """
     from PIL import Image
 
+    cache = tmp_path / "cache" / "cpu_peak_tflops.json"
+    monkeypatch.setattr(throughput, "cpu_peak_cache_file", lambda: cache)
     out = tmp_path / "out"
     main(base_args(small_jsonl_xz, tokenizer_dir, out, "--logging_steps", "1", "--eval_steps", "2",
                    "--learning_rate", "1e-3", "--lr_scheduler_type", "cosine_with_min_lr",
@@ -294,6 +319,13 @@ def test_training_curves_and_scheduler_kwargs(small_jsonl_xz, tokenizer_dir, tmp
     assert curves["validation loss"] == [[r["step"], r["eval_loss"]] for r in history["eval_history"]]
     assert curves["learning rate"] == [[r["step"], r["learning_rate"]] for r in history["log_history"]]
     assert [s for s, _ in curves["tokens/s"]] == [1, 2, 3, 4]
+    (peak,) = json.loads(cache.read_text()).values()  # measured once, for fp32
+    results = json.loads((out / "all_results.json").read_text())
+    assert results["peak_tflops"] == peak and results["peak_tflops_source"].startswith("measured fp32 matmul")
+    for record in history["log_history"]:
+        assert record["flops_per_token"] == results["flops_per_token"] > 0
+        assert record["tflops"] == pytest.approx(record["tokens_per_second"] * record["flops_per_token"] / 1e12)
+        assert record["mfu"] == pytest.approx(record["tflops"] / peak)
 
 
 def test_bad_lr_scheduler_kwargs_fail_before_training(small_jsonl_xz, tokenizer_dir, tmp_path, capsys):
@@ -305,3 +337,16 @@ def test_bad_lr_scheduler_kwargs_fail_before_training(small_jsonl_xz, tokenizer_
         base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "out", "--lr_scheduler_kwargs", "[1, 2]"), capsys
     )
     assert "expected a mapping" in message
+
+
+@pytest.mark.slow
+def test_torch_compile_trains_like_eager_and_saves_the_eager_keys(small_jsonl_xz, tokenizer_dir, tmp_path):
+    """--torch_compile (backend aot_eager here: inductor's code generation is slow on CPU) compiles in place."""
+    results = {}
+    for name, extra in (("eager", []), ("compiled", ["--torch_compile", "--torch_compile_backend", "aot_eager"])):
+        argv = base_args(small_jsonl_xz, tokenizer_dir, tmp_path / name, *extra)
+        argv[argv.index(TINY_OVERRIDES)] += ",hidden_dropout_prob=0.0,attention_probs_dropout_prob=0.0"
+        results[name] = main(argv)
+    assert results["compiled"]["eval_loss"] == pytest.approx(results["eager"]["eval_loss"], rel=1e-4)
+    keys = {name: list(load_file(tmp_path / name / "model.safetensors")) for name in results}
+    assert keys["compiled"] == keys["eager"] and not any("_orig_mod" in k for k in keys["compiled"])

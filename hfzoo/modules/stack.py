@@ -54,7 +54,6 @@ from .positions import (
     ROTARY_POSITION_EMBEDDINGS,
     build_position_embedding,
     build_stack_score_bias,
-    token_positions,
 )
 from .universal import UniversalTransformerLayerStack
 
@@ -381,10 +380,14 @@ class HfzooStack:
         past_length = self_cache.get_seq_length() if self_cache is not None else 0
         seq_length = inputs_embeds.shape[1]
         if position_ids is None:
-            position_ids = torch.arange(past_length, past_length + seq_length, device=inputs_embeds.device)[None]
+            # `past_length` is a tensor for a static cache: an offset, not a Python bound (no graph break).
+            position_ids = (torch.arange(seq_length, device=inputs_embeds.device) + past_length)[None]
 
         hidden_states = self._embed(inputs_embeds, position_ids, token_type_ids, past_length)
-        position_inputs = self._position_inputs(position_ids, past_length, seq_length)
+        # A static cache hands every layer all of its slots as keys: the score bias spans them.
+        max_cache_length = self_cache.get_max_length(0) if self_cache is not None else -1
+        kv_length = max_cache_length if max_cache_length > 0 else past_length + seq_length
+        position_inputs = self._position_inputs(position_ids, past_length, seq_length, kv_length)
         self_mask, cross_mask = self._masks(
             inputs_embeds, attention_mask, self_cache, position_ids, encoder_hidden_states, encoder_attention_mask
         )
@@ -434,7 +437,9 @@ class HfzooStack:
         hidden_states = inputs_embeds
         if self.embed_positions is not None:
             total = past_length + inputs_embeds.shape[1]
-            if total > self.config.max_position_embeddings:
+            # A static cache's length is a tensor: comparing it compiled would be a host sync (a graph break).
+            checkable = not (isinstance(total, torch.Tensor) and torch.compiler.is_compiling())
+            if checkable and total > self.config.max_position_embeddings:
                 raise ValueError(
                     f"sequence of {total} tokens is longer than "
                     f"max_position_embeddings={self.config.max_position_embeddings}"
@@ -448,17 +453,21 @@ class HfzooStack:
             hidden_states = self.embed_norm(hidden_states)
         return self.embed_dropout(hidden_states)
 
-    def _position_inputs(self, position_ids: torch.LongTensor, past_length: int, seq_length: int) -> dict:
+    def _position_inputs(
+        self, position_ids: torch.LongTensor, past_length: int, seq_length: int, kv_length: int
+    ) -> dict:
         """Rotary angles (`position_embeddings`) and a shared score bias (`position_bias`), computed once per call.
 
-        Every layer's token mixer receives them (cross-attention ignores them).
+        Every layer's token mixer receives them (cross-attention ignores them). The bias covers `kv_length`
+        keys: `past_length + seq_length`, or all the slots of a static cache (the empty ones are masked).
         """
         position_inputs = {}
         if self.rotary_emb is not None:
             position_inputs["position_embeddings"] = self.rotary_emb(position_ids)
         if self.relative_attention_bias is not None:
-            positions = token_positions(seq_length, past_length + seq_length, position_ids.device)
-            position_inputs["position_bias"] = self.relative_attention_bias(*positions)
+            key_positions = torch.arange(kv_length, device=position_ids.device)
+            query_positions = torch.arange(seq_length, device=position_ids.device) + past_length
+            position_inputs["position_bias"] = self.relative_attention_bias(query_positions, key_positions)
         return position_inputs
 
     def _masks(

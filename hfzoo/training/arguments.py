@@ -71,6 +71,41 @@ def positive_float(value: str) -> float:
     return number
 
 
+#: `--torch_compile_mode` choices (torch.compile's modes, as transformers' `TrainingArguments.torch_compile_mode`).
+TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+
+
+def add_speed_arguments(group) -> None:
+    """Add `--torch_compile`, `--torch_compile_mode`, `--torch_compile_backend` and `--peak_tflops` to a parser group.
+
+    The compile arguments have transformers' `TrainingArguments` names and meaning (a mode or backend
+    given turns compilation on); `hfzoo.training.compilation.compile_model` applies them.
+    """
+    group.add_argument(
+        "--torch_compile",
+        action="store_true",
+        help="Compile the model with torch.compile (variants that cannot compile cleanly run eagerly, with a warning).",
+    )
+    group.add_argument(
+        "--torch_compile_mode",
+        choices=TORCH_COMPILE_MODES,
+        default=None,
+        help="torch.compile mode (implies --torch_compile).",
+    )
+    group.add_argument(
+        "--torch_compile_backend",
+        default=None,
+        help="torch.compile backend (default inductor; implies --torch_compile).",
+    )
+    group.add_argument(
+        "--peak_tflops",
+        type=positive_float,
+        default=None,
+        help="Peak TFLOP/s of one device for the MFU (default: the GPU's datasheet value, or this CPU's measured "
+        "matmul peak, cached in ~/.cache/hfzoo).",
+    )
+
+
 def checkpointing_steps(value: str) -> str:
     """Argparse type for `--checkpointing_steps`: a positive integer (every N steps) or `epoch`.
 
@@ -219,6 +254,7 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     )
     model.add_argument("--attn_implementation", type=str, default="sdpa", help="eager, sdpa, flash_attention_2, ...")
     model.add_argument("--gradient_checkpointing", action="store_true", help="Recompute layers in backward.")
+    add_speed_arguments(model)
     train = p.add_argument_group("training")
     train.add_argument("--per_device_train_batch_size", type=positive_int, default=8, help="Sequences per device.")
     train.add_argument("--per_device_eval_batch_size", type=positive_int, default=8, help="Sequences per device.")

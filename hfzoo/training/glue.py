@@ -43,12 +43,14 @@ from .accelerator import create_accelerator
 from .arguments import (
     SCHEDULERS,
     OneLineErrorParser,
+    add_speed_arguments,
     checkpointing_steps,
     non_negative_int,
     positive_float,
     positive_int,
     scheduler_kwargs,
 )
+from .compilation import compile_model
 from .glue_loop import GlueRun, resolve_glue_resume, train_glue
 from .glue_outputs import glue_results, save_glue_outputs
 from .optimization import create_optimizer, create_scheduler
@@ -59,6 +61,7 @@ from .peft_utils import (
     count_parameters,
     wrap_with_peft,
 )
+from .throughput import Throughput, resolve_peak_tflops
 
 __all__ = [
     "build_glue_model",
@@ -118,6 +121,7 @@ def build_glue_parser() -> argparse.ArgumentParser:
     p.add_argument("--attn_implementation", default=None, help="eager | sdpa | ... (default: the model's)")
     p.add_argument("--ignore_mismatched_sizes", action="store_true", help="re-initialise a head of another size")
     p.add_argument("--trust_remote_code", action="store_true")
+    add_speed_arguments(p)
     p.add_argument("--with_tracking", action="store_true", help="log to --report_to (tensorboard)")
     p.add_argument("--report_to", default="tensorboard")
     p.add_argument("--push_to_hub", action="store_true")
@@ -273,6 +277,9 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
 
     model = build_glue_model(args, task, tokenizer)
     trainable, total = count_parameters(model)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    non_embedding_parameters = base.num_parameters(exclude_embeddings=True)
+    compile_model(model, args, accelerator)  # in place: state_dict keys stay those of the eager model
     accelerator.print(
         f"{task.name} {args.peft}: trainable parameters {trainable:,} of {total:,} ({100 * trainable / total:.3f}%)"
     )
@@ -320,6 +327,11 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
         max_train_steps=max_steps,
         num_train_epochs=math.ceil(max_steps / steps_per_epoch),
         resume_path=resume_path,
+        throughput=Throughput(
+            resolve_peak_tflops(accelerator.device, accelerator.mixed_precision, args.peak_tflops),
+            accelerator.num_processes,
+        ),
+        non_embedding_parameters=non_embedding_parameters,
     )
 
 

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from ..data.glue import GlueTask
 from ..metrics import load_glue_metric
+from .throughput import Throughput, sequence_classification_flops
 
 
 @dataclass
@@ -51,6 +52,8 @@ class GlueRun:
     max_train_steps: int
     num_train_epochs: int
     resume_path: Path | None = None
+    throughput: Throughput | None = None  # TFLOP/s and MFU of the logged windows (None: tokens/s only)
+    non_embedding_parameters: int = 0  # the `N` of the model FLOPs (`sequence_classification_flops`)
 
 
 def _metric_name(task: GlueTask, split: str) -> str:
@@ -111,6 +114,8 @@ class GlueProgress:
         eval_history: dev metrics after each epoch (`epoch`, `step`, `eval_<metric>`, `eval_loss`).
         best_epoch: the epoch with the highest main metric so far (None before the first evaluation).
         best_metric: its value.
+        throughput: training totals over the run's sessions: `tokens` (real tokens), `flops` (model
+            FLOPs) and `seconds` (optimizer steps only; evaluations and checkpoints left out).
     """
 
     step: int = 0
@@ -120,6 +125,7 @@ class GlueProgress:
     eval_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     best_epoch: int | None = None
     best_metric: float | None = None
+    throughput: dict[str, float] = dataclasses.field(default_factory=lambda: {"tokens": 0, "flops": 0, "seconds": 0})
 
 
 def resolve_glue_resume(args: argparse.Namespace) -> Path | None:
@@ -229,7 +235,11 @@ def train_glue(run: GlueRun) -> GlueProgress:
     )
     window_loss = torch.zeros((), device=accelerator.device)
     window_tokens = torch.zeros((), device=accelerator.device)
+    window_flops = torch.zeros((), dtype=torch.float64, device=accelerator.device)
     window_batches, window_start = 0, time.perf_counter()
+    config = accelerator.unwrap_model(model).config
+    if hasattr(accelerator.unwrap_model(model), "get_base_model"):
+        config = accelerator.unwrap_model(model).get_base_model().config
     while progress.epoch < run.num_train_epochs:
         if progress.step >= run.max_train_steps and progress.batches_done == 0:
             break  # resumed after the last evaluation: nothing left
@@ -250,30 +260,49 @@ def train_glue(run: GlueRun) -> GlueProgress:
             progress.batches_done += 1
             window_loss += loss.detach().float()
             window_tokens += batch["attention_mask"].sum()
+            if run.throughput is not None:  # tensors: no host sync until the log line
+                window_flops += sequence_classification_flops(
+                    config, run.non_embedding_parameters, batch["attention_mask"]
+                )
             window_batches += 1
             if not accelerator.sync_gradients:
                 continue
             progress.step += 1
             bar.update(1)
             if progress.step % args.logging_steps == 0 or progress.step == run.max_train_steps:
-                tokens = accelerator.reduce(window_tokens, reduction="sum")
+                tokens = accelerator.reduce(window_tokens, reduction="sum").item()
+                flops = accelerator.reduce(window_flops, reduction="sum").item()
+                seconds = time.perf_counter() - window_start
                 record = {
                     "step": progress.step,
                     "epoch": progress.epoch,
                     "train_loss": (window_loss / window_batches).item(),
                     "learning_rate": run.lr_scheduler.get_last_lr()[0],
-                    "tokens_per_second": tokens.item() / (time.perf_counter() - window_start),
+                    "tokens_per_second": tokens / seconds,
                 }
+                if run.throughput is not None:
+                    record.update(run.throughput.metrics(tokens, flops, seconds))
+                for key, value in (("tokens", tokens), ("flops", flops), ("seconds", seconds)):
+                    progress.throughput[key] += value
                 progress.log_history.append(record)
-                bar.set_postfix(loss=f"{record['train_loss']:.4f}", lr=f"{record['learning_rate']:.2e}")
+                bar.set_postfix(
+                    loss=f"{record['train_loss']:.4f}",
+                    lr=f"{record['learning_rate']:.2e}",
+                    tok_s=f"{record['tokens_per_second']:.0f}",
+                    **({"tflops": f"{record['tflops']:.3g}"} if "tflops" in record else {}),
+                    **({"mfu": f"{100 * record['mfu']:.1f}%"} if "mfu" in record else {}),
+                )
                 if args.with_tracking:
                     accelerator.log(record, step=progress.step)
-                window_loss.zero_(), window_tokens.zero_()
+                window_loss.zero_(), window_tokens.zero_(), window_flops.zero_()
                 window_batches, window_start = 0, time.perf_counter()
             if args.checkpointing_steps not in (None, "epoch") and progress.step % int(args.checkpointing_steps) == 0:
+                pause_start = time.perf_counter()
                 save_glue_checkpoint(run, progress, best_state)
+                window_start += time.perf_counter() - pause_start  # not training time
             if progress.step >= run.max_train_steps:
                 break
+        pause_start = time.perf_counter()
         metrics = {
             split: evaluate_glue(model, eval_loader, task, accelerator, _metric_name(task, split))
             for split, eval_loader in run.eval_dataloaders.items()
@@ -289,6 +318,7 @@ def train_glue(run: GlueRun) -> GlueProgress:
             accelerator.log(record, step=progress.step)
         if args.checkpointing_steps == "epoch":
             save_glue_checkpoint(run, progress, best_state)
+        window_start += time.perf_counter() - pause_start  # evaluation and saving are not training time
     bar.close()
     if best_state is not None and progress.best_epoch != progress.epoch:
         _load_trainable_state(run, best_state)  # the best epoch's weights are the ones saved

@@ -24,10 +24,14 @@ def glue_results(run: GlueRun, progress: GlueProgress, seconds: float) -> dict[s
         `task`, `model_name_or_path`, `peft`, the saved epoch's `eval_<metric>` values (its `epoch`), the
         `best_epoch` and `metric_for_best_model`, the last epoch's metrics as `last_epoch_eval_<metric>`,
         `trainable_parameters`, `total_parameters`, `trainable_fraction`, `train_steps`, `train_examples`,
-        `train_seconds`, `final_train_loss`.
+        `train_seconds`, `final_train_loss`, and the training throughput: `flops_per_token` (model FLOPs
+        per real token), `train_step_tokens_per_second`, `train_tflops`, `train_mfu` (fraction of
+        `peak_tflops`, from `peak_tflops_source`; see `hfzoo.training.throughput`).
     """
     last = progress.eval_history[-1]
     saved = last if run.args.save_last_epoch else progress.eval_history[progress.best_epoch - 1]
+    totals = progress.throughput
+    speed = run.throughput.metrics(totals["tokens"], totals["flops"], totals["seconds"]) if run.throughput else {}
     return {
         "task": run.task.name,
         "model_name_or_path": str(run.args.model_name_or_path),
@@ -44,6 +48,12 @@ def glue_results(run: GlueRun, progress: GlueProgress, seconds: float) -> dict[s
         "train_examples": run.train_examples,
         "train_seconds": round(seconds, 1),
         "final_train_loss": progress.log_history[-1]["train_loss"] if progress.log_history else None,
+        "flops_per_token": speed.get("flops_per_token"),
+        "train_step_tokens_per_second": speed.get("tokens_per_second"),
+        "train_tflops": speed.get("tflops"),
+        "train_mfu": speed.get("mfu"),
+        "peak_tflops": run.throughput.peak.tflops if run.throughput else None,
+        "peak_tflops_source": run.throughput.peak.source if run.throughput else None,
     }
 
 

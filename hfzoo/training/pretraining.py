@@ -49,11 +49,13 @@ from .checkpointing import (
     prepare_output_dir,
     save_checkpoint,
 )
+from .compilation import compile_model
 from .evaluation import evaluate_lm, unigram_perplexity
 from .objectives import get_objective
 from .optimization import create_optimizer, create_scheduler
 from .plots import plot_training_curves
 from .streaming import DeviceLoader, StreamingTrainLoader, stream_blocks
+from .throughput import Throughput, pretraining_flops_per_token, resolve_peak_tflops
 
 logger = get_logger(__name__)
 
@@ -79,6 +81,8 @@ class PretrainingRun:
     raw_block_size: int  # text tokens per packed block (span: before corruption)
     train_collator: Any = None  # applied by the loop to each micro-batch's examples (None: batches come collated)
     nonfinite_guard: faults.NonFiniteGuard | None = None
+    flops_per_token: float = 0.0  # training FLOPs per text token (`hfzoo.training.throughput`)
+    throughput: Throughput | None = None  # turns tokens and seconds into TFLOP/s and MFU
 
 
 def _load_tokenizer(name: str, argument: str):
@@ -235,9 +239,20 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         model = _build_model(args, config)
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()
+    compile_model(model, args, accelerator)  # in place: state_dict keys stay those of the eager model
     # Under DeepSpeed ZeRO-3 the parameters may already be partitioned (zero.Init): use their full shapes.
     n_params = sum(math.prod(getattr(p, "ds_shape", p.shape)) for p in model.parameters())
     logger.info(f"model {type(model).__name__}: {n_params / 1e6:.2f}M parameters")
+    try:
+        target_length = getattr(collator, "target_length", None) if config.is_encoder_decoder else None
+        flops_per_token = pretraining_flops_per_token(config, block_size, raw_block_size, target_length)
+    except AttributeError:  # not an hfzoo config (a transformers checkpoint): FLOPs unknown
+        flops_per_token = 0.0
+    peak = resolve_peak_tflops(accelerator.device, accelerator.mixed_precision, args.peak_tflops)
+    logger.info(
+        f"model FLOPs per token {flops_per_token:.4g}; peak {peak.tflops or float('nan'):.4g} TFLOP/s per device "
+        f"({peak.source})"
+    )
 
     fused = args.optim == "adamw_torch_fused" and accelerator.distributed_type != DistributedType.DEEPSPEED
     optimizer = create_optimizer(
@@ -311,6 +326,8 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
             check_grad_norm=accelerator.mixed_precision != "fp16",
             log=accelerator.is_main_process,
         ),
+        flops_per_token=flops_per_token,
+        throughput=Throughput(peak, accelerator.num_processes),
     )
 
 
@@ -478,6 +495,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
     model.train()
     start = time.perf_counter()
     window_start, window_steps, window_loss, window_skipped = start, 0, 0.0, 0
+    tokens_at_start, paused = tokens_seen, 0.0  # paused: seconds of evaluations and saves inside the loop
     history: list[dict[str, float]] = []
     first_window = True
     last_saved = completed_steps  # a resumed run's starting point is already a checkpoint
@@ -521,10 +539,11 @@ def train(run: PretrainingRun) -> dict[str, float]:
             progress.update(1)
             if completed_steps % args.logging_steps == 0 or completed_steps == run.max_train_steps:
                 elapsed = time.perf_counter() - window_start
+                window_tokens = window_steps * tokens_per_step
                 record = {
                     "train_loss": float(window_loss) / (window_steps - window_skipped or math.nan),
                     "learning_rate": run.lr_scheduler.get_last_lr()[0],
-                    "tokens_per_second": window_steps * tokens_per_step / elapsed,
+                    **run.throughput.metrics(window_tokens, window_tokens * run.flops_per_token, elapsed),
                     "tokens_seen": tokens_seen,
                     "step": completed_steps,
                     "epoch": epoch,
@@ -536,10 +555,13 @@ def train(run: PretrainingRun) -> dict[str, float]:
                     loss=f"{record['train_loss']:.4f}",
                     lr=f"{record['learning_rate']:.2e}",
                     tok_s=f"{record['tokens_per_second']:.0f}",
+                    **({"tflops": f"{record['tflops']:.3g}"} if "tflops" in record else {}),
+                    **({"mfu": f"{100 * record['mfu']:.1f}%"} if "mfu" in record else {}),
                 )
                 if args.with_tracking:
                     accelerator.log(record, step=completed_steps)
                 window_start, window_steps, window_loss, window_skipped = time.perf_counter(), 0, 0.0, 0
+            pause_start = time.perf_counter()
             if args.checkpointing_steps not in (None, "epoch") and completed_steps % int(args.checkpointing_steps) == 0:
                 save_checkpoint(run, completed_steps, tokens_seen)
                 last_saved = completed_steps
@@ -549,6 +571,8 @@ def train(run: PretrainingRun) -> dict[str, float]:
                 logger.info(f"step {completed_steps}: {metrics}")
                 if args.with_tracking:
                     accelerator.log(metrics, step=completed_steps)
+            pause = time.perf_counter() - pause_start  # not training time: left out of tokens/s and MFU
+            window_start, paused = window_start + pause, paused + pause
             signal_name = preemption.requested(accelerator)  # all processes agree on the step to stop at
             if signal_name is not None:
                 if last_saved != completed_steps:
@@ -557,14 +581,20 @@ def train(run: PretrainingRun) -> dict[str, float]:
             if completed_steps >= run.max_train_steps:
                 break
         if args.checkpointing_steps == "epoch":
+            pause_start = time.perf_counter()
             save_checkpoint(run, completed_steps, tokens_seen)
             last_saved = completed_steps
+            pause = time.perf_counter() - pause_start
+            window_start, paused = window_start + pause, paused + pause
         if completed_steps >= run.max_train_steps:
             break
+    step_seconds = time.perf_counter() - start - paused  # the optimizer steps alone
     if args.checkpointing_steps is not None and last_saved != completed_steps:
         save_checkpoint(run, completed_steps, tokens_seen)  # the end of training is always a checkpoint
     progress.close()
     train_runtime = time.perf_counter() - start
+    trained_tokens = tokens_seen - tokens_at_start
+    speed = run.throughput.metrics(trained_tokens, trained_tokens * run.flops_per_token, step_seconds)
 
     metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=eval_seed)
     eval_history.append({"step": completed_steps, **metrics})
@@ -576,7 +606,14 @@ def train(run: PretrainingRun) -> dict[str, float]:
         "train_runtime": train_runtime,
         "train_steps": completed_steps,
         "train_tokens_seen": tokens_seen,
-        "train_tokens_per_second": tokens_seen / train_runtime if train_runtime > 0 else None,
+        "train_tokens_per_second": trained_tokens / train_runtime if train_runtime > 0 else None,
+        # Throughput of the optimizer steps of this process's session (evaluations and saves left out).
+        "flops_per_token": run.flops_per_token,
+        "train_step_tokens_per_second": speed.get("tokens_per_second"),
+        "train_tflops": speed.get("tflops"),
+        "train_mfu": speed.get("mfu"),
+        "peak_tflops": run.throughput.peak.tflops,
+        "peak_tflops_source": run.throughput.peak.source,
         "eval_blocks": sum(1 for _ in run.eval_dataset) if args.streaming else len(run.eval_dataset),
         "block_size": block_size,
     }

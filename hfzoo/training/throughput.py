@@ -1,0 +1,306 @@
+"""Throughput of a training run: tokens/s, model FLOPs per token, achieved TFLOP/s and model FLOPs utilization.
+
+MFU (model FLOPs utilization; PaLM, Chowdhery et al. 2022, App. B) is the model FLOPs a run performs per
+second divided by the hardware's peak: `mfu = tokens_per_second x flops_per_token / (num_devices x peak)`.
+The model FLOPs are those of `hfzoo.training.flops` (6 per matrix-product weight a token passes, plus
+PaLM's attention term; recomputation by gradient checkpointing is not counted, as in PaLM).
+
+The peak (`resolve_peak_tflops`):
+
+- `--peak_tflops` when given (TFLOP/s per device);
+- on CUDA, the dense (no sparsity) datasheet peak of the detected GPU for the run's precision, from
+  `DATASHEET_PEAK_TFLOPS` (matched by name in `torch.cuda.get_device_name()`); fp32 means plain FP32,
+  or TF32 tensor cores when `torch.get_float32_matmul_precision()` allows them. Sources (dense
+  figures; the datasheets' headline numbers are with 2:4 sparsity, twice these):
+  NVIDIA H100 Tensor Core GPU datasheet (H100 SXM5 / PCIe / NVL), NVIDIA H200 Tensor Core GPU
+  datasheet (H200 SXM / NVL; GH200 Grace Hopper Superchip datasheet), NVIDIA A100 Tensor Core GPU
+  datasheet, NVIDIA A10 / L4 / L40 / L40S datasheets;
+- on CPU, a peak measured once by a short matmul micro-benchmark (`measure_cpu_peak_tflops`, square
+  matmuls of 2,048 in the run's dtype on the threads torch uses) and cached in
+  `~/.cache/hfzoo/cpu_peak_tflops.json` (`$XDG_CACHE_HOME/hfzoo` when set), keyed by CPU model, thread
+  count, dtype and torch version. A machine shared with other work measures a lower peak (and so a
+  higher MFU) than a quiet one: delete the cache file, or give `--peak_tflops`, to re-measure or fix it.
+
+Unknown GPUs have no peak: their runs log tokens/s and TFLOP/s but no MFU (a warning names the GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .flops import count_training_flops
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DATASHEET_PEAK_TFLOPS",
+    "PeakTflops",
+    "Throughput",
+    "cpu_peak_cache_file",
+    "datasheet_peak_tflops",
+    "measure_cpu_peak_tflops",
+    "pretraining_flops_per_token",
+    "resolve_peak_tflops",
+    "sequence_classification_flops",
+]
+
+#: Square matmul size of the CPU micro-benchmark.
+CPU_BENCHMARK_SIZE = 2048
+#: torch dtypes of the precisions a run can train in.
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class PeakTflops:
+    """The peak a run's MFU is measured against.
+
+    Attributes:
+        tflops: peak TFLOP/s of one device (None: unknown, no MFU).
+        source: where the value comes from (`--peak_tflops`, a datasheet entry, or the CPU micro-benchmark).
+    """
+
+    tflops: float | None
+    source: str
+
+
+def precision_of(mixed_precision: str | None) -> str:
+    """`fp32`, `bf16` or `fp16` from accelerate's `mixed_precision` (`"no"`/None: fp32)."""
+    return {"bf16": "bf16", "fp16": "fp16"}.get(mixed_precision or "no", "fp32")
+
+
+def datasheet_peak_tflops(device_name: str, precision: str) -> float | None:
+    """Dense datasheet peak of a GPU (TFLOP/s) for `precision`, or None for a GPU not in the table.
+
+    Args:
+        device_name: as `torch.cuda.get_device_name()` returns it, e.g. `"NVIDIA H100 80GB HBM3"`.
+        precision: `"bf16"`, `"fp16"`, `"fp32"` or `"tf32"`.
+
+    Returns:
+        The peak of the longest table key found as a whole word in `device_name` (so `"H100 PCIe"` wins
+        over `"H100"`, and `"L40S"` does not match `"L4"`).
+
+    Raises:
+        ValueError: an unknown precision.
+    """
+    if precision not in ("bf16", "fp16", "fp32", "tf32"):
+        raise ValueError(f"precision must be bf16, fp16, fp32 or tf32, got {precision!r}")
+    matches = [key for key in DATASHEET_PEAK_TFLOPS if re.search(rf"(?<![\w]){re.escape(key)}(?![\w])", device_name)]
+    if not matches:
+        return None
+    peaks = DATASHEET_PEAK_TFLOPS[max(matches, key=len)]
+    return peaks["bf16"] if precision == "fp16" else peaks[precision]  # fp16 tensor-core peak = bf16's
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name (`/proc/cpuinfo`'s `model name`; `platform.processor()` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def cpu_peak_cache_file() -> Path:
+    """`$XDG_CACHE_HOME/hfzoo/cpu_peak_tflops.json` (default `~/.cache/hfzoo/cpu_peak_tflops.json`)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "hfzoo" / "cpu_peak_tflops.json"
+
+
+def measure_cpu_peak_tflops(precision: str, size: int = CPU_BENCHMARK_SIZE, min_seconds: float = 0.3) -> float:
+    """Measure this CPU's matmul throughput (TFLOP/s) in `precision` on torch's current threads.
+
+    The best of repeated `(size, size) @ (size, size)` products (2 size^3 FLOPs each) over at least
+    `min_seconds`, after one warm-up product.
+
+    Args:
+        precision: `"fp32"`, `"bf16"` or `"fp16"`.
+        size: matrix size.
+        min_seconds: time to keep measuring (s); at least 3 products are timed.
+
+    Returns:
+        TFLOP/s.
+
+    Raises:
+        ValueError: an unknown precision.
+    """
+    if precision not in PRECISION_DTYPES:
+        raise ValueError(f"precision must be one of {sorted(PRECISION_DTYPES)}, got {precision!r}")
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(size, size, generator=generator).to(PRECISION_DTYPES[precision]) for _ in range(2))
+    torch.mm(a, b)  # warm-up: thread pool, kernel selection
+    best, start, timed = float("inf"), time.perf_counter(), 0
+    while timed < 3 or time.perf_counter() - start < min_seconds:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best, timed = min(best, time.perf_counter() - t0), timed + 1
+    return 2 * size**3 / best / 1e12
+
+
+def cached_cpu_peak_tflops(precision: str) -> float:
+    """`measure_cpu_peak_tflops(precision)`, measured once per CPU model, thread count, dtype and torch version.
+
+    The cache is `cpu_peak_cache_file()`, written atomically; an unreadable cache is measured again.
+    """
+    path = cpu_peak_cache_file()
+    key = f"{cpu_model_name()} | {torch.get_num_threads()} threads | {precision} | torch {torch.__version__}"
+    try:
+        cache = json.loads(path.read_text())
+        if not isinstance(cache, dict):
+            cache = {}
+    except (OSError, ValueError):
+        cache = {}
+    if isinstance(cache.get(key), (int, float)):
+        return float(cache[key])
+    value = measure_cpu_peak_tflops(precision)
+    cache[key] = value
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError as err:  # a read-only home still gets its MFU, measured again next time
+        logger.warning(f"cannot cache the CPU peak in {path}: {err}")
+    return value
+
+
+def resolve_peak_tflops(device: torch.device, mixed_precision: str | None, override: float | None = None) -> PeakTflops:
+    """The per-device peak a run's MFU is measured against (see the module docstring).
+
+    Args:
+        device: the run's device (`accelerator.device`).
+        mixed_precision: accelerate's `mixed_precision` (`"no"`, `"bf16"`, `"fp16"` or None).
+        override: `--peak_tflops` (TFLOP/s per device), used as given when set.
+
+    Returns:
+        A `PeakTflops` (its `tflops` None for a GPU not in `DATASHEET_PEAK_TFLOPS`).
+
+    Raises:
+        ValueError: a non-positive `override`.
+    """
+    precision = precision_of(mixed_precision)
+    if override is not None:
+        if not override > 0:
+            raise ValueError(f"--peak_tflops must be positive, got {override}")
+        return PeakTflops(float(override), "--peak_tflops")
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        if precision == "fp32" and torch.get_float32_matmul_precision() != "highest":
+            precision = "tf32"
+        value = datasheet_peak_tflops(name, precision)
+        if value is None:
+            logger.warning(f"no datasheet peak for GPU {name!r}: no MFU is reported (give --peak_tflops)")
+            return PeakTflops(None, f"unknown GPU {name}")
+        return PeakTflops(value, f"datasheet {name} {precision} (dense)")
+    if device.type == "cpu":
+        value = cached_cpu_peak_tflops(precision)
+        return PeakTflops(value, f"measured {precision} matmul, {cpu_model_name()}, {torch.get_num_threads()} threads")
+    return PeakTflops(None, f"no peak for device type {device.type}")
+
+
+def pretraining_flops_per_token(
+    config, block_size: int, raw_block_size: int, target_length: int | None = None
+) -> float:
+    """Training FLOPs per text token of a pretraining run (`hfzoo.training.flops.count_training_flops`).
+
+    Args:
+        config: the model's hfzoo config.
+        block_size: tokens of the model's input sequence (an encoder-decoder's encoder input).
+        raw_block_size: text tokens each sequence is made of (the unit of the run's `tokens_per_second`;
+            span corruption: before corruption; otherwise `block_size`).
+        target_length: an encoder-decoder's decoder length (span corruption's target length).
+
+    Returns:
+        FLOPs of one training sequence / `raw_block_size`, so that `tokens_per_second x flops_per_token`
+        is the run's FLOP/s.
+    """
+    return count_training_flops(config, block_size, target_length).total / raw_block_size
+
+
+def sequence_classification_flops(config, non_embedding_parameters: int, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Training FLOPs of a padded batch of a sequence classifier (GLUE finetuning), counted on its real tokens.
+
+    `6 N` per token over the `N` non-embedding parameters (Kaplan et al. 2020 §2.1; the classifier head
+    included), plus PaLM's attention term `12 d_attn T^2` per attention layer and sequence of `T` real
+    tokens (an encoder-decoder classifier runs its input through both stacks: its decoder layers count
+    self- and cross-attention). Frozen weights (PEFT) are counted like trained ones, as MFU does.
+
+    Args:
+        config: the model's config (any transformers config with `num_hidden_layers`, `hidden_size`,
+            `num_attention_heads`; `head_dim`, `num_decoder_layers` when present).
+        non_embedding_parameters: the model's parameters without its embedding tables.
+        attention_mask: `(batch_size, seq_len)`, 1 at real tokens.
+
+    Returns:
+        A float64 scalar tensor on `attention_mask`'s device (no host sync).
+    """
+    lengths = attention_mask.sum(-1, dtype=torch.float64)
+    heads = config.num_attention_heads
+    width = heads * (getattr(config, "head_dim", None) or config.hidden_size // heads)
+    layers = config.num_hidden_layers
+    if getattr(config, "is_encoder_decoder", False):
+        layers += 2 * (getattr(config, "num_decoder_layers", None) or config.num_hidden_layers)
+    return 6 * non_embedding_parameters * lengths.sum() + 12 * layers * width * (lengths**2).sum()
+
+
+@dataclass
+class Throughput:
+    """Turns tokens, FLOPs and seconds into the logged metrics of a training window or run.
+
+    Attributes:
+        peak: the per-device peak (`resolve_peak_tflops`).
+        num_devices: processes training together (their peaks add up).
+    """
+
+    peak: PeakTflops
+    num_devices: int = 1
+
+    def metrics(self, tokens: float, flops: float, seconds: float) -> dict[str, float]:
+        """`tokens_per_second`, `flops_per_token`, `tflops` (achieved, all devices) and `mfu` (fraction).
+
+        Args:
+            tokens: tokens trained in the window (all processes).
+            flops: their training FLOPs.
+            seconds: the window's wall time (s).
+
+        Returns:
+            The metrics; `mfu` is left out when the peak is unknown, `tflops` and `mfu` when `flops` is 0
+            (unknown), everything but `flops_per_token` when `seconds` is not positive.
+        """
+        record = {"flops_per_token": flops / tokens if tokens else 0.0}
+        if seconds <= 0:
+            return record
+        record["tokens_per_second"] = tokens / seconds
+        if flops <= 0:  # FLOPs unknown (not an hfzoo config)
+            return record
+        record["tflops"] = flops / seconds / 1e12
+        if self.peak.tflops:
+            record["mfu"] = record["tflops"] / (self.peak.tflops * self.num_devices)
+        return record
+
+
+#: Dense peak TFLOP/s per GPU (no 2:4 sparsity) by name as found in `torch.cuda.get_device_name()`:
+#: `bf16` (= fp16) and `tf32` on tensor cores, `fp32` on the CUDA cores. Sources in the module docstring.
+DATASHEET_PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H100": {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9},  # H100 SXM5 (device name "NVIDIA H100 80GB HBM3")
+    "H100 PCIe": {"bf16": 756.5, "tf32": 378.0, "fp32": 51.2},
+    "H100 NVL": {"bf16": 835.5, "tf32": 417.5, "fp32": 60.0},
+    "H200": {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9},  # H200 SXM
+    "H200 NVL": {"bf16": 835.5, "tf32": 417.5, "fp32": 60.0},
+    "GH200": {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    "A100": {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5},  # SXM4 and PCIe, 40 and 80 GB
+    "A10": {"bf16": 125.0, "tf32": 62.5, "fp32": 31.2},
+    "L4": {"bf16": 121.0, "tf32": 60.0, "fp32": 30.3},
+    "L40": {"bf16": 181.0, "tf32": 90.5, "fp32": 90.5},
+    "L40S": {"bf16": 362.0, "tf32": 183.0, "fp32": 91.6},
+}
