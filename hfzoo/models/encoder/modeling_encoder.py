@@ -170,7 +170,10 @@ class HfzooEncoderForMaskedLM(HfzooEncoderPreTrainedModel):
             logits = self.lm_head(outputs.last_hidden_state)
             if labels is not None:
                 loss = self.loss_function(
-                    logits, labels, vocab_size=self.config.vocab_size, num_items_in_batch=num_items_in_batch
+                    logits,
+                    labels.contiguous(),
+                    vocab_size=self.config.vocab_size,
+                    num_items_in_batch=num_items_in_batch,
                 )
         share = self._loss_share(labels, num_items_in_batch)
         loss, moe = self._add_router_losses(
@@ -319,7 +322,9 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:  # transformers' ForTokenClassification
-            loss = self.loss_function(logits, labels, config=self.config, num_items_in_batch=num_items_in_batch)
+            loss = self.loss_function(
+                logits, labels.contiguous(), config=self.config, num_items_in_batch=num_items_in_batch
+            )
         share = self._loss_share(labels, num_items_in_batch)
         loss, moe = self._add_router_losses(
             loss, outputs, attention_mask, return_router_logits=return_router_logits, loss_share=share

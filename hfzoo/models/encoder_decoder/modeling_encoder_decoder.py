@@ -372,7 +372,10 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
             logits = self.lm_head(outputs.last_hidden_state)
             if labels is not None:  # unshifted targets: transformers' token loss without the causal shift
                 loss = ForMaskedLMLoss(
-                    logits, labels, vocab_size=self.config.vocab_size, num_items_in_batch=num_items_in_batch
+                    logits,
+                    labels.contiguous(),
+                    vocab_size=self.config.vocab_size,
+                    num_items_in_batch=num_items_in_batch,
                 )
         share = self._loss_share(labels, num_items_in_batch)
         loss, moe = self._add_router_losses(
