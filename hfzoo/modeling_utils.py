@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
+from transformers.loss.loss_utils import ForSequenceClassificationLoss
 from transformers.modeling_outputs import (
     MaskedLMOutput,
     Seq2SeqMoEOutput,
@@ -22,6 +23,7 @@ from transformers.utils.output_capturing import OutputRecorder
 from .configuration_utils import HfzooConfig
 from .integrity import check_weight_files
 from .modules.attention import HfzooAttention
+from .modules.embeddings import TokenEmbedding, VocabProjection, check_vocab_resizable
 from .modules.experts import HfzooRouter, router_aux_losses, token_padding_mask
 from .modules.layer import Residual
 from .modules.mixers import TOKEN_MIXERS
@@ -51,11 +53,23 @@ class HfzooPreTrainedModel(PreTrainedModel):
     (`hfzoo.modules.positions.POSITION_ATTENTION_BACKENDS`) and its token mixers
     (`hfzoo.modules.mixers.TokenMixer.attention_backends`): transformers then falls back from SDPA to
     eager by default, and refuses an explicitly requested backend the model cannot use.
+
+    Losses follow transformers' `Trainer` contract (`accepts_loss_kwargs = True` on every head): a head
+    given `num_items_in_batch` (the labelled positions of the whole accumulated batch, counted as Trainer
+    counts them) returns the summed loss of its micro-batch divided by it, so gradient accumulation adds up
+    to the loss of the whole batch; without it, the mean over this batch. The experts' auxiliary loss is then
+    weighted by the micro-batch's share of those positions (`_add_router_losses`). The bare models (no
+    loss) declare `accepts_loss_kwargs = False`.
+
+    `resize_token_embeddings` resizes every vocabulary matrix (the encoder-decoder's untied decoder input
+    embeddings included) and keeps hfzoo's embedding and head modules (factorized, scaled, mixture of
+    softmaxes); a model holding a module that cannot resize refuses (`check_vocab_resizable`).
     """
 
     config_class = HfzooConfig
     config: HfzooConfig
     base_model_prefix = "model"
+    accepts_loss_kwargs = True
     supports_gradient_checkpointing = True
     _no_split_modules = [cls.__name__ for cls in LAYER_TYPES.values()]
     _skip_keys_device_placement = ["past_key_values"]
@@ -110,6 +124,77 @@ class HfzooPreTrainedModel(PreTrainedModel):
             return super().get_expanded_tied_weights_keys(all_submodels=True)
         return dict(self._tied_weights_keys or {})
 
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
+        """Resize the input and output embeddings as transformers does, and every other `TokenEmbedding` of the model.
+
+        The encoder-decoder with `tie_encoder_decoder_embeddings=False` has a second input matrix (the
+        decoder's), which transformers' `get_input_embeddings` does not reach; it is resized the same way
+        (rows kept, new rows initialised as transformers does). `resize_token_embeddings` re-ties afterwards.
+
+        Raises:
+            ValueError: a module of the model cannot change its vocabulary size
+                (`hfzoo.modules.embeddings.check_vocab_resizable`).
+        """
+        check_vocab_resizable(self)
+        others = {id(m): m for m in self.modules() if isinstance(m, TokenEmbedding)}
+        others.pop(id(self.get_input_embeddings()), None)
+        embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        for module in others.values():
+            requires_grad = module.weight.requires_grad
+            self._get_resized_embeddings(module, embeddings.weight.shape[0], mean_resizing=mean_resizing)
+            module.weight.requires_grad_(requires_grad)
+        return embeddings
+
+    def _get_resized_lm_head(self, old_lm_head, new_num_tokens=None, transposed=False, mean_resizing=True):
+        """Resize the output layer as transformers does, keeping the `VocabProjection` module.
+
+        transformers builds a plain `nn.Linear`; hfzoo's `VocabProjection` also holds the factorization, the
+        input scale and the mixture of softmaxes, so only its `weight` (and `bias`) are replaced by the
+        resized ones (old rows kept, new rows initialised by transformers).
+        """
+        resized = super()._get_resized_lm_head(old_lm_head, new_num_tokens, transposed, mean_resizing)
+        if resized is old_lm_head or not isinstance(old_lm_head, VocabProjection):
+            return resized
+        old_lm_head.weight = resized.weight
+        if old_lm_head.bias is not None:
+            old_lm_head.bias = resized.bias
+        old_lm_head.out_features = resized.out_features
+        return old_lm_head
+
+    def _chunked_loss(self, labels: torch.Tensor | None, skip_logits: bool | None) -> bool:
+        """Whether a language-modelling head computes its loss from the hidden states in chunks, returning no logits.
+
+        Args:
+            labels: the head's labels, or None.
+            skip_logits: the caller's choice; None: skip in training mode when labels are given.
+
+        Returns:
+            True when the logits are skipped and the output embedding is a `VocabProjection` (a head replaced
+            by a wrapper, e.g. PEFT's LoRA on `lm_head`, computes full logits and its loss from them).
+
+        Raises:
+            ValueError: `skip_logits=True` without labels.
+        """
+        if skip_logits is None:
+            skip_logits = self.training and labels is not None
+        if skip_logits and labels is None:
+            raise ValueError("skip_logits=True needs labels: without them the logits are the only output")
+        return bool(skip_logits) and isinstance(self.get_output_embeddings(), VocabProjection)
+
+    def _loss_share(self, labels: torch.Tensor | None, num_items_in_batch) -> torch.Tensor | None:
+        """This micro-batch's share of the accumulated batch's labelled positions (None without `num_items_in_batch`).
+
+        Args:
+            labels: the labels the loss is computed on (after any shift), -100 = ignored.
+            num_items_in_batch: the labelled positions of the whole accumulated batch (Trainer's count), or None.
+
+        Returns:
+            float32 scalar `labels.ne(-100).sum() / num_items_in_batch`, or None.
+        """
+        if labels is None or num_items_in_batch is None:
+            return None
+        return labels.ne(-100).sum().float() / _as_device_tensor(num_items_in_batch, labels.device)
+
     def _request_router_logits(self, kwargs: dict) -> bool:
         """Prepare a head's call of its base model for the auxiliary losses (every head, every family).
 
@@ -141,6 +226,7 @@ class HfzooPreTrainedModel(PreTrainedModel):
         attention_mask: torch.Tensor | None,
         decoder_attention_mask: torch.Tensor | None = None,
         return_router_logits: bool = False,
+        loss_share: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor | None, dict]:
         """Add the auxiliary losses to a head's loss; the fields they add to the head's output.
 
@@ -148,6 +234,12 @@ class HfzooPreTrainedModel(PreTrainedModel):
         `aux_loss` sums the stacks, as transformers' `SwitchTransformersForConditionalGeneration` does, plus
         `act_loss_coef` times the Universal Transformer's ponder costs (`ponder_cost` of each stack that
         recorded one, tensor2tensor's `act_loss`). A model with neither gets `(loss, {})`.
+
+        Under gradient accumulation (`num_items_in_batch`) the task loss of each micro-batch is already a
+        share of the whole batch's loss, and adding the auxiliary loss whole to every micro-batch (as
+        transformers' MoE models do) would weight it by the number of micro-batches. So it is weighted by
+        `loss_share`, the micro-batch's share of the labelled positions: the shares sum to 1 over the
+        accumulated batch, and the step's auxiliary loss is the share-weighted mean of the micro-batches' ones.
 
         Args:
             loss: the head's task loss (scalar), or None without labels.
@@ -159,11 +251,13 @@ class HfzooPreTrainedModel(PreTrainedModel):
             return_router_logits: also return the routers' logits (`_request_router_logits`'s answer).
                 The outputs' `ponder_cost` (single stack) or `encoder_ponder_cost` / `decoder_ponder_cost`
                 (encoder-decoder) hold the Universal Transformer's ponder costs, when recorded.
+            loss_share: `_loss_share` of the head's labels, or None (weight 1).
 
         Returns:
-            `(loss + aux_loss, fields)`; `fields` holds `aux_loss` (float32 scalar), for the encoder-decoder
-            each stack's `{side}_aux_loss` / `{side}_z_loss` (load balancing and z-loss, unweighted; a stack
-            that did not run, e.g. the encoder when `encoder_outputs` are given, has None), and with
+            `(loss + loss_share * aux_loss, fields)`; `fields` holds `aux_loss` (float32 scalar, unweighted),
+            for the encoder-decoder each stack's `{side}_aux_loss` / `{side}_z_loss` (load balancing and
+            z-loss, unweighted; a stack that did not run, e.g. the encoder when `encoder_outputs` are given,
+            has None), and with
             `return_router_logits` the `router_logits` (or `{side}_router_logits`).
         """
         ponder_costs = [
@@ -198,7 +292,10 @@ class HfzooPreTrainedModel(PreTrainedModel):
         if ponder_loss is not None:
             aux_loss = aux_loss + ponder_loss.to(aux_loss.device)
         fields["aux_loss"] = aux_loss
-        return (None if loss is None else loss + aux_loss.to(loss.device)), fields
+        if loss is None:
+            return None, fields
+        weighted = aux_loss if loss_share is None else aux_loss * loss_share.to(aux_loss.device)
+        return loss + weighted.to(loss.device), fields
 
     def _init_weights(self, module: nn.Module) -> None:
         """Initialise `module`'s own tensors (transformers calls this only on modules with tensors to initialise)."""
@@ -222,6 +319,62 @@ class HfzooPreTrainedModel(PreTrainedModel):
             module.init_scalars()
         elif hasattr(module, "init_parameters"):  # a block's own nn.Parameters (e.g. a convolution kernel)
             module.init_parameters(self.config.initializer_range)
+
+
+def _as_device_tensor(value, device: torch.device) -> torch.Tensor:
+    return value.to(device) if torch.is_tensor(value) else torch.tensor(value, device=device)
+
+
+def normalize_summed_loss(summed: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
+    """A summed token loss as transformers' losses normalise it (`transformers.loss.loss_utils.fixed_cross_entropy`).
+
+    Args:
+        summed: float32 scalar, the loss summed over the labelled positions of this micro-batch.
+        labels: the labels it was computed on, -100 = ignored.
+        num_items_in_batch: the labelled positions of the whole accumulated batch (int or tensor), or None.
+
+    Returns:
+        float32 scalar: `summed / num_items_in_batch`, or without it the mean over `labels != -100` (NaN
+        when every label is ignored, as `cross_entropy`'s mean).
+    """
+    if num_items_in_batch is None:
+        return summed / labels.ne(-100).sum().to(summed.device)
+    return summed / _as_device_tensor(num_items_in_batch, summed.device)
+
+
+def sequence_classification_loss(
+    labels: torch.Tensor, pooled_logits: torch.Tensor, config, num_items_in_batch=None
+) -> torch.Tensor:
+    """Sequence-classification loss of transformers (`ForSequenceClassificationLoss`), `num_items_in_batch` honoured.
+
+    transformers' function normalises by `num_items_in_batch` only for single-label classification; its
+    regression (MSE) and multi-label (BCE) losses stay per-batch means, which Trainer would then add up
+    over the accumulated micro-batches. Here those are summed and divided by `num_items_in_batch` (Trainer
+    counts every label element, so this is the mean over the whole accumulated batch).
+
+    Args:
+        labels: `(batch_size,)` class ids or regression targets, or `(batch_size, num_labels)` float targets.
+        pooled_logits: `(batch_size, num_labels)`.
+        config: the model config (`num_labels`, `problem_type`, set from the labels when None).
+        num_items_in_batch: label elements of the whole accumulated batch, or None.
+
+    Returns:
+        A float32 scalar loss.
+    """
+    # transformers' function also settles `config.problem_type` from the labels when it is None.
+    loss = ForSequenceClassificationLoss(
+        labels=labels, pooled_logits=pooled_logits, config=config, num_items_in_batch=num_items_in_batch
+    )
+    if num_items_in_batch is None or config.problem_type == "single_label_classification":
+        return loss
+    labels = labels.to(pooled_logits.device)
+    if config.problem_type == "regression" and config.num_labels == 1:
+        summed = nn.functional.mse_loss(pooled_logits.squeeze().float(), labels.squeeze().float(), reduction="sum")
+    elif config.problem_type == "regression":
+        summed = nn.functional.mse_loss(pooled_logits.float(), labels.float(), reduction="sum")
+    else:
+        summed = nn.functional.binary_cross_entropy_with_logits(pooled_logits.float(), labels.float(), reduction="sum")
+    return summed / _as_device_tensor(num_items_in_batch, summed.device)
 
 
 @dataclass

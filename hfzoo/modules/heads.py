@@ -21,7 +21,8 @@ class MaskedLMHead(nn.Module):
     when `config.tie_word_embeddings` (declared by the model's `_tied_weights_keys`).
 
     Shapes:
-        `(batch_size, seq_len, hidden_size)` -> logits `(batch_size, seq_len, vocab_size)`.
+        `(batch_size, seq_len, hidden_size)` -> logits `(batch_size, seq_len, vocab_size)`; with `labels`, a
+        float32 scalar (the summed cross-entropy, computed in chunks by `VocabProjection`).
     """
 
     def __init__(self, config) -> None:
@@ -31,9 +32,15 @@ class MaskedLMHead(nn.Module):
         self.norm = build_norm(config)
         self.decoder = build_vocab_projection(config, bias=True, tied=config.tie_word_embeddings)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Map hidden states `(..., hidden_size)` to vocabulary logits `(..., vocab_size)`."""
-        return self.decoder(self.norm(self.act_fn(self.dense(hidden_states))))
+    def forward(self, hidden_states: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Map hidden states `(..., hidden_size)` to vocabulary logits `(..., vocab_size)`.
+
+        Args:
+            hidden_states: `(..., hidden_size)`.
+            labels: optional int64 targets `(...)`, -100 = ignored; then the float32 sum of the
+                cross-entropy over labelled positions is returned instead of the logits.
+        """
+        return self.decoder(self.norm(self.act_fn(self.dense(hidden_states))), labels=labels)
 
 
 class SequenceClassificationHead(nn.Module):
@@ -57,24 +64,6 @@ class SequenceClassificationHead(nn.Module):
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
         """Classify pooled representations `(batch_size, hidden_size)` into `(batch_size, num_labels)` logits."""
         return self.out_proj(self.dropout(torch.tanh(self.dense(pooled))))
-
-
-def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over every position whose label is not -100, computed in float32.
-
-    Shared by the masked-LM, token-classification and sequence-to-sequence heads (no label shift:
-    position t's logits predict label t). Labels may be non-contiguous (collators slice them).
-
-    Args:
-        logits: `(..., num_classes)` scores of any float dtype.
-        labels: int64 `(...)` targets matching `logits.shape[:-1]`, -100 = ignored.
-
-    Returns:
-        A scalar float32 tensor (nats per labelled position).
-    """
-    return nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device), ignore_index=-100
-    )
 
 
 def check_classification_labels(labels: torch.Tensor | None, config) -> None:

@@ -15,7 +15,12 @@ from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
-from ...modeling_utils import HfzooPreTrainedModel, MoeSequenceClassifierOutputWithPast
+from ...modeling_utils import (
+    HfzooPreTrainedModel,
+    MoeSequenceClassifierOutputWithPast,
+    normalize_summed_loss,
+    sequence_classification_loss,
+)
 from ...modules.embeddings import build_vocab_projection, tied_embedding_keys
 from ...modules.heads import check_classification_labels, last_token_pool
 from ...modules.stack import HfzooStack
@@ -39,6 +44,8 @@ class HfzooDecoderModel(HfzooStack, HfzooDecoderPreTrainedModel):
     Args:
         config: an `HfzooDecoderConfig`.
     """
+
+    accepts_loss_kwargs = False  # no loss
 
     def __init__(self, config: HfzooDecoderConfig) -> None:
         super().__init__(config, config.stack_layouts()[0])
@@ -98,6 +105,12 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
     With `num_softmaxes > 1` or `adaptive_softmax_cutoffs` the `logits` are log-probabilities (a mixture of
     softmaxes; the adaptive softmax), and the loss their negative log-likelihood.
 
+    Logits and loss: in training mode with `labels` the loss is computed from the hidden states in chunks
+    of tokens (`hfzoo.modules.embeddings.chunked_linear_cross_entropy`) and `logits` is None, so the
+    float32 scores of the whole batch and their gradient never exist (with GPT-2's vocabulary of 50,257
+    they are 196 MiB per 1,024 tokens each); `skip_logits=False` asks for the logits anyway (then the loss
+    is transformers' `ForCausalLMLoss` on them). In eval mode, or without labels, the logits are returned.
+
     Args:
         config: an `HfzooDecoderConfig`.
     """
@@ -126,6 +139,7 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        skip_logits: bool | None = None,
         **kwargs,
     ) -> MoeCausalLMOutputWithPast:
         """Compute next-token logits and, with `labels`, the mean cross-entropy loss (+ the experts' auxiliary loss).
@@ -138,21 +152,30 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
             inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
             use_cache: create and return a `DynamicCache` when none is given.
             labels: `(batch_size, seq_len)` int64 token ids; shifted inside (position t predicts
-                label t+1), -100 ignored. `num_items_in_batch` in kwargs normalises the summed loss
-                over a whole accumulated batch instead of this micro-batch.
+                label t+1), -100 ignored. Or give `shift_labels` (in kwargs), already aligned with the
+                positions, as transformers' `ForCausalLMLoss` accepts.
             logits_to_keep: compute logits only for the last `logits_to_keep` positions (0 = all).
-            **kwargs: forwarded to the base model and the loss; `output_router_logits` (default
-                `config.output_router_logits`) returns the routers' logits.
+            skip_logits: compute the loss in chunks without returning logits; default: in training mode
+                with labels (see the class docstring).
+            **kwargs: forwarded to the base model; `num_items_in_batch` (transformers' `Trainer`) divides
+                the summed loss by the predicted tokens of the whole accumulated batch instead of taking
+                this batch's mean; `output_router_logits` (default `config.output_router_logits`)
+                returns the routers' logits.
 
         Returns:
             `MoeCausalLMOutputWithPast` with `logits` `(batch_size, seq_len, vocab_size)` (float dtype of
-            the model), `loss` (scalar, nats per predicted token) when labels are given, and
+            the model; None with `skip_logits`), `loss` (float32 scalar, nats per predicted token) when
+            labels are given, and
             `past_key_values`. With experts (`config.num_experts > 0`): `aux_loss`, the float32 scalar
             `router_aux_loss_coef * load balancing + router_z_loss_coef * z-loss` included in `loss`
             (see `hfzoo.modules.experts.router_aux_losses`), and with `output_router_logits` the
             per-MoE-layer `router_logits` `(batch_size * seq_len, num_experts)`.
         """
         return_router_logits = self._request_router_logits(kwargs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        shift_labels = kwargs.pop("shift_labels", None)
+        if labels is not None and shift_labels is None:  # position t predicts label t + 1
+            shift_labels = nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -162,12 +185,24 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             **kwargs,
         )
-        hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
-        logits = self.lm_head(hidden_states)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
+        logits = loss = None
+        if self._chunked_loss(shift_labels, skip_logits):
+            summed = self.lm_head(outputs.last_hidden_state, labels=shift_labels)
+            loss = normalize_summed_loss(summed, shift_labels, num_items_in_batch)
+        else:
+            logits = self.lm_head(slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep))
+            if shift_labels is not None:
+                loss = self.loss_function(
+                    logits=logits,
+                    labels=None,
+                    shift_labels=shift_labels.contiguous(),
+                    vocab_size=self.config.vocab_size,
+                    num_items_in_batch=num_items_in_batch,
+                )
+        share = self._loss_share(shift_labels, num_items_in_batch)
+        loss, moe = self._add_router_losses(
+            loss, outputs, attention_mask, return_router_logits=return_router_logits, loss_share=share
+        )
         return MoeCausalLMOutputWithPast(
             loss=loss,
             logits=logits,
@@ -220,7 +255,8 @@ class HfzooDecoderForSequenceClassification(HfzooDecoderPreTrainedModel):
                 position is classified).
             labels: `(batch_size,)` class ids, or float targets (regression / multi-label).
             use_cache: return the decoder's cache.
-            **kwargs: forwarded to the decoder; `output_router_logits` returns the routers' logits.
+            **kwargs: forwarded to the decoder; `num_items_in_batch` (transformers' `Trainer`) normalises
+                the loss over the whole accumulated batch; `output_router_logits` returns the routers' logits.
 
         Returns:
             `MoeSequenceClassifierOutputWithPast` (a `SequenceClassifierOutputWithPast`) with `logits`
@@ -232,6 +268,7 @@ class HfzooDecoderForSequenceClassification(HfzooDecoderPreTrainedModel):
         """
         check_classification_labels(labels, self.config)
         return_router_logits = self._request_router_logits(kwargs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         outputs = self.model(
             input_ids,
             attention_mask=attention_mask,
@@ -245,8 +282,11 @@ class HfzooDecoderForSequenceClassification(HfzooDecoderPreTrainedModel):
         pooled_logits = last_token_pool(logits, input_ids, self.config.pad_token_id)
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
-        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
+            loss = sequence_classification_loss(labels, pooled_logits, self.config, num_items_in_batch)
+        share = self._loss_share(labels, num_items_in_batch)
+        loss, moe = self._add_router_losses(
+            loss, outputs, attention_mask, return_router_logits=return_router_logits, loss_share=share
+        )
         return MoeSequenceClassifierOutputWithPast(
             loss=loss,
             logits=pooled_logits,

@@ -14,9 +14,11 @@ from ...modeling_utils import (
     MoeMaskedLMOutput,
     MoeSequenceClassifierOutput,
     MoeTokenClassifierOutput,
+    normalize_summed_loss,
+    sequence_classification_loss,
 )
-from ...modules.embeddings import tied_embedding_keys
-from ...modules.heads import MaskedLMHead, SequenceClassificationHead, check_classification_labels, token_cross_entropy
+from ...modules.embeddings import VocabProjection, tied_embedding_keys
+from ...modules.heads import MaskedLMHead, SequenceClassificationHead, check_classification_labels
 from ...modules.stack import HfzooStack
 from .configuration_encoder import HfzooEncoderConfig
 
@@ -37,6 +39,8 @@ class HfzooEncoderModel(HfzooStack, HfzooEncoderPreTrainedModel):
     Args:
         config: an `HfzooEncoderConfig`.
     """
+
+    accepts_loss_kwargs = False  # no loss
 
     def __init__(self, config: HfzooEncoderConfig) -> None:
         super().__init__(config, config.stack_layouts()[0])
@@ -86,7 +90,11 @@ class HfzooEncoderModel(HfzooStack, HfzooEncoderPreTrainedModel):
 class HfzooEncoderForMaskedLM(HfzooEncoderPreTrainedModel):
     """Encoder with BERT's masked-LM head (Devlin et al. 2019, §3.1, "Task #1: Masked LM").
 
-    `lm_head.decoder.weight` is tied to `model.embed_tokens.weight` when `tie_word_embeddings`.
+    `lm_head.decoder.weight` is tied to `model.embed_tokens.weight` when `tie_word_embeddings`; the output
+    embeddings (`get_output_embeddings`, resized by `resize_token_embeddings`) are `lm_head.decoder`.
+
+    In training mode with `labels` the loss is computed in chunks of tokens from the transformed hidden
+    states and `logits` is None (as `HfzooDecoderForCausalLM`; `skip_logits=False` asks for them).
 
     Args:
         config: an `HfzooEncoderConfig`.
@@ -105,6 +113,14 @@ class HfzooEncoderForMaskedLM(HfzooEncoderPreTrainedModel):
             return {}
         return tied_embedding_keys(self.config, "lm_head.decoder", "model.embed_tokens")
 
+    def get_output_embeddings(self) -> VocabProjection:
+        """Return the masked-LM head's vocabulary projection `lm_head.decoder` (BERT: `cls.predictions.decoder`)."""
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
+        """Replace the vocabulary projection of the masked-LM head."""
+        self.lm_head.decoder = new_embeddings
+
     @can_return_tuple
     def forward(
         self,
@@ -114,6 +130,7 @@ class HfzooEncoderForMaskedLM(HfzooEncoderPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
+        skip_logits: bool | None = None,
         **kwargs,
     ) -> MoeMaskedLMOutput:
         """Predict the original token at every position; with `labels`, the mean masked-LM loss.
@@ -125,14 +142,18 @@ class HfzooEncoderForMaskedLM(HfzooEncoderPreTrainedModel):
             position_ids: `(batch_size, seq_len)` int64 positions (default 0..seq_len-1).
             inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
             labels: `(batch_size, seq_len)` int64 original ids at masked positions, -100 elsewhere.
-            **kwargs: forwarded to the encoder.
+            skip_logits: compute the loss in chunks without returning logits; default: in training mode
+                with labels.
+            **kwargs: forwarded to the encoder; `num_items_in_batch` (transformers' `Trainer`) divides the
+                summed loss by the labelled positions of the whole accumulated batch.
 
         Returns:
-            `MoeMaskedLMOutput` (a `MaskedLMOutput`) with `logits` `(batch_size, seq_len, vocab_size)` and
-            the mean cross-entropy `loss` over positions whose label is not -100; with experts, plus
-            `aux_loss` (included in `loss`) and, with `output_router_logits`, `router_logits`.
+            `MoeMaskedLMOutput` (a `MaskedLMOutput`) with `logits` `(batch_size, seq_len, vocab_size)` (None
+            with `skip_logits`) and the mean cross-entropy `loss` over positions whose label is not -100;
+            with experts, plus `aux_loss` (included in `loss`) and, with `output_router_logits`, `router_logits`.
         """
         return_router_logits = self._request_router_logits(kwargs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -141,11 +162,23 @@ class HfzooEncoderForMaskedLM(HfzooEncoderPreTrainedModel):
             inputs_embeds=inputs_embeds,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = token_cross_entropy(logits, labels)
-        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
+        logits = loss = None
+        if self._chunked_loss(labels, skip_logits):
+            summed = self.lm_head(outputs.last_hidden_state, labels=labels)
+            loss = normalize_summed_loss(summed, labels, num_items_in_batch)
+        else:
+            logits = self.lm_head(outputs.last_hidden_state)
+            if labels is not None:
+                loss = self.loss_function(
+                    logits,
+                    labels.contiguous(),
+                    vocab_size=self.config.vocab_size,
+                    num_items_in_batch=num_items_in_batch,
+                )
+        share = self._loss_share(labels, num_items_in_batch)
+        loss, moe = self._add_router_losses(
+            loss, outputs, attention_mask, return_router_logits=return_router_logits, loss_share=share
+        )
         return MoeMaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions, **moe
         )
@@ -192,7 +225,8 @@ class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
                 (multi-label), or `(batch_size,)` float (regression).
             past_key_values: prefix keys/values for every layer (PEFT prefix tuning; `attention_mask`
                 then covers prefix + tokens), or None.
-            **kwargs: forwarded to the encoder.
+            **kwargs: forwarded to the encoder; `num_items_in_batch` (transformers' `Trainer`) normalises
+                the loss over the whole accumulated batch.
 
         Returns:
             `MoeSequenceClassifierOutput` (a `SequenceClassifierOutput`) with `logits` `(batch_size, num_labels)`
@@ -204,6 +238,7 @@ class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
         """
         check_classification_labels(labels, self.config)
         return_router_logits = self._request_router_logits(kwargs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -216,8 +251,11 @@ class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
         logits = self.classifier(outputs.last_hidden_state[:, 0])
         loss = None
         if labels is not None:
-            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
-        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
+            loss = sequence_classification_loss(labels, logits, self.config, num_items_in_batch)
+        share = self._loss_share(labels, num_items_in_batch)
+        loss, moe = self._add_router_losses(
+            loss, outputs, attention_mask, return_router_logits=return_router_logits, loss_share=share
+        )
         return MoeSequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions, **moe
         )
@@ -259,7 +297,8 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
             position_ids: `(batch_size, seq_len)` int64 positions (default 0..seq_len-1).
             inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
             labels: `(batch_size, seq_len)` int64 class ids, -100 for ignored positions.
-            **kwargs: forwarded to the encoder.
+            **kwargs: forwarded to the encoder; `num_items_in_batch` (transformers' `Trainer`) divides the
+                summed loss by the labelled positions of the whole accumulated batch.
 
         Returns:
             `MoeTokenClassifierOutput` (a `TokenClassifierOutput`) with `logits` `(batch_size, seq_len,
@@ -271,6 +310,7 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
         """
         check_classification_labels(labels, self.config)
         return_router_logits = self._request_router_logits(kwargs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -281,9 +321,14 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
         )
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
-        if labels is not None:
-            loss = token_cross_entropy(logits, labels)
-        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
+        if labels is not None:  # transformers' ForTokenClassification
+            loss = self.loss_function(
+                logits, labels.contiguous(), config=self.config, num_items_in_batch=num_items_in_batch
+            )
+        share = self._loss_share(labels, num_items_in_batch)
+        loss, moe = self._add_router_losses(
+            loss, outputs, attention_mask, return_router_logits=return_router_logits, loss_share=share
+        )
         return MoeTokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions, **moe
         )

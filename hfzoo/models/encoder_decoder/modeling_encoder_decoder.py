@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
+from transformers.loss.loss_utils import ForMaskedLMLoss
 from transformers.modeling_outputs import (
     BaseModelOutput,
     Seq2SeqMoEModelOutput,
@@ -21,11 +22,17 @@ from transformers.utils import ModelOutput
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from ...modeling_utils import HfzooPreTrainedModel, Seq2SeqMoELMOutput, Seq2SeqMoESequenceClassifierOutput
+from ...modeling_utils import (
+    HfzooPreTrainedModel,
+    Seq2SeqMoELMOutput,
+    Seq2SeqMoESequenceClassifierOutput,
+    normalize_summed_loss,
+    sequence_classification_loss,
+)
 from ...modules.attention import HfzooAttention
 from ...modules.embeddings import build_token_embedding, build_vocab_projection, tied_embedding_keys
 from ...modules.experts import HfzooRouter
-from ...modules.heads import SequenceClassificationHead, check_classification_labels, token_cross_entropy
+from ...modules.heads import SequenceClassificationHead, check_classification_labels
 from ...modules.stack import LAYER_TYPES, HfzooStack, HfzooStackOutput
 from ...modules.universal import UniversalTransformerLayerStack
 from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
@@ -102,6 +109,8 @@ class HfzooEncoderDecoderStack(HfzooStack, HfzooEncoderDecoderPreTrainedModel):
         is_decoder: build the decoder side instead of the encoder side.
     """
 
+    accepts_loss_kwargs = False  # no loss
+
     def __init__(self, config: HfzooEncoderDecoderConfig, embed_tokens: nn.Module, is_decoder: bool) -> None:
         encoder, decoder = config.stack_layouts()
         super().__init__(config, decoder if is_decoder else encoder, embed_tokens=embed_tokens)
@@ -146,6 +155,8 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
     Args:
         config: an `HfzooEncoderDecoderConfig`.
     """
+
+    accepts_loss_kwargs = False  # no loss
 
     def __init__(self, config: HfzooEncoderDecoderConfig) -> None:
         super().__init__(config)
@@ -277,6 +288,10 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
     `num_softmaxes > 1` or `adaptive_softmax_cutoffs` the `logits` are log-probabilities (a mixture of
     softmaxes; the adaptive softmax), and the loss their negative log-likelihood.
 
+    In training mode with `labels` the loss is computed in chunks of target tokens from the decoder's
+    hidden states and `logits` is None (as `HfzooDecoderForCausalLM`; `skip_logits=False` asks for them).
+    `resize_token_embeddings` resizes all three vocabulary matrices, tied or not.
+
     Args:
         config: an `HfzooEncoderDecoderConfig`.
     """
@@ -316,6 +331,7 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        skip_logits: bool | None = None,
         **kwargs,
     ) -> Seq2SeqMoELMOutput:
         """Compute target-token logits and, with `labels`, the mean cross-entropy loss.
@@ -332,16 +348,20 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
             use_cache: return the decoder's cache.
             labels: `(batch_size, tgt_len)` int64 target ids (-100 ignored); position t's logits
                 predict label t (the decoder inputs are the labels shifted right).
-            **kwargs: forwarded to the model.
+            skip_logits: compute the loss in chunks without returning logits; default: in training mode
+                with labels.
+            **kwargs: forwarded to the model; `num_items_in_batch` (transformers' `Trainer`) divides the
+                summed loss by the target tokens of the whole accumulated batch.
 
         Returns:
             `Seq2SeqMoELMOutput` (a `Seq2SeqMoEOutput`) with `logits` `(batch_size, tgt_len, vocab_size)`
-            and `loss` (nats per target token). With experts, plus `aux_loss` (included in `loss`), its
-            parts `encoder_aux_loss` / `decoder_aux_loss` / `encoder_z_loss` / `decoder_z_loss` (the
-            encoder's are None when `encoder_outputs` are given), and with `output_router_logits`,
-            `encoder_router_logits` / `decoder_router_logits`.
+            (None with `skip_logits`) and `loss` (float32, nats per target token). With experts, plus
+            `aux_loss` (included in `loss`), its parts `encoder_aux_loss` / `decoder_aux_loss` /
+            `encoder_z_loss` / `decoder_z_loss` (the encoder's are None when `encoder_outputs` are given),
+            and with `output_router_logits`, `encoder_router_logits` / `decoder_router_logits`.
         """
         return_router_logits = self._request_router_logits(kwargs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         outputs = self.model(
@@ -356,11 +376,23 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
             use_cache=use_cache,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = token_cross_entropy(logits, labels)
-        loss, moe = self._add_router_losses(loss, outputs, attention_mask, decoder_attention_mask, return_router_logits)
+        logits = loss = None
+        if self._chunked_loss(labels, skip_logits):
+            summed = self.lm_head(outputs.last_hidden_state, labels=labels)
+            loss = normalize_summed_loss(summed, labels, num_items_in_batch)
+        else:
+            logits = self.lm_head(outputs.last_hidden_state)
+            if labels is not None:  # unshifted targets: transformers' token loss without the causal shift
+                loss = ForMaskedLMLoss(
+                    logits,
+                    labels.contiguous(),
+                    vocab_size=self.config.vocab_size,
+                    num_items_in_batch=num_items_in_batch,
+                )
+        share = self._loss_share(labels, num_items_in_batch)
+        loss, moe = self._add_router_losses(
+            loss, outputs, attention_mask, decoder_attention_mask, return_router_logits, loss_share=share
+        )
         return Seq2SeqMoELMOutput(
             loss=loss,
             logits=logits,
@@ -413,7 +445,8 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
             labels: class ids `(batch_size,)`, or float targets (regression / multi-label).
             past_key_values: PEFT prefix tuning's prefix for both stacks (see `split_prefix_cache`;
                 `attention_mask` then covers prefix + source tokens), or None.
-            **kwargs: forwarded to the model.
+            **kwargs: forwarded to the model; `num_items_in_batch` (transformers' `Trainer`) normalises the
+                loss over the whole accumulated batch.
 
         Returns:
             `Seq2SeqMoESequenceClassifierOutput` (a `Seq2SeqSequenceClassifierOutput`) with `logits`
@@ -425,6 +458,7 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
         """
         check_classification_labels(labels, self.config)
         return_router_logits = self._request_router_logits(kwargs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         if decoder_input_ids is None:
             decoder_input_ids = shift_tokens_right(
                 input_ids, self.config.pad_token_id, self.config.decoder_start_token_id
@@ -450,8 +484,11 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
         logits = self.classifier(pooled)
         loss = None
         if labels is not None:
-            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
-        loss, moe = self._add_router_losses(loss, outputs, attention_mask, decoder_attention_mask, return_router_logits)
+            loss = sequence_classification_loss(labels, logits, self.config, num_items_in_batch)
+        share = self._loss_share(labels, num_items_in_batch)
+        loss, moe = self._add_router_losses(
+            loss, outputs, attention_mask, decoder_attention_mask, return_router_logits, loss_share=share
+        )
         return Seq2SeqMoESequenceClassifierOutput(
             loss=loss,
             logits=logits,

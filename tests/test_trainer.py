@@ -1,0 +1,232 @@
+"""hfzoo models inside transformers' `Trainer`: gradient accumulation, gradient checkpointing, PEFT, best model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState, GradientState
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import Trainer, TrainingArguments
+from variant_checks import TINY
+
+from hfzoo import (
+    HfzooDecoderConfig,
+    HfzooDecoderForCausalLM,
+    HfzooDecoderForSequenceClassification,
+    HfzooEncoderConfig,
+    HfzooEncoderDecoderConfig,
+    HfzooEncoderDecoderForConditionalGeneration,
+    HfzooEncoderDecoderForSequenceClassification,
+    HfzooEncoderForMaskedLM,
+    HfzooEncoderForSequenceClassification,
+    HfzooEncoderForTokenClassification,
+)
+from hfzoo.training.peft_utils import default_lora_target_modules
+
+NUM_EXAMPLES, SEQ_LEN, TGT_LEN = 24, 10, 6
+
+HEADS = {
+    "decoder-clm": (HfzooDecoderForCausalLM, HfzooDecoderConfig, {}),
+    "decoder-seqcls": (HfzooDecoderForSequenceClassification, HfzooDecoderConfig, {"num_labels": 3}),
+    "encoder-mlm": (HfzooEncoderForMaskedLM, HfzooEncoderConfig, {}),
+    "encoder-seqcls": (HfzooEncoderForSequenceClassification, HfzooEncoderConfig, {"num_labels": 3}),
+    "encoder-regression": (HfzooEncoderForSequenceClassification, HfzooEncoderConfig, {"num_labels": 1}),
+    "encoder-tokcls": (HfzooEncoderForTokenClassification, HfzooEncoderConfig, {"num_labels": 5}),
+    "encoder-decoder-seq2seq": (HfzooEncoderDecoderForConditionalGeneration, HfzooEncoderDecoderConfig, {}),
+    "encoder-decoder-seqcls": (
+        HfzooEncoderDecoderForSequenceClassification,
+        HfzooEncoderDecoderConfig,
+        {"num_labels": 3},
+    ),
+}
+FAMILY_LMS = ("decoder-clm", "encoder-mlm", "encoder-decoder-seq2seq")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """Trainer creates accelerate's process-wide state (bf16 here); later tests in this process need their own."""
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def build(head: str, seed: int = 0, **overrides):
+    model_class, config_class, head_overrides = HEADS[head]
+    torch.manual_seed(seed)
+    return model_class(config_class(**{**TINY, **head_overrides, **overrides}))
+
+
+def dataset(head: str, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Examples of one length whose numbers of labelled positions differ (padding, masking, -100 tails)."""
+    g = torch.Generator().manual_seed(seed)
+    examples = []
+    for i in range(NUM_EXAMPLES):
+        length = 3 + (i * 7) % (SEQ_LEN - 2)  # 3..SEQ_LEN, in no sorted order
+        ids = torch.full((SEQ_LEN,), TINY["pad_token_id"])
+        ids[:length] = torch.randint(2, TINY["vocab_size"], (length,), generator=g)
+        mask = (torch.arange(SEQ_LEN) < length).long()
+        example = {"input_ids": ids, "attention_mask": mask}
+        if head == "decoder-clm":
+            example["labels"] = ids.masked_fill(mask == 0, -100)
+        elif head == "encoder-mlm":
+            chosen = (torch.rand(SEQ_LEN, generator=g) < 0.4) & (mask == 1)
+            chosen[0] = True
+            example["labels"] = ids.masked_fill(~chosen, -100)
+        elif head == "encoder-tokcls":
+            example["labels"] = torch.randint(0, 5, (SEQ_LEN,), generator=g).masked_fill(mask == 0, -100)
+        elif head == "encoder-decoder-seq2seq":
+            target = torch.randint(2, TINY["vocab_size"], (TGT_LEN,), generator=g)
+            example["labels"] = target.masked_fill(torch.arange(TGT_LEN) >= 1 + i % TGT_LEN, -100)
+        elif head == "encoder-regression":
+            example["labels"] = torch.rand((), generator=g)
+        else:
+            if head == "encoder-decoder-seqcls":
+                ids[length - 1] = TINY["eos_token_id"]  # pooled at the last EOS
+            example["labels"] = torch.randint(0, 3, (), generator=g)
+        examples.append(example)
+    return examples
+
+
+def train(model, tmp_path, examples, eval_examples=None, **arguments):
+    defaults = dict(
+        output_dir=str(tmp_path),
+        max_steps=3,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        train_sampling_strategy="sequential",
+        remove_unused_columns=False,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    args = TrainingArguments(**{**defaults, **arguments})
+    trainer = Trainer(model=model, args=args, train_dataset=examples, eval_dataset=eval_examples)
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return trainer, losses
+
+
+def assert_same_training(run_a, run_b, atol: float) -> None:
+    (model_a, losses_a), (model_b, losses_b) = run_a, run_b
+    assert len(losses_a) == len(losses_b) == 3
+    torch.testing.assert_close(torch.tensor(losses_a), torch.tensor(losses_b), rtol=0, atol=atol)
+    params_b = dict(model_b.named_parameters())
+    for name, param in model_a.named_parameters():
+        torch.testing.assert_close(param, params_b[name], rtol=0, atol=atol, msg=name)
+
+
+@pytest.mark.parametrize("head", list(HEADS))
+def test_gradient_accumulation_equals_one_big_batch(tmp_path, head):
+    examples = dataset(head)
+    model = build(head)
+    assert model.accepts_loss_kwargs
+    # the first step's logged loss is the model's own mean loss over the first 8 examples
+    batch = {key: torch.stack([e[key] for e in examples[:8]]) for key in examples[0]}
+    with torch.no_grad():
+        expected_first = model.train()(**batch).loss.item()
+    runs = []
+    for batch_size, accumulation in ((8, 1), (2, 4)):
+        model = build(head)
+        _, losses = train(
+            model,
+            tmp_path / f"bs{batch_size}",
+            examples,
+            per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=accumulation,
+        )
+        runs.append((model, losses))
+    assert runs[0][1][0] == pytest.approx(expected_first, abs=1e-5)
+    assert_same_training(runs[0], runs[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("head", FAMILY_LMS)
+def test_gradient_checkpointing_changes_nothing(tmp_path, head):
+    examples = dataset(head)
+    runs = []
+    for checkpointing in (False, True):
+        model = build(head)
+        trainer, losses = train(
+            model,
+            tmp_path / str(checkpointing),
+            examples,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=2,
+            gradient_checkpointing=checkpointing,
+        )
+        assert model.is_activation_checkpointing is checkpointing
+        runs.append((model, losses))
+    assert_same_training(runs[0], runs[1], atol=1e-6)
+
+
+@pytest.mark.parametrize("head", FAMILY_LMS)
+def test_gradient_checkpointing_gives_the_same_gradients(head):
+    batch = {key: torch.stack([e[key] for e in dataset(head)[:4]]) for key in dataset(head)[0]}
+    grads = []
+    for checkpointing in (False, True):
+        model = build(head).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        model(**batch).loss.backward()
+        grads.append({name: param.grad for name, param in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("head", FAMILY_LMS)
+def test_lora_trains_in_trainer_and_its_adapter_reloads(tmp_path, head):
+    examples = dataset(head)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=default_lora_target_modules(build(head).config))
+    model = get_peft_model(build(head), config)
+    frozen = {name: p.detach().clone() for name, p in model.named_parameters() if not p.requires_grad}
+    lora_before = {name: p.detach().clone() for name, p in model.named_parameters() if "lora_B" in name}
+    trainer, losses = train(
+        model, tmp_path / "run", examples, per_device_train_batch_size=4, gradient_accumulation_steps=2
+    )
+    assert len(losses) == 3 and all(loss == loss for loss in losses)
+    for name, param in model.named_parameters():
+        if name in frozen:
+            torch.testing.assert_close(param, frozen[name], rtol=0, atol=0, msg=name)
+    assert any(not torch.equal(p, lora_before[n]) for n, p in model.named_parameters() if n in lora_before)
+    trainer.save_model(tmp_path / "adapter")
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+
+    batch = {key: torch.stack([e[key] for e in examples[:4]]) for key in examples[0]}
+    model.eval()
+    with torch.no_grad():
+        expected = model(**batch)
+    reloaded = PeftModel.from_pretrained(build(head), tmp_path / "adapter").eval()
+    with torch.no_grad():
+        got = reloaded(**batch)
+    torch.testing.assert_close(got.logits, expected.logits, rtol=0, atol=0)
+    torch.testing.assert_close(got.loss, expected.loss, rtol=0, atol=0)
+
+
+def test_bf16_and_load_best_model_at_end(tmp_path):
+    examples = dataset("decoder-clm")
+    model = build("decoder-clm")
+    trainer, losses = train(
+        model,
+        tmp_path,
+        examples[:16],
+        eval_examples=examples[16:],
+        max_steps=4,
+        per_device_train_batch_size=4,
+        bf16=True,
+        eval_strategy="steps",
+        eval_steps=1,
+        save_strategy="steps",
+        save_steps=1,
+        load_best_model_at_end=True,
+        metric_for_best_model="eval_loss",
+    )
+    assert all(loss == loss for loss in losses)
+    evals = {e["step"]: e["eval_loss"] for e in trainer.state.log_history if "eval_loss" in e}
+    best_step = min(evals, key=evals.get)
+    assert trainer.state.best_model_checkpoint.endswith(f"checkpoint-{best_step}")
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied after reloading the best
+    best = HfzooDecoderForCausalLM.from_pretrained(trainer.state.best_model_checkpoint)
+    for name, param in best.named_parameters():
+        torch.testing.assert_close(param, dict(model.named_parameters())[name], rtol=0, atol=0, msg=name)
