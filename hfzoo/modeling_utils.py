@@ -23,7 +23,13 @@ from transformers.utils.output_capturing import OutputRecorder
 from .configuration_utils import HfzooConfig
 from .integrity import check_weight_files
 from .modules.attention import HfzooAttention
-from .modules.embeddings import TokenEmbedding, VocabProjection, check_vocab_resizable
+from .modules.embeddings import (
+    AdaptiveLogSoftmax,
+    AdaptiveVocabProjection,
+    TokenEmbedding,
+    VocabProjection,
+    check_vocab_resizable,
+)
 from .modules.experts import HfzooRouter, router_aux_losses, token_padding_mask
 from .modules.layer import Residual
 from .modules.mixers import TOKEN_MIXERS
@@ -169,8 +175,10 @@ class HfzooPreTrainedModel(PreTrainedModel):
             skip_logits: the caller's choice; None: skip in training mode when labels are given.
 
         Returns:
-            True when the logits are skipped and the output embedding is a `VocabProjection` (a head replaced
-            by a wrapper, e.g. PEFT's LoRA on `lm_head`, computes full logits and its loss from them).
+            True when the logits are skipped and the output embedding computes the summed loss from `labels`
+            itself: a `VocabProjection` (in chunks) or an adaptive output (`AdaptiveVocabProjection`,
+            `AdaptiveLogSoftmax`, which score the whole vocabulary); a head replaced by a wrapper, e.g. PEFT's
+            LoRA on `lm_head`, computes full logits and its loss from them.
 
         Raises:
             ValueError: `skip_logits=True` without labels.
@@ -179,7 +187,9 @@ class HfzooPreTrainedModel(PreTrainedModel):
             skip_logits = self.training and labels is not None
         if skip_logits and labels is None:
             raise ValueError("skip_logits=True needs labels: without them the logits are the only output")
-        return bool(skip_logits) and isinstance(self.get_output_embeddings(), VocabProjection)
+        return bool(skip_logits) and isinstance(
+            self.get_output_embeddings(), (VocabProjection, AdaptiveVocabProjection, AdaptiveLogSoftmax)
+        )
 
     def _loss_share(self, labels: torch.Tensor | None, num_items_in_batch) -> torch.Tensor | None:
         """This micro-batch's share of the accumulated batch's labelled positions (None without `num_items_in_batch`).

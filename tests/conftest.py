@@ -11,6 +11,7 @@ from pathlib import Path
 
 import clean_env
 import pytest
+from accelerate.state import AcceleratorState, GradientState
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,3 +56,15 @@ def clean_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A clean interpreter that sees this venv's packages but not hfzoo (one per test session, `remote_code.py`)."""
     site_packages = Path(sysconfig.get_paths()["purelib"])
     return clean_env.make_clean_venv(tmp_path_factory.mktemp("clean_venv"), [site_packages])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """Reset accelerate's process-wide state after each test.
+
+    Recipes run in-process (`main(argv)`) and Trainer create it with their own settings (mixed precision,
+    CPU); a later test in the same process must be able to create its own, as a fresh process would.
+    """
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()

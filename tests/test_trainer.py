@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState, GradientState
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import Trainer, TrainingArguments
 from variant_checks import TINY
@@ -40,14 +39,6 @@ HEADS = {
     ),
 }
 FAMILY_LMS = ("decoder-clm", "encoder-mlm", "encoder-decoder-seq2seq")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_accelerate_state():
-    """Trainer creates accelerate's process-wide state (bf16 here); later tests in this process need their own."""
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
 def build(head: str, seed: int = 0, **overrides):
