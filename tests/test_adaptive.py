@@ -16,6 +16,7 @@ import pytest
 import torch
 from huggingface_hub.errors import StrictDataclassClassValidationError
 from safetensors.torch import load_file
+from variant_checks import TINY
 
 from hfzoo import (
     HfzooDecoderConfig,
@@ -36,16 +37,6 @@ from hfzoo.modules.embeddings import (
     vocab_clusters,
 )
 
-TINY = dict(
-    vocab_size=97,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=64,
-    pad_token_id=0,
-    eos_token_id=1,
-)
 CUTOFFS = [20, 50, 90]  # clusters of 20 / 30 / 40 / 7 ids; widths 32 / 8 / 2 / 1 with factor 4
 TIED_SOFTMAX = {"adaptive_input_cutoffs": CUTOFFS, "adaptive_softmax_cutoffs": CUTOFFS}
 FAMILIES = {
