@@ -1,8 +1,9 @@
-"""Run `hfzoo-study` and SIGKILL it in the middle of a pretraining run (test helper).
+"""Run `hfzoo-study` and send it a signal in the middle of a pretraining run (test helper).
 
-Usage: python tests/kill_study_during_run.py N STUDY_ARGS...  The process kills itself with SIGKILL at the
-N-th optimizer step counted over the whole study (across runs), i.e. in the middle of some run's
-pretraining, leaving whatever that run had written so far.
+Usage: python tests/kill_study_during_run.py SIGNAL N STUDY_ARGS...  The process sends itself SIGNAL
+(e.g. SIGKILL, SIGTERM) at the N-th optimizer step counted over the whole study (across runs), i.e. in the
+middle of some run's pretraining: SIGKILL leaves whatever that run had written so far, SIGTERM lets the
+pretraining recipe finish the step and write its checkpoint.
 """
 
 import os
@@ -12,7 +13,8 @@ import sys
 from hfzoo.training import pretraining
 from hfzoo.training.study import main
 
-_kill_at = int(sys.argv[1])
+_signal = signal.Signals[sys.argv[1]]
+_kill_at = int(sys.argv[2])
 _original_step = pretraining.accumulation_step
 _steps = []
 
@@ -20,9 +22,9 @@ _steps = []
 def _step_then_die(*args, **kwargs):
     _steps.append(1)
     if len(_steps) == _kill_at:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), _signal)
     return _original_step(*args, **kwargs)
 
 
 pretraining.accumulation_step = _step_then_die
-main(sys.argv[2:])
+main(sys.argv[3:])

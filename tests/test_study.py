@@ -1,9 +1,9 @@
 """`hfzoo-study` (Narang et al.'s modification study at small scale): kill and restart, outputs, bad input, statistics.
 
 A tiny study (2 variants x 2 seeds, 16 pretraining steps of a 2 + 2 layer model on 4 Gutenberg books, two
-tiny GLUE tasks) runs uninterrupted in this process; the same study killed (SIGKILL) in the middle of its
-second run's pretraining and started again must finish with the same `results.json` (wall-clock figures
-aside). The shipped default study file must parse and validate.
+tiny GLUE tasks) runs uninterrupted in this process; the same study killed (SIGKILL, or stopped by
+SIGTERM) in the middle of its second run's pretraining and started again must finish with the same
+`results.json` (wall-clock figures aside). The shipped default study file must parse and validate.
 """
 
 from __future__ import annotations
@@ -141,20 +141,29 @@ def uninterrupted(inputs, tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_killed_study_restarts_and_finishes_with_the_same_results(inputs, uninterrupted, tmp_path):
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_killed_study_restarts_and_finishes_with_the_same_results(signal_name, inputs, uninterrupted, tmp_path):
     study = tiny_study(inputs, tmp_path / "study.yaml")
     argv = ["--study", str(study), "--output_dir", str(tmp_path / "out")]
-    # SIGKILL at the 24th optimizer step of the study: step 8 of 16 of the second run's pretraining.
+    # The signal at the 24th optimizer step of the study: step 8 of 16 of the second run's pretraining.
     proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "tests" / "kill_study_during_run.py"), "24", *argv],
+        [sys.executable, str(REPO_ROOT / "tests" / "kill_study_during_run.py"), signal_name, "24", *argv],
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert proc.returncode == -9, proc.stderr[-3000:]
     first, second = run_dir(tmp_path / "out", VARIANTS[0], 0), run_dir(tmp_path / "out", VARIANTS[0], 1)
+    if signal_name == "SIGKILL":
+        assert proc.returncode == -9, proc.stderr[-3000:]
+        assert not (second / "pretrain" / "all_results.json").exists()
+    else:  # the recipe finishes the step, writes a checkpoint and stops; the study stops with it
+        assert proc.returncode == 75, proc.stderr[-3000:]
+        assert "Vanilla Transformer, seed 1; the study stopped there" in proc.stderr
+        assert "Run the same command again" in proc.stderr
+        assert not (second / "error.txt").exists()
     assert (first / "result.json").is_file() and not (second / "result.json").exists()
-    assert (second / "config.json").is_file() and not (second / "pretrain" / "all_results.json").exists()
+    assert (second / "config.json").is_file()
+    assert not run_dir(tmp_path / "out", VARIANTS[1], 0).exists()  # no later run was started
     assert [r["seed"] for r in read_results(tmp_path / "out")["runs"]] == [0]  # the report of the finished run
 
     main(argv)  # the same command again: finishes the study, the killed run from its start

@@ -66,6 +66,7 @@ from ..data.glue import get_glue_task
 from ..models.narang import TABLE_1_ROWS, load_paper_table, resolve_row
 from ..models.presets import PRESETS, build_config, parse_overrides
 from .arguments import OneLineErrorParser, parse_pretrain_args
+from .faults import EXIT_PREEMPTED
 from .flops import count_training_flops
 
 __all__ = ["EARLY_FRACTION", "StudySettings", "load_settings", "main", "run_study"]
@@ -749,10 +750,16 @@ def _pdeathsig() -> None:  # pragma: no cover - runs in the child before exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
+class StudyInterrupted(Exception):
+    """A stage was stopped by SIGTERM or SIGINT: the whole study stops (the same command continues it)."""
+
+
 def run_stage(module: str, argv: list[str], launcher: str | None) -> None:
     """Run a recipe's `main(argv)`: in this process, or `launcher -m module argv` in a child process.
 
     Raises:
+        StudyInterrupted: the stage was stopped by SIGTERM/SIGINT (the recipe's exit code
+            `faults.EXIT_PREEMPTED`, or a child process ended by one of these signals).
         RuntimeError: the recipe refused its input or failed (the message says which).
     """
     print(f"=== {module} {shlex.join(argv)}", flush=True)
@@ -762,10 +769,14 @@ def run_stage(module: str, argv: list[str], launcher: str | None) -> None:
         try:
             import_module(module).main(argv)
         except SystemExit as err:
+            if err.code == EXIT_PREEMPTED:
+                raise StudyInterrupted(f"{module} was stopped by a signal") from None
             raise RuntimeError(f"{module} stopped: {err}") from None
         return
     command = [*shlex.split(launcher), "-m", module, *argv]
     completed = subprocess.run(command, preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None)
+    if completed.returncode in (EXIT_PREEMPTED, -signal.SIGTERM, -signal.SIGINT):
+        raise StudyInterrupted(f"{shlex.join(command)} was stopped by a signal (status {completed.returncode})")
     if completed.returncode != 0:
         raise RuntimeError(f"{shlex.join(command)} exited with status {completed.returncode}")
 
@@ -915,9 +926,8 @@ def run_study(
     Raises:
         ValueError, FileNotFoundError: bad settings (before anything is trained).
         RuntimeError: some runs failed (after every other run was attempted and the report written).
+        StudyInterrupted: a stage was stopped by SIGTERM/SIGINT; no further run is started.
     """
-    from .study_report import write_report
-
     output_dir = Path(output_dir)
     check_settings(settings, num_processes)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -926,7 +936,7 @@ def run_study(
         if _read_json(output_dir / STUDY_FILE) is None:
             raise ValueError(f"--output_dir {output_dir}: no study to report on ({STUDY_FILE} missing)")
         prepare_output_dir(output_dir, settings, overwrite=False)
-        return write_report(output_dir, settings, _records(output_dir, plan))
+        return _write_report_locked(output_dir, settings, plan)
     with _lock(output_dir / ".study.lock", blocking=True):
         prepare_output_dir(output_dir, settings, overwrite)
         tokenizer_dir = ensure_tokenizer(settings, output_dir)
@@ -943,6 +953,12 @@ def run_study(
             start = time.perf_counter()
             try:
                 record = execute_run(settings, variant, seed, folder, tokenizer_dir, subsets, launcher, num_processes)
+            except StudyInterrupted as err:
+                _write_report_locked(output_dir, settings, plan)
+                raise StudyInterrupted(
+                    f"{err} during {variant}, seed {seed}; the study stopped there. "
+                    "Run the same command again to continue it"
+                ) from None
             except Exception as err:  # noqa: BLE001 - a failed run is reported, the others still run
                 failed.append(f"{variant}, seed {seed}: {err}")
                 (folder / "error.txt").write_text(traceback.format_exc())
@@ -953,11 +969,23 @@ def run_study(
             record["timing"]["run_seconds"] = time.perf_counter() - start
             _write_json(folder / RECORD_FILE, record)
             (folder / "error.txt").unlink(missing_ok=True)
-        write_report(output_dir, settings, _records(output_dir, plan))
-    records = write_report(output_dir, settings, _records(output_dir, plan))
+        _write_report_locked(output_dir, settings, plan)
+    records = _write_report_locked(output_dir, settings, plan)
     if failed:
         raise RuntimeError(f"{len(failed)} run(s) failed: " + " | ".join(failed))
     return records
+
+
+def _write_report_locked(output_dir: Path, settings: StudySettings, plan: list[tuple[str, int]]) -> list[dict]:
+    """Rewrite the report from the finished runs while holding the study lock.
+
+    Several study processes on one folder finish runs at about the same time; the lock keeps them from
+    writing the same report files (and their temporary files) at once.
+    """
+    from .study_report import write_report
+
+    with _lock(output_dir / ".study.lock", blocking=True):
+        return write_report(output_dir, settings, _records(output_dir, plan))
 
 
 def _records(output_dir: Path, plan: list[tuple[str, int]]) -> list[dict]:
@@ -979,7 +1007,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         The finished runs' records.
 
     Raises:
-        SystemExit: bad input (a one-line `error: ...`, before anything is trained) or failed runs.
+        SystemExit: bad input (a one-line `error: ...`, before anything is trained) or failed runs; a
+            study stopped by SIGTERM/SIGINT during a pretraining stage exits with `faults.EXIT_PREEMPTED`
+            (75) after writing the report of the finished runs.
     """
     args = build_parser().parse_args(argv)
     overrides = {key: getattr(args, key) for key in _FIELDS}
@@ -995,6 +1025,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             num_processes=args.num_processes,
             report_only=args.report_only,
         )
+    except StudyInterrupted as err:
+        sys.stderr.write(f"{err}\n")
+        raise SystemExit(EXIT_PREEMPTED) from None
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         raise SystemExit(f"error: {err}") from None
 
