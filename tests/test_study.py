@@ -226,6 +226,35 @@ def test_outputs_of_a_study(uninterrupted):
     assert set(curves) == set(VARIANTS) and len(curves["SwiGLU"]) == 9
 
 
+def test_the_report_is_written_under_the_study_lock(inputs, uninterrupted, tmp_path, monkeypatch):
+    """Study processes sharing a folder never write the report files at the same time."""
+    import shutil
+
+    from hfzoo.training import study_report
+
+    out = tmp_path / "out"
+    shutil.copytree(uninterrupted, out)
+    study = tiny_study(inputs, tmp_path / "study.yaml")
+    original, lock_held = study_report.write_report, []
+
+    def write_report_checking_the_lock(output_dir, settings, records):
+        with open(Path(output_dir) / ".study.lock", "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock_held.append(True)
+            else:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                lock_held.append(False)
+        return original(output_dir, settings, records)
+
+    monkeypatch.setattr(study_report, "write_report", write_report_checking_the_lock)
+    main(["--study", str(study), "--output_dir", str(out)])  # every run finished: only the report is rewritten
+    main(["--study", str(study), "--output_dir", str(out), "--report_only"])
+    assert lock_held == [True, True]
+    assert without_timing(read_results(out)) == without_timing(read_results(uninterrupted))
+
+
 @pytest.mark.slow
 def test_finished_stages_are_reused_and_locked_runs_left_to_their_process(inputs, uninterrupted, tmp_path):
     """A run whose record is gone redoes only its unfinished stages; a run locked by another process is skipped."""
