@@ -280,6 +280,17 @@ def test_finished_stages_are_reused_and_locked_runs_left_to_their_process(inputs
     assert without_timing(read_results(out)) == reference
 
 
+@pytest.mark.slow
+def test_parallel_runs_share_the_study_and_give_the_same_results(inputs, uninterrupted, tmp_path, capfd):
+    """`--parallel_runs 2`: this process and a child split the runs, each run once, same results."""
+    study = tiny_study(inputs, tmp_path / "study.yaml")
+    main(["--study", str(study), "--output_dir", str(tmp_path / "out"), "--parallel_runs", "2"])
+    started = re.findall(r"=== run \d+/4: (.+), seed (\d) \(.*, study process (\d+)\)", capfd.readouterr().out)
+    assert sorted((v, int(s)) for v, s, _ in started) == sorted((v, s) for v in VARIANTS for s in (0, 1))
+    assert len({pid for _, _, pid in started}) == 2  # both processes ran some of the runs
+    assert without_timing(read_results(tmp_path / "out")) == without_timing(read_results(uninterrupted))
+
+
 def expect_refusal(argv: list[str], capsys) -> str:
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -314,6 +325,7 @@ def expect_refusal(argv: list[str], capsys) -> str:
         ({"train_batch_tokens": 100}, [], "train_batch_tokens=100 is not a multiple of block_size"),
         ({"glue_args": {"lora_dropout": 2}}, [], "the GLUE arguments are refused"),
         ({"lr_scheduler_type": "sometimes"}, [], "the pretraining arguments are refused"),
+        ({}, ["--parallel_runs", "0"], "--parallel_runs must be positive, got 0"),
     ],
     ids=[
         "unknown-variant",
@@ -331,6 +343,7 @@ def expect_refusal(argv: list[str], capsys) -> str:
         "batch-arithmetic",
         "bad-glue-args",
         "bad-pretrain-args",
+        "zero-parallel-runs",
     ],
 )
 def test_bad_input_is_refused_before_anything_is_trained(changes, flags, expected, inputs, tmp_path, capsys):

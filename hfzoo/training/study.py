@@ -23,8 +23,8 @@ present, and a flag of the same name overrides it. For each (variant, seed) the 
 Restarting the same command continues a killed study: finished runs are never repeated (their record
 exists), a finished pretraining stage or GLUE task of an unfinished run is reused, and unfinished stages
 start again from scratch (deterministic: same seed, same result). Several study processes on one output
-folder (e.g. one per GPU: `CUDA_VISIBLE_DEVICES=i hfzoo-study ...`) share the runs through per-run lock
-files. `--launcher "accelerate launch --config_file CONFIG"` runs every stage in a child process started
+folder (`--parallel_runs N` starts N of them; or one per GPU: `CUDA_VISIBLE_DEVICES=i hfzoo-study ...`)
+share the runs through per-run lock files. `--launcher "accelerate launch --config_file CONFIG"` runs every stage in a child process started
 that way (DDP or DeepSpeed per run; `--num_processes` must then match the config).
 
 Everything that can be refused is checked before the tokenizer or any model is trained: unknown variants
@@ -256,6 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="processes per run the launcher starts (the per-device batch is divided by it)",
+    )
+    p.add_argument(
+        "--parallel_runs",
+        type=int,
+        default=1,
+        help="study processes this command runs at once on --output_dir (itself and N-1 child processes); "
+        "each takes the runs no other holds. On one GPU, several keep it busy with models this small",
     )
     p.add_argument(
         "--report_only",
@@ -909,6 +916,8 @@ def run_study(
     launcher: str | None = None,
     num_processes: int = 1,
     report_only: bool = False,
+    parallel_runs: int = 1,
+    child_argv: list[str] | None = None,
 ) -> list[dict]:
     """Run (or continue) a study and write its report; see the module docstring.
 
@@ -919,6 +928,10 @@ def run_study(
         launcher: None (stages in this process) or a command prefix for child processes.
         num_processes: processes per run started by `launcher`.
         report_only: only rewrite the report from finished runs.
+        parallel_runs: study processes working on `output_dir` at once: this one and `parallel_runs - 1`
+            children (`python -m hfzoo.training.study` + `child_argv`), started once the tokenizer and the
+            GLUE subsets exist; the final report is written after all of them have ended.
+        child_argv: the children's arguments (required when `parallel_runs > 1`).
 
     Returns:
         The records of the finished runs of this selection (variants x seeds), in study order.
@@ -929,6 +942,10 @@ def run_study(
         StudyInterrupted: a stage was stopped by SIGTERM/SIGINT; no further run is started.
     """
     output_dir = Path(output_dir)
+    if parallel_runs < 1:
+        raise ValueError(f"--parallel_runs must be positive, got {parallel_runs}")
+    if parallel_runs > 1 and child_argv is None:
+        raise ValueError("parallel_runs > 1 needs child_argv (the arguments of the other study processes)")
     check_settings(settings, num_processes)
     output_dir.mkdir(parents=True, exist_ok=True)
     plan = [(variant, seed) for variant in settings.variants for seed in settings.seeds]
@@ -941,6 +958,54 @@ def run_study(
         prepare_output_dir(output_dir, settings, overwrite)
         tokenizer_dir = ensure_tokenizer(settings, output_dir)
         subsets = ensure_glue_subsets(settings, output_dir)
+    helpers = [_start_study_process(child_argv) for _ in range(parallel_runs - 1)] if parallel_runs > 1 else []
+    try:
+        failed = _run_plan(settings, output_dir, plan, tokenizer_dir, subsets, launcher, num_processes)
+    except BaseException:
+        for helper in helpers:
+            if helper.poll() is None:
+                helper.terminate()  # SIGTERM: a helper in pretraining stops after its current step
+        for helper in helpers:
+            helper.wait()
+        raise
+    codes = [helper.wait() for helper in helpers]
+    records = _write_report_locked(output_dir, settings, plan)
+    if any(code in (EXIT_PREEMPTED, -signal.SIGTERM, -signal.SIGINT) for code in codes):
+        raise StudyInterrupted(
+            f"a study process was stopped by a signal (exit statuses {codes}); "
+            "run the same command again to continue the study"
+        )
+    failed += [f"study process {i + 2} exited with status {code}" for i, code in enumerate(codes) if code != 0]
+    if failed:
+        raise RuntimeError(f"{len(failed)} run(s) failed: " + " | ".join(failed))
+    return records
+
+
+def _start_study_process(argv: list[str]) -> subprocess.Popen:
+    """Start `python -m hfzoo.training.study argv` (stopped by SIGTERM if this process dies)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "hfzoo.training.study", *argv],
+        preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None,
+    )
+
+
+def _run_plan(
+    settings: StudySettings,
+    output_dir: Path,
+    plan: list[tuple[str, int]],
+    tokenizer_dir: str,
+    subsets: dict[str, Path | None],
+    launcher: str | None,
+    num_processes: int,
+) -> list[str]:
+    """Run every run of `plan` that is neither finished nor held by another study process.
+
+    Returns:
+        One line per failed run (its traceback is in the run's `error.txt`).
+
+    Raises:
+        StudyInterrupted: a stage was stopped by SIGTERM/SIGINT (after the report was rewritten).
+    """
     failed = []
     for index, (variant, seed) in enumerate(plan):
         folder = run_dir(output_dir, variant, seed)
@@ -949,7 +1014,10 @@ def run_study(
         with _lock(folder / ".lock", blocking=False) as acquired:
             if not acquired or _read_json(folder / RECORD_FILE) is not None:
                 continue  # another study process has it, or finished it meanwhile
-            print(f"=== run {index + 1}/{len(plan)}: {variant}, seed {seed} ({folder})", flush=True)
+            print(
+                f"=== run {index + 1}/{len(plan)}: {variant}, seed {seed} ({folder}, study process {os.getpid()})",
+                flush=True,
+            )
             start = time.perf_counter()
             try:
                 record = execute_run(settings, variant, seed, folder, tokenizer_dir, subsets, launcher, num_processes)
@@ -970,10 +1038,7 @@ def run_study(
             _write_json(folder / RECORD_FILE, record)
             (folder / "error.txt").unlink(missing_ok=True)
         _write_report_locked(output_dir, settings, plan)
-    records = _write_report_locked(output_dir, settings, plan)
-    if failed:
-        raise RuntimeError(f"{len(failed)} run(s) failed: " + " | ".join(failed))
-    return records
+    return failed
 
 
 def _write_report_locked(output_dir: Path, settings: StudySettings, plan: list[tuple[str, int]]) -> list[dict]:
@@ -1011,6 +1076,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             study stopped by SIGTERM/SIGINT during a pretraining stage exits with `faults.EXIT_PREEMPTED`
             (75) after writing the report of the finished runs.
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     overrides = {key: getattr(args, key) for key in _FIELDS}
     try:
@@ -1024,6 +1090,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             launcher=args.launcher,
             num_processes=args.num_processes,
             report_only=args.report_only,
+            parallel_runs=1 if args.report_only else args.parallel_runs,
+            child_argv=[*argv, "--parallel_runs", "1"],
         )
     except StudyInterrupted as err:
         sys.stderr.write(f"{err}\n")
