@@ -24,8 +24,9 @@ Restarting the same command continues a killed study: finished runs are never re
 exists), a finished pretraining stage or GLUE task of an unfinished run is reused, and unfinished stages
 start again from scratch (deterministic: same seed, same result). Several study processes on one output
 folder (`--parallel_runs N` starts N of them; or one per GPU: `CUDA_VISIBLE_DEVICES=i hfzoo-study ...`)
-share the runs through per-run lock files. `--launcher "accelerate launch --config_file CONFIG"` runs every stage in a child process started
-that way (DDP or DeepSpeed per run; `--num_processes` must then match the config).
+share the runs through per-run lock files. `--launcher "accelerate launch --config_file CONFIG"` runs every
+stage in a child process started that way (DDP or DeepSpeed per run; `--num_processes` must then match the
+config).
 
 Everything that can be refused is checked before the tokenizer or any model is trained: unknown variants
 (the known ones are listed), missing study-file keys, absent data or GLUE files, zero seeds or steps,
