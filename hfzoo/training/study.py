@@ -762,6 +762,10 @@ class StudyInterrupted(Exception):
     """A stage was stopped by SIGTERM or SIGINT: the whole study stops (the same command continues it)."""
 
 
+#: Exit statuses of a child process stopped by SIGTERM/SIGINT: a recipe's graceful stop, or the signal itself.
+_STOPPED_BY_SIGNAL = (EXIT_PREEMPTED, -signal.SIGTERM, -signal.SIGINT)
+
+
 def run_stage(module: str, argv: list[str], launcher: str | None) -> None:
     """Run a recipe's `main(argv)`: in this process, or `launcher -m module argv` in a child process.
 
@@ -783,7 +787,7 @@ def run_stage(module: str, argv: list[str], launcher: str | None) -> None:
         return
     command = [*shlex.split(launcher), "-m", module, *argv]
     completed = subprocess.run(command, preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None)
-    if completed.returncode in (EXIT_PREEMPTED, -signal.SIGTERM, -signal.SIGINT):
+    if completed.returncode in _STOPPED_BY_SIGNAL:
         raise StudyInterrupted(f"{shlex.join(command)} was stopped by a signal (status {completed.returncode})")
     if completed.returncode != 0:
         raise RuntimeError(f"{shlex.join(command)} exited with status {completed.returncode}")
@@ -971,7 +975,7 @@ def run_study(
         raise
     codes = [helper.wait() for helper in helpers]
     records = _write_report_locked(output_dir, settings, plan)
-    if any(code in (EXIT_PREEMPTED, -signal.SIGTERM, -signal.SIGINT) for code in codes):
+    if any(code in _STOPPED_BY_SIGNAL for code in codes):
         raise StudyInterrupted(
             f"a study process was stopped by a signal (exit statuses {codes}); "
             "run the same command again to continue the study"
