@@ -15,6 +15,7 @@ import dataclasses
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
+from .compat import CACHE_NAME
 from .modules.embeddings import check_adaptive_config
 from .modules.experts import ROUTERS
 from .modules.feed_forward import ACTIVATIONS
@@ -259,7 +260,7 @@ class HfzooConfig(PreTrainedConfig):
     """
 
     model_type = "hfzoo"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = [CACHE_NAME]  # the cache is no prediction
 
     vocab_size: int = 32000
     hidden_size: int = 512

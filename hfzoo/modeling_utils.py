@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +23,7 @@ from transformers.modeling_outputs import (
 )
 from transformers.utils.output_capturing import OutputRecorder
 
+from .compat import CACHE_NAME, LEGACY_CACHE_NAME, accept_legacy_cache_name, cache_field, output_cache
 from .configuration_utils import HfzooConfig
 from .integrity import check_weight_files
 from .modules.attention import HfzooAttention
@@ -36,6 +40,94 @@ from .modules.mixers import TOKEN_MIXERS
 from .modules.positions import POSITION_ATTENTION_BACKENDS
 from .modules.stack import LAYER_STACKS, LAYER_TYPES
 from .modules.universal import UniversalTransformerLayerStack
+
+#: Keyword arguments every hfzoo model's `forward` accepts besides the named parameters of its own `forward` and
+#: of its base model's (a head passes its `**kwargs` on to `self.model`), and who uses them.
+PASSED_DOWN_KWARGS = {
+    "return_dict": "transformers' `can_return_tuple` / `capture_outputs`: a tuple instead of a `ModelOutput`",
+    "output_attentions": "`capture_outputs`: return the attention probabilities (eager attention)",
+    "output_hidden_states": "`capture_outputs`: return each layer's input and the final hidden states",
+    "output_cross_attentions": "`capture_outputs`: return the cross-attention probabilities (encoder-decoder)",
+    "output_router_logits": "heads and `capture_outputs`: return the routers' logits (experts)",
+    "output_ponder_cost": "`capture_outputs`: return the Universal Transformer's ACT ponder cost",
+    "num_items_in_batch": "heads: the labelled positions of the accumulated batch (transformers' `Trainer`)",
+    "cu_seq_lens_q": "flash attention over packed sequences (`DataCollatorWithFlattening`)",
+    "cu_seq_lens_k": "flash attention over packed sequences (`DataCollatorWithFlattening`)",
+    "max_length_q": "flash attention over packed sequences (`DataCollatorWithFlattening`)",
+    "max_length_k": "flash attention over packed sequences (`DataCollatorWithFlattening`)",
+    LEGACY_CACHE_NAME: "the cache under its name before transformers 5.24 (renamed to `cache` on entry)",
+}
+#: Keyword arguments hfzoo accepts and deliberately ignores, with the reason.
+IGNORED_KWARGS = {
+    "cache_position": "positions follow the cache's length (`Cache.get_seq_length`), as in transformers 5's own "
+    "models; callers written for transformers 4 (and PEFT's prompt learning) still send it",
+}
+_ACCEPTED: dict[type, frozenset[str]] = {}
+
+
+def accepted_keywords(model: nn.Module) -> frozenset[str]:
+    """The keyword arguments `model.forward` accepts: named by it or its base model, or `PASSED_DOWN_KWARGS`.
+
+    Besides its named parameters, a model may read keywords from its `**kwargs` that it lists in its
+    `_forward_kwargs_read` (the causal LM's `shift_labels`: named, `Trainer` would take it for a label column).
+
+    Args:
+        model: an hfzoo model (a head's base model is `model.base_model`).
+
+    Returns:
+        The names, without those of `IGNORED_KWARGS` (accepted too, and dropped).
+    """
+    accepted = _ACCEPTED.get(type(model))
+    if accepted is None:
+        parameters = inspect.signature(model.forward).parameters.values()
+        variadic = (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+        names = {p.name for p in parameters if p.kind not in variadic} | PASSED_DOWN_KWARGS.keys()
+        names |= getattr(model, "_forward_kwargs_read", frozenset())
+        base = getattr(model, "base_model", model)
+        if base is not model:
+            names |= accepted_keywords(base)
+        accepted = _ACCEPTED[type(model)] = frozenset(names)
+    return accepted
+
+
+def forward_contract(forward: Callable) -> Callable:
+    """The keyword-argument contract of every hfzoo model's `forward` (applied by `HfzooPreTrainedModel`).
+
+    - the cache is the parameter `cache`; `past_key_values` (its name before transformers 5.24) is accepted
+      as an alias (`hfzoo.compat.accept_legacy_cache_name`), passing both is refused;
+    - a keyword that is not accepted (`accepted_keywords`: named here or by the base model, or in
+      `PASSED_DOWN_KWARGS`) nor in `IGNORED_KWARGS` raises `TypeError` naming it, instead of disappearing
+      into `**kwargs` (a misspelt `cahce=` would otherwise decode without its context); the ones in
+      `IGNORED_KWARGS` are dropped.
+
+    Args:
+        forward: a model's `forward`.
+
+    Returns:
+        The wrapped method; `inspect.signature` reports the original parameters, plus `past_key_values` where
+        `forward` names `cache`.
+
+    Raises:
+        TypeError: (from the wrapped method) an unknown keyword argument.
+        ValueError: (from the wrapped method) both `cache` and `past_key_values`.
+    """
+    parameters = inspect.signature(forward).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        unchecked = forward
+
+        @functools.wraps(unchecked)
+        def forward(self, *args, **kwargs):
+            if not torch.compiler.is_compiling():
+                for name in kwargs.keys() - accepted_keywords(self):
+                    if name not in IGNORED_KWARGS:
+                        raise TypeError(
+                            f"{type(self).__name__}.forward() got an unexpected keyword argument {name!r} (besides "
+                            "the named parameters it takes those of hfzoo.modeling_utils.PASSED_DOWN_KWARGS)"
+                        )
+                    del kwargs[name]
+            return unchecked(self, *args, **kwargs)
+
+    return accept_legacy_cache_name(forward) if "cache" in parameters else forward
 
 
 class HfzooPreTrainedModel(PreTrainedModel):
@@ -67,6 +159,11 @@ class HfzooPreTrainedModel(PreTrainedModel):
     weighted by the micro-batch's share of those positions (`_add_router_losses`). The bare models (no
     loss) declare `accepts_loss_kwargs = False`.
 
+    Every subclass's `forward` follows one keyword contract (`forward_contract`): the cache is `cache`, also
+    accepted as `past_key_values` (its name before transformers 5.24); outputs carry it under the installed
+    release's field name; a keyword argument that is not used, passed down (`PASSED_DOWN_KWARGS`) or
+    deliberately ignored (`IGNORED_KWARGS`) raises `TypeError`.
+
     `resize_token_embeddings` resizes every vocabulary matrix (the encoder-decoder's untied decoder input
     embeddings included) and keeps hfzoo's embedding and head modules (factorized, scaled, mixture of
     softmaxes); a model holding a module that cannot resize refuses (`check_vocab_resizable`).
@@ -78,14 +175,22 @@ class HfzooPreTrainedModel(PreTrainedModel):
     accepts_loss_kwargs = True
     supports_gradient_checkpointing = True
     _no_split_modules = [cls.__name__ for cls in LAYER_TYPES.values()]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = [CACHE_NAME]
     _supports_attention_backend = True
+    _forward_kwargs_read: frozenset[str] = frozenset()  # keywords `forward` reads from its **kwargs (see above)
     _can_record_outputs = {
         "hidden_states": list(LAYER_TYPES.values()),  # HfzooLayer, or another layer type's class
         "attentions": HfzooAttention,
         "router_logits": OutputRecorder(HfzooRouter, index=0),
         "ponder_cost": OutputRecorder(UniversalTransformerLayerStack, index=1),
     }
+
+    def __init_subclass__(cls, **kwargs):
+        """Give the `forward` a subclass defines the keyword contract of every hfzoo model (`forward_contract`)."""
+        super().__init_subclass__(**kwargs)
+        forward = cls.__dict__.get("forward")
+        if forward is not None:
+            cls.forward = forward_contract(forward)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
@@ -166,6 +271,19 @@ class HfzooPreTrainedModel(PreTrainedModel):
             old_lm_head.bias = resized.bias
         old_lm_head.out_features = resized.out_features
         return old_lm_head
+
+    @staticmethod
+    def _carried(outputs, *fields: str) -> dict:
+        """The fields of a base model's output that a head returns as they are.
+
+        Args:
+            outputs: the base model's `ModelOutput`.
+            *fields: names of the fields to carry besides the cache (`hidden_states`, `attentions`, ...).
+
+        Returns:
+            `{field: value}`, with the cache under the installed transformers' name (`hfzoo.compat.CACHE_NAME`).
+        """
+        return {**cache_field(output_cache(outputs)), **{field: getattr(outputs, field) for field in fields}}
 
     def _chunked_loss(self, labels: torch.Tensor | None, skip_logits: bool | None) -> bool:
         """Whether a language-modelling head computes its loss from the hidden states in chunks, returning no logits.

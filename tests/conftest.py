@@ -51,6 +51,22 @@ def small_jsonl_xz(tmp_path_factory: pytest.TempPathFactory, gutenberg_books: li
     return path
 
 
+#: A site-packages folder holding another transformers release than this venv's (CI: the lowest accepted one), for
+#: loading remote-code exports made here with that release.
+OTHER_RELEASE_ENV = "HFZOO_OTHER_RELEASE_SITE_PACKAGES"
+
+
+@pytest.fixture(scope="session")
+def other_release_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A clean interpreter that sees the packages of `$HFZOO_OTHER_RELEASE_SITE_PACKAGES` (not hfzoo)."""
+    site_packages = os.environ.get(OTHER_RELEASE_ENV)
+    if not site_packages:
+        pytest.skip(f"set {OTHER_RELEASE_ENV} to another venv's site-packages (CI: the lowest accepted versions)")
+    if not Path(site_packages, "transformers").is_dir():
+        raise FileNotFoundError(f"{OTHER_RELEASE_ENV}={site_packages} holds no transformers package")
+    return clean_env.make_clean_venv(tmp_path_factory.mktemp("other_release_venv"), [Path(site_packages)])
+
+
 @pytest.fixture(scope="session")
 def clean_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A clean interpreter that sees this venv's packages but not hfzoo (one per test session, `remote_code.py`)."""

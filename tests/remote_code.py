@@ -41,6 +41,7 @@ CLEAN_ENV_SCRIPT = textwrap.dedent(
     from safetensors.torch import load_file, save_file
 
     torch.set_num_threads(job["threads"])
+    result["transformers"] = transformers.__version__
     inputs = load_file(job["inputs"])
     outputs, result["classes"], result["config_classes"] = {}, {}, {}
     remote_classes = {}  # code_dir -> the model class its remote code defines

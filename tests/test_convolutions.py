@@ -104,8 +104,8 @@ def test_incremental_decoding_with_the_cache_equals_the_full_sequence(cls):
     cache = DynamicCache()
     with torch.no_grad():
         full = mixer(x)[0]
-        steps = [mixer(x[:, :3], past_key_values=cache)[0]]  # a prompt, then one token at a time
-        steps += [mixer(x[:, i : i + 1], past_key_values=cache)[0] for i in range(3, 7)]
+        steps = [mixer(x[:, :3], cache=cache)[0]]  # a prompt, then one token at a time
+        steps += [mixer(x[:, i : i + 1], cache=cache)[0] for i in range(3, 7)]
     torch.testing.assert_close(torch.cat(steps, 1), full)
     assert cache.get_seq_length() == 7  # the cache keeps every input of the layer (its length is the sequence's)
 
@@ -151,7 +151,7 @@ def test_weight_dropout_drops_kernel_taps_in_training_only():
 def test_a_prefix_cache_in_a_bidirectional_stack_is_refused():
     mixer = make_mixer(LightweightConvolution, is_causal=False, kernel_size=3)
     with pytest.raises(ValueError, match="a convolution has no keys and values to prepend a prefix to"):
-        mixer(torch.randn(1, 4, HIDDEN), past_key_values=DynamicCache())
+        mixer(torch.randn(1, 4, HIDDEN), cache=DynamicCache())
 
 
 @pytest.mark.parametrize(

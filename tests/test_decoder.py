@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 import hfzoo
 from hfzoo import HfzooDecoderConfig, HfzooDecoderForCausalLM, HfzooDecoderModel
+from hfzoo.compat import output_cache
 
 TINY = dict(
     vocab_size=97,
@@ -93,7 +94,7 @@ def test_incremental_decoding_matches_full_forward():
     ids = torch.randint(0, TINY["vocab_size"], (2, 12))
     full = model(ids).logits
     out = model(ids[:, :8], use_cache=True)
-    step = model(ids[:, 8:], past_key_values=out.past_key_values, use_cache=True)
+    step = model(ids[:, 8:], cache=output_cache(out), use_cache=True)
     torch.testing.assert_close(step.logits, full[:, 8:], rtol=1e-5, atol=1e-5)
 
 

@@ -23,6 +23,7 @@ from hfzoo import (
     HfzooEncoderDecoderForConditionalGeneration,
     HfzooEncoderForMaskedLM,
 )
+from hfzoo.compat import output_cache
 from hfzoo.modules.embeddings import TokenEmbedding, VocabProjection
 
 TINY = dict(
@@ -182,7 +183,7 @@ def test_block_shared_decoder_keeps_one_cache_layer_per_application():
     model = decoder(seed=3, block_sharing="all")
     prompt = torch.randint(2, 97, (2, 5))
     out = model(prompt, use_cache=True)
-    assert len(out.past_key_values.layers) == TINY["num_hidden_layers"]
+    assert len(output_cache(out).layers) == TINY["num_hidden_layers"]
     kwargs = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
     assert torch.equal(
         model.generate(prompt, use_cache=True, **kwargs), model.generate(prompt, use_cache=False, **kwargs)

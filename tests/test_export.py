@@ -16,6 +16,7 @@ import sys
 
 import pytest
 import torch
+import transformers
 from remote_code import run_remote_code
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
@@ -83,8 +84,11 @@ def tokenizer():
     return train_bpe_tokenizer([TEXT], vocab_size=300, min_frequency=1, model_family="decoder")
 
 
+@pytest.mark.parametrize("release", ["installed", "other"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_export_loads_without_hfzoo_with_identical_outputs(family, clean_python, tmp_path, tokenizer):
+def test_export_loads_without_hfzoo_with_identical_outputs(family, release, request, tmp_path, tokenizer):
+    """An export made here loads without hfzoo, with this transformers and with another release (CI: the lowest)."""
+    python = request.getfixturevalue("clean_python" if release == "installed" else "other_release_python")
     config_class = FAMILIES[family]
     inputs = family_inputs(family)
     save_file(inputs, tmp_path / "inputs.safetensors")
@@ -133,8 +137,9 @@ def test_export_loads_without_hfzoo_with_identical_outputs(family, clean_python,
     }
     if family == "decoder":
         job.update(tokenizer_dir=str(tmp_path / "decoder-AutoModelForCausalLM"), text=TEXT[:60])
-    result = run_remote_code(clean_python, job, workdir)
+    result = run_remote_code(python, job, workdir)
 
+    assert (result["transformers"] == transformers.__version__) == (release == "installed")
     assert result["hfzoo"] == "ModuleNotFoundError"
     assert result["hfzoo_modules_loaded"] == []
     got = load_file(tmp_path / "outputs.safetensors")

@@ -178,7 +178,7 @@ def test_token_classification_loss_ignores_minus_100():
 
 
 def test_encoder_accepts_prefix_key_values():
-    """PEFT prefix tuning hands `past_key_values` to the encoder; a prefix must change its outputs."""
+    """PEFT prefix tuning hands a cache to the encoder; a prefix must change its outputs."""
     model = build(HfzooEncoderForMaskedLM, HfzooEncoderConfig).model
     ids, mask = padded_batch([6, 6])
     prefix = DynamicCache(config=model.config)
@@ -186,7 +186,7 @@ def test_encoder_accepts_prefix_key_values():
         kv = torch.randn(2, TINY["num_attention_heads"], 3, 8)
         prefix.update(kv, kv.clone(), layer)
     with_prefix = model(
-        ids, attention_mask=torch.cat([torch.ones(2, 3, dtype=torch.long), mask], 1), past_key_values=prefix
+        ids, attention_mask=torch.cat([torch.ones(2, 3, dtype=torch.long), mask], 1), cache=prefix
     )
     without = model(ids, attention_mask=mask)
     assert with_prefix.last_hidden_state.shape == without.last_hidden_state.shape

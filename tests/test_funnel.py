@@ -165,5 +165,5 @@ def test_the_funnel_is_refused_where_it_is_undefined(family, overrides, message)
 def test_a_prefix_cache_is_refused():
     model = build_model("encoder", FUNNEL)
     batch = make_batch("encoder")
-    with pytest.raises(ValueError, match="layer_stack='funnel' pools the sequence, so it takes no past_key_values"):
-        model(batch.input_ids, past_key_values=DynamicCache())
+    with pytest.raises(ValueError, match="layer_stack='funnel' pools the sequence, so it takes no cache"):
+        model(batch.input_ids, cache=DynamicCache())

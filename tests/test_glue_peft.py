@@ -73,7 +73,7 @@ def test_prefix_reaches_both_stacks_of_the_encoder_decoder():
         for i in range(config.num_hidden_layers):
             encoder_cache.update(cache.layers[i].keys, cache.layers[i].values, i)
         prefix_mask = torch.cat([torch.ones(4, 3, dtype=torch.long), batch["attention_mask"]], dim=1)
-        by_hand = base.model.encoder(batch["input_ids"], attention_mask=prefix_mask, past_key_values=encoder_cache)
+        by_hand = base.model.encoder(batch["input_ids"], attention_mask=prefix_mask, cache=encoder_cache)
     real = batch["attention_mask"].bool()
     encoder_change = (with_prefix.encoder_last_hidden_state - without.encoder_last_hidden_state)[real].abs().max()
     assert encoder_change > 1e-2

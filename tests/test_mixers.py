@@ -29,7 +29,7 @@ class MeanMixer(nn.Module):
     def residual_branch_projections(self):
         return [self.v_proj], [self.o_proj]
 
-    def forward(self, hidden_states, attention_mask=None, past_key_values=None, padding_mask=None, **kwargs):
+    def forward(self, hidden_states, attention_mask=None, cache=None, padding_mask=None, **kwargs):
         values = self.v_proj(hidden_states)
         weight = hidden_states.new_ones(hidden_states.shape[:2]) if padding_mask is None else padding_mask.to(values)
         values = values * weight[..., None]

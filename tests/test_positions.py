@@ -22,6 +22,7 @@ from hfzoo import (
     HfzooEncoderDecoderForConditionalGeneration,
     HfzooEncoderForMaskedLM,
 )
+from hfzoo.compat import output_cache
 from hfzoo.modules.attention import shaw_attention_forward
 from hfzoo.modules.positions import (
     POSITION_ATTENTION_BACKENDS,
@@ -272,7 +273,7 @@ def test_incremental_decoding_matches_full_forward_decoder(kind):
         out = model(ids[:, :4], attention_mask=mask[:, :4], use_cache=True)
         steps = [out.logits]
         for t in range(4, 10):
-            out = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=out.past_key_values)
+            out = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=output_cache(out))
             steps.append(out.logits)
     valid = mask.bool()
     torch.testing.assert_close(torch.cat(steps, dim=1)[valid], full[valid], rtol=1e-4, atol=1e-5)
@@ -300,7 +301,7 @@ def test_incremental_decoding_matches_full_forward_encoder_decoder(kind):
                 encoder_outputs=encoder_outputs,
                 attention_mask=src_mask,
                 decoder_input_ids=tgt[:, t : t + 1],
-                past_key_values=out.past_key_values,
+                cache=output_cache(out),
             )
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-5)

@@ -10,6 +10,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from variant_checks import FAMILIES, TINY, build_model, make_batch
 
+from hfzoo.compat import output_cache
 from hfzoo.modules.sparse_attention import (
     BigBirdAttention,
     SlidingWindowAttention,
@@ -68,11 +69,11 @@ def test_decoding_with_the_cache_keeps_the_window(attn):
     with torch.no_grad():
         full = model(ids).logits
         out = model(ids[:, :3], use_cache=True)
-        steps, cache = [out.logits], out.past_key_values
+        steps, cache = [out.logits], output_cache(out)
         for t in range(3, 12):
-            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
             steps.append(out.logits)
-            cache = out.past_key_values
+            cache = output_cache(out)
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
 
 

@@ -7,6 +7,7 @@ import torch
 from huggingface_hub.errors import StrictDataclassClassValidationError
 from variant_checks import FAMILIES, TINY, build_model, make_batch, run
 
+from hfzoo.compat import output_cache
 from hfzoo.modules.experts import SparseMoeFeedForward
 from hfzoo.modules.layer import layer_sublayers, num_residual_branches, sandwich_pattern
 
@@ -108,7 +109,7 @@ def test_attention_only_stacks_cache_one_layer_per_mixer(family):
     with torch.no_grad():
         cached = model.generate(batch.input_ids, use_cache=True, return_dict_in_generate=True, **kwargs)
         uncached = model.generate(batch.input_ids, use_cache=False, **kwargs)
-    cache = cached.past_key_values
+    cache = output_cache(cached)
     self_cache = cache.self_attention_cache if family == "encoder-decoder" else cache
     assert len(self_cache.layers) == 4
     assert torch.equal(cached.sequences, uncached)

@@ -125,8 +125,8 @@ def test_incremental_decoding_with_the_cache_equals_the_full_sequence(kind, mixi
     cache = DynamicCache()
     with torch.no_grad():
         full = mixer(x)[0]
-        steps = [mixer(x[:, :3], past_key_values=cache)[0]]
-        steps += [mixer(x[:, i : i + 1], past_key_values=cache)[0] for i in range(3, 7)]
+        steps = [mixer(x[:, :3], cache=cache)[0]]
+        steps += [mixer(x[:, i : i + 1], cache=cache)[0] for i in range(3, 7)]
     torch.testing.assert_close(torch.cat(steps, 1), full)
     assert cache.get_seq_length() == 7
 
@@ -158,7 +158,7 @@ def test_sequences_longer_than_the_synthesized_matrices_are_refused():
 def test_a_prefix_cache_in_a_bidirectional_stack_is_refused():
     mixer = make_synthesizer("dense", "plus", is_causal=False)
     with pytest.raises(ValueError, match="its synthesized rows have no columns for prefix keys"):
-        mixer(torch.randn(1, 3, HIDDEN), past_key_values=DynamicCache())
+        mixer(torch.randn(1, 3, HIDDEN), cache=DynamicCache())
 
 
 def test_layer_parameters_follow_the_synthesis():

@@ -145,7 +145,7 @@ def test_gradient_checkpointing_changes_nothing(tmp_path, head):
             examples,
             per_device_train_batch_size=4,
             gradient_accumulation_steps=2,
-            gradient_checkpointing=checkpointing,
+            activation_checkpointing=checkpointing,
         )
         assert model.is_activation_checkpointing is checkpointing
         runs.append((model, losses))
@@ -159,7 +159,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(head):
     for checkpointing in (False, True):
         model = build(head).train()
         if checkpointing:
-            model.gradient_checkpointing_enable()
+            model.activation_checkpointing_enable()
         model(**batch).loss.backward()
         grads.append({name: param.grad for name, param in model.named_parameters()})
     for name, grad in grads[0].items():

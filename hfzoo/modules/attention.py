@@ -229,7 +229,7 @@ class HfzooAttention(nn.Module):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         key_value_states: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         position_bias: torch.Tensor | None = None,
@@ -243,7 +243,7 @@ class HfzooAttention(nn.Module):
         Args:
             hidden_states: `(batch_size, q_len, hidden_size)`.
             attention_mask: see `attend`.
-            past_key_values: see `attend`.
+            cache: see `attend`.
             key_value_states: see `attend`.
             position_embeddings: see `attend`.
             position_bias: see `attend`.
@@ -260,7 +260,7 @@ class HfzooAttention(nn.Module):
         output, weights = self.attend(
             hidden_states,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             key_value_states=key_value_states,
             position_embeddings=position_embeddings,
             position_bias=position_bias,
@@ -274,7 +274,7 @@ class HfzooAttention(nn.Module):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         key_value_states: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         position_bias: torch.Tensor | None = None,
@@ -287,7 +287,7 @@ class HfzooAttention(nn.Module):
             hidden_states: `(batch_size, q_len, hidden_size)`.
             attention_mask: the backend-specific mask from `transformers.masking_utils` (None when the
                 backend can rely on `is_causal` alone).
-            past_key_values: a transformers `Cache`, updated in place. For an `EncoderDecoderCache`,
+            cache: a transformers `Cache`, updated in place. For an `EncoderDecoderCache`,
                 self-attention uses its `self_attention_cache`; cross-attention stores the encoder's
                 keys/values in its `cross_attention_cache` once and reuses them at later steps.
             key_value_states: `(batch_size, kv_len, hidden_size)` encoder outputs (cross-attention); in
@@ -316,29 +316,25 @@ class HfzooAttention(nn.Module):
         if self.is_cross_attention:
             if key_value_states is None:
                 raise ValueError("cross-attention needs key_value_states (the encoder outputs)")
-            cache = past_key_values.cross_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else None
-            if cache is not None and past_key_values.is_updated.get(self.layer_idx):
-                key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+            cross_cache = cache.cross_attention_cache if isinstance(cache, EncoderDecoderCache) else None
+            if cross_cache is not None and cache.is_updated.get(self.layer_idx):
+                key, value = cross_cache.layers[self.layer_idx].keys, cross_cache.layers[self.layer_idx].values
             else:
                 key, value = self._project_key_value(key_value_states)
-                if cache is not None:
-                    key, value = cache.update(key, value, self.layer_idx)
-                    past_key_values.is_updated[self.layer_idx] = True
+                if cross_cache is not None:
+                    key, value = cross_cache.update(key, value, self.layer_idx)
+                    cache.is_updated[self.layer_idx] = True
         elif key_value_states is not None:  # pooled queries attend to the unpooled states (funnel)
-            if past_key_values is not None:
+            if cache is not None:
                 raise ValueError("self-attention from pooled queries (key_value_states) takes no cache")
             key, value = self._project_key_value(key_value_states)
         else:
             key, value = self._project_key_value(hidden_states)
             if position_embeddings is not None:
                 query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
-            cache = (
-                past_key_values.self_attention_cache
-                if isinstance(past_key_values, EncoderDecoderCache)
-                else past_key_values
-            )
-            if cache is not None:
-                key, value = cache.update(key, value, self.layer_idx)
+            self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+            if self_cache is not None:
+                key, value = self_cache.update(key, value, self.layer_idx)
             attention_mask = self.restrict_attention_mask(attention_mask, query, key, padding_mask)
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
         if self.is_cross_attention:

@@ -52,11 +52,11 @@ def conv_kernel_width(config, layer_idx: int) -> int:
     return sizes if isinstance(sizes, int) else sizes[layer_idx]
 
 
-def self_attention_cache(past_key_values: Cache | None) -> Cache | None:
+def self_attention_cache(cache: Cache | None) -> Cache | None:
     """The cache of a stack's token mixers: the self-attention half of an `EncoderDecoderCache`, or the cache itself."""
-    if isinstance(past_key_values, EncoderDecoderCache):
-        return past_key_values.self_attention_cache
-    return past_key_values
+    if isinstance(cache, EncoderDecoderCache):
+        return cache.self_attention_cache
+    return cache
 
 
 def depthwise_convolution(padded: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
@@ -161,7 +161,7 @@ class DepthwiseConvolution(nn.Module):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         padding_mask: torch.Tensor | None = None,
         position_embeddings=None,
         position_bias=None,
@@ -172,7 +172,7 @@ class DepthwiseConvolution(nn.Module):
         Args:
             hidden_states: `(batch_size, q_len, hidden_size)`.
             attention_mask: unused (padding comes from `padding_mask`, causality from the kernel's support).
-            past_key_values: a transformers `Cache` (causal stacks): the layer's earlier convolution inputs,
+            cache: a transformers `Cache` (causal stacks): the layer's earlier convolution inputs,
                 extended in place with the new ones.
             padding_mask: `(batch_size, q_len)` bool, False at padding, or None.
             position_embeddings: unused (a convolution has no attention-level positions).
@@ -190,11 +190,11 @@ class DepthwiseConvolution(nn.Module):
         inputs = F.glu(self.in_proj(hidden_states), dim=-1)  # (batch, q_len, hidden)
         if padding_mask is not None:
             inputs = inputs.masked_fill(~padding_mask[..., None], 0.0)
-        cache = self_attention_cache(past_key_values)
+        cache = self_attention_cache(cache)
         width = self.kernel_size
         if cache is not None and not self.is_causal:
             raise ValueError(
-                f"{type(self).__name__} in a bidirectional stack got past_key_values (PEFT prefix tuning?): "
+                f"{type(self).__name__} in a bidirectional stack got a cache (PEFT prefix tuning?): "
                 "a convolution has no keys and values to prepend a prefix to"
             )
         if cache is not None:

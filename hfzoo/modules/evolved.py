@@ -205,7 +205,7 @@ class EvolvedTransformerLayer(GradientCheckpointingLayer):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         padding_mask: torch.Tensor | None = None,
@@ -216,7 +216,7 @@ class EvolvedTransformerLayer(GradientCheckpointingLayer):
         Args:
             hidden_states: `(batch_size, seq_len, hidden_size)`.
             attention_mask: backend-specific self-attention mask.
-            past_key_values: a transformers `Cache` (`EncoderDecoderCache` with cross-attention), updated in place.
+            cache: a transformers `Cache` (`EncoderDecoderCache` with cross-attention), updated in place.
             encoder_hidden_states: `(batch_size, src_len, hidden_size)` (cells with cross-attention).
             encoder_attention_mask: backend-specific cross-attention mask.
             padding_mask: `(batch_size, seq_len)` bool, False at padding, or None.
@@ -230,7 +230,7 @@ class EvolvedTransformerLayer(GradientCheckpointingLayer):
         nonpadding = None if padding_mask is None else padding_mask[..., None]
 
         def attend(attention, states, mask, **extra):
-            return self.dropout(attention(states, attention_mask=mask, past_key_values=past_key_values, **extra)[0])
+            return self.dropout(attention(states, attention_mask=mask, cache=cache, **extra)[0])
 
         cross = {"key_value_states": encoder_hidden_states}
         if self.is_causal:
@@ -240,7 +240,7 @@ class EvolvedTransformerLayer(GradientCheckpointingLayer):
             x = x + attend(self.wide_attn, h, attention_mask, **wide_kwargs)
             if self.wide_cross_attn is not None:
                 x = x + attend(self.wide_cross_attn, h, encoder_attention_mask, **cross, **kwargs)
-            x = x + self.dropout(self._decoder_convolutions(self.conv_norm(x), nonpadding, past_key_values))
+            x = x + self.dropout(self._decoder_convolutions(self.conv_norm(x), nonpadding, cache))
         else:
             h = self.glu_norm(x)
             x = x + self.dropout(self.glu_value(h) * torch.sigmoid(self.glu_gate(h)))
@@ -266,7 +266,7 @@ class EvolvedTransformerLayer(GradientCheckpointingLayer):
         return _pad_width(self.conv_out(_pad_time(h, 4, 4)), hidden)  # separable 9x1, "same"
 
     def _decoder_convolutions(
-        self, h: torch.Tensor, nonpadding: torch.Tensor | None, past_key_values: Cache | None
+        self, h: torch.Tensor, nonpadding: torch.Tensor | None, cache: Cache | None
     ) -> torch.Tensor:
         """The decoder cell's causal conv branches (So et al. Fig. 3, right) on normalized `(batch, q_len, d)`.
 
@@ -278,7 +278,6 @@ class EvolvedTransformerLayer(GradientCheckpointingLayer):
             nonpadding = h.new_ones(batch_size, q_len, 1)
         nonpadding = nonpadding.to(h.dtype)
         h = _zero_padding(h, nonpadding)
-        cache = past_key_values
         if isinstance(cache, EncoderDecoderCache):
             cache = cache.self_attention_cache
         if cache is not None:

@@ -114,7 +114,7 @@ class FourierMixer(nn.Module):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_values=None,
+        cache=None,
         padding_mask: torch.Tensor | None = None,
         position_embeddings=None,
         position_bias=None,
@@ -125,7 +125,7 @@ class FourierMixer(nn.Module):
         Args:
             hidden_states: `(batch_size, seq_len, hidden_size)`.
             attention_mask: unused (padding comes from `padding_mask`).
-            past_key_values: must be None: the transform has no keys or values a cache or a prefix could extend.
+            cache: must be None: the transform has no keys or values a cache or a prefix could extend.
             padding_mask: `(batch_size, seq_len)` bool, False at padding, or None.
             position_embeddings: unused (the config refuses rotary positions with this mixer).
             position_bias: unused (the config refuses score biases with this mixer).
@@ -135,9 +135,9 @@ class FourierMixer(nn.Module):
             `(output, None)`: `(batch_size, seq_len, hidden_size)` in the input's dtype, and no attention weights.
 
         Raises:
-            ValueError: `past_key_values` given (e.g. PEFT prefix tuning, which would otherwise be ignored).
+            ValueError: `cache` given (e.g. PEFT prefix tuning, which would otherwise be ignored).
         """
-        if past_key_values is not None:
+        if cache is not None:
             raise ValueError(
                 "token_mixer='fourier' has no keys or values, so a cache or a prefix (PEFT prefix tuning) cannot "
                 "extend it; finetune with LoRA or fully instead"

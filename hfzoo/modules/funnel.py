@@ -170,8 +170,8 @@ class FunnelLayerStack(nn.Module):
             ValueError: a cache (prefix tuning) or a prepared 4-D attention mask: the funnel pools the sequence
                 and its 2-D padding mask, which neither has.
         """
-        if inputs.past_key_values is not None:
-            raise ValueError("layer_stack='funnel' pools the sequence, so it takes no past_key_values (prefix tuning)")
+        if inputs.cache is not None:
+            raise ValueError("layer_stack='funnel' pools the sequence, so it takes no cache (prefix tuning)")
         if inputs.attention_mask is not None and inputs.attention_mask.dim() != 2:
             raise ValueError("layer_stack='funnel' needs a 2-D attention_mask (batch_size, seq_len) to pool")
         layers, index = stack.layers, 0

@@ -339,8 +339,8 @@ class HfzooLayer(GradientCheckpointingLayer):
     `moe_layer_interval` (`hfzoo.modules.experts.is_moe_layer`). Each sub-block has its norm
     (`self_attn_norm`, `cross_attn_norm`, `mlp_norm`) and a `Residual` (`*_residual`, the
     `config.norm_position` entry of `NORM_POSITIONS`); absent sub-blocks are None. Subclassing
-    `GradientCheckpointingLayer` makes `model.gradient_checkpointing_enable()` recompute this layer in
-    the backward pass.
+    `GradientCheckpointingLayer` makes `model.activation_checkpointing_enable()` (formerly
+    `gradient_checkpointing_enable`) recompute this layer in the backward pass.
 
     Args:
         config: an hfzoo config.
@@ -409,7 +409,7 @@ class HfzooLayer(GradientCheckpointingLayer):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         padding_mask: torch.Tensor | None = None,
@@ -421,7 +421,7 @@ class HfzooLayer(GradientCheckpointingLayer):
         Args:
             hidden_states: `(batch_size, seq_len, hidden_size)`.
             attention_mask: backend-specific self-attention mask (see `HfzooAttention`).
-            past_key_values: a transformers `Cache` (`EncoderDecoderCache` with cross-attention), updated in place.
+            cache: a transformers `Cache` (`EncoderDecoderCache` with cross-attention), updated in place.
             encoder_hidden_states: `(batch_size, src_len, hidden_size)` (layers with cross-attention).
             encoder_attention_mask: backend-specific cross-attention mask over the encoder outputs.
             padding_mask: `(batch_size, seq_len)` bool, False for padding, or None; read by the token mixer
@@ -448,7 +448,7 @@ class HfzooLayer(GradientCheckpointingLayer):
                 return self.self_attn(
                     x,
                     attention_mask=attention_mask,
-                    past_key_values=past_key_values,
+                    cache=cache,
                     padding_mask=padding_mask,
                     **mixer_kwargs,
                     **kwargs,
@@ -461,7 +461,7 @@ class HfzooLayer(GradientCheckpointingLayer):
                 return self.cross_attn(
                     x,
                     attention_mask=encoder_attention_mask,
-                    past_key_values=past_key_values,
+                    cache=cache,
                     key_value_states=encoder_hidden_states,
                     **kwargs,
                 )[0]

@@ -149,7 +149,7 @@ class LinformerAttention(HfzooAttention):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_values=None,
+        cache=None,
         padding_mask: torch.Tensor | None = None,
         position_embeddings=None,
         position_bias=None,
@@ -160,7 +160,7 @@ class LinformerAttention(HfzooAttention):
         Args:
             hidden_states: `(batch_size, seq_len, hidden_size)`, `seq_len <= max_position_embeddings`.
             attention_mask: unused (padding is left out of the projections through `padding_mask`).
-            past_key_values: must be None: the projections are defined over the sequence's own keys, which a
+            cache: must be None: the projections are defined over the sequence's own keys, which a
                 cache or a prefix would extend.
             padding_mask: `(batch_size, seq_len)` bool, False at padding, or None.
             position_embeddings: unused (the config refuses rotary positions with this mixer).
@@ -172,10 +172,10 @@ class LinformerAttention(HfzooAttention):
             `(batch_size, num_heads, seq_len, linformer_k)` (None for fused backends).
 
         Raises:
-            ValueError: a sequence longer than `max_position_embeddings` (the projections' n); `past_key_values`
+            ValueError: a sequence longer than `max_position_embeddings` (the projections' n); `cache`
                 given (e.g. PEFT prefix tuning, which would otherwise be ignored).
         """
-        if past_key_values is not None:
+        if cache is not None:
             raise ValueError(
                 "token_mixer='linformer' projects the sequence's own keys and values, so a cache or a prefix (PEFT "
                 "prefix tuning) cannot extend them; finetune with LoRA or fully instead"

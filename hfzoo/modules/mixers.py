@@ -12,11 +12,11 @@ The contract of a mixer class (`HfzooAttention` is the reference):
   sublayers (the KV-cache layer it owns); `is_causal` is the stack's direction. Parameters are created
   here only (no lazy creation) and initialised by `HfzooPreTrainedModel._init_weights` (use `nn.Linear`,
   `nn.Embedding`, ... or extend `_init_weights`).
-- `forward(hidden_states, attention_mask=None, past_key_values=None, padding_mask=None,
+- `forward(hidden_states, attention_mask=None, cache=None, padding_mask=None,
   position_embeddings=None, position_bias=None, **kwargs) -> (output, weights)`: `hidden_states` and
   `output` are `(batch_size, seq_len, hidden_size)`; `attention_mask` is the backend-specific mask from
   `transformers.masking_utils` (causal in a causal stack); `padding_mask` is `(batch_size, seq_len)` bool,
-  False at padding (None: no padding); `past_key_values` a transformers `Cache` (mixers with
+  False at padding (None: no padding); `cache` a transformers `Cache` (mixers with
   `kv_cache=True` store their state at `layer_idx`); `position_embeddings` / `position_bias` are the
   stack's rotary angles / shared score bias (`hfzoo.modules.positions`); `weights` are the mixing
   weights `(batch_size, num_heads, q_len, kv_len)` or None. The output at a padding position may be

@@ -40,7 +40,9 @@ from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
+from transformers.utils import logging
 
+from ..compat import cache_field
 from .attention import TransparentAttention
 from .embeddings import build_token_embedding
 from .evolved import EvolvedTransformerLayer
@@ -56,6 +58,8 @@ from .positions import (
     build_stack_score_bias,
 )
 from .universal import UniversalTransformerLayerStack
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -318,6 +322,37 @@ class HfzooStack:
         """
         return self.layer_stack.output_attention_mask(attention_mask)
 
+    def _layer_cache(self, cache: Cache | None, use_cache: bool | None) -> Cache | None:
+        """The cache the layers read and extend: the one given, a new one (`use_cache`, causal stacks), or None.
+
+        Under gradient checkpointing in training mode with gradients enabled there is none:
+        `GradientCheckpointingLayer` runs each layer again in the backward pass, which would extend a cache a
+        second time, so transformers' models neither create one there nor pass one to their layers (the rule of
+        transformers 5.24; `generate` from a model in training mode, without gradients, keeps its cache). hfzoo
+        applies that rule here, once for the stack, whatever the installed release calls the argument. A given
+        empty cache is dropped as transformers drops it; a cache that already holds positions (a PEFT prefix) is
+        refused, because dropping it would silently change the result.
+
+        Raises:
+            ValueError: a cache holding positions under gradient checkpointing in training with gradients.
+        """
+        if self.is_activation_checkpointing and self.training and torch.is_grad_enabled():
+            if cache is not None:
+                self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+                held = self_cache.get_seq_length()
+                if held:
+                    raise ValueError(
+                        f"gradient checkpointing recomputes each layer in the backward pass, which would extend the "
+                        f"given cache of {held} positions (a PEFT prefix?) twice: disable gradient checkpointing "
+                        f"(model.activation_checkpointing_disable()) to train with it"
+                    )
+                logger.warning_once("A cache is incompatible with gradient checkpointing in training: not using it.")
+            return None
+        if use_cache and cache is None and self.is_causal:
+            # No config: the caches grow one layer per layer index, whatever the stack's depth.
+            cache = EncoderDecoderCache(DynamicCache(), DynamicCache()) if self.has_cross_attention else DynamicCache()
+        return cache
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -325,7 +360,7 @@ class HfzooStack:
         position_ids: torch.LongTensor | None = None,
         token_type_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
@@ -341,8 +376,8 @@ class HfzooStack:
             position_ids: `(batch_size, seq_len)` int64; default `past_len ... past_len + seq_len - 1`.
             token_type_ids: `(batch_size, seq_len)` int64 segment ids (stacks with token types; default 0).
             inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
-            past_key_values: a `Cache` (an `EncoderDecoderCache` for cross-attending stacks). Also how
-                PEFT prefix tuning hands prefix keys/values to any stack, bidirectional ones included.
+            cache: a `Cache` (an `EncoderDecoderCache` for cross-attending stacks). Also how PEFT prefix
+                tuning hands prefix keys/values to any stack, bidirectional ones included.
             encoder_hidden_states: `(batch_size, src_len, hidden_size)` for cross-attention.
             encoder_attention_mask: `(batch_size, src_len)` padding mask of the encoder outputs.
             use_cache: create a cache when none is given (causal stacks only).
@@ -353,13 +388,14 @@ class HfzooStack:
 
         Returns:
             `HfzooStackOutput` (a `BaseModelOutputWithPastAndCrossAttentions`) with `last_hidden_state`
-            `(batch_size, seq_len, hidden_size)`, `past_key_values` and, from an encoder feeding transparent
-            attention, `layer_outputs`.
+            `(batch_size, seq_len, hidden_size)`, the cache (field `cache`; `past_key_values` before
+            transformers 5.24) and, from an encoder feeding transparent attention, `layer_outputs`.
 
         Raises:
             ValueError: both or neither of `input_ids`/`inputs_embeds`; a sequence longer than
                 `max_position_embeddings` with absolute positions; cross-attention without encoder states;
-                transparent attention without `encoder_layer_outputs`.
+                transparent attention without `encoder_layer_outputs`; a cache holding positions (a prefix)
+                under gradient checkpointing in training (see `_layer_cache`).
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids or inputs_embeds")
@@ -367,16 +403,8 @@ class HfzooStack:
             raise ValueError("this stack cross-attends: encoder_hidden_states is required")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        if use_cache and past_key_values is None and self.is_causal:
-            # No config: the caches grow one layer per layer index, whatever the stack's depth.
-            past_key_values = (
-                EncoderDecoderCache(DynamicCache(), DynamicCache()) if self.has_cross_attention else DynamicCache()
-            )
-        self_cache = (
-            past_key_values.self_attention_cache
-            if isinstance(past_key_values, EncoderDecoderCache)
-            else past_key_values
-        )
+        cache = self._layer_cache(cache, use_cache)
+        self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         past_length = self_cache.get_seq_length() if self_cache is not None else 0
         seq_length = inputs_embeds.shape[1]
         if position_ids is None:
@@ -403,7 +431,7 @@ class HfzooStack:
             memories = self.transparent_attention(encoder_layer_outputs)  # (batch, cross-attentions, src, hidden)
         layer_kwargs = dict(
             attention_mask=self_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=cross_mask,
             padding_mask=padding_mask,
@@ -412,15 +440,13 @@ class HfzooStack:
         )
         layer_outputs = [hidden_states] if self.returns_layer_outputs else None
         inputs = StackInputs(
-            layer_kwargs, attention_mask, padding_mask, position_ids, past_key_values, memories, layer_outputs
+            layer_kwargs, attention_mask, padding_mask, position_ids, cache, memories, layer_outputs
         )
         hidden_states, _ = self.layer_stack(self, hidden_states, inputs)
         hidden_states = self.norm(hidden_states)
         if layer_outputs is not None:  # the last entry is the normalised output, as in Mesh TensorFlow
             layer_outputs = torch.stack([*layer_outputs, hidden_states], dim=1)  # (batch, layers + 1, seq, hidden)
-        return HfzooStackOutput(
-            last_hidden_state=hidden_states, past_key_values=past_key_values, layer_outputs=layer_outputs
-        )
+        return HfzooStackOutput(last_hidden_state=hidden_states, **cache_field(cache), layer_outputs=layer_outputs)
 
     def _embed(
         self,
@@ -496,12 +522,12 @@ class HfzooStack:
             # A score bias travels in the mask, so SDPA must get a causal mask instead of its `is_causal` shortcut.
             self_mask = create_causal_mask(
                 **mask_kwargs,
-                past_key_values=self_cache,
+                **cache_field(self_cache),
                 position_ids=position_ids,
                 allow_is_causal_skip=config.position_embedding_type not in ATTENTION_SCORE_BIASES,
             )
         else:
-            self_mask = create_bidirectional_mask(**mask_kwargs, past_key_values=self_cache)
+            self_mask = create_bidirectional_mask(**mask_kwargs, **cache_field(self_cache))
         cross_mask = None
         if self.has_cross_attention:
             cross_mask = create_bidirectional_mask(
@@ -519,13 +545,13 @@ class StackInputs:
 
     Args:
         layer_kwargs: the keyword arguments of every `HfzooLayer` call: `attention_mask` (backend-specific
-            self-attention mask), `past_key_values`, `encoder_hidden_states`, `encoder_attention_mask`,
+            self-attention mask), `cache`, `encoder_hidden_states`, `encoder_attention_mask`,
             `padding_mask`, the position inputs (`position_embeddings`, `position_bias`) and backend options.
         attention_mask: the stack's input mask as given: `(batch_size, past_len + seq_len)` (1 = token), a
             prepared 4-D mask, or None.
         padding_mask: `(batch_size, seq_len)` bool, False at padding, or None.
         position_ids: `(batch_size or 1, seq_len)` int64.
-        past_key_values: the cache, or None.
+        cache: the cache, or None.
         cross_attention_memories: with transparent attention (Bapna et al. 2018), what each cross-attention reads
             of the encoder: `(batch_size, num_cross_attentions, src_len, hidden_size)`, indexed by the
             cross-attention's `layer_idx`; else None (every cross-attention reads `encoder_hidden_states`).
@@ -537,7 +563,7 @@ class StackInputs:
     attention_mask: torch.Tensor | None
     padding_mask: torch.Tensor | None
     position_ids: torch.Tensor
-    past_key_values: Cache | None
+    cache: Cache | None
     cross_attention_memories: torch.Tensor | None = None
     layer_outputs: list[torch.Tensor] | None = None
 

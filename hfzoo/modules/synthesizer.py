@@ -239,7 +239,7 @@ class Synthesizer(nn.Module):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         padding_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         position_bias: torch.Tensor | None = None,
@@ -251,7 +251,7 @@ class Synthesizer(nn.Module):
             hidden_states: `(batch_size, q_len, hidden_size)`.
             attention_mask: the backend's self-attention mask (`transformers.masking_utils`): additive float
                 (eager), boolean (SDPA) or None.
-            past_key_values: a transformers `Cache` (causal stacks): values (and keys of the mixtures) of the
+            cache: a transformers `Cache` (causal stacks): values (and keys of the mixtures) of the
                 earlier tokens, extended in place.
             padding_mask: unused (padding comes from `attention_mask`).
             position_embeddings: rotary `(cos, sin)` for the mixtures' queries and keys, or None.
@@ -272,13 +272,12 @@ class Synthesizer(nn.Module):
         keys = self._heads(self.k_proj(hidden_states)) if self.k_proj is not None else None
         if position_embeddings is not None and self.k_proj is not None:
             queries, keys = apply_rotary_pos_emb(queries, keys, *position_embeddings)
-        cache = past_key_values
         if isinstance(cache, EncoderDecoderCache):
             cache = cache.self_attention_cache
         if cache is not None:
             if not self.is_causal:
                 raise ValueError(
-                    "a synthesizer in a bidirectional stack got past_key_values (PEFT prefix tuning?): its "
+                    "a synthesizer in a bidirectional stack got a cache (PEFT prefix tuning?): its "
                     "synthesized rows have no columns for prefix keys"
                 )
             if keys is not None:

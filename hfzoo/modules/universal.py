@@ -229,7 +229,7 @@ class UniversalTransformerLayerStack(nn.Module):
             if act is not None:
                 weights = weights[..., None].to(state.dtype)
                 output = state * weights + output * (1 - weights)
-                if inputs.past_key_values is None and act.all_halted():
+                if inputs.cache is None and act.all_halted():
                     break
         if act is None:
             return state, None

@@ -58,7 +58,7 @@ class HfzooDecoderModel(HfzooStack, HfzooDecoderPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         **kwargs,
@@ -69,14 +69,17 @@ class HfzooDecoderModel(HfzooStack, HfzooDecoderPreTrainedModel):
             input_ids: `(batch_size, seq_len)` int64 token ids (or give `inputs_embeds`).
             attention_mask: `(batch_size, past_len + seq_len)`, 1 for tokens and 0 for padding.
             position_ids: `(batch_size, seq_len)` int64 positions; default `past_len ... past_len + seq_len - 1`.
-            past_key_values: a transformers `Cache` from an earlier call (generation, prefix tuning).
+            cache: a transformers `Cache` from an earlier call (generation, prefix tuning); also accepted as
+                `past_key_values`, its name before transformers 5.24.
             inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
             use_cache: create and return a `DynamicCache` when none is given.
-            **kwargs: `output_hidden_states`, `output_attentions`, attention-backend options.
+            **kwargs: those of `hfzoo.modeling_utils.PASSED_DOWN_KWARGS` (`output_hidden_states`,
+                `output_attentions`, ...); others raise `TypeError`.
 
         Returns:
-            `BaseModelOutputWithPast` with `last_hidden_state` `(batch_size, seq_len, hidden_size)`,
-            `past_key_values`, and optionally `hidden_states` / `attentions`.
+            `BaseModelOutputWithPast` with `last_hidden_state` `(batch_size, seq_len, hidden_size)`, the
+            cache (field `cache`, or `past_key_values` before transformers 5.24), and optionally
+            `hidden_states` / `attentions`.
 
         Raises:
             ValueError: both or neither of `input_ids` / `inputs_embeds`; a sequence longer than
@@ -87,13 +90,12 @@ class HfzooDecoderModel(HfzooStack, HfzooDecoderPreTrainedModel):
             attention_mask=attention_mask,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            past_key_values=past_key_values,
+            cache=cache,
             use_cache=use_cache,
             **kwargs,
         )
-        return BaseModelOutputWithPast(
-            last_hidden_state=outputs.last_hidden_state, past_key_values=outputs.past_key_values
-        )  # `router_logits` is added by `capture_outputs` when requested
+        # `router_logits` is added by `capture_outputs` when requested
+        return BaseModelOutputWithPast(last_hidden_state=outputs.last_hidden_state, **self._carried(outputs))
 
 
 class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
@@ -115,6 +117,8 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
         config: an `HfzooDecoderConfig`.
     """
 
+    _forward_kwargs_read = frozenset({"shift_labels"})
+
     def __init__(self, config: HfzooDecoderConfig) -> None:
         super().__init__(config)
         self.model = HfzooDecoderModel(config)
@@ -134,7 +138,7 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -148,25 +152,28 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
             input_ids: `(batch_size, seq_len)` int64 token ids (or give `inputs_embeds`).
             attention_mask: `(batch_size, past_len + seq_len)`, 1 for tokens and 0 for padding.
             position_ids: `(batch_size, seq_len)` int64 positions (default: consecutive after the cache).
-            past_key_values: a transformers `Cache` from an earlier call (generation).
+            cache: a transformers `Cache` from an earlier call (generation); also accepted as
+                `past_key_values`, its name before transformers 5.24.
             inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
             use_cache: create and return a `DynamicCache` when none is given.
             labels: `(batch_size, seq_len)` int64 token ids; shifted inside (position t predicts
-                label t+1), -100 ignored. Or give `shift_labels` (in kwargs), already aligned with the
-                positions, as transformers' `ForCausalLMLoss` accepts.
+                label t+1), -100 ignored.
             logits_to_keep: compute logits only for the last `logits_to_keep` positions (0 = all).
             skip_logits: compute the loss in chunks without returning logits; default: in training mode
                 with labels (see the class docstring).
-            **kwargs: forwarded to the base model; `num_items_in_batch` (transformers' `Trainer`) divides
-                the summed loss by the predicted tokens of the whole accumulated batch instead of taking
-                this batch's mean; `output_router_logits` (default `config.output_router_logits`)
-                returns the routers' logits.
+            **kwargs: `shift_labels` (`(batch_size, seq_len)` labels already aligned with the positions, instead
+                of `labels`, as transformers' `ForCausalLMLoss` accepts; a keyword, not a named parameter, so that
+                `Trainer` does not take it for a label column); those of
+                `hfzoo.modeling_utils.PASSED_DOWN_KWARGS`, forwarded to the base model;
+                `num_items_in_batch` (transformers' `Trainer`) divides the summed loss by the predicted tokens
+                of the whole accumulated batch instead of taking this batch's mean; `output_router_logits`
+                (default `config.output_router_logits`) returns the routers' logits. Others raise `TypeError`.
 
         Returns:
             `MoeCausalLMOutputWithPast` with `logits` `(batch_size, seq_len, vocab_size)` (float dtype of
             the model; None with `skip_logits`), `loss` (float32 scalar, nats per predicted token) when
             labels are given, and
-            `past_key_values`. With experts (`config.num_experts > 0`): `aux_loss`, the float32 scalar
+            the cache. With experts (`config.num_experts > 0`): `aux_loss`, the float32 scalar
             `router_aux_loss_coef * load balancing + router_z_loss_coef * z-loss` included in `loss`
             (see `hfzoo.modules.experts.router_aux_losses`), and with `output_router_logits` the
             per-MoE-layer `router_logits` `(batch_size * seq_len, num_experts)`.
@@ -180,7 +187,7 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             **kwargs,
@@ -206,9 +213,7 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
         return MoeCausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
+            **self._carried(outputs, "hidden_states", "attentions"),
             **moe,
         )
 
@@ -237,7 +242,7 @@ class HfzooDecoderForSequenceClassification(HfzooDecoderPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         use_cache: bool | None = None,
@@ -249,8 +254,8 @@ class HfzooDecoderForSequenceClassification(HfzooDecoderPreTrainedModel):
             input_ids: `(batch_size, seq_len)` int64 token ids (or give `inputs_embeds`).
             attention_mask: `(batch_size, past_len + seq_len)` padding mask.
             position_ids: `(batch_size, seq_len)` int64 positions.
-            past_key_values: a `Cache`, e.g. PEFT prefix tuning's prefix keys/values (named in the
-                signature, where PEFT looks for it).
+            cache: a `Cache`, e.g. PEFT prefix tuning's prefix keys/values; also accepted as
+                `past_key_values` (PEFT's name, and transformers' before 5.24).
             inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids` (then the last
                 position is classified).
             labels: `(batch_size,)` class ids, or float targets (regression / multi-label).
@@ -273,7 +278,7 @@ class HfzooDecoderForSequenceClassification(HfzooDecoderPreTrainedModel):
             input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             **kwargs,
@@ -290,8 +295,6 @@ class HfzooDecoderForSequenceClassification(HfzooDecoderPreTrainedModel):
         return MoeSequenceClassifierOutputWithPast(
             loss=loss,
             logits=pooled_logits,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
+            **self._carried(outputs, "hidden_states", "attentions"),
             **moe,
         )

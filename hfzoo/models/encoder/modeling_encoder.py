@@ -33,8 +33,8 @@ class HfzooEncoderPreTrainedModel(HfzooPreTrainedModel):
 class HfzooEncoderModel(HfzooStack, HfzooEncoderPreTrainedModel):
     """The bare encoder: one bidirectional `hfzoo.modules.stack.HfzooStack` (with token-type embeddings).
 
-    Every token attends to every non-padding token (Devlin et al. 2019). Accepts `past_key_values`
-    so that PEFT prefix tuning can prepend learned keys/values to each layer.
+    Every token attends to every non-padding token (Devlin et al. 2019). Accepts a `cache` (or
+    `past_key_values`) so that PEFT prefix tuning can prepend learned keys/values to each layer.
 
     Args:
         config: an `HfzooEncoderConfig`.
@@ -54,7 +54,7 @@ class HfzooEncoderModel(HfzooStack, HfzooEncoderPreTrainedModel):
         token_type_ids: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         """Encode a batch.
@@ -62,12 +62,14 @@ class HfzooEncoderModel(HfzooStack, HfzooEncoderPreTrainedModel):
         Args:
             input_ids: `(batch_size, seq_len)` int64 token ids (or give `inputs_embeds`).
             attention_mask: `(batch_size, seq_len)`, 1 for tokens and 0 for padding (plus prefix
-                length when `past_key_values` holds a prefix).
+                length when `cache` holds a prefix).
             token_type_ids: `(batch_size, seq_len)` int64 segment ids (default 0).
             position_ids: `(batch_size, seq_len)` int64 positions (default 0..seq_len-1).
             inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
-            past_key_values: a `Cache` of prefix keys/values (prefix tuning), or None.
-            **kwargs: `output_hidden_states`, `output_attentions`, attention-backend options.
+            cache: a `Cache` of prefix keys/values (prefix tuning), or None; also accepted as
+                `past_key_values` (PEFT's name, and transformers' before 5.24).
+            **kwargs: those of `hfzoo.modeling_utils.PASSED_DOWN_KWARGS` (`output_hidden_states`,
+                `output_attentions`, ...); others raise `TypeError`.
 
         Returns:
             `BaseModelOutputWithPastAndCrossAttentions` with `last_hidden_state`
@@ -82,7 +84,7 @@ class HfzooEncoderModel(HfzooStack, HfzooEncoderPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            past_key_values=past_key_values,
+            cache=cache,
             **kwargs,
         )
 
@@ -210,7 +212,7 @@ class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> MoeSequenceClassifierOutput:
         """Classify each sequence.
@@ -223,8 +225,8 @@ class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
             inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
             labels: `(batch_size,)` int64 class ids, `(batch_size, num_labels)` float targets
                 (multi-label), or `(batch_size,)` float (regression).
-            past_key_values: prefix keys/values for every layer (PEFT prefix tuning; `attention_mask`
-                then covers prefix + tokens), or None.
+            cache: prefix keys/values for every layer, also accepted as `past_key_values` (PEFT prefix
+                tuning; `attention_mask` then covers prefix + tokens), or None.
             **kwargs: forwarded to the encoder; `num_items_in_batch` (transformers' `Trainer`) normalises
                 the loss over the whole accumulated batch.
 
@@ -245,7 +247,7 @@ class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            past_key_values=past_key_values,
+            cache=cache,
             **kwargs,
         )
         logits = self.classifier(outputs.last_hidden_state[:, 0])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
 
+from ...compat import CACHE_NAME
 from ...configuration_utils import HfzooConfig
 from ...modules.stack import StackLayout
 
@@ -38,7 +39,7 @@ class HfzooEncoderDecoderConfig(HfzooConfig):
     """
 
     model_type = "hfzoo_encoder_decoder"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = [CACHE_NAME]  # the cache is no prediction
     attribute_map = {"num_encoder_layers": "num_hidden_layers"}
 
     num_decoder_layers: int | None = None

@@ -22,6 +22,7 @@ from transformers.utils import ModelOutput
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
+from ...compat import cache_field, output_cache
 from ...modeling_utils import (
     HfzooPreTrainedModel,
     Seq2SeqMoELMOutput,
@@ -36,6 +37,16 @@ from ...modules.heads import SequenceClassificationHead, check_classification_la
 from ...modules.stack import LAYER_TYPES, HfzooStack, HfzooStackOutput
 from ...modules.universal import UniversalTransformerLayerStack
 from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
+
+#: The fields of `Seq2SeqMoEModelOutput` that the encoder-decoder's heads return as the model gave them.
+SEQ2SEQ_CARRIED_FIELDS = (
+    "decoder_hidden_states",
+    "decoder_attentions",
+    "cross_attentions",
+    "encoder_last_hidden_state",
+    "encoder_hidden_states",
+    "encoder_attentions",
+)
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -124,7 +135,7 @@ class HfzooEncoderDecoderStack(HfzooStack, HfzooEncoderDecoderPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
@@ -137,7 +148,7 @@ class HfzooEncoderDecoderStack(HfzooStack, HfzooEncoderDecoderPreTrainedModel):
             attention_mask=attention_mask,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            past_key_values=past_key_values,
+            cache=cache,
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask,
             use_cache=use_cache if self.is_causal else None,
@@ -197,7 +208,7 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         decoder_position_ids: torch.LongTensor | None = None,
@@ -212,9 +223,9 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
             decoder_input_ids: `(batch_size, tgt_len)` int64 decoder inputs.
             decoder_attention_mask: `(batch_size, past_len + tgt_len)` decoder padding mask.
             encoder_outputs: precomputed encoder outputs (generation), `last_hidden_state` first.
-            past_key_values: an `EncoderDecoderCache` (generation, decoder prefix), or a prefix for both
-                stacks: a cache of `num_hidden_layers + num_decoder_layers` layers (see
-                `split_prefix_cache`; `attention_mask` then covers prefix + source tokens).
+            cache: an `EncoderDecoderCache` (generation, decoder prefix), or a prefix for both stacks: a
+                cache of `num_hidden_layers + num_decoder_layers` layers (see `split_prefix_cache`;
+                `attention_mask` then covers prefix + source tokens). Also accepted as `past_key_values`.
             inputs_embeds: `(batch_size, src_len, hidden_size)` instead of `input_ids`.
             decoder_inputs_embeds: `(batch_size, tgt_len, hidden_size)` instead of `decoder_input_ids`.
             decoder_position_ids: `(batch_size, tgt_len)` decoder positions.
@@ -229,17 +240,17 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
         encoder_prefix = None
         if (
             encoder_outputs is None
-            and isinstance(past_key_values, Cache)
-            and not isinstance(past_key_values, EncoderDecoderCache)
-            and len(past_key_values.layers) == self.config.num_hidden_layers + self.config.num_decoder_layers
+            and isinstance(cache, Cache)
+            and not isinstance(cache, EncoderDecoderCache)
+            and len(cache.layers) == self.config.num_hidden_layers + self.config.num_decoder_layers
         ):
-            encoder_prefix, past_key_values = split_prefix_cache(past_key_values, self.config.num_hidden_layers)
+            encoder_prefix, cache = split_prefix_cache(cache, self.config.num_hidden_layers)
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 inputs_embeds=inputs_embeds,
-                past_key_values=encoder_prefix,
+                cache=encoder_prefix,
                 **kwargs,
             )
         elif not isinstance(encoder_outputs, ModelOutput):  # a tuple; an output object keeps its layer_outputs
@@ -254,7 +265,7 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
             attention_mask=decoder_attention_mask,
             position_ids=decoder_position_ids,
             inputs_embeds=decoder_inputs_embeds,
-            past_key_values=past_key_values,
+            cache=cache,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
             encoder_layer_outputs=encoder_outputs.get("layer_outputs"),  # transparent attention
@@ -263,7 +274,7 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
         )
         outputs = Seq2SeqMoEModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **cache_field(output_cache(decoder_outputs)),
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -326,7 +337,7 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -342,7 +353,7 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
             decoder_input_ids: `(batch_size, tgt_len)` int64 decoder inputs (default: `labels` shifted right).
             decoder_attention_mask: `(batch_size, past_len + tgt_len)` decoder padding mask.
             encoder_outputs: precomputed encoder outputs (generation), `last_hidden_state` first.
-            past_key_values: an `EncoderDecoderCache` (generation, prefix tuning).
+            cache: an `EncoderDecoderCache` (generation, prefix tuning); also accepted as `past_key_values`.
             inputs_embeds: `(batch_size, src_len, hidden_size)` instead of `input_ids`.
             decoder_inputs_embeds: `(batch_size, tgt_len, hidden_size)` instead of `decoder_input_ids`.
             use_cache: return the decoder's cache.
@@ -370,7 +381,7 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -396,13 +407,7 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
         return Seq2SeqMoELMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
+            **self._carried(outputs, *SEQ2SEQ_CARRIED_FIELDS),
             **moe,
         )
 
@@ -432,7 +437,7 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> Seq2SeqMoESequenceClassifierOutput:
         """Classify each source sequence.
@@ -443,8 +448,8 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
             decoder_input_ids: `(batch_size, src_len)` decoder inputs (default: `input_ids` shifted right).
             decoder_attention_mask: decoder padding mask (default: `attention_mask`).
             labels: class ids `(batch_size,)`, or float targets (regression / multi-label).
-            past_key_values: PEFT prefix tuning's prefix for both stacks (see `split_prefix_cache`;
-                `attention_mask` then covers prefix + source tokens), or None.
+            cache: PEFT prefix tuning's prefix for both stacks (see `split_prefix_cache`; `attention_mask`
+                then covers prefix + source tokens), or None; also accepted as `past_key_values`.
             **kwargs: forwarded to the model; `num_items_in_batch` (transformers' `Trainer`) normalises the
                 loss over the whole accumulated batch.
 
@@ -469,7 +474,7 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
             attention_mask=attention_mask,
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             **kwargs,
         )
         hidden = outputs.last_hidden_state
@@ -492,12 +497,6 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
         return Seq2SeqMoESequenceClassifierOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
+            **self._carried(outputs, *SEQ2SEQ_CARRIED_FIELDS),
             **moe,
         )
