@@ -74,7 +74,7 @@ class HfzooDecoderModel(HfzooStack, HfzooDecoderPreTrainedModel):
             inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
             use_cache: create and return a `DynamicCache` when none is given.
             **kwargs: those of `hfzoo.modeling_utils.PASSED_DOWN_KWARGS` (`output_hidden_states`,
-                `output_attentions`, ...); others raise `TypeError`.
+                `output_attentions`, ...); `IGNORED_KWARGS` are dropped, others raise `TypeError`.
 
         Returns:
             `BaseModelOutputWithPast` with `last_hidden_state` `(batch_size, seq_len, hidden_size)`, the
@@ -260,8 +260,10 @@ class HfzooDecoderForSequenceClassification(HfzooDecoderPreTrainedModel):
                 position is classified).
             labels: `(batch_size,)` class ids, or float targets (regression / multi-label).
             use_cache: return the decoder's cache.
-            **kwargs: forwarded to the decoder; `num_items_in_batch` (transformers' `Trainer`) normalises
-                the loss over the whole accumulated batch; `output_router_logits` returns the routers' logits.
+            **kwargs: forwarded to the decoder (the keyword contract of `HfzooPreTrainedModel`: named here or by the
+                decoder, or in `PASSED_DOWN_KWARGS`; `IGNORED_KWARGS` dropped; others raise `TypeError`);
+                `num_items_in_batch` (transformers' `Trainer`) normalises the loss over the whole accumulated batch;
+                `output_router_logits` returns the routers' logits.
 
         Returns:
             `MoeSequenceClassifierOutputWithPast` (a `SequenceClassifierOutputWithPast`) with `logits`

@@ -69,7 +69,7 @@ class HfzooEncoderModel(HfzooStack, HfzooEncoderPreTrainedModel):
             cache: a `Cache` of prefix keys/values (prefix tuning), or None; also accepted as
                 `past_key_values` (PEFT's name, and transformers' before 5.24).
             **kwargs: those of `hfzoo.modeling_utils.PASSED_DOWN_KWARGS` (`output_hidden_states`,
-                `output_attentions`, ...); others raise `TypeError`.
+                `output_attentions`, ...); `IGNORED_KWARGS` are dropped, others raise `TypeError`.
 
         Returns:
             `BaseModelOutputWithPastAndCrossAttentions` with `last_hidden_state`
@@ -146,8 +146,10 @@ class HfzooEncoderForMaskedLM(HfzooEncoderPreTrainedModel):
             labels: `(batch_size, seq_len)` int64 original ids at masked positions, -100 elsewhere.
             skip_logits: compute the loss in chunks without returning logits; default: in training mode
                 with labels.
-            **kwargs: forwarded to the encoder; `num_items_in_batch` (transformers' `Trainer`) divides the
-                summed loss by the labelled positions of the whole accumulated batch.
+            **kwargs: forwarded to the encoder (the keyword contract of `HfzooPreTrainedModel`: named here or by the
+                encoder, or in `PASSED_DOWN_KWARGS`; `IGNORED_KWARGS` dropped; others raise `TypeError`);
+                `num_items_in_batch` (transformers' `Trainer`) divides the summed loss by the labelled positions of the
+                whole accumulated batch.
 
         Returns:
             `MoeMaskedLMOutput` (a `MaskedLMOutput`) with `logits` `(batch_size, seq_len, vocab_size)` (None
@@ -227,8 +229,9 @@ class HfzooEncoderForSequenceClassification(HfzooEncoderPreTrainedModel):
                 (multi-label), or `(batch_size,)` float (regression).
             cache: prefix keys/values for every layer, also accepted as `past_key_values` (PEFT prefix
                 tuning; `attention_mask` then covers prefix + tokens), or None.
-            **kwargs: forwarded to the encoder; `num_items_in_batch` (transformers' `Trainer`) normalises
-                the loss over the whole accumulated batch.
+            **kwargs: forwarded to the encoder (the keyword contract of `HfzooPreTrainedModel`: named here or by the
+                encoder, or in `PASSED_DOWN_KWARGS`; `IGNORED_KWARGS` dropped; others raise `TypeError`);
+                `num_items_in_batch` (transformers' `Trainer`) normalises the loss over the whole accumulated batch.
 
         Returns:
             `MoeSequenceClassifierOutput` (a `SequenceClassifierOutput`) with `logits` `(batch_size, num_labels)`
@@ -299,8 +302,10 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
             position_ids: `(batch_size, seq_len)` int64 positions (default 0..seq_len-1).
             inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
             labels: `(batch_size, seq_len)` int64 class ids, -100 for ignored positions.
-            **kwargs: forwarded to the encoder; `num_items_in_batch` (transformers' `Trainer`) divides the
-                summed loss by the labelled positions of the whole accumulated batch.
+            **kwargs: forwarded to the encoder (the keyword contract of `HfzooPreTrainedModel`: named here or by the
+                encoder, or in `PASSED_DOWN_KWARGS`; `IGNORED_KWARGS` dropped; others raise `TypeError`);
+                `num_items_in_batch` (transformers' `Trainer`) divides the summed loss by the labelled positions of the
+                whole accumulated batch.
 
         Returns:
             `MoeTokenClassifierOutput` (a `TokenClassifierOutput`) with `logits` `(batch_size, seq_len,

@@ -230,7 +230,8 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
             decoder_inputs_embeds: `(batch_size, tgt_len, hidden_size)` instead of `decoder_input_ids`.
             decoder_position_ids: `(batch_size, tgt_len)` decoder positions.
             use_cache: return the decoder's cache.
-            **kwargs: `output_hidden_states`, `output_attentions`, attention-backend options.
+            **kwargs: those of `hfzoo.modeling_utils.PASSED_DOWN_KWARGS` (`output_hidden_states`,
+                `output_attentions`, ...); `IGNORED_KWARGS` are dropped, others raise `TypeError`.
 
         Returns:
             `Seq2SeqMoEModelOutput` (decoder `last_hidden_state` `(batch_size, tgt_len, hidden_size)`,
@@ -361,8 +362,10 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
                 predict label t (the decoder inputs are the labels shifted right).
             skip_logits: compute the loss in chunks without returning logits; default: in training mode
                 with labels.
-            **kwargs: forwarded to the model; `num_items_in_batch` (transformers' `Trainer`) divides the
-                summed loss by the target tokens of the whole accumulated batch.
+            **kwargs: forwarded to the model (the keyword contract of `HfzooPreTrainedModel`: named here or by the
+                model, or in `PASSED_DOWN_KWARGS`; `IGNORED_KWARGS` dropped; others raise `TypeError`);
+                `num_items_in_batch` (transformers' `Trainer`) divides the summed loss by the target tokens of the whole
+                accumulated batch.
 
         Returns:
             `Seq2SeqMoELMOutput` (a `Seq2SeqMoEOutput`) with `logits` `(batch_size, tgt_len, vocab_size)`
@@ -450,8 +453,9 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
             labels: class ids `(batch_size,)`, or float targets (regression / multi-label).
             cache: PEFT prefix tuning's prefix for both stacks (see `split_prefix_cache`; `attention_mask`
                 then covers prefix + source tokens), or None; also accepted as `past_key_values`.
-            **kwargs: forwarded to the model; `num_items_in_batch` (transformers' `Trainer`) normalises the
-                loss over the whole accumulated batch.
+            **kwargs: forwarded to the model (the keyword contract of `HfzooPreTrainedModel`: named here or by the
+                model, or in `PASSED_DOWN_KWARGS`; `IGNORED_KWARGS` dropped; others raise `TypeError`);
+                `num_items_in_batch` (transformers' `Trainer`) normalises the loss over the whole accumulated batch.
 
         Returns:
             `Seq2SeqMoESequenceClassifierOutput` (a `Seq2SeqSequenceClassifierOutput`) with `logits`
