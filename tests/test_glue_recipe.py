@@ -95,8 +95,9 @@ def test_recipe_end_to_end(family, task, method, checkpoints, glue_dir, tmp_path
         model = load_peft_model(out, checkpoints[family], num_labels=GLUE_TASKS[task].num_labels)
         tokenizer = AutoTokenizer.from_pretrained(out)
         dev = load_glue(task, data_dir=glue_dir)["validation"]
+        # The BERT tokenizer's segment ids only for the encoder: the other families have no segment embeddings.
         enc = tokenizer(*[list(dev[c]) for c in GLUE_TASKS[task].text_names], truncation=True, max_length=32,
-                        padding=True, return_tensors="pt")  # fmt: skip
+                        padding=True, return_tensors="pt", return_token_type_ids=family.startswith(("encoder-tiny", "bert")))  # fmt: skip
         with torch.no_grad():
             logits = model(**enc).logits
         predictions = logits.squeeze(-1) if task == "stsb" else logits.argmax(-1)

@@ -26,6 +26,7 @@ a model card (`README.md`), also for stock transformers checkpoints; `--push_to_
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import os
 import time
@@ -195,6 +196,29 @@ def load_glue_data(args: argparse.Namespace, task: GlueTask, tokenizer, accelera
         return {split: _tokenize(ds, task, tokenizer, args) for split, ds in raw.items()}
 
 
+def drop_unused_columns(encoded: dict[str, Any], model, accelerator: Accelerator) -> dict[str, Any]:
+    """Drop the tokenizer outputs that the model's `forward` does not name, as `Trainer` does.
+
+    A tokenizer may return inputs the model has no use for (a BERT tokenizer's `token_type_ids` for a decoder
+    without segment embeddings); hfzoo models refuse keywords they do not use, so the columns are removed
+    here, by the rule of transformers' `Trainer` (`remove_unused_columns`: the parameters `forward` names, and
+    `labels`), and the removed ones are printed.
+
+    Args:
+        encoded: `{split: tokenized datasets.Dataset}` (`load_glue_data`).
+        model: the model the batches are given to (the base model under PEFT).
+        accelerator: prints the removed columns once.
+
+    Returns:
+        The same splits without the unused columns.
+    """
+    names = set(inspect.signature(model.forward).parameters) | {"labels"}
+    unused = sorted({column for ds in encoded.values() for column in ds.column_names} - names)
+    if unused:
+        accelerator.print(f"not given to the model (its forward does not take them): {', '.join(unused)}")
+    return {split: ds.remove_columns([c for c in unused if c in ds.column_names]) for split, ds in encoded.items()}
+
+
 def _eval_splits(splits) -> list[str]:
     return [s for s in splits if s.startswith("validation")]
 
@@ -278,6 +302,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
     model = build_glue_model(args, task, tokenizer)
     trainable, total = count_parameters(model)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    encoded = drop_unused_columns(encoded, base, accelerator)
     non_embedding_parameters = base.num_parameters(exclude_embeddings=True)
     compile_model(model, args, accelerator)  # in place: state_dict keys stay those of the eager model
     accelerator.print(
