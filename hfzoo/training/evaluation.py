@@ -9,6 +9,10 @@ evaluates a saved causal LM on text files and prints a generated sample, in a fr
 It loads the checkpoint with `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`
 (the hfzoo package, imported with this module, registers its model types), packs each file into blocks exactly as
 pretraining does, reports loss and perplexity per file, and greedily continues `--prompt`.
+
+A prompt plus `--max_new_tokens` longer than a model with a hard position limit allows
+(`generation_position_limit`) is refused before any evaluation. The metrics are written to `--output_file`
+before the sample is generated, and again with the sample.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, default_data_colla
 from ..data.loading import load_local_files
 from ..data.packing import tokenize_and_pack
 from ..integrity import check_weight_files
+from ..modules.positions import ABSOLUTE_POSITION_EMBEDDINGS
 from .arguments import OneLineErrorParser, positive_int
 
 
@@ -94,6 +99,65 @@ def unigram_perplexity(train_counts: np.ndarray, eval_tokens: np.ndarray) -> flo
     return float(math.exp(-log_probs[eval_tokens].mean()))
 
 
+def generation_position_limit(config) -> tuple[int, str] | None:
+    """The most tokens (prompt plus generated ones) a causal LM can process, for models with a hard limit.
+
+    An hfzoo model refuses a sequence longer than `max_position_embeddings` when its stack adds absolute
+    position embeddings (`position_embedding_type` `learned` or `sinusoidal`, the schemes for which the
+    stack builds `embed_positions`) or its causal stack mixes tokens with a synthesizer (matrices of
+    `max_position_embeddings` rows); GPT-2 has a learned table of `n_positions`. The other hfzoo schemes
+    (`rotary`, `alibi`, `relative_attention_bias`, `shaw`, `none`) have no such limit, and other model
+    types are not checked (None for both).
+
+    Args:
+        config: the model's config (`PreTrainedConfig`).
+
+    Returns:
+        `(max_position_embeddings, what sets it)` (e.g. `(64, "position_embedding_type='learned'")`), or None.
+    """
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is None:
+        return None
+    if config.model_type == "gpt2":
+        return limit, "GPT-2's learned position embeddings"
+    if not hasattr(config, "stack_layouts"):  # not an hfzoo config
+        return None
+    if config.position_embedding_type in ABSOLUTE_POSITION_EMBEDDINGS:
+        return limit, f"position_embedding_type={config.position_embedding_type!r}"
+    if any(layout.is_causal and layout.token_mixer == "synthesizer" for layout in config.stack_layouts()):
+        return limit, "token_mixer='synthesizer'"
+    return None
+
+
+def check_generation_fits(config, prompt_tokens: int, max_new_tokens: int) -> None:
+    """Refuse a generation longer than the model's hard position limit (see `generation_position_limit`).
+
+    Args:
+        config: the model's config.
+        prompt_tokens: length of the tokenized prompt (special tokens the tokenizer adds included).
+        max_new_tokens: the most tokens to generate.
+
+    Raises:
+        ValueError: `prompt_tokens + max_new_tokens` exceeds the limit; the one-line message names the
+            prompt length, `--max_new_tokens`, the limit and what sets it.
+    """
+    found = generation_position_limit(config)
+    if found is None:
+        return
+    limit, reason = found
+    total = prompt_tokens + max_new_tokens
+    if total > limit:
+        advice = (
+            f"use --max_new_tokens <= {limit - prompt_tokens}"
+            if prompt_tokens < limit
+            else f"shorten --prompt to fewer than {limit} tokens"
+        )
+        raise ValueError(
+            f"--prompt is {prompt_tokens} tokens and --max_new_tokens is {max_new_tokens}: {total} positions, more "
+            f"than the model's max_position_embeddings={limit} ({reason}); {advice}"
+        )
+
+
 def parse_evaluate_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the arguments of `hfzoo-evaluate-lm` (see `--help`).
 
@@ -124,10 +188,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     Returns:
         `{file name: {"eval_loss", "perplexity", "blocks", "block_size"}}`, plus `sample` (prompt and
-        text) with `--prompt`; also written to `--output_file`.
+        text) with `--prompt`; also written to `--output_file` (the metrics before the sample is
+        generated, then everything).
 
     Raises:
-        SystemExit: bad input (one-line `error: ...`).
+        SystemExit: bad input (one-line `error: ...`), among it a prompt plus `--max_new_tokens` beyond the
+            model's position limit (before any evaluation).
     """
     args = parse_evaluate_args(argv)
     try:
@@ -137,6 +203,11 @@ def main(argv: list[str] | None = None) -> dict:
         model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path).eval()
     except (OSError, ValueError) as err:
         raise SystemExit(f"error: --model_name_or_path {args.model_name_or_path}: {str(err).splitlines()[0]}") from None
+    if args.prompt:
+        try:
+            check_generation_fits(model.config, len(tokenizer(args.prompt)["input_ids"]), args.max_new_tokens)
+        except ValueError as err:
+            raise SystemExit(f"error: {err}") from None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
     block_size = args.block_size
@@ -170,6 +241,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"{Path(file).name}: {len(packed)} blocks of {block_size} tokens, "
             f"eval_loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}"
         )
+    if args.output_file:  # the metrics are kept even if generating the sample fails
+        Path(args.output_file).write_text(json.dumps(results, indent=2) + "\n")
     if args.prompt:
         inputs = tokenizer(args.prompt, return_tensors="pt").to(device)
         with torch.no_grad():
@@ -177,8 +250,8 @@ def main(argv: list[str] | None = None) -> dict:
         sample = tokenizer.decode(output[0], skip_special_tokens=True)
         results["sample"] = {"prompt": args.prompt, "text": sample}
         print(f"sample (greedy, {args.max_new_tokens} new tokens): {sample!r}")
-    if args.output_file:
-        Path(args.output_file).write_text(json.dumps(results, indent=2) + "\n")
+        if args.output_file:
+            Path(args.output_file).write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 
