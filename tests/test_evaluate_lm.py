@@ -1,4 +1,4 @@
-"""`hfzoo-evaluate-lm` in-process: the position limit of the sample, the metrics file.
+"""`hfzoo-evaluate-lm` in-process: the position limit of the sample, the metrics file, the KV-cache check.
 
 A tiny decoder with learned positions (max_position_embeddings=64) and a byte-level BPE tokenizer, saved to a
 temporary folder, evaluated on a few lines of text.
@@ -61,7 +61,7 @@ def test_generation_past_the_position_table_is_refused_before_any_evaluation(che
         f"max_position_embeddings=64 (position_embedding_type='learned'); use --max_new_tokens <= {64 - n}"
     )
     assert not evaluated and not (tmp_path / "eval.json").exists()
-    # One token more than the table is refused.
+    # One token more than the table is refused (exactly its length is generated in the next tests).
     with pytest.raises(SystemExit, match="65 positions, more than"):
         evaluate(checkpoint, tmp_path / "eval.json", "--prompt", PROMPT, "--max_new_tokens", str(65 - n))
 
@@ -96,3 +96,44 @@ def test_metrics_are_written_before_the_sample_is_generated(checkpoint, tmp_path
         evaluate(checkpoint, tmp_path / "eval.json", "--prompt", PROMPT)
     written = json.loads((tmp_path / "eval.json").read_text())
     assert set(written) == {"text.txt"} and written["text.txt"]["blocks"] == 2
+
+
+def test_greedy_sample_with_and_without_the_cache_agree(checkpoint, tmp_path):
+    """Up to the last position of the table: cached decoding must reproduce the full recomputation."""
+    n = prompt_tokens(checkpoint)
+    results = evaluate(checkpoint, tmp_path / "eval.json", "--prompt", PROMPT, "--max_new_tokens", str(64 - n))
+    sample = json.loads((tmp_path / "eval.json").read_text())["sample"]
+    assert sample == results["sample"]
+    assert sample["cache_equal"] is True and sample["first_difference"] is None
+    assert sample["new_tokens"] == 64 - n
+    assert sample["text"] == sample["text_without_cache"] and sample["text"].startswith(PROMPT)
+    assert sample["text"] == PROMPT + sample["continuation"] and sample["continuation"]
+    assert results["text.txt"]["blocks"] == 2
+
+
+def test_cache_check_fails_when_cached_decoding_differs(checkpoint, tmp_path, monkeypatch):
+    """A model whose incremental steps (one new token, the rest in the cache) predict differently is caught."""
+    model_class = type(AutoModelForCausalLM.from_pretrained(checkpoint))
+    forward = model_class.forward
+
+    def diverging_forward(self, input_ids=None, *args, **kwargs):
+        output = forward(self, input_ids, *args, **kwargs)
+        if input_ids is not None and input_ids.shape[1] == 1:  # only cached decoding feeds one token at a time
+            output.logits = output.logits.roll(1, dims=-1)  # every greedy choice moves to the next token id
+        return output
+
+    monkeypatch.setattr(model_class, "forward", diverging_forward)
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate(checkpoint, tmp_path / "eval.json", "--prompt", PROMPT, "--max_new_tokens", "8")
+    written = json.loads((tmp_path / "eval.json").read_text())
+    sample = written["sample"]
+    assert sample["cache_equal"] is False and sample["first_difference"] == 1  # the first token needs no cache
+    assert sample["continuation"] != sample["continuation_without_cache"]
+    assert written["text.txt"]["blocks"] == 2
+    message = exit_info.value.code
+    assert message == (
+        "error: greedy generation with the KV cache differs from generation without it from new token 1 on: "
+        f"with the cache {sample['continuation']!r}, without {sample['continuation_without_cache']!r}; the "
+        "model's cached decoding is wrong"
+    )
+    assert "\n" not in message

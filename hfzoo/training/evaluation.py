@@ -10,9 +10,11 @@ It loads the checkpoint with `AutoModelForCausalLM.from_pretrained` / `AutoToken
 (the hfzoo package, imported with this module, registers its model types), packs each file into blocks exactly as
 pretraining does, reports loss and perplexity per file, and greedily continues `--prompt`.
 
-A prompt plus `--max_new_tokens` longer than a model with a hard position limit allows
-(`generation_position_limit`) is refused before any evaluation. The metrics are written to `--output_file`
-before the sample is generated, and again with the sample.
+The sample checks the model's incremental decoding: the greedy continuation is generated with the KV cache
+and again without it (every step recomputing the whole sequence), and a difference is an error (exit
+status 1, both continuations named). A prompt plus `--max_new_tokens` longer than a model with a hard
+position limit allows (`generation_position_limit`) is refused before any evaluation. The metrics are
+written to `--output_file` before the sample is generated, and again with the sample.
 """
 
 from __future__ import annotations
@@ -158,6 +160,50 @@ def check_generation_fits(config, prompt_tokens: int, max_new_tokens: int) -> No
         )
 
 
+@torch.no_grad()
+def greedy_sample(model, tokenizer, prompt: str, max_new_tokens: int) -> dict:
+    """Greedily continue `prompt`, with the KV cache and again without it, and compare the two.
+
+    Without the cache every step recomputes the whole sequence, so the two agree exactly unless the
+    model's incremental decoding (cache, positions of cached steps, masks) is wrong.
+
+    Args:
+        model: a causal LM (on its device, in eval mode).
+        tokenizer: its tokenizer.
+        prompt: the text to continue.
+        max_new_tokens: the most tokens to generate (fewer when the model generates its end token).
+
+    Returns:
+        `{"prompt", "text", "continuation", "text_without_cache", "continuation_without_cache", "new_tokens",
+        "cache_equal", "first_difference"}`: `text` is the decoded prompt plus continuation generated
+        with the cache (special tokens skipped), `continuation` its new tokens alone, the `_without_cache`
+        ones the same without the cache; `new_tokens` the number generated with the cache; `cache_equal`
+        whether the two generated token sequences are identical, else `first_difference` is the index
+        (among the new tokens) where they first differ (None when equal).
+    """
+    inputs = tokenizer(prompt, return_tensors="pt").to(model.device)
+    prompt_length = inputs["input_ids"].shape[1]
+    outputs = {
+        use_cache: model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, use_cache=use_cache)[0]
+        for use_cache in (True, False)
+    }
+    cached, uncached = (outputs[flag][prompt_length:].tolist() for flag in (True, False))
+    first_difference = next(
+        (i for i, (a, b) in enumerate(zip(cached, uncached)) if a != b),
+        None if len(cached) == len(uncached) else min(len(cached), len(uncached)),
+    )
+    return {
+        "prompt": prompt,
+        "text": tokenizer.decode(outputs[True], skip_special_tokens=True),
+        "continuation": tokenizer.decode(cached, skip_special_tokens=True),
+        "text_without_cache": tokenizer.decode(outputs[False], skip_special_tokens=True),
+        "continuation_without_cache": tokenizer.decode(uncached, skip_special_tokens=True),
+        "new_tokens": len(cached),
+        "cache_equal": first_difference is None,
+        "first_difference": first_difference,
+    }
+
+
 def parse_evaluate_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the arguments of `hfzoo-evaluate-lm` (see `--help`).
 
@@ -174,7 +220,11 @@ def parse_evaluate_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block_size", type=positive_int, default=None, help="Default: the block size of pretraining.")
     p.add_argument("--per_device_eval_batch_size", type=positive_int, default=16)
     p.add_argument("--max_eval_samples", type=positive_int, default=None, help="At most this many blocks per file.")
-    p.add_argument("--prompt", default=None, help="Text to continue greedily.")
+    p.add_argument(
+        "--prompt",
+        default=None,
+        help="Text to continue greedily, with the KV cache and without it (the two must agree, else exit status 1).",
+    )
     p.add_argument("--max_new_tokens", type=positive_int, default=32)
     p.add_argument("--output_file", default=None, help="Write the metrics as JSON here.")
     return p.parse_args(argv)
@@ -187,13 +237,14 @@ def main(argv: list[str] | None = None) -> dict:
         argv: arguments without the program name (default: `sys.argv[1:]`).
 
     Returns:
-        `{file name: {"eval_loss", "perplexity", "blocks", "block_size"}}`, plus `sample` (prompt and
-        text) with `--prompt`; also written to `--output_file` (the metrics before the sample is
+        `{file name: {"eval_loss", "perplexity", "blocks", "block_size"}}`, plus `sample` (`greedy_sample`'s
+        record) with `--prompt`; also written to `--output_file` (the metrics before the sample is
         generated, then everything).
 
     Raises:
         SystemExit: bad input (one-line `error: ...`), among it a prompt plus `--max_new_tokens` beyond the
-            model's position limit (before any evaluation).
+            model's position limit (before any evaluation); greedy generation with the KV cache differing
+            from generation without it (after the record with both is written).
     """
     args = parse_evaluate_args(argv)
     try:
@@ -244,14 +295,17 @@ def main(argv: list[str] | None = None) -> dict:
     if args.output_file:  # the metrics are kept even if generating the sample fails
         Path(args.output_file).write_text(json.dumps(results, indent=2) + "\n")
     if args.prompt:
-        inputs = tokenizer(args.prompt, return_tensors="pt").to(device)
-        with torch.no_grad():
-            output = model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False)
-        sample = tokenizer.decode(output[0], skip_special_tokens=True)
-        results["sample"] = {"prompt": args.prompt, "text": sample}
-        print(f"sample (greedy, {args.max_new_tokens} new tokens): {sample!r}")
+        sample = results["sample"] = greedy_sample(model, tokenizer, args.prompt, args.max_new_tokens)
+        print(f"sample (greedy, {sample['new_tokens']} new tokens): {sample['text']!r}")
         if args.output_file:
             Path(args.output_file).write_text(json.dumps(results, indent=2) + "\n")
+        if not sample["cache_equal"]:
+            raise SystemExit(
+                f"error: greedy generation with the KV cache differs from generation without it from new token "
+                f"{sample['first_difference']} on: with the cache {sample['continuation']!r}, without "
+                f"{sample['continuation_without_cache']!r}; the model's cached decoding is wrong"
+            )
+        print(f"cache check passed: the same {sample['new_tokens']} new tokens with and without the KV cache")
     return results
 
 
