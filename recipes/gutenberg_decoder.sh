@@ -3,7 +3,7 @@
 #   1. train a byte-level BPE tokenizer on Gutenberg shard 01,
 #   2. pretrain a small decoder on shard 00 with `accelerate launch` (5% of its books held out),
 #   3. in a fresh process: reload with AutoModelForCausalLM.from_pretrained, evaluate on WikiText-2
-#      validation and print a generated sample.
+#      validation and print a greedy sample, generated with and without the KV cache (a difference fails the job).
 # Data: $HFZOO_DATA_DIR (default ../shared/data beside the checkout). Output: $OUTPUT_DIR (default outputs/gutenberg-decoder).
 # Extra arguments are passed to recipes/pretrain.py (hfzoo-pretrain) (e.g. --max_train_steps 200 for a quicker run).
 set -euo pipefail

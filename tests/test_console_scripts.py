@@ -99,7 +99,7 @@ def test_pretrain_and_evaluate_lm_scripts(pretrained, workdir):
         "--output_file", str(workdir / "evaluation.json"))  # fmt: skip
     evaluation = json.loads((workdir / "evaluation.json").read_text())
     assert evaluation["books.jsonl"]["blocks"] == 4 and evaluation["books.jsonl"]["block_size"] == 32
-    assert evaluation["sample"]["text"].startswith("It was")
+    assert evaluation["sample"]["text"].startswith("It was") and evaluation["sample"]["cache_equal"] is True
 
 
 def test_finetune_glue_script(pretrained, workdir):

@@ -154,6 +154,23 @@ def test_short_row_is_refused_with_its_line(tmp_path):
         read_glue_tsv(path, "sst2")
 
 
+@pytest.mark.parametrize("task", list(GLUE_TASKS))
+def test_row_with_more_fields_than_the_header_is_refused(task, tmp_path):
+    """A quoted text holding a tab: quoting is off, so it splits, which would cut the text or shift the columns."""
+    good, (texts, label, _) = LAYOUTS[task]["rows"][:2]
+    tabbed = ('"He said\thello."', *texts[1:])  # the row's first text, with a tab inside quotes
+    path = write_tsv(tmp_path / "dev.tsv", task, rows=[good, (tabbed, label, None)])
+    fields = len(LAYOUTS[task]["row"](texts, label))
+    line, expected = (
+        (2, f"the layout has {fields} \\(no header\\)") if task == "cola" else (3, f"the header has {fields}")
+    )
+    for labelled in (True, False):
+        with pytest.raises(
+            ValueError, match=rf"dev.tsv:{line}: row has {fields + 1} tab-separated fields, {expected} "
+        ):
+            read_glue_tsv(path, task, labelled=labelled)
+
+
 @pytest.mark.parametrize(
     ("task", "label", "match"),
     [("rte", "contradiction", "label 'contradiction' is not one of"), ("sst2", "2", "label '2' is not one of"),

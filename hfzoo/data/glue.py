@@ -8,6 +8,7 @@ official metrics. Loaded datasets have the column names and integer label ids of
 
 TSV quirks handled here (see `shared/data/README.md`): CoLA has no header; MRPC's header starts with a
 UTF-8 BOM; RTE/QNLI/MNLI labels are strings; many rows contain unbalanced `"` (read with quoting off).
+With quoting off a text cannot hold a tab: a row with more fields than its header is refused.
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ def read_glue_tsv(path: str | Path, task: GlueTask | str, labelled: bool = True)
     """Read one TSV of the GLUE layout into a dataset with the hub's columns (texts, `label`, `idx`).
 
     Args:
-        path: the TSV file (UTF-8, optional BOM, tab-separated, no quoting).
+        path: the TSV file (UTF-8, optional BOM, tab-separated, no quoting: every row has at most as
+            many fields as the header, so no text may hold a tab).
         task: the task (or its name) whose layout the file has.
         labelled: read the label column (train/dev files); False for unlabelled files (label -1).
 
@@ -132,8 +134,10 @@ def read_glue_tsv(path: str | Path, task: GlueTask | str, labelled: bool = True)
 
     Raises:
         FileNotFoundError: `path` does not exist.
-        ValueError: a header without a needed column, a row with too few fields, or a label outside
-            the task's label set (or not a number in [0, 5] for STS-B); the message names the file and line.
+        ValueError: a header without a needed column, a row with too few fields or with more fields than
+            the header (a text holding a tab: quoting is off, so it would be cut at the tab), or a label
+            outside the task's label set (or not a number in [0, 5] for STS-B); the message names the file
+            and line (and the two field counts).
     """
     task = get_glue_task(task) if isinstance(task, str) else task
     path = Path(path)
@@ -153,6 +157,12 @@ def read_glue_tsv(path: str | Path, task: GlueTask | str, labelled: bool = True)
     for line, row in enumerate(rows, start=first_line):
         if not row:
             continue
+        if len(row) > len(header):
+            expected = f"the layout has {len(header)} (no header)" if task.header else f"the header has {len(header)}"
+            raise ValueError(
+                f"{path}:{line}: row has {len(row)} tab-separated fields, {expected} (GLUE {task.name}); quoting is "
+                "off, so a tab inside a text (even a quoted one) splits it: replace that tab with a space"
+            )
         if len(row) < width:
             raise ValueError(
                 f"{path}:{line}: {len(row)} tab-separated fields, GLUE {task.name} needs at least {width} "
