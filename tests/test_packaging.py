@@ -6,8 +6,9 @@ built as a wheel from a copy of the checkout and installed into the venv with pi
 must find every requirement satisfied, the training packages must be absent, and a saved decoder
 checkpoint must load with `AutoModelForCausalLM.from_pretrained` and generate what it generates here.
 
-constraints/lowest.txt is exactly what scripts/constraints.py generates from pyproject.toml (each
-dependency at its lower bound).
+The pip constraint files: constraints/lowest.txt is exactly what scripts/constraints.py generates from
+pyproject.toml (each dependency at its lower bound); constraints/tested.txt pins a version inside the range
+of every dependency, without local version labels.
 """
 
 from __future__ import annotations
@@ -184,6 +185,17 @@ def test_a_requirement_without_a_lower_bound_is_refused(tmp_path):
                          'b = ["a>=2", "x[b]"]\n', encoding="utf-8")  # fmt: skip
     with pytest.raises(constraints.ConstraintError, match="a is listed with two lower bounds"):
         constraints.lowest(pyproject)
+
+
+def test_tested_constraints_pin_public_versions_inside_the_ranges():
+    constraints = load_constraints_script()
+    pins = read_pins(REPO_ROOT / "constraints" / "tested.txt")
+    assert not {"hfzoo", "pip", "setuptools"} & set(pins)
+    assert all(Version(v).local is None for v in pins.values()), "local version labels (+cpu) are dropped"
+    for requirement in constraints.pyproject_requirements():
+        pin = pins.get(canonicalize_name(requirement.name))
+        assert pin is not None, f"constraints/tested.txt has no pin for {requirement.name}"
+        assert requirement.specifier.contains(pin, prereleases=True), (requirement, pin)
 
 
 def test_installed_mismatches_compare_public_versions(tmp_path):
