@@ -103,6 +103,7 @@ def checkpoint(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.compat
 def test_core_install_imports_loads_and_generates_without_training_packages(checkpoint, tmp_path):
     core = core_distributions()
     assert {"torch", "transformers", "safetensors", "huggingface-hub"} <= set(core)
