@@ -1,10 +1,13 @@
-.PHONY: install test test-fast quality format main-job
+.PHONY: install test test-lowest test-fast quality format main-job
 
-install:            ## .venv with the CPU build of torch and hfzoo[dev]
+install:            ## .venv with the CPU build of torch and hfzoo[dev] at the tested versions
 	bash scripts/install.sh dev
 
-test:               ## the whole suite, as CI runs it
+test:               ## the whole suite with the newest versions, as CI runs it
 	bash scripts/test.sh
+
+test-lowest:        ## the compatibility subset with the lowest versions (.venv-lowest), as CI runs it
+	bash scripts/test_lowest.sh
 
 test-fast:          ## skip the slow real-data end-to-end runs
 	. .venv/bin/activate && pytest -q -m "not slow" tests

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Install hfzoo with its dev extra into .venv and run the whole test suite (what CI runs).
+# The newest versions the ranges of pyproject.toml allow are installed (not constraints/tested.txt). Once
+# every test passed, the installed versions are compared with constraints/tested.txt: where they differ,
+# the difference and the command that records the new versions are printed, and the script fails.
 # Real data is read from $HFZOO_DATA_DIR, default ../shared/data beside the checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh dev
+HFZOO_CONSTRAINTS=none bash scripts/install.sh dev
 . .venv/bin/activate
 ruff check .
 python -m pytest -q -p no:cacheprovider tests "$@"
+python scripts/constraints.py tested --check

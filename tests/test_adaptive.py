@@ -248,6 +248,7 @@ def test_tied_adaptive_softmax_shares_every_cluster_with_the_input_and_saves_it_
         torch.testing.assert_close(loaded(ids, decoder_input_ids=ids).logits, model(ids, decoder_input_ids=ids).logits)
 
 
+@pytest.mark.compat
 def test_adaptive_softmax_generates_with_beam_search_and_sampling():
     model = build("decoder", **TIED_SOFTMAX)
     prompt = torch.randint(2, 97, (2, 4))

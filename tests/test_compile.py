@@ -81,6 +81,7 @@ def test_fullgraph_training_step_matches_eager(name):
     assert list(compiled.state_dict()) == list(eager.state_dict())  # compiled in place: no `_orig_mod.` prefix
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("name", cases(["decoder-tiny", "encoder-decoder-tiny", "gpt2", "t5-v1.0"]))
 def test_static_cache_greedy_generation_compiles_fullgraph(name):
     model = build(name).eval()

@@ -152,6 +152,7 @@ def test_bfloat16_round_trip_keeps_dtype_and_values():
     assert all(back[k].dtype == torch.bfloat16 and torch.equal(back[k], v) for k, v in gpt2.state_dict().items())
 
 
+@pytest.mark.compat
 def test_greedy_generation_with_kv_cache_matches():
     gpt2 = random_gpt2("h32-l2-a4")
     model = gpt2_to_hfzoo(gpt2, attn_implementation="sdpa")

@@ -159,6 +159,7 @@ def test_bfloat16_round_trip_keeps_dtype_and_values():
     assert all(back[k].dtype == torch.bfloat16 and torch.equal(back[k], v) for k, v in t5.state_dict().items())
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("version", list(VERSIONS))
 def test_greedy_generation_with_kv_cache_matches(version):
     t5 = random_t5("d48-l3x2-h3-kv12", version)

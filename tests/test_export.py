@@ -36,6 +36,7 @@ FAMILIES = {
 # The main (pretraining) head of each family: generation is also checked for the generative ones.
 GENERATIVE = {"decoder": "AutoModelForCausalLM", "encoder_decoder": "AutoModelForSeq2SeqLM"}
 TEXT = "The quick brown fox jumps over the lazy dog. " * 20 + "It was a dark and stormy night; the rain fell. " * 20
+pytestmark = pytest.mark.compat  # the whole file
 
 
 def family_inputs(family: str) -> dict[str, torch.Tensor]:

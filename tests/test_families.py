@@ -93,6 +93,7 @@ def test_eager_and_sdpa_agree_with_padding(model_class):
     assert (a - b).abs().max() < 1e-5
 
 
+@pytest.mark.compat
 def test_masked_lm_loss_and_tied_head(tmp_path):
     model = build(HfzooEncoderForMaskedLM, HfzooEncoderConfig)
     assert model.lm_head.decoder.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
@@ -220,6 +221,7 @@ def test_seq2seq_decoder_is_causal_and_encoder_padding_invariant():
     torch.testing.assert_close(base[1:], alone, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("num_decoder_layers", [2, 3])
 def test_seq2seq_greedy_generation_same_with_and_without_cache(attn, num_decoder_layers):
@@ -238,6 +240,7 @@ def test_seq2seq_greedy_generation_same_with_and_without_cache(attn, num_decoder
     assert torch.equal(a, b)
 
 
+@pytest.mark.compat
 def test_seq2seq_shares_one_embedding_matrix_and_round_trips(tmp_path):
     model = build(HfzooEncoderDecoderForConditionalGeneration, HfzooEncoderDecoderConfig, num_decoder_layers=3)
     shared = model.model.shared.weight.data_ptr()

@@ -52,6 +52,7 @@ def toy_batch(n: int = 16, seq_len: int = 10, seed: int = 0):
     return {"input_ids": ids.masked_fill(mask == 0, PAD), "attention_mask": mask, "labels": labels}
 
 
+@pytest.mark.compat
 def test_prefix_reaches_both_stacks_of_the_encoder_decoder():
     model = tiny_classifier("encoder-decoder-tiny")
     config = model.config
@@ -81,6 +82,7 @@ def test_prefix_reaches_both_stacks_of_the_encoder_decoder():
     assert (with_prefix.logits - without.logits).abs().max() > 1e-3
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("preset", FAMILIES)
 def test_prefix_changes_the_outputs_of_every_family(preset):
     model = tiny_classifier(preset)
@@ -96,6 +98,7 @@ def test_prefix_changes_the_outputs_of_every_family(preset):
     assert (with_prefix - without).abs().max() > 1e-3
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("preset", FAMILIES)
 def test_prefix_tuning_drives_the_training_loss_down(preset):
     peft_model = wrap_with_peft(tiny_classifier(preset), build_peft_config("prefix", tiny_classifier(preset).config))
@@ -116,6 +119,7 @@ def test_prefix_tuning_drives_the_training_loss_down(preset):
     assert (prefix - start).abs().max() > 1e-2  # the prefix itself was trained
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("preset", FAMILIES)
 def test_lora_adapter_saved_reloaded_and_merged_gives_the_same_predictions(preset, tmp_path):
     base = tiny_classifier(preset)

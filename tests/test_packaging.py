@@ -5,10 +5,15 @@ requirements without extras pull in, recursively, as installed here (torch inclu
 built as a wheel from a copy of the checkout and installed into the venv with pip. There, `pip check`
 must find every requirement satisfied, the training packages must be absent, and a saved decoder
 checkpoint must load with `AutoModelForCausalLM.from_pretrained` and generate what it generates here.
+
+The pip constraint files: constraints/lowest.txt is exactly what scripts/constraints.py generates from
+pyproject.toml (each dependency at its lower bound); constraints/tested.txt pins a version inside the range
+of every dependency, without local version labels.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -21,6 +26,7 @@ import pytest
 import torch
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hfzoo  # noqa: F401
@@ -97,6 +103,7 @@ def checkpoint(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.compat
 def test_core_install_imports_loads_and_generates_without_training_packages(checkpoint, tmp_path):
     core = core_distributions()
     assert {"torch", "transformers", "safetensors", "huggingface-hub"} <= set(core)
@@ -132,3 +139,72 @@ def test_core_install_imports_loads_and_generates_without_training_packages(chec
         expected = model.generate(**tokenizer(PROMPT, return_tensors="pt"), max_new_tokens=8, min_new_tokens=8,
                                   do_sample=False)  # fmt: skip
     assert result["generated"] == expected[0].tolist() and result["text"].startswith(PROMPT)
+
+
+def load_constraints_script():
+    """scripts/constraints.py as a module (scripts/ is no package)."""
+    spec = importlib.util.spec_from_file_location("constraints_script", REPO_ROOT / "scripts" / "constraints.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_pins(path: Path) -> dict[str, str]:
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    pins = {}
+    for line in (line for line in lines if line and not line.startswith("#")):
+        requirement = Requirement(line)
+        (specifier,) = requirement.specifier
+        assert specifier.operator == "==", line
+        pins[canonicalize_name(requirement.name)] = specifier.version
+    return pins
+
+
+def test_lowest_constraints_are_generated_from_pyproject():
+    constraints = load_constraints_script()
+    expected = constraints.lowest()
+    assert (REPO_ROOT / "constraints" / "lowest.txt").read_text(encoding="utf-8") == expected, (
+        "constraints/lowest.txt differs from the lower bounds of pyproject.toml; regenerate it: "
+        "python scripts/constraints.py lowest --write"
+    )
+    pins = read_pins(REPO_ROOT / "constraints" / "lowest.txt")
+    requirements = constraints.pyproject_requirements()
+    assert set(pins) == {canonicalize_name(r.name) for r in requirements}  # every dependency, every extra
+    for requirement in requirements:
+        pin = pins[canonicalize_name(requirement.name)]
+        assert requirement.specifier.contains(pin, prereleases=True), (requirement, pin)
+        assert any(s.operator == ">=" and s.version == pin for s in requirement.specifier), (requirement, pin)
+
+
+def test_a_requirement_without_a_lower_bound_is_refused(tmp_path):
+    constraints = load_constraints_script()
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\nname = "x"\ndependencies = ["torch<3"]\n', encoding="utf-8")
+    with pytest.raises(constraints.ConstraintError, match="torch<3 needs exactly one lower bound"):
+        constraints.lowest(pyproject)
+    pyproject.write_text('[project]\nname = "x"\ndependencies = ["a>=1"]\n[project.optional-dependencies]\n'
+                         'b = ["a>=2", "x[b]"]\n', encoding="utf-8")  # fmt: skip
+    with pytest.raises(constraints.ConstraintError, match="a is listed with two lower bounds"):
+        constraints.lowest(pyproject)
+
+
+def test_tested_constraints_pin_public_versions_inside_the_ranges():
+    constraints = load_constraints_script()
+    pins = read_pins(REPO_ROOT / "constraints" / "tested.txt")
+    assert not {"hfzoo", "pip", "setuptools"} & set(pins)
+    assert all(Version(v).local is None for v in pins.values()), "local version labels (+cpu) are dropped"
+    for requirement in constraints.pyproject_requirements():
+        pin = pins.get(canonicalize_name(requirement.name))
+        assert pin is not None, f"constraints/tested.txt has no pin for {requirement.name}"
+        assert requirement.specifier.contains(pin, prereleases=True), (requirement, pin)
+
+
+def test_installed_mismatches_compare_public_versions(tmp_path):
+    constraints = load_constraints_script()
+    torch_version = Version(metadata.version("torch"))
+    path = tmp_path / "pins.txt"
+    path.write_text(f"# a comment\ntorch=={torch_version.public}\npytest==0.1\nno-such-package==1.0\n"
+                    'psutil==0.1; python_version < "3"\n', encoding="utf-8")  # fmt: skip
+    problems = constraints.installed_mismatches(path)
+    assert [p.split(":")[0] for p in problems] == ["pytest", "no-such-package"], problems
+    assert [p.split(":")[0] for p in constraints.installed_mismatches(path, ignore_missing=True)] == ["pytest"]

@@ -36,6 +36,7 @@ def config_for(config_class, tokenizer, **extra):
     return config_class(vocab_size=len(tokenizer), **SIZES, **{k: v for k, v in ids.items() if v is not None}, **extra)
 
 
+@pytest.mark.compat
 def test_fill_mask(tmp_path, texts):
     tokenizer = tokenizer_for("encoder", texts)
     torch.manual_seed(0)
@@ -49,6 +50,7 @@ def test_fill_mask(tmp_path, texts):
     assert [c["score"] for c in out] == sorted((c["score"] for c in out), reverse=True)
 
 
+@pytest.mark.compat
 def test_text_generation(tmp_path, texts):
     tokenizer = tokenizer_for("decoder", texts)
     torch.manual_seed(0)
@@ -59,6 +61,7 @@ def test_text_generation(tmp_path, texts):
     assert text.startswith("Once upon a time") and len(text) > len("Once upon a time")
 
 
+@pytest.mark.compat
 def test_text2text_generation(tmp_path, texts):
     tokenizer = tokenizer_for("encoder-decoder", texts)
     torch.manual_seed(0)
@@ -74,6 +77,7 @@ def test_text2text_generation(tmp_path, texts):
     assert expected.shape == (1, 9)  # decoder start + 8 new tokens
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize(
     "family, config_class, model_class",
     [

@@ -128,6 +128,7 @@ def test_shipped_recipe_configs_parse_and_build(path, tmp_path, tokenizer_dir):
     assert args.block_size <= config.max_position_embeddings
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_accelerate_launch_end_to_end_from_another_directory(tmp_path, small_jsonl_xz, tokenizer_dir, data_dir):
     """`accelerate launch` on xz JSON lines, then a fresh process reloads and evaluates on a plain text file."""
@@ -234,6 +235,7 @@ OBJECTIVE_SETUPS = {
 }
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("objective", ["mlm", "span"])
 def test_objective_trains_its_family(objective, small_jsonl_xz, family_tokenizers, tmp_path):
     family, preset = OBJECTIVE_SETUPS[objective]

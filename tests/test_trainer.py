@@ -109,6 +109,7 @@ def assert_same_training(run_a, run_b, atol: float) -> None:
         torch.testing.assert_close(param, params_b[name], rtol=0, atol=atol, msg=name)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("head", list(HEADS))
 def test_gradient_accumulation_equals_one_big_batch(tmp_path, head):
     examples = dataset(head)
@@ -152,6 +153,7 @@ def test_gradient_checkpointing_changes_nothing(tmp_path, head):
     assert_same_training(runs[0], runs[1], atol=1e-6)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("head", FAMILY_LMS)
 def test_gradient_checkpointing_gives_the_same_gradients(head):
     batch = {key: torch.stack([e[key] for e in dataset(head)[:4]]) for key in dataset(head)[0]}
@@ -166,6 +168,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(head):
         torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=1e-6, msg=name)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("head", FAMILY_LMS)
 def test_lora_trains_in_trainer_and_its_adapter_reloads(tmp_path, head):
     examples = dataset(head)

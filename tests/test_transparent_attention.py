@@ -99,6 +99,7 @@ def test_weights_are_initialised_as_mesh_tensorflow_and_learn():
     assert weight.grad is not None and weight.grad.abs().sum() > 0
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_generation_is_the_same_with_and_without_the_cache(num_beams):
     """`generate` encodes once and expands `layer_outputs` (batch first) for beams."""
