@@ -8,4 +8,14 @@ HFZOO_VENV=.venv-lowest HFZOO_CONSTRAINTS=constraints/lowest.txt bash scripts/in
 . .venv-lowest/bin/activate
 python scripts/constraints.py lowest --check  # the file states the lower bounds of pyproject.toml
 python scripts/constraints.py installed constraints/lowest.txt  # and they are what is installed (torch too)
+# The remote-code export test also loads the exports made here (the lowest transformers) with the newest
+# one, in .venv (scripts/test.sh), and those made there with the lowest one here.
+other_release() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+if [ -x .venv/bin/python ]; then
+    export HFZOO_OTHER_RELEASE_SITE_PACKAGES=$(other_release .venv)
+fi
 python -m pytest -q -p no:cacheprovider -m compat tests "$@"
+if [ -x .venv/bin/python ]; then
+    HFZOO_OTHER_RELEASE_SITE_PACKAGES=$(other_release .venv-lowest) \
+        .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_export.py -k other "$@"
+fi

@@ -19,6 +19,8 @@ from hfzoo.compat import CACHE_NAME, LEGACY_CACHE_NAME, output_cache
 from hfzoo.modeling_utils import IGNORED_KWARGS, PASSED_DOWN_KWARGS, accepted_keywords
 from hfzoo.training.peft_utils import build_peft_config, wrap_with_peft
 
+pytestmark = pytest.mark.compat  # also run with the lowest accepted versions (scripts/test_lowest.sh)
+
 GENERATORS = ("decoder-clm", "encoder-decoder-seq2seq")
 
 
