@@ -12,7 +12,7 @@ then the loss on a held-out random batch (`eval loss`: compiled and eager runs o
 agree). The cases are repeated `--repeats` times, interleaved (A B C D A B C D ...), so that a change in the
 machine's load hits every case alike; the table gives the median tokens/s (input tokens per second) with
 the spread (min-max) over the repetitions, the MFU of the median (model FLOPs per token of
-`hfzoo.training.flops` x tokens/s / peak of `hfzoo.training.throughput.resolve_peak_tflops`: this CPU's
+`hfzoo.models.flops` x tokens/s / peak of `hfzoo.training.throughput.resolve_peak_tflops`: this CPU's
 measured matmul peak, or the GPU's datasheet peak, or `--peak_tflops`), and the peak memory the case added
 (CPU: resident memory over the process after imports, `ru_maxrss`; CUDA: `torch.cuda.max_memory_allocated`).
 
@@ -83,7 +83,7 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
     import hfzoo  # noqa: F401  (registers the hfzoo classes with the Auto classes)
     from hfzoo import convert
     from hfzoo.models.presets import build_config
-    from hfzoo.training.flops import count_training_flops
+    from hfzoo.models.flops import count_training_flops
     from hfzoo.training.throughput import resolve_peak_tflops
 
     device = torch.device(args.device)

@@ -4,13 +4,13 @@
     OMP_NUM_THREADS=1 python benchmarks/study_step_cost.py --study recipes/studies/narang_small.yaml \
         --tokenizer_name outputs/study/tokenizer --variants "Vanilla Transformer" SwiGLU --steps 10
 
-For each variant: the study's model for that Table 1 row (`hfzoo.training.study.build_variant_config`),
+For each variant: the study's model for that Table 1 row (`hfzoo.study.runner.build_variant_config`),
 trained for `--steps` optimizer steps (after 2 warm-up steps) on random token ids shaped like the study's
 span-corruption batches (`train_batch_tokens / block_size` sequences of the corrupted input length, targets
 of the target length), AdamW, bf16 autocast when the study uses `mixed_precision: bf16`. Prints the
 process CPU seconds per step (`time.process_time`, which on a machine shared with other jobs is far less
 disturbed than the wall time), the wall seconds per step, the training FLOPs per step
-(`hfzoo.training.flops`) and the CPU time the study's `max_train_steps` would take. With
+(`hfzoo.models.flops`) and the CPU time the study's `max_train_steps` would take. With
 `OMP_NUM_THREADS=1` the CPU time per step is the single-thread wall time of a step on an otherwise idle
 core. Pretraining only: evaluation, data preparation and GLUE finetuning are not included.
 """
@@ -24,8 +24,8 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hfzoo.data.collators import compute_input_and_target_lengths
-from hfzoo.training.flops import count_training_flops
-from hfzoo.training.study import _tokenizer_fields, build_variant_config, load_settings
+from hfzoo.models.flops import count_training_flops
+from hfzoo.study.runner import _tokenizer_fields, build_variant_config, load_settings
 
 
 def step_cost(settings, variant: str, tokenizer, steps: int) -> dict:

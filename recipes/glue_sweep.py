@@ -4,10 +4,10 @@
     python recipes/glue_sweep.py --model_name_or_path CKPT --data_dir ../shared/data/glue \
         --tasks stsb mrpc sst2 --peft lora --output_dir runs/minilm-lora -- --learning_rate 1e-3
 
-See `hfzoo.training.glue_sweep`.
+See `hfzoo.finetuning.sweep`.
 """
 
-from hfzoo.training.glue_sweep import main
+from hfzoo.finetuning.sweep import main
 
 if __name__ == "__main__":
     main()

@@ -5,7 +5,7 @@ Pretrains every variant of the study file with span corruption, finetunes each o
 results.json, results.md (Table 1's layout beside the paper's rows) and plots. See `docs/study.md`.
 """
 
-from hfzoo.training.study import main
+from hfzoo.study.runner import main
 
 if __name__ == "__main__":
     main()

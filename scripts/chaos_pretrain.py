@@ -62,7 +62,8 @@ def install_fault(kind: str, step: int, rank: int | None = None, delay: float = 
         delay: seconds after the start of the step at which a signal is sent (from another thread; 0: at once,
             from this thread, before the step's computation).
     """
-    from hfzoo.training import checkpointing, pretraining
+    from hfzoo.training import checkpointing
+    from hfzoo.pretraining import loop as pretraining
 
     position = {"start": 0, "calls": 0, "armed": False}
     real_load, real_step, real_manifest = (
@@ -130,7 +131,7 @@ def child_main(argv: list[str]) -> None:
     options, recipe_args = parser.parse_args(argv[:split]), argv[split + 1 :]
     if options.fault != "none":
         install_fault(options.fault, options.step, options.rank, options.delay)
-    from hfzoo.training.pretraining import main
+    from hfzoo.pretraining.loop import main
 
     main(recipe_args)
 

@@ -9,16 +9,13 @@ import os
 import sysconfig
 from pathlib import Path
 
-import clean_env
 import pytest
 from accelerate.state import AcceleratorState, GradientState
+from helpers import clean_env
+from helpers.paths import shared_data_dir
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def shared_data_dir() -> Path:
-    """Return the real-data folder: $HFZOO_DATA_DIR, else `../shared/data` beside the checkout."""
-    return Path(os.environ.get("HFZOO_DATA_DIR", REPO_ROOT.parent / "shared" / "data")).resolve()
+from hfzoo.data.loading import clean_text
+from hfzoo.tokenization import train_bpe_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +46,27 @@ def small_jsonl_xz(tmp_path_factory: pytest.TempPathFactory, gutenberg_books: li
         for row in gutenberg_books:
             f.write(json.dumps(row) + "\n")
     return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory, gutenberg_books):
+    """A 512-token byte-level BPE tokenizer (decoder family) of the 4 books, one per test module."""
+    path = tmp_path_factory.mktemp("tokenizer")
+    tokenizer = train_bpe_tokenizer([[clean_text(b["text"]) for b in gutenberg_books]], vocab_size=512)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def family_tokenizers(tmp_path_factory, gutenberg_books):
+    """512-token tokenizers of the 4 books for the encoder and encoder-decoder families (their special tokens)."""
+    texts = [clean_text(b["text"]) for b in gutenberg_books]
+    paths = {}
+    for family in ("encoder", "encoder-decoder"):
+        path = tmp_path_factory.mktemp(family)
+        train_bpe_tokenizer([texts], vocab_size=512, model_family=family, num_extra_ids=40).save_pretrained(path)
+        paths[family] = path
+    return paths
 
 
 #: A site-packages folder holding another transformers release than this venv's (CI: the lowest accepted one), for

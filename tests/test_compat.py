@@ -11,13 +11,13 @@ import inspect
 
 import pytest
 import torch
-from test_trainer import HEADS, build, dataset, train
+from helpers.trainer import HEADS, build, dataset, train
 from transformers import DynamicCache
 from transformers.utils.generic import TransformersKwargs
 
 from hfzoo.compat import CACHE_NAME, LEGACY_CACHE_NAME, output_cache
+from hfzoo.finetuning.adapters import build_peft_config, wrap_with_peft
 from hfzoo.modeling_utils import IGNORED_KWARGS, PASSED_DOWN_KWARGS, accepted_keywords
-from hfzoo.training.peft_utils import build_peft_config, wrap_with_peft
 
 pytestmark = pytest.mark.compat  # also run with the lowest accepted versions (scripts/test_lowest.sh)
 
@@ -182,7 +182,9 @@ def test_right_padded_decoder_rows_continue_after_their_padding():
     ids, mask = padded_prompts("right")
     kwargs = dict(attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False)
     with torch.no_grad():
-        assert torch.equal(model.generate(ids, use_cache=True, **kwargs), model.generate(ids, use_cache=False, **kwargs))
+        assert torch.equal(
+            model.generate(ids, use_cache=True, **kwargs), model.generate(ids, use_cache=False, **kwargs)
+        )
 
 
 # Gradient checkpointing ------------------------------------------------------------------------------------------
@@ -229,4 +231,3 @@ def test_generate_from_a_model_in_training_mode_keeps_its_cache():
     kwargs = dict(attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
     cached = model.generate(ids, use_cache=True, **kwargs)
     assert torch.equal(cached, model.eval().generate(ids, use_cache=False, **kwargs))
-

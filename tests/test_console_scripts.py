@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.glue_files import write_glue_dir
 from safetensors.torch import load_file
-from test_glue_data import write_glue_dir
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
@@ -33,12 +33,12 @@ import hfzoo  # noqa: F401
 BIN = Path(sys.executable).parent
 #: console script -> the module `python -m` runs.
 SCRIPTS = {
-    "hfzoo-train-tokenizer": "hfzoo.training.train_tokenizer",
-    "hfzoo-pretrain": "hfzoo.training.pretraining",
-    "hfzoo-finetune-glue": "hfzoo.training.glue",
-    "hfzoo-evaluate-lm": "hfzoo.training.evaluation",
+    "hfzoo-train-tokenizer": "hfzoo.pretraining.tokenizer",
+    "hfzoo-pretrain": "hfzoo.pretraining.loop",
+    "hfzoo-finetune-glue": "hfzoo.finetuning.glue",
+    "hfzoo-evaluate-lm": "hfzoo.pretraining.evaluation",
     "hfzoo-convert": "hfzoo.convert",
-    "hfzoo-study": "hfzoo.training.study",
+    "hfzoo-study": "hfzoo.study.runner",
 }
 TEXT = (
     "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "

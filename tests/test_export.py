@@ -17,10 +17,10 @@ import sys
 import pytest
 import torch
 import transformers
-from remote_code import run_remote_code
+from helpers.remote_code import run_remote_code
+from helpers.variant_checks import TINY as VARIANT_TINY
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
-from variant_checks import TINY as VARIANT_TINY
 
 import hfzoo
 from hfzoo import AUTO_CLASSES, HfzooDecoderConfig, HfzooEncoderConfig, HfzooEncoderDecoderConfig

@@ -86,7 +86,8 @@ def test_files_to_upload_excludes_checkpoints_logs_and_tmp(model_folder):
 
 
 def test_checkpoint_dir_matches_the_recipe():
-    from hfzoo.training import checkpointing, pretraining
+    from hfzoo.pretraining import loop as pretraining
+    from hfzoo.training import checkpointing
 
     assert hub.CHECKPOINT_DIR == checkpointing.CHECKPOINT_DIR
     assert pretraining.push_to_hub is hub.push_to_hub
@@ -224,7 +225,7 @@ def test_save_final_model_writes_the_card_and_pushes(tmp_path, recorded_hub):
     """The recipe's `save_final_model`: README.md with results + arguments, then `hfzoo.hub.push_to_hub`."""
     from accelerate import Accelerator
 
-    from hfzoo.training import pretraining
+    from hfzoo.pretraining import loop as pretraining
 
     tokenizer = train_bpe_tokenizer([TEXT], vocab_size=280, min_frequency=1)
     args = argparse.Namespace(

@@ -11,17 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
-import test_pretrain_recipe as recipe_tests
 import torch
-from test_pretrain_recipe import REPO_ROOT, TINY_OVERRIDES, base_args, run_main_expecting_error
+from helpers.paths import REPO_ROOT
+from helpers.pretraining import TINY_OVERRIDES, base_args, run_main_expecting_error
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, GPT2Config, GPT2LMHeadModel
 
 from hfzoo.data.loading import check_data_files
 from hfzoo.integrity import WeightFileError, check_weight_files
 from hfzoo.models.presets import build_config
-from hfzoo.training import pretraining
-
-tokenizer_dir = recipe_tests.tokenizer_dir  # the same fixture: a 512-token BPE tokenizer of the 4 books
+from hfzoo.pretraining import loop as pretraining
 
 
 @pytest.fixture

@@ -21,9 +21,9 @@ import textwrap
 from importlib import metadata
 from pathlib import Path
 
-import clean_env
 import pytest
 import torch
+from helpers import clean_env
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version

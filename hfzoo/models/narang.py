@@ -9,7 +9,7 @@ Narang et al. 2021, "Do Transformer Modifications Transfer Across Implementation
   vocabulary clusters in proportion to the baseline's `vocab_size`, so one table
   serves the full-size preset (`resolve_row(name, PRESETS["narang-vanilla"])` gives the paper's sizes:
   GLU rows d_ff 2048, "18 layers" d_ff 2048 and 8 heads, ...) and any scaled-down baseline (the study,
-  `hfzoo.training.study`), where the parameter-matched rows shrink or grow with the base as the paper
+  `hfzoo.study.runner`), where the parameter-matched rows shrink or grow with the base as the paper
   sized them. Adding a row is one line (its name exactly as in the paper's table).
 - `load_paper_table(path)`: the paper's table (`narang2021_table1_relative_attention.tsv` of the shared
   reference folder, or any TSV with its columns) as `PaperRow`s.

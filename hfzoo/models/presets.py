@@ -235,7 +235,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # T5-base-sized encoder-decoder as Mesh TensorFlow builds it: 12 + 12 pre-LN layers, ReLU, d_kv 64,
     # no biases, T5's bucketed relative attention bias shared across layers, unscaled attention scores
     # (T5 folds 1/sqrt(d_kv) into the initialisation), the three vocabulary matrices tied, no dropout in
-    # pre-training. 222.9M parameters (the paper: 223M; tests/test_param_counts.py). Its Table 2 uses
+    # pre-training. 222.9M parameters (the paper: 223M; tests/models/test_param_counts.py). Its Table 2 uses
     # learned absolute positions instead: `position_embedding_type=learned`.
     "narang-vanilla": {
         "model_type": "hfzoo_encoder_decoder",

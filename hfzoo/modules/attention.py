@@ -208,7 +208,7 @@ class HfzooAttention(nn.Module):
     def mixer_weights(config) -> int:
         """Matrix-product weights one token passes through in a self-attention sublayer: q, k, v, o.
 
-        Read by `hfzoo.training.flops` (each weight costs 6 training FLOPs per token).
+        Read by `hfzoo.models.flops` (each weight costs 6 training FLOPs per token).
         """
         return 4 * config.hidden_size * config.num_attention_heads * config.head_dim
 
@@ -216,7 +216,7 @@ class HfzooAttention(nn.Module):
     def attention_pairs(config, seq_len: int) -> int:
         """(query, key) pairs whose scores a self-attention sublayer computes over `seq_len` tokens: `seq_len ** 2`.
 
-        Read by `hfzoo.training.flops` (12 d_attn training FLOPs per pair; causal masking not discounted, as PaLM).
+        Read by `hfzoo.models.flops` (12 d_attn training FLOPs per pair; causal masking not discounted, as PaLM).
         """
         return seq_len * seq_len
 

@@ -212,7 +212,7 @@ class DepthwiseConvolution(nn.Module):
 
     @staticmethod
     def flops_per_token(config, layer_idx: int, is_causal: bool) -> tuple[int, int]:
-        """Training-FLOP terms of one block, for `hfzoo.training.flops` (Kaplan et al. 2020 convention).
+        """Training-FLOP terms of one block, for `hfzoo.models.flops` (Kaplan et al. 2020 convention).
 
         Args:
             config: an hfzoo config.
@@ -311,11 +311,10 @@ def check_convolution_config(config) -> None:
                 "or None (Wu et al.'s 3, 7, 15, 31, ...)"
             )
         if isinstance(sizes, list):
-            from .mixers import TOKEN_MIXERS  # mixers.py imports this file
-
             for layout in config.stack_layouts():
                 mixers = sum("s" in layer for layer in layout.sublayers(config))
-                uses_convolution = issubclass(TOKEN_MIXERS[layout.token_mixer].module, DepthwiseConvolution)
+                module = layout.token_mixer_module
+                uses_convolution = module is not None and issubclass(module, DepthwiseConvolution)
                 if uses_convolution and len(sizes) != mixers:
                     raise ValueError(
                         f"conv_kernel_size has {len(sizes)} widths, but the {layout.name} has {mixers} "

@@ -650,7 +650,7 @@ class AdaptiveLogSoftmax(_AdaptiveOutput):
     h // div_value ** (i + 1))`, even at `div_value=1`), so the paper's variant without projection (223M
     parameters) cannot be built with it; its `forward(input, target)` returns only the targets'
     log-probabilities; and its tails' first factor would need transposing to tie with the input
-    embeddings. The computation is the same as its `log_prob` (tests/test_adaptive.py compares the two).
+    embeddings. The computation is the same as its `log_prob` (tests/modules/test_adaptive.py compares the two).
 
     Tied to adaptive input embeddings with the same clusters (`tie_word_embeddings`; required by the
     config when tied), `clusters.i` and `projections.i` are the embedding's matrices (Baevski & Auli 2019

@@ -333,7 +333,7 @@ class EvolvedTransformerLayer(GradientCheckpointingLayer):
 
     @staticmethod
     def training_flops(config, is_causal: bool, has_cross_attention: bool) -> tuple[int, int, int, int]:
-        """Training-FLOP terms of one cell for `hfzoo.training.flops` (weights: 6 FLOPs per token each).
+        """Training-FLOP terms of one cell for `hfzoo.models.flops` (weights: 6 FLOPs per token each).
 
         Returns:
             `(weights, self_pair_flops, cross_pair_flops, cross_key_value_weights)`: the matrix-product weights a

@@ -102,12 +102,12 @@ class FourierMixer(nn.Module):
 
     @staticmethod
     def mixer_weights(config) -> int:
-        """0: the transform has no weights (`hfzoo.training.flops`; FFTs are not matrix products with weights)."""
+        """0: the transform has no weights (`hfzoo.models.flops`; FFTs are not matrix products with weights)."""
         return 0
 
     @staticmethod
     def attention_pairs(config, seq_len: int) -> int:
-        """0: no attention scores (`hfzoo.training.flops`)."""
+        """0: no attention scores (`hfzoo.models.flops`)."""
         return 0
 
     def forward(

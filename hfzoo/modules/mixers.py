@@ -26,7 +26,7 @@ The contract of a mixer class (`HfzooAttention` is the reference):
   initialise (`hfzoo.modules.layer.residual_branch_projections`).
 - static methods `mixer_weights(config) -> int` (matrix-product weights one token passes through in one
   mixer sublayer) and `attention_pairs(config, seq_len) -> int` ((query, key) pairs of scores over a
-  sequence of `seq_len` tokens): the mixer's compute, read by `hfzoo.training.flops`; a mixer without them
+  sequence of `seq_len` tokens): the mixer's compute, read by `hfzoo.models.flops`; a mixer without them
   is counted as self-attention.
 
 The module is the layer's `self_attn` whatever the mixer (one checkpoint layout, PEFT's usual names).

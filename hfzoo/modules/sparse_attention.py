@@ -98,7 +98,7 @@ class SlidingWindowAttention(HfzooAttention):
 
     @staticmethod
     def attention_pairs(config, seq_len: int) -> int:
-        """(query, key) pairs within the window `|i - j| <= w/2` over `seq_len` tokens (`hfzoo.training.flops`).
+        """(query, key) pairs within the window `|i - j| <= w/2` over `seq_len` tokens (`hfzoo.models.flops`).
 
         `L (2r + 1) - r (r + 1)` with `r = min(w/2, L - 1)`; `L ** 2` once the window covers the sequence. As
         for full attention, causal masking is not discounted (the symmetric band is counted in causal stacks).
@@ -242,7 +242,7 @@ class BigBirdAttention(HfzooAttention):
 
     @staticmethod
     def attention_pairs(config, seq_len: int) -> float:
-        """(query, key) pairs of the pattern over `seq_len` tokens (`hfzoo.training.flops`): layer 0's, mean over heads.
+        """(query, key) pairs of the pattern over `seq_len` tokens (`hfzoo.models.flops`): layer 0's, mean over heads.
 
         The other layers' random blocks differ only in whether they include the shorter last block. The
         dense-mask implementation computes every score; this counts those the pattern keeps (model FLOPs).

@@ -100,6 +100,12 @@ class StackLayout:
     memory_layers_field: str = "memory_layers"
     per_token_outputs: bool = True
 
+    @property
+    def token_mixer_module(self) -> type[nn.Module] | None:
+        """The class of the stack's token mixer (`TOKEN_MIXERS[token_mixer].module`), or None for an unknown name."""
+        mixer = TOKEN_MIXERS.get(self.token_mixer)
+        return None if mixer is None else mixer.module
+
     def block_sublayers(self, config) -> list[str]:
         """The sublayers of each of the `num_layers` layers (`hfzoo.modules.layer.layer_sublayers`).
 
@@ -439,9 +445,7 @@ class HfzooStack:
             **kwargs,
         )
         layer_outputs = [hidden_states] if self.returns_layer_outputs else None
-        inputs = StackInputs(
-            layer_kwargs, attention_mask, padding_mask, position_ids, cache, memories, layer_outputs
-        )
+        inputs = StackInputs(layer_kwargs, attention_mask, padding_mask, position_ids, cache, memories, layer_outputs)
         hidden_states, _ = self.layer_stack(self, hidden_states, inputs)
         hidden_states = self.norm(hidden_states)
         if layer_outputs is not None:  # the last entry is the normalised output, as in Mesh TensorFlow
@@ -579,7 +583,7 @@ class StandardLayerStack(nn.Module):
     - `output_attention_mask(attention_mask)`: the padding mask of the stack's outputs;
     - `layer_lengths(config, layout, seq_len) -> (list[(q_len, kv_len)], out_len)` and
       `weights_per_token(config, layout)` (static): the sequence lengths each built layer runs at and the
-      module's own matrix-product weights per input token, for `hfzoo.training.flops`;
+      module's own matrix-product weights per input token, for `hfzoo.models.flops`;
     - `forward(stack, hidden_states, inputs) -> (hidden_states, extra)`: run `stack.layers` (the
       `HfzooStack`; `inputs` a `StackInputs`); `extra` is what the heads need from the stack (the Universal
       Transformer's ponder cost), or None.

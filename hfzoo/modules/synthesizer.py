@@ -313,7 +313,7 @@ class Synthesizer(nn.Module):
 
     @staticmethod
     def flops_per_token(config, layer_idx: int, is_causal: bool) -> tuple[int, int]:
-        """Training-FLOP terms for `hfzoo.training.flops`: `(weights per token, FLOPs per (query, key) pair)`.
+        """Training-FLOP terms for `hfzoo.models.flops`: `(weights per token, FLOPs per (query, key) pair)`.
 
         Weights: the q (dense synthesis or a mixture), k (mixtures), v and o projections. Per pair: the
         weighted values (6 per head dimension, as attention), the dot products of the mixtures, and the

@@ -37,7 +37,7 @@ def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool =
             `with_tracking`, `report_to`, `output_dir`, optionally `ddp_timeout`.
         sync_with_dataloader: let accelerate end an accumulation window at the end of each epoch (the
             GLUE loop); False when the loop feeds whole windows itself (pretraining,
-            `hfzoo.training.pretraining.accumulation_step`).
+            `hfzoo.pretraining.loop.accumulation_step`).
 
     Returns:
         The `Accelerator`.

@@ -22,19 +22,25 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch.distributed as dist
 from accelerate.utils import DistributedType
 from safetensors import SafetensorError
 
 from ..integrity import WeightFileError, check_weight_files, file_sha256
-from .faults import CheckpointError, NonFiniteError, broadcast_from_main, first_nonfinite_parameter, gather_messages
+from .faults import (
+    CheckpointError,
+    NonFiniteError,
+    NonFiniteGuard,
+    broadcast_from_main,
+    first_nonfinite_parameter,
+    gather_messages,
+)
 
 if TYPE_CHECKING:
+    import torch
     from accelerate import Accelerator
-
-    from .pretraining import PretrainingRun
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +51,26 @@ MANIFEST = "manifest.json"
 #: Config fields that may differ between a checkpoint and the run resuming from it.
 _RESUME_IGNORED_CONFIG_KEYS = {"architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype"}
 _STEP_FOLDER = re.compile(r"step_(\d+)(\.tmp)?")
+
+
+class CheckpointedRun(Protocol):
+    """What `save_checkpoint` reads of a run (the pretraining job's `PretrainingRun` is one).
+
+    Attributes:
+        args: the run's arguments (`output_dir`, `checkpoints_total_limit`, ...).
+        accelerator: the run's `Accelerator`, whose `save_state` writes the training state.
+        model: the prepared (wrapped) model.
+        tokenizer: saved into each checkpoint with `save_pretrained`.
+        max_train_steps: optimizer steps in total (recorded, to resume the same schedule).
+        nonfinite_guard: the run's guard against non-finite steps (its state is saved), or None.
+    """
+
+    args: argparse.Namespace
+    accelerator: Accelerator
+    model: torch.nn.Module
+    tokenizer: Any
+    max_train_steps: int
+    nonfinite_guard: NonFiniteGuard | None
 
 
 def checkpoint_folder(args: argparse.Namespace, step: int) -> Path:
@@ -318,7 +344,7 @@ def _raise_if_any_failed(accelerator: Accelerator, error: str | None, tmp: Path,
 
 
 def save_checkpoint(
-    run: PretrainingRun, step: int, tokens_seen: int, extra_state: dict[str, Any] | None = None
+    run: CheckpointedRun, step: int, tokens_seen: int, extra_state: dict[str, Any] | None = None
 ) -> Path:
     """Save a resumable checkpoint (model, optimizer, scheduler, RNG and sampler states) atomically.
 

@@ -80,7 +80,7 @@ def compile_model(model: torch.nn.Module, args: argparse.Namespace, accelerator:
 
 
 #: config field -> (predicate on its value, why such a model does not compile cleanly). Checked by
-#: `tests/test_compile.py`, which also checks that every other configuration it covers has no graph break.
+#: `tests/training/test_compile.py`, which also checks that every other configuration it covers has no graph break.
 COMPILE_BLOCKERS: dict[str, tuple[Callable[[object], bool], str]] = {
     "num_experts": (
         lambda value: bool(value),

@@ -25,6 +25,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -237,7 +238,7 @@ class NonFiniteGuard:
     """Decide what happens after an optimizer step whose gradient norm or loss is not finite.
 
     The training step itself never applies an update with a non-finite gradient norm
-    (`hfzoo.training.pretraining.accumulation_step`); this guard then stops the run (the default,
+    (`hfzoo.pretraining.loop.accumulation_step`); this guard then stops the run (the default,
     `max_nonfinite_steps=0`) or lets it continue, logging the skipped step, until more than
     `max_nonfinite_steps` steps have been skipped over the whole run (resumes included).
 
@@ -340,7 +341,7 @@ def first_nonfinite_parameter(accelerator, model: torch.nn.Module) -> str | None
 
 
 @contextlib.contextmanager
-def handle_training_faults(accelerator, output_dir: str | None = None):
+def handle_training_faults(accelerator, checkpoints: Callable[[], list[Path]] | None = None):
     """Run the training loop; turn its faults into one line on stderr and an exit code; always clean up.
 
     - `TrainingPreempted`: the main process prints the message; every process exits with `EXIT_PREEMPTED`.
@@ -358,7 +359,9 @@ def handle_training_faults(accelerator, output_dir: str | None = None):
 
     Args:
         accelerator: the run's `Accelerator`.
-        output_dir: the run's output folder (to name its last checkpoint after a non-finite stop).
+        checkpoints: returns the run's complete checkpoint folders, oldest first
+            (`hfzoo.training.checkpointing.complete_checkpoints`), to name the last one after a non-finite stop;
+            None: the message names none.
 
     Raises:
         SystemExit: for the faults above (one process); other exceptions propagate unchanged.
@@ -372,9 +375,7 @@ def handle_training_faults(accelerator, output_dir: str | None = None):
         message = str(err) if accelerator.is_main_process else None
         code = EXIT_PREEMPTED
     except NonFiniteError as err:
-        from .checkpointing import complete_checkpoints  # checkpointing imports this module
-
-        done = complete_checkpoints(Path(output_dir)) if output_dir is not None else []
+        done = checkpoints() if checkpoints is not None else []
         kept = f"; the last checkpoint, {done[-1]}, is intact" if done else "; no checkpoint was written"
         message, code = f"error: {err}{kept}", EXIT_NONFINITE
     except CheckpointError as err:

@@ -2,7 +2,7 @@
 
 MFU (model FLOPs utilization; PaLM, Chowdhery et al. 2022, App. B) is the model FLOPs a run performs per
 second divided by the hardware's peak: `mfu = tokens_per_second x flops_per_token / (num_devices x peak)`.
-The model FLOPs are those of `hfzoo.training.flops` (6 per matrix-product weight a token passes, plus
+The model FLOPs are those of `hfzoo.models.flops` (6 per matrix-product weight a token passes, plus
 PaLM's attention term; recomputation by gradient checkpointing is not counted, as in PaLM).
 
 The peak (`resolve_peak_tflops`):
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from .flops import count_training_flops
+from ..models.flops import count_training_flops
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ def resolve_peak_tflops(device: torch.device, mixed_precision: str | None, overr
 def pretraining_flops_per_token(
     config, block_size: int, raw_block_size: int, target_length: int | None = None
 ) -> float:
-    """Training FLOPs per text token of a pretraining run (`hfzoo.training.flops.count_training_flops`).
+    """Training FLOPs per text token of a pretraining run (`hfzoo.models.flops.count_training_flops`).
 
     Args:
         config: the model's hfzoo config.

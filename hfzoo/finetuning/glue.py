@@ -1,0 +1,413 @@
+"""GLUE finetuning (Wang et al. 2019) with LoRA, prefix tuning or full finetuning, behind `recipes/finetune_glue.py`.
+
+Arguments follow transformers' `examples/pytorch/text-classification/run_glue_no_trainer.py`
+(`--model_name_or_path`, `--task_name`, `--train_file`, `--validation_file`, `--max_length`,
+`--pad_to_max_length`, `--per_device_train_batch_size`, `--learning_rate`, `--num_train_epochs`,
+`--max_train_steps`, `--seed`, `--output_dir`, `--with_tracking`, `--push_to_hub`, ...) plus
+`--data_dir` (a folder in the GLUE layout), `--max_train_samples`, `--mixed_precision` and the PEFT
+options (`--peft lora|prefix|none`, `--lora_r`, `--lora_alpha`, `--lora_dropout`, `--target_modules`,
+`--num_virtual_tokens`, `--prefix_projection`, `--prefix_hidden_size`). Every input is checked
+before the model is loaded; errors are one line.
+
+Training shows a tqdm progress bar, logs every `--logging_steps`, evaluates after every epoch and
+keeps the weights of the best epoch by the task's main metric (`GlueTask.main_metric`; the last epoch's
+with `--save_last_epoch`). `--checkpointing_steps N|epoch` writes resumable checkpoints under
+`checkpoints/step_N`; `--resume_from_checkpoint PATH|latest` continues exactly where one left off
+(model, optimizer, scheduler, RNG and data order restored, partly done epochs skipped batch by batch).
+
+Outputs in `--output_dir`: the adapter (PEFT; classification head included) or the full model, the
+tokenizer, `eval_results.json` (the saved epoch's dev metrics as `eval_<metric>`, MNLI's mismatched
+dev set as `eval_<metric>_mm`), `all_results.json` (the same, the last epoch's as
+`last_epoch_eval_<metric>`, the best epoch, trainable parameters and fraction, steps, wall time),
+`train_history.json` (training records and dev metrics after every epoch), `training_curves.png`, and
+a model card (`README.md`), also for stock transformers checkpoints; `--push_to_hub` uploads the folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import os
+import time
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch.utils.data import DataLoader
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+
+from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, load_glue
+from ..integrity import check_weight_files
+from ..training.accelerator import create_accelerator
+from ..training.arguments import (
+    SCHEDULERS,
+    OneLineErrorParser,
+    add_speed_arguments,
+    checkpointing_steps,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    scheduler_kwargs,
+)
+from ..training.compilation import compile_model
+from ..training.optimization import create_optimizer, create_scheduler
+from ..training.throughput import Throughput, resolve_peak_tflops
+from .adapters import (
+    PEFT_METHODS,
+    build_peft_config,
+    check_prefix_fits,
+    count_parameters,
+    wrap_with_peft,
+)
+from .loop import GlueRun, resolve_glue_resume, train_glue
+from .outputs import glue_results, save_glue_outputs
+
+__all__ = [
+    "build_glue_model",
+    "build_glue_parser",
+    "load_glue_data",
+    "main",
+    "parse_glue_args",
+    "prepare_glue",
+    "run_glue",
+]
+
+
+def build_glue_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of `recipes/finetune_glue.py` (run_glue_no_trainer names + PEFT options)."""
+    p = OneLineErrorParser(prog="hfzoo-finetune-glue", description="Finetune a model on a GLUE task (PEFT or full).")
+    p.add_argument("--task_name", required=True, help=f"one of {sorted(GLUE_TASKS)}")
+    p.add_argument("--model_name_or_path", required=True, help="hfzoo or transformers checkpoint (folder or hub id)")
+    p.add_argument("--data_dir", default=None, help="folder in the GLUE layout (<dir>/SST-2/train.tsv, ...)")
+    p.add_argument("--train_file", default=None, help="training file: TSV in the task's GLUE layout, CSV or JSON")
+    p.add_argument("--validation_file", default=None, help="dev file: TSV in the task's GLUE layout, CSV or JSON")
+    p.add_argument("--max_length", type=positive_int, default=128, help="tokens per example after truncation")
+    p.add_argument("--pad_to_max_length", action="store_true", help="pad every batch to --max_length")
+    p.add_argument("--per_device_train_batch_size", type=positive_int, default=32)
+    p.add_argument("--per_device_eval_batch_size", type=positive_int, default=128)
+    p.add_argument("--learning_rate", type=positive_float, default=5e-5)
+    p.add_argument("--weight_decay", type=float, default=0.0)
+    p.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (0 or less: none)")
+    p.add_argument("--num_train_epochs", type=positive_int, default=3)
+    p.add_argument("--max_train_steps", type=positive_int, default=None, help="overrides --num_train_epochs")
+    p.add_argument("--gradient_accumulation_steps", type=positive_int, default=1)
+    p.add_argument("--lr_scheduler_type", choices=SCHEDULERS, default="linear")
+    p.add_argument(
+        "--lr_scheduler_kwargs",
+        type=scheduler_kwargs,
+        default={},
+        help="the schedule's own arguments as JSON, e.g. '{\"min_lr_rate\": 0.1}' for cosine_with_min_lr",
+    )
+    p.add_argument("--num_warmup_steps", type=non_negative_int, default=0)
+    p.add_argument("--max_train_samples", type=positive_int, default=None, help="use a seeded random subset")
+    p.add_argument("--max_eval_samples", type=positive_int, default=None)
+    p.add_argument("--output_dir", required=True)
+    p.add_argument("--logging_steps", type=positive_int, default=50, help="log the training loss every N steps")
+    p.add_argument(
+        "--checkpointing_steps",
+        type=checkpointing_steps,
+        default=None,
+        help="save a resumable checkpoint every N steps, or 'epoch' (after each epoch's evaluation)",
+    )
+    p.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint folder, or 'latest' in --output_dir")
+    p.add_argument(
+        "--save_last_epoch",
+        action="store_true",
+        help="save the last epoch's weights (default: the best epoch's by the task's main metric)",
+    )
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--mixed_precision", choices=("no", "bf16", "fp16"), default="no")
+    p.add_argument("--attn_implementation", default=None, help="eager | sdpa | ... (default: the model's)")
+    p.add_argument("--ignore_mismatched_sizes", action="store_true", help="re-initialise a head of another size")
+    p.add_argument("--trust_remote_code", action="store_true")
+    add_speed_arguments(p)
+    p.add_argument("--with_tracking", action="store_true", help="log to --report_to (tensorboard)")
+    p.add_argument("--report_to", default="tensorboard")
+    p.add_argument("--push_to_hub", action="store_true")
+    p.add_argument("--hub_model_id", default=None)
+    p.add_argument("--hub_token", default=None)
+    g = p.add_argument_group("PEFT")
+    g.add_argument("--peft", choices=PEFT_METHODS, default="lora", help="lora | prefix | none (full finetuning)")
+    g.add_argument("--lora_r", type=positive_int, default=8)
+    g.add_argument("--lora_alpha", type=positive_float, default=16)
+    g.add_argument("--lora_dropout", type=float, default=0.1)
+    g.add_argument("--target_modules", nargs="+", default=None, help="LoRA modules (default: per family)")
+    g.add_argument("--num_virtual_tokens", type=positive_int, default=20, help="prefix length (tokens)")
+    g.add_argument("--prefix_projection", action="store_true", help="reparametrize the prefix with an MLP")
+    g.add_argument("--prefix_hidden_size", type=positive_int, default=None, help="hidden size of that MLP")
+    return p
+
+
+def parse_glue_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and check the arguments (the task name, data sources, dropout ranges).
+
+    Raises:
+        SystemExit: an argparse error (one line).
+        ValueError: an unknown task; `--lora_dropout` outside [0, 1).
+    """
+    args = build_glue_parser().parse_args(argv)
+    get_glue_task(args.task_name)
+    if not 0.0 <= args.lora_dropout < 1.0:
+        raise ValueError(f"--lora_dropout must be in [0, 1), got {args.lora_dropout}")
+    return args
+
+
+def _tokenize(dataset, task: GlueTask, tokenizer, args: argparse.Namespace):
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        texts = [batch[name] for name in task.text_names]
+        encoded = tokenizer(
+            *texts,
+            padding="max_length" if args.pad_to_max_length else False,
+            max_length=args.max_length,
+            truncation=True,
+        )
+        encoded["labels"] = batch["label"]
+        return encoded
+
+    return dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc="tokenize")
+
+
+def load_glue_data(args: argparse.Namespace, task: GlueTask, tokenizer, accelerator: Accelerator) -> dict[str, Any]:
+    """Read the task's train and dev splits, take the requested subsets, and tokenize them.
+
+    Args:
+        args: `data_dir` / `train_file` / `validation_file`, `max_train_samples` (a seeded random
+            subset), `max_eval_samples` (the first rows), `max_length`, `pad_to_max_length`, `seed`.
+        task: the GLUE task.
+        tokenizer: the model's tokenizer.
+        accelerator: the main process tokenizes first (datasets' cache serves the others).
+
+    Returns:
+        `{split: tokenized datasets.Dataset}` with `train` and the dev splits (`validation`, or MNLI's
+        `validation_matched` and `validation_mismatched`); columns are the tokenizer's plus `labels`.
+
+    Raises:
+        ValueError, FileNotFoundError: missing files or bad rows (see `hfzoo.data.glue.load_glue`).
+    """
+    raw = load_glue(task, args.data_dir, args.train_file, args.validation_file)
+    if args.max_train_samples is not None and args.max_train_samples < len(raw["train"]):
+        raw["train"] = raw["train"].shuffle(seed=args.seed).select(range(args.max_train_samples))
+    if args.max_eval_samples is not None:
+        for split in _eval_splits(raw):
+            raw[split] = raw[split].select(range(min(args.max_eval_samples, len(raw[split]))))
+    with accelerator.main_process_first():
+        return {split: _tokenize(ds, task, tokenizer, args) for split, ds in raw.items()}
+
+
+def drop_unused_columns(encoded: dict[str, Any], model, accelerator: Accelerator) -> dict[str, Any]:
+    """Drop the tokenizer outputs that the model's `forward` does not name, as `Trainer` does.
+
+    A tokenizer may return inputs the model has no use for (a BERT tokenizer's `token_type_ids` for a decoder
+    without segment embeddings); hfzoo models refuse keywords they do not use, so the columns are removed
+    here, by the rule of transformers' `Trainer` (`remove_unused_columns`: the parameters `forward` names, and
+    `labels`), and the removed ones are printed.
+
+    Args:
+        encoded: `{split: tokenized datasets.Dataset}` (`load_glue_data`).
+        model: the model the batches are given to (the base model under PEFT).
+        accelerator: prints the removed columns once.
+
+    Returns:
+        The same splits without the unused columns.
+    """
+    names = set(inspect.signature(model.forward).parameters) | {"labels"}
+    unused = sorted({column for ds in encoded.values() for column in ds.column_names} - names)
+    if unused:
+        accelerator.print(f"not given to the model (its forward does not take them): {', '.join(unused)}")
+    return {split: ds.remove_columns([c for c in unused if c in ds.column_names]) for split, ds in encoded.items()}
+
+
+def _eval_splits(splits) -> list[str]:
+    return [s for s in splits if s.startswith("validation")]
+
+
+def build_glue_model(args: argparse.Namespace, task: GlueTask, tokenizer):
+    """Load the checkpoint with a sequence-classification head for `task` and wrap it for `--peft`.
+
+    Args:
+        args: `model_name_or_path`, `attn_implementation`, `ignore_mismatched_sizes`,
+            `trust_remote_code` and the PEFT options (`peft`, `lora_*`, `target_modules`,
+            `num_virtual_tokens`, `prefix_projection`, `prefix_hidden_size`).
+        task: the GLUE task (number of labels, label names, regression or not).
+        tokenizer: supplies the padding id when the checkpoint's config has none.
+
+    Returns:
+        The model: a `PeftModel` (base frozen, adapter and head trainable) or, with `--peft none`, the
+        plain `*ForSequenceClassification`.
+    """
+    config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    labels = {}
+    if not task.is_regression:
+        labels = {
+            "id2label": dict(enumerate(task.label_names)),
+            "label2id": {n: i for i, n in enumerate(task.label_names)},
+        }
+    kwargs: dict[str, Any] = {}
+    if args.attn_implementation:
+        kwargs["attn_implementation"] = args.attn_implementation
+    if config.pad_token_id is None and tokenizer.pad_token_id is not None:
+        kwargs["pad_token_id"] = tokenizer.pad_token_id
+    model = AutoModelForSequenceClassification.from_pretrained(
+        args.model_name_or_path,
+        num_labels=task.num_labels,
+        problem_type="regression" if task.is_regression else "single_label_classification",
+        ignore_mismatched_sizes=args.ignore_mismatched_sizes,
+        trust_remote_code=args.trust_remote_code,
+        **labels,
+        **kwargs,
+    )
+    peft_config = build_peft_config(
+        args.peft,
+        model.config,
+        lora_r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=args.target_modules,
+        num_virtual_tokens=args.num_virtual_tokens,
+        prefix_projection=args.prefix_projection,
+        encoder_hidden_size=args.prefix_hidden_size,
+    )
+    return wrap_with_peft(model, peft_config)
+
+
+def prepare_glue(args: argparse.Namespace) -> GlueRun:
+    """Build and check everything before the first step: accelerator, data, model, optimizer, scheduler.
+
+    Args:
+        args: from `parse_glue_args`.
+
+    Returns:
+        A `GlueRun` whose model, optimizer, scheduler and dataloaders are `accelerator.prepare`d.
+
+    Raises:
+        ValueError, FileNotFoundError: bad input (unknown task, missing files, bad rows, a prefix
+            that does not fit the position table), before any training.
+    """
+    task = get_glue_task(args.task_name)
+    if os.path.isdir(args.model_name_or_path):
+        check_weight_files(args.model_name_or_path)  # names a truncated or corrupt weight file, before any work
+    if args.peft == "prefix":
+        config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+        check_prefix_fits(config, args.num_virtual_tokens, args.max_length)
+    resume_path = resolve_glue_resume(args)
+    accelerator = create_accelerator(args, sync_with_dataloader=True)
+    set_seed(args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    encoded = load_glue_data(args, task, tokenizer, accelerator)
+
+    model = build_glue_model(args, task, tokenizer)
+    trainable, total = count_parameters(model)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    encoded = drop_unused_columns(encoded, base, accelerator)
+    non_embedding_parameters = base.num_parameters(exclude_embeddings=True)
+    compile_model(model, args, accelerator)  # in place: state_dict keys stay those of the eager model
+    accelerator.print(
+        f"{task.name} {args.peft}: trainable parameters {trainable:,} of {total:,} ({100 * trainable / total:.3f}%)"
+    )
+
+    collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if args.mixed_precision != "no" else None)
+    # The loader's own generator: starting an epoch's iterator then draws its worker seed from it, not from
+    # torch's global RNG, so the dropout masks of a resumed run continue exactly where the checkpoint left them.
+    train_loader = DataLoader(
+        encoded["train"],
+        shuffle=True,
+        collate_fn=collator,
+        batch_size=args.per_device_train_batch_size,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    eval_loaders = {
+        split: DataLoader(encoded[split], collate_fn=collator, batch_size=args.per_device_eval_batch_size)
+        for split in _eval_splits(encoded)
+    }
+    optimizer = create_optimizer(model, learning_rate=args.learning_rate, weight_decay=args.weight_decay)
+    steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
+    max_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
+    scheduler = create_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=args.num_warmup_steps,
+        num_training_steps=max_steps,
+        scheduler_kwargs=args.lr_scheduler_kwargs,
+    )
+    model, optimizer, train_loader, scheduler, *loaders = accelerator.prepare(
+        model, optimizer, train_loader, scheduler, *eval_loaders.values()
+    )
+    return GlueRun(
+        args=args,
+        task=task,
+        accelerator=accelerator,
+        tokenizer=tokenizer,
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        train_dataloader=train_loader,
+        eval_dataloaders=dict(zip(eval_loaders, loaders)),
+        train_examples=len(encoded["train"]),
+        trainable_parameters=trainable,
+        total_parameters=total,
+        max_train_steps=max_steps,
+        num_train_epochs=math.ceil(max_steps / steps_per_epoch),
+        resume_path=resume_path,
+        throughput=Throughput(
+            resolve_peak_tflops(accelerator.device, accelerator.mixed_precision, args.peak_tflops),
+            accelerator.num_processes,
+        ),
+        non_embedding_parameters=non_embedding_parameters,
+    )
+
+
+def run_glue(args: argparse.Namespace) -> dict[str, Any]:
+    """Finetune and evaluate one GLUE task as `args` say; write the results to `args.output_dir`.
+
+    `prepare_glue` (data: `load_glue_data`, model: `build_glue_model`), then `train_glue` (the loop),
+    `glue_results` and `save_glue_outputs` (the results).
+
+    Args:
+        args: from `parse_glue_args`.
+
+    Returns:
+        The results dict written to `all_results.json` (see `glue_results`).
+
+    Raises:
+        ValueError, FileNotFoundError: bad input (unknown task, missing files, bad rows, a prefix
+            that does not fit the position table), before any training.
+    """
+    run = prepare_glue(args)
+    start = time.perf_counter()
+    progress = train_glue(run)
+    results = glue_results(run, progress, time.perf_counter() - start)
+    save_glue_outputs(run, results, progress)
+    if args.with_tracking:
+        run.accelerator.end_training()
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Entry point of `recipes/finetune_glue.py`.
+
+    Args:
+        argv: arguments without the program name (default: `sys.argv[1:]`).
+
+    Returns:
+        The results (see `run_glue`).
+
+    Raises:
+        SystemExit: bad input (one-line message) or an argparse error.
+    """
+    try:
+        return run_glue(parse_glue_args(argv))
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def cli() -> None:
+    """Console script `hfzoo-finetune-glue` (returns None: setuptools exits with what its function returns)."""
+    main()
+
+
+if __name__ == "__main__":
+    main()

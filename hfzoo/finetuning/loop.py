@@ -1,0 +1,325 @@
+"""The GLUE finetuning loop: train, evaluate after every epoch, keep the best epoch, checkpoint and resume.
+
+`train_glue(run)` runs the optimisation of a `GlueRun` (built by `hfzoo.finetuning.glue.prepare_glue`) with
+gradient accumulation, clipping, a tqdm progress bar and logging every `--logging_steps`; after each
+epoch `evaluate_glue` computes every dev split's loss and official metrics, and the epoch with the best
+main metric (`GlueTask.main_metric`) is remembered. `save_glue_checkpoint` writes resumable checkpoints
+(`checkpoints/step_N`, atomically); a run resumed from one continues exactly as the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from safetensors.torch import load_file, save_file
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from ..data.glue import GlueTask
+from ..metrics import load_glue_metric
+from ..training.throughput import Throughput, sequence_classification_flops
+
+
+@dataclass
+class GlueRun:
+    """Everything `train_glue` needs, built and checked by `prepare_glue`."""
+
+    args: argparse.Namespace
+    task: GlueTask
+    accelerator: Accelerator
+    tokenizer: Any
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: Any
+    train_dataloader: DataLoader
+    eval_dataloaders: dict[str, DataLoader]
+    train_examples: int
+    trainable_parameters: int
+    total_parameters: int
+    max_train_steps: int
+    num_train_epochs: int
+    resume_path: Path | None = None
+    throughput: Throughput | None = None  # TFLOP/s and MFU of the logged windows (None: tokens/s only)
+    non_embedding_parameters: int = 0  # the `N` of the model FLOPs (`sequence_classification_flops`)
+
+
+def _metric_name(task: GlueTask, split: str) -> str:
+    """The `evaluate` config of a dev split: MNLI's two dev sets have their own names."""
+    return {"validation_matched": "mnli_matched", "validation_mismatched": "mnli_mismatched"}.get(split, task.name)
+
+
+def evaluate_glue(model, dataloader, task: GlueTask, accelerator: Accelerator, metric_name: str) -> dict[str, float]:
+    """Predict a dev set; compute its mean loss and the task's official metric(s) (hfzoo's offline `evaluate` module).
+
+    Args:
+        model: the (possibly PEFT-wrapped, accelerate-prepared) sequence classifier.
+        dataloader: batches with `labels`.
+        task: the GLUE task (regression: the single logit is the prediction, the loss the squared error;
+            else the argmax, the loss the cross-entropy, as the model's own loss).
+        accelerator: gathers predictions and per-example losses across processes.
+        metric_name: the `evaluate` config name (`mnli_matched` / `mnli_mismatched` for MNLI's dev sets).
+
+    Returns:
+        `{metric: value, "loss": mean loss per example}` as floats.
+    """
+    metric = load_glue_metric(metric_name)
+    model.eval()
+    loss_sum, count = 0.0, 0
+    for batch in dataloader:
+        with torch.no_grad():
+            logits = model(**batch).logits.float()
+        labels = batch["labels"]
+        if task.is_regression:
+            predictions = logits.squeeze(-1)
+            losses = F.mse_loss(predictions, labels.float(), reduction="none")
+        else:
+            predictions = logits.argmax(-1)
+            losses = F.cross_entropy(logits, labels, reduction="none")
+        predictions, references, losses = accelerator.gather_for_metrics((predictions, labels, losses))
+        metric.add_batch(predictions=predictions.cpu().numpy(), references=references.cpu().numpy())
+        loss_sum, count = loss_sum + float(losses.sum()), count + losses.numel()
+    return {**{k: float(v) for k, v in metric.compute().items()}, "loss": loss_sum / max(count, 1)}
+
+
+#: Resumable checkpoints: `<output_dir>/checkpoints/step_N` (left out of hub uploads, `hfzoo.hub.IGNORE_PATTERNS`).
+CHECKPOINT_DIR = "checkpoints"
+#: The loop's state in a checkpoint (written last: a folder without it is incomplete).
+GLUE_STATE = "glue_state.json"
+#: The best epoch's trainable weights in a checkpoint (kept for the final selection).
+BEST_WEIGHTS = "best_epoch_trainable.safetensors"
+
+
+@dataclass
+class GlueProgress:
+    """Where a GLUE run stands: what `train_glue` returns and what a checkpoint stores (`GLUE_STATE`).
+
+    Attributes:
+        step: optimizer steps done.
+        epoch: epochs finished (evaluated).
+        batches_done: batches of the current epoch already trained (skipped on resume).
+        log_history: training records (`step`, `epoch`, `train_loss`, `learning_rate`, `tokens_per_second`).
+        eval_history: dev metrics after each epoch (`epoch`, `step`, `eval_<metric>`, `eval_loss`).
+        best_epoch: the epoch with the highest main metric so far (None before the first evaluation).
+        best_metric: its value.
+        throughput: training totals over the run's sessions: `tokens` (real tokens), `flops` (model
+            FLOPs) and `seconds` (optimizer steps only; evaluations and checkpoints left out).
+    """
+
+    step: int = 0
+    epoch: int = 0
+    batches_done: int = 0
+    log_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    eval_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    best_epoch: int | None = None
+    best_metric: float | None = None
+    throughput: dict[str, float] = dataclasses.field(default_factory=lambda: {"tokens": 0, "flops": 0, "seconds": 0})
+
+
+def resolve_glue_resume(args: argparse.Namespace) -> Path | None:
+    """The checkpoint folder `--resume_from_checkpoint` names (`latest`: the newest in `--output_dir`, if any).
+
+    Raises:
+        ValueError: a folder that is not a complete GLUE checkpoint.
+    """
+    if not args.resume_from_checkpoint:
+        return None
+    if args.resume_from_checkpoint == "latest":
+        root = Path(args.output_dir) / CHECKPOINT_DIR
+        done = [p for p in root.glob("step_*") if re.fullmatch(r"step_\d+", p.name) and (p / GLUE_STATE).is_file()]
+        return max(done, key=lambda p: int(p.name.split("_")[1])) if done else None
+    path = Path(args.resume_from_checkpoint)
+    if not (path / GLUE_STATE).is_file():
+        raise ValueError(f"--resume_from_checkpoint {path}: not a GLUE checkpoint folder (no {GLUE_STATE})")
+    return path
+
+
+def _trainable_state(run: GlueRun) -> dict[str, torch.Tensor]:
+    model = run.accelerator.unwrap_model(run.model)
+    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _load_trainable_state(run: GlueRun, state: dict[str, torch.Tensor]) -> None:
+    parameters = dict(run.accelerator.unwrap_model(run.model).named_parameters())
+    with torch.no_grad():
+        for name, value in state.items():
+            parameters[name].copy_(value)
+
+
+def save_glue_checkpoint(run: GlueRun, progress: GlueProgress, best_state: dict[str, torch.Tensor] | None) -> Path:
+    """Save a resumable checkpoint atomically: accelerate's state, the best epoch's weights, then `GLUE_STATE`.
+
+    Every process writes its part to `checkpoints/step_N.tmp`; the main process then adds the best
+    epoch's trainable weights and the loop state and renames the folder to `checkpoints/step_N`.
+
+    Returns:
+        The checkpoint folder.
+    """
+    accelerator = run.accelerator
+    root = Path(run.args.output_dir) / CHECKPOINT_DIR
+    final, tmp = root / f"step_{progress.step}", root / f"step_{progress.step}.tmp"
+    if accelerator.is_main_process and tmp.exists():
+        shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        if best_state is not None:
+            save_file(best_state, tmp / BEST_WEIGHTS)
+        (tmp / GLUE_STATE).write_text(json.dumps(dataclasses.asdict(progress), indent=1))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _eval_record(task: GlueTask, metrics_by_split: dict[str, dict[str, float]]) -> dict[str, float]:
+    """`eval_<metric>` names as transformers' GLUE examples write them (MNLI mismatched: `eval_<metric>_mm`)."""
+    record = {}
+    for split, metrics in metrics_by_split.items():
+        suffix = "_mm" if split == "validation_mismatched" else ""
+        record.update({f"eval_{name}{suffix}": value for name, value in metrics.items()})
+    return record
+
+
+def _improves(value: float, best: float | None) -> bool:
+    """Higher is better for every GLUE metric; an undefined one (NaN, e.g. Pearson of constant predictions) is worst."""
+    return best is None or (not math.isnan(value) and (math.isnan(best) or value > best))
+
+
+def train_glue(run: GlueRun) -> GlueProgress:
+    """Finetune for `run.max_train_steps` optimizer steps, evaluating every dev split after each epoch.
+
+    Resumes from `run.resume_path` when set. After each epoch the main metric of the first dev split
+    (`GlueTask.main_metric`) decides whether the epoch is the best so far; at the end the model holds
+    the best epoch's weights, or the last epoch's with `--save_last_epoch`.
+
+    Args:
+        run: from `prepare_glue`.
+
+    Returns:
+        The final `GlueProgress` (histories, best epoch).
+    """
+    args, accelerator, model, task = run.args, run.accelerator, run.model, run.task
+    if args.with_tracking:
+        accelerator.init_trackers(
+            "glue", {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
+        )
+    progress, best_state = GlueProgress(), None
+    if run.resume_path is not None:
+        accelerator.load_state(str(run.resume_path))
+        progress = GlueProgress(**json.loads((run.resume_path / GLUE_STATE).read_text()))
+        if (run.resume_path / BEST_WEIGHTS).is_file():
+            best_state = load_file(run.resume_path / BEST_WEIGHTS)
+        accelerator.print(f"resumed from {run.resume_path} at step {progress.step}")
+    main_metric = f"eval_{task.main_metric}"
+    bar = tqdm(
+        total=run.max_train_steps,
+        initial=progress.step,
+        disable=not accelerator.is_local_main_process,
+        desc=f"{task.name} ({args.peft})",
+        unit="step",
+    )
+    window_loss = torch.zeros((), device=accelerator.device)
+    window_tokens = torch.zeros((), device=accelerator.device)
+    window_flops = torch.zeros((), dtype=torch.float64, device=accelerator.device)
+    window_batches, window_start = 0, time.perf_counter()
+    config = accelerator.unwrap_model(model).config
+    if hasattr(accelerator.unwrap_model(model), "get_base_model"):
+        config = accelerator.unwrap_model(model).get_base_model().config
+    while progress.epoch < run.num_train_epochs:
+        if progress.step >= run.max_train_steps and progress.batches_done == 0:
+            break  # resumed after the last evaluation: nothing left
+        model.train()
+        run.train_dataloader.set_epoch(progress.epoch)
+        loader = run.train_dataloader
+        if progress.batches_done:
+            loader = accelerator.skip_first_batches(run.train_dataloader, progress.batches_done)
+        for batch in loader if progress.step < run.max_train_steps else ():
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and args.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                run.optimizer.step()
+                run.lr_scheduler.step()
+                run.optimizer.zero_grad()
+            progress.batches_done += 1
+            window_loss += loss.detach().float()
+            window_tokens += batch["attention_mask"].sum()
+            if run.throughput is not None:  # tensors: no host sync until the log line
+                window_flops += sequence_classification_flops(
+                    config, run.non_embedding_parameters, batch["attention_mask"]
+                )
+            window_batches += 1
+            if not accelerator.sync_gradients:
+                continue
+            progress.step += 1
+            bar.update(1)
+            if progress.step % args.logging_steps == 0 or progress.step == run.max_train_steps:
+                tokens = accelerator.reduce(window_tokens, reduction="sum").item()
+                flops = accelerator.reduce(window_flops, reduction="sum").item()
+                seconds = time.perf_counter() - window_start
+                record = {
+                    "step": progress.step,
+                    "epoch": progress.epoch,
+                    "train_loss": (window_loss / window_batches).item(),
+                    "learning_rate": run.lr_scheduler.get_last_lr()[0],
+                    "tokens_per_second": tokens / seconds,
+                }
+                if run.throughput is not None:
+                    record.update(run.throughput.metrics(tokens, flops, seconds))
+                for key, value in (("tokens", tokens), ("flops", flops), ("seconds", seconds)):
+                    progress.throughput[key] += value
+                progress.log_history.append(record)
+                bar.set_postfix(
+                    loss=f"{record['train_loss']:.4f}",
+                    lr=f"{record['learning_rate']:.2e}",
+                    tok_s=f"{record['tokens_per_second']:.0f}",
+                    **({"tflops": f"{record['tflops']:.3g}"} if "tflops" in record else {}),
+                    **({"mfu": f"{100 * record['mfu']:.1f}%"} if "mfu" in record else {}),
+                )
+                if args.with_tracking:
+                    accelerator.log(record, step=progress.step)
+                window_loss.zero_(), window_tokens.zero_(), window_flops.zero_()
+                window_batches, window_start = 0, time.perf_counter()
+            if args.checkpointing_steps not in (None, "epoch") and progress.step % int(args.checkpointing_steps) == 0:
+                pause_start = time.perf_counter()
+                save_glue_checkpoint(run, progress, best_state)
+                window_start += time.perf_counter() - pause_start  # not training time
+            if progress.step >= run.max_train_steps:
+                break
+        pause_start = time.perf_counter()
+        metrics = {
+            split: evaluate_glue(model, eval_loader, task, accelerator, _metric_name(task, split))
+            for split, eval_loader in run.eval_dataloaders.items()
+        }
+        record = {"epoch": progress.epoch + 1, "step": progress.step, **_eval_record(task, metrics)}
+        progress.eval_history.append(record)
+        progress.epoch, progress.batches_done = progress.epoch + 1, 0
+        if _improves(record[main_metric], progress.best_metric):
+            progress.best_epoch, progress.best_metric = record["epoch"], record[main_metric]
+            best_state = _trainable_state(run) if not args.save_last_epoch else None
+        bar.write(f"epoch {record['epoch']}: " + ", ".join(f"{k} {v:.4f}" for k, v in record.items() if "eval_" in k))
+        if args.with_tracking:
+            accelerator.log(record, step=progress.step)
+        if args.checkpointing_steps == "epoch":
+            save_glue_checkpoint(run, progress, best_state)
+        window_start += time.perf_counter() - pause_start  # evaluation and saving are not training time
+    bar.close()
+    if best_state is not None and progress.best_epoch != progress.epoch:
+        _load_trainable_state(run, best_state)  # the best epoch's weights are the ones saved
+    return progress

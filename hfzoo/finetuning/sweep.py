@@ -1,0 +1,120 @@
+"""Finetune one checkpoint on several GLUE tasks with one method and write a results table.
+
+    python recipes/glue_sweep.py --model_name_or_path CKPT --data_dir ../shared/data/glue \
+        --tasks stsb mrpc sst2 --peft lora --output_dir runs/minilm-lora -- --learning_rate 1e-3
+
+(or `python -m hfzoo.finetuning.sweep ...`). Each task runs the GLUE recipe (`hfzoo.finetuning.glue`)
+in this process with the task's defaults from `TASK_DEFAULTS` (3 epochs, as transformers'
+`run_glue_no_trainer.py`; SST-2 on a seeded 20,000-sentence training subset for 1 epoch), then the
+arguments after `--` (which override them).
+After every task, `<output_dir>/results.json`, `results.md` (task, metric, value, epoch, trainable
+parameters, steps, wall time) and the bar chart `results.png` are rewritten, so an interrupted sweep
+keeps what it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..data.glue import GLUE_TASKS, get_glue_task
+from ..training.plots import plot_results_bars
+from .glue import main as finetune
+
+#: Per-task arguments of the sweep (before the user's, which override them).
+TASK_DEFAULTS: dict[str, list[str]] = {
+    "cola": ["--num_train_epochs", "3"],
+    "sst2": ["--num_train_epochs", "1", "--max_train_samples", "20000"],
+    "mrpc": ["--num_train_epochs", "3"],
+    "stsb": ["--num_train_epochs", "3"],
+    "qqp": ["--num_train_epochs", "1"],
+    "mnli": ["--num_train_epochs", "1"],
+    "qnli": ["--num_train_epochs", "1"],
+    "rte": ["--num_train_epochs", "3"],
+    "wnli": ["--num_train_epochs", "3"],
+}
+
+
+#: Columns of every row besides task, metric and value (from the task's `all_results.json`).
+ROW_FIELDS = ("peft", "epoch", "best_epoch", "trainable_parameters", "trainable_fraction", "train_steps",
+              "train_examples", "train_seconds")  # fmt: skip
+
+
+def results_rows(results: list[dict]) -> list[dict]:
+    """Flatten per-task results into one row per (task, dev split, metric): the saved epoch's `eval_<metric>`.
+
+    MNLI's mismatched dev set (`eval_<metric>_mm`) is the task `mnli (mismatched)`.
+    """
+    rows = []
+    for r in results:
+        metrics = get_glue_task(r["task"]).metrics
+        for suffix, task in (("", r["task"]), ("_mm", f"{r['task']} (mismatched)")):
+            for metric in metrics:
+                if f"eval_{metric}{suffix}" in r:
+                    value = r[f"eval_{metric}{suffix}"]
+                    rows.append({"task": task, "metric": metric, "value": value, **{k: r[k] for k in ROW_FIELDS}})
+    return rows
+
+
+def write_tables(output_dir: Path, results: list[dict]) -> None:
+    """Write `results.json` (per-task results and flattened rows), `results.md` and the bar chart `results.png`."""
+    rows = results_rows(results)
+    (output_dir / "results.json").write_text(json.dumps({"tasks": results, "rows": rows}, indent=2) + "\n")
+    lines = [
+        "| task | metric | value | method | epoch (best) | trainable params | trainable % | steps | train examples "
+        "| wall time (s) |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['task']} | {row['metric']} | {row['value']:.4f} | {row['peft']} | {row['epoch']} | "
+            f"{row['trainable_parameters']:,} | {100 * row['trainable_fraction']:.2f} | {row['train_steps']} | "
+            f"{row['train_examples']:,} | {row['train_seconds']:.0f} |"
+        )
+    (output_dir / "results.md").write_text("\n".join(lines) + "\n")
+    title = f"{results[0]['model_name_or_path']} ({results[0]['peft']})" if results else None
+    plot_results_bars({f"{r['task']} {r['metric']}": r["value"] for r in rows}, output_dir / "results.png", title)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Entry point of `recipes/glue_sweep.py`: run the sweep, rewriting the tables after every task.
+
+    Args:
+        argv: the sweep's arguments, then optionally `--` and arguments for every task's run
+            (default: `sys.argv[1:]`).
+
+    Returns:
+        The per-task results (as `hfzoo.finetuning.glue.run_glue` returns them).
+
+    Raises:
+        SystemExit: an unknown task or bad arguments (before any training), or a task's bad input.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(prog="glue_sweep.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--model_name_or_path", required=True)
+    parser.add_argument("--tasks", nargs="+", required=True, help=f"from {sorted(GLUE_TASKS)}")
+    parser.add_argument("--peft", choices=("lora", "prefix", "none"), required=True)
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--data_dir", default=None)
+    args = parser.parse_args(argv)
+    tasks = [get_glue_task(t).name for t in args.tasks]  # unknown names fail before any training
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for task in tasks:
+        task_argv = ["--task_name", task, "--model_name_or_path", args.model_name_or_path, "--peft", args.peft]
+        task_argv += ["--output_dir", str(output_dir / task), *TASK_DEFAULTS[task]]
+        if args.data_dir:
+            task_argv += ["--data_dir", args.data_dir]
+        print(f"=== {task}: finetune_glue.py {' '.join(task_argv + extra)}", flush=True)
+        results.append(finetune(task_argv + extra))
+        write_tables(output_dir, results)
+    return results
+
+
+if __name__ == "__main__":
+    main()

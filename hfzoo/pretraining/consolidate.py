@@ -1,0 +1,98 @@
+"""Turn a training checkpoint (DeepSpeed ZeRO-1/2/3, DDP or single process) into a `save_pretrained` folder.
+
+`checkpoints/step_N` folders written by `hfzoo.pretraining.loop.save_checkpoint` hold the model config,
+the tokenizer, `training_state.json` and accelerate's state: for DeepSpeed, each process's ZeRO partition
+of the fp32 weights and optimizer state (`pytorch_model/`), otherwise `model.safetensors`.
+`consolidate_checkpoint` gathers the full fp32 weights (DeepSpeed's `zero_to_fp32`, on the CPU, with
+no process group) and writes config, consolidated `model.safetensors` and tokenizer, which
+`AutoModelFor...from_pretrained` loads without DeepSpeed.
+
+Usage: `python recipes/consolidate_checkpoint.py OUTPUT_DIR/checkpoints/step_N CONSOLIDATED_DIR`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+import hfzoo  # noqa: F401  (registers the hfzoo model types with the Auto classes)
+
+_AUTO_CLASSES = {"clm": AutoModelForCausalLM, "mlm": AutoModelForMaskedLM, "span": AutoModelForSeq2SeqLM}
+
+
+def load_checkpoint_state_dict(checkpoint_dir: str | Path) -> dict[str, torch.Tensor]:
+    """Return the full fp32 model weights of a checkpoint folder, gathered from ZeRO partitions if needed.
+
+    Args:
+        checkpoint_dir: a `checkpoints/step_N` folder.
+
+    Returns:
+        `{parameter name: float32 tensor}` (contiguous, not sharing memory).
+
+    Raises:
+        FileNotFoundError: the folder holds neither a DeepSpeed checkpoint nor `model.safetensors`.
+    """
+    path = Path(checkpoint_dir)
+    if (path / "latest").is_file():
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state_dict = get_fp32_state_dict_from_zero_checkpoint(str(path))
+    elif (path / "model.safetensors").is_file():
+        state_dict = load_file(path / "model.safetensors")
+    else:
+        raise FileNotFoundError(f"{path}: neither a DeepSpeed checkpoint ('latest') nor model.safetensors")
+    return {name: tensor.detach().float().contiguous().clone() for name, tensor in state_dict.items()}
+
+
+def consolidate_checkpoint(checkpoint_dir: str | Path, output_dir: str | Path) -> Path:
+    """Write a `save_pretrained` folder (config, consolidated safetensors weights, tokenizer) from a checkpoint.
+
+    Args:
+        checkpoint_dir: a `checkpoints/step_N` folder of a pretraining run.
+        output_dir: where to write; created if missing.
+
+    Returns:
+        `output_dir`.
+
+    Raises:
+        FileNotFoundError: not a checkpoint folder of this recipe (no `config.json` / `training_state.json`).
+        ValueError: the saved weights do not cover the model's parameters (names the first missing ones).
+    """
+    path, output = Path(checkpoint_dir), Path(output_dir)
+    for name in ("config.json", "training_state.json"):
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"{path}: not a pretraining checkpoint folder (no {name})")
+    objective = json.loads((path / "training_state.json").read_text()).get("objective", "clm")
+    config = AutoConfig.from_pretrained(path)
+    model = _AUTO_CLASSES[objective].from_config(config)
+    missing, unexpected = model.load_state_dict(load_checkpoint_state_dict(path), strict=False)
+    tied = set(getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or {})
+    missing = [name for name in missing if name not in tied]
+    if missing or unexpected:
+        raise ValueError(f"{path}: weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    model.tie_weights()
+    model.save_pretrained(output)
+    if (path / "tokenizer_config.json").is_file():
+        AutoTokenizer.from_pretrained(path).save_pretrained(output)
+    return output
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: `consolidate_checkpoint.py CHECKPOINT_DIR OUTPUT_DIR`."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint_dir", help="A checkpoints/step_N folder of a pretraining run.")
+    parser.add_argument("output_dir", help="Where to write the save_pretrained folder.")
+    args = parser.parse_args(argv)
+    try:
+        print(consolidate_checkpoint(args.checkpoint_dir, args.output_dir))
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+if __name__ == "__main__":
+    main()

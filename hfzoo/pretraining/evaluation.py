@@ -1,0 +1,318 @@
+"""Language-model evaluation: validation loss, perplexity, the unigram baseline, and the `hfzoo-evaluate-lm` CLI.
+
+`hfzoo-evaluate-lm` (also `python -m hfzoo.pretraining.evaluation` or `python recipes/evaluate_lm.py`)
+evaluates a saved causal LM on text files and prints a generated sample, in a fresh process:
+
+    hfzoo-evaluate-lm --model_name_or_path outputs/model \
+        --validation_file ../shared/data/wikitext-2/wiki.valid.tokens --prompt "The history of"
+
+It loads the checkpoint with `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`
+(the hfzoo package, imported with this module, registers its model types), packs each file into blocks exactly as
+pretraining does, reports loss and perplexity per file, and greedily continues `--prompt`.
+
+The sample checks the model's incremental decoding: the greedy continuation is generated with the KV cache
+and again without it (every step recomputing the whole sequence), and a difference is an error (exit
+status 1, both continuations named). A prompt plus `--max_new_tokens` longer than a model with a hard
+position limit allows (`generation_position_limit`) is refused before any evaluation. The metrics are
+written to `--output_file` before the sample is generated, and again with the sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from transformers import AutoModelForCausalLM, AutoTokenizer, default_data_collator
+
+from ..data.loading import load_local_files
+from ..data.packing import tokenize_and_pack
+from ..integrity import check_weight_files
+from ..modules.positions import ABSOLUTE_POSITION_EMBEDDINGS
+from ..training.arguments import OneLineErrorParser, positive_int
+
+
+@torch.no_grad()
+def evaluate_lm(model, dataloader, accelerator=None, seed: int | None = None) -> dict[str, float]:
+    """Mean loss and perplexity of `model` over `dataloader` (all processes gathered), for any objective.
+
+    The loss of each batch is the model's mean over predicted tokens (next tokens, masked tokens or
+    span targets); the mean of batch losses weighted by batch size is reported (exactly the per-token
+    mean for packed causal-LM blocks, which all predict the same number of tokens).
+
+    Args:
+        model: a model returning `.loss` for the batches (causal LM, masked LM, seq2seq LM).
+        dataloader: batches of model inputs with `labels` (collated on the fly for mlm / span).
+        accelerator: an `accelerate.Accelerator` to gather losses across processes, or None.
+        seed: when given, the random masking/corruption of the collator is drawn from torch's RNG
+            seeded with it, so every evaluation sees the same masks; the caller's RNG state is restored.
+
+    Returns:
+        `{"eval_loss": nats per token, "perplexity": exp(eval_loss)}` (perplexity is `inf` on overflow).
+    """
+    was_training = model.training
+    model.eval()
+    losses = []
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
+        for batch in dataloader:
+            loss = model(**batch).loss.detach().float()
+            losses_batch = loss.repeat(batch["input_ids"].shape[0])
+            if accelerator is not None:
+                losses_batch = accelerator.gather_for_metrics(losses_batch)
+            losses.append(losses_batch.cpu())
+    model.train(was_training)
+    eval_loss = torch.cat(losses).mean().item()
+    try:
+        perplexity = math.exp(eval_loss)
+    except OverflowError:
+        perplexity = float("inf")
+    return {"eval_loss": eval_loss, "perplexity": perplexity}
+
+
+def unigram_perplexity(train_counts: np.ndarray, eval_tokens: np.ndarray) -> float:
+    """Perplexity of an add-one-smoothed unigram model (Laplace smoothing) on `eval_tokens`.
+
+    `p(w) = (count(w) + 1) / (N + V)` with N training tokens and V = `len(train_counts)`;
+    perplexity = `exp(-mean(log p(w)))` over the evaluated tokens.
+
+    Args:
+        train_counts: int array `(vocab_size,)` of training-token counts.
+        eval_tokens: int array of the evaluated token ids (any shape).
+
+    Returns:
+        The perplexity (float, per token).
+
+    Raises:
+        ValueError: an evaluated id outside `[0, vocab_size)`, or no evaluated token.
+    """
+    eval_tokens = np.asarray(eval_tokens).ravel()
+    if eval_tokens.size == 0:
+        raise ValueError("no tokens to evaluate")
+    if eval_tokens.min() < 0 or eval_tokens.max() >= len(train_counts):
+        raise ValueError(f"token ids must be in [0, {len(train_counts)})")
+    log_probs = np.log(train_counts.astype(np.float64) + 1.0) - math.log(train_counts.sum() + len(train_counts))
+    return float(math.exp(-log_probs[eval_tokens].mean()))
+
+
+def generation_position_limit(config) -> tuple[int, str] | None:
+    """The most tokens (prompt plus generated ones) a causal LM can process, for models with a hard limit.
+
+    An hfzoo model refuses a sequence longer than `max_position_embeddings` when its stack adds absolute
+    position embeddings (`position_embedding_type` `learned` or `sinusoidal`, the schemes for which the
+    stack builds `embed_positions`) or its causal stack mixes tokens with a synthesizer (matrices of
+    `max_position_embeddings` rows); GPT-2 has a learned table of `n_positions`. The other hfzoo schemes
+    (`rotary`, `alibi`, `relative_attention_bias`, `shaw`, `none`) have no such limit, and other model
+    types are not checked (None for both).
+
+    Args:
+        config: the model's config (`PreTrainedConfig`).
+
+    Returns:
+        `(max_position_embeddings, what sets it)` (e.g. `(64, "position_embedding_type='learned'")`), or None.
+    """
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is None:
+        return None
+    if config.model_type == "gpt2":
+        return limit, "GPT-2's learned position embeddings"
+    if not hasattr(config, "stack_layouts"):  # not an hfzoo config
+        return None
+    if config.position_embedding_type in ABSOLUTE_POSITION_EMBEDDINGS:
+        return limit, f"position_embedding_type={config.position_embedding_type!r}"
+    if any(layout.is_causal and layout.token_mixer == "synthesizer" for layout in config.stack_layouts()):
+        return limit, "token_mixer='synthesizer'"
+    return None
+
+
+def check_generation_fits(config, prompt_tokens: int, max_new_tokens: int) -> None:
+    """Refuse a generation longer than the model's hard position limit (see `generation_position_limit`).
+
+    Args:
+        config: the model's config.
+        prompt_tokens: length of the tokenized prompt (special tokens the tokenizer adds included).
+        max_new_tokens: the most tokens to generate.
+
+    Raises:
+        ValueError: `prompt_tokens + max_new_tokens` exceeds the limit; the one-line message names the
+            prompt length, `--max_new_tokens`, the limit and what sets it.
+    """
+    found = generation_position_limit(config)
+    if found is None:
+        return
+    limit, reason = found
+    total = prompt_tokens + max_new_tokens
+    if total > limit:
+        advice = (
+            f"use --max_new_tokens <= {limit - prompt_tokens}"
+            if prompt_tokens < limit
+            else f"shorten --prompt to fewer than {limit} tokens"
+        )
+        raise ValueError(
+            f"--prompt is {prompt_tokens} tokens and --max_new_tokens is {max_new_tokens}: {total} positions, more "
+            f"than the model's max_position_embeddings={limit} ({reason}); {advice}"
+        )
+
+
+@torch.no_grad()
+def greedy_sample(model, tokenizer, prompt: str, max_new_tokens: int) -> dict:
+    """Greedily continue `prompt`, with the KV cache and again without it, and compare the two.
+
+    Without the cache every step recomputes the whole sequence, so the two agree exactly unless the
+    model's incremental decoding (cache, positions of cached steps, masks) is wrong.
+
+    Args:
+        model: a causal LM (on its device, in eval mode).
+        tokenizer: its tokenizer.
+        prompt: the text to continue.
+        max_new_tokens: the most tokens to generate (fewer when the model generates its end token).
+
+    Returns:
+        `{"prompt", "text", "continuation", "text_without_cache", "continuation_without_cache", "new_tokens",
+        "cache_equal", "first_difference"}`: `text` is the decoded prompt plus continuation generated
+        with the cache (special tokens skipped), `continuation` its new tokens alone, the `_without_cache`
+        ones the same without the cache; `new_tokens` the number generated with the cache; `cache_equal`
+        whether the two generated token sequences are identical, else `first_difference` is the index
+        (among the new tokens) where they first differ (None when equal).
+    """
+    inputs = tokenizer(prompt, return_tensors="pt").to(model.device)
+    prompt_length = inputs["input_ids"].shape[1]
+    outputs = {
+        use_cache: model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, use_cache=use_cache)[0]
+        for use_cache in (True, False)
+    }
+    cached, uncached = (outputs[flag][prompt_length:].tolist() for flag in (True, False))
+    first_difference = next(
+        (i for i, (a, b) in enumerate(zip(cached, uncached)) if a != b),
+        None if len(cached) == len(uncached) else min(len(cached), len(uncached)),
+    )
+    return {
+        "prompt": prompt,
+        "text": tokenizer.decode(outputs[True], skip_special_tokens=True),
+        "continuation": tokenizer.decode(cached, skip_special_tokens=True),
+        "text_without_cache": tokenizer.decode(outputs[False], skip_special_tokens=True),
+        "continuation_without_cache": tokenizer.decode(uncached, skip_special_tokens=True),
+        "new_tokens": len(cached),
+        "cache_equal": first_difference is None,
+        "first_difference": first_difference,
+    }
+
+
+def parse_evaluate_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the arguments of `hfzoo-evaluate-lm` (see `--help`).
+
+    Raises:
+        SystemExit: an argparse error (one line).
+    """
+    p = OneLineErrorParser(
+        prog="hfzoo-evaluate-lm",
+        description="Evaluate a saved causal LM on text files and print a generated sample.",
+    )
+    p.add_argument("--model_name_or_path", required=True, help="Checkpoint folder (or hub id).")
+    p.add_argument("--validation_file", nargs="+", action="extend", default=[], help="Text/JSONL/parquet files.")
+    p.add_argument("--text_column_name", default="text")
+    p.add_argument("--block_size", type=positive_int, default=None, help="Default: the block size of pretraining.")
+    p.add_argument("--per_device_eval_batch_size", type=positive_int, default=16)
+    p.add_argument("--max_eval_samples", type=positive_int, default=None, help="At most this many blocks per file.")
+    p.add_argument(
+        "--prompt",
+        default=None,
+        help="Text to continue greedily, with the KV cache and without it (the two must agree, else exit status 1).",
+    )
+    p.add_argument("--max_new_tokens", type=positive_int, default=32)
+    p.add_argument("--output_file", default=None, help="Write the metrics as JSON here.")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Entry point of `hfzoo-evaluate-lm` and `recipes/evaluate_lm.py`.
+
+    Args:
+        argv: arguments without the program name (default: `sys.argv[1:]`).
+
+    Returns:
+        `{file name: {"eval_loss", "perplexity", "blocks", "block_size"}}`, plus `sample` (`greedy_sample`'s
+        record) with `--prompt`; also written to `--output_file` (the metrics before the sample is
+        generated, then everything).
+
+    Raises:
+        SystemExit: bad input (one-line `error: ...`), among it a prompt plus `--max_new_tokens` beyond the
+            model's position limit (before any evaluation); greedy generation with the KV cache differing
+            from generation without it (after the record with both is written).
+    """
+    args = parse_evaluate_args(argv)
+    try:
+        if Path(args.model_name_or_path).is_dir():
+            check_weight_files(args.model_name_or_path)  # names a truncated or corrupt weight file
+        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path).eval()
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"error: --model_name_or_path {args.model_name_or_path}: {str(err).splitlines()[0]}") from None
+    if args.prompt:
+        try:
+            check_generation_fits(model.config, len(tokenizer(args.prompt)["input_ids"]), args.max_new_tokens)
+        except ValueError as err:
+            raise SystemExit(f"error: {err}") from None
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+    block_size = args.block_size
+    results_file = Path(args.model_name_or_path) / "all_results.json"
+    if block_size is None and results_file.is_file():
+        block_size = json.loads(results_file.read_text()).get("block_size")
+    block_size = block_size or min(1024, model.config.max_position_embeddings)
+    print(
+        f"loaded {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters) "
+        f"from {args.model_name_or_path}"
+    )
+    results = {}
+    for file in args.validation_file:
+        try:
+            raw = datasets.DatasetDict(validation=load_local_files([file], "--validation_file", sample_by="document"))
+            packed = tokenize_and_pack(raw, tokenizer, args.text_column_name, block_size)["validation"]
+        except (ValueError, FileNotFoundError) as err:
+            raise SystemExit(f"error: {err}") from None
+        if args.max_eval_samples:
+            packed = packed.select(range(min(args.max_eval_samples, len(packed))))
+        loader = DataLoader(
+            packed.with_format("torch", device=device),
+            batch_size=args.per_device_eval_batch_size,
+            collate_fn=default_data_collator,
+        )
+        metrics = evaluate_lm(model, loader)
+        metrics["blocks"] = len(packed)
+        metrics["block_size"] = block_size
+        results[Path(file).name] = metrics
+        print(
+            f"{Path(file).name}: {len(packed)} blocks of {block_size} tokens, "
+            f"eval_loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}"
+        )
+    if args.output_file:  # the metrics are kept even if generating the sample fails
+        Path(args.output_file).write_text(json.dumps(results, indent=2) + "\n")
+    if args.prompt:
+        sample = results["sample"] = greedy_sample(model, tokenizer, args.prompt, args.max_new_tokens)
+        print(f"sample (greedy, {sample['new_tokens']} new tokens): {sample['text']!r}")
+        if args.output_file:
+            Path(args.output_file).write_text(json.dumps(results, indent=2) + "\n")
+        if not sample["cache_equal"]:
+            raise SystemExit(
+                f"error: greedy generation with the KV cache differs from generation without it from new token "
+                f"{sample['first_difference']} on: with the cache {sample['continuation']!r}, without "
+                f"{sample['continuation_without_cache']!r}; the model's cached decoding is wrong"
+            )
+        print(f"cache check passed: the same {sample['new_tokens']} new tokens with and without the KV cache")
+    return results
+
+
+def cli() -> None:
+    """Console script `hfzoo-evaluate-lm` (returns None: setuptools exits with what its function returns)."""
+    main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,743 @@
+"""The pretraining loop behind `recipes/pretrain.py`, on `accelerate` (one process, DDP or DeepSpeed).
+
+`main(argv)` parses the arguments, then `prepare(args)` does everything that can fail on bad input
+(tokenizer, model config, data loading, tokenization and packing) before the first training step;
+such failures end the program with a one-line `error: ...` message. `train(run)` then runs the
+optimisation loop with gradient accumulation, clipping, warmup + decay, periodic evaluation,
+resumable checkpoints, and writes a standard `save_pretrained` folder with `eval_results.json` and
+`all_results.json`, as transformers' `run_clm_no_trainer.py` does.
+"""
+
+from __future__ import annotations
+
+import functools
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+import transformers
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from accelerate.utils import DistributedType, send_to_device, set_seed
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer
+
+from ..data.loading import check_input_files, load_raw_datasets
+from ..data.packing import token_counts, tokenize_and_pack
+from ..hub import build_model_card, push_to_hub
+from ..integrity import check_weight_files
+from ..models.presets import PRESETS, build_config, parse_overrides
+from ..training import faults
+from ..training.accelerator import create_accelerator
+from ..training.checkpointing import (
+    _check_resume_topology,
+    _resolve_resume,
+    check_resume_config,
+    checkpoint_folder,
+    complete_checkpoints,
+    load_checkpoint,
+    prepare_output_dir,
+    save_checkpoint,
+)
+from ..training.compilation import compile_model
+from ..training.objectives import get_objective
+from ..training.optimization import create_optimizer, create_scheduler
+from ..training.plots import plot_training_curves
+from ..training.streaming import DeviceLoader, StreamingTrainLoader, stream_blocks
+from ..training.throughput import Throughput, pretraining_flops_per_token, resolve_peak_tflops
+from .arguments import parse_pretrain_args
+from .evaluation import evaluate_lm, unigram_perplexity
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class PretrainingRun:
+    """Everything `train` needs, built and checked by `prepare`."""
+
+    args: argparse.Namespace
+    accelerator: Accelerator
+    tokenizer: Any
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: Any
+    train_dataloader: DataLoader
+    eval_dataloader: DataLoader
+    train_dataset: datasets.Dataset | datasets.IterableDataset
+    eval_dataset: datasets.Dataset | datasets.IterableDataset
+    max_train_steps: int
+    num_train_epochs: int
+    resume_path: Path | None
+    block_size: int
+    raw_block_size: int  # text tokens per packed block (span: before corruption)
+    train_collator: Any = None  # applied by the loop to each micro-batch's examples (None: batches come collated)
+    nonfinite_guard: faults.NonFiniteGuard | None = None
+    flops_per_token: float = 0.0  # training FLOPs per text token (`hfzoo.training.throughput`)
+    throughput: Throughput | None = None  # turns tokens and seconds into TFLOP/s and MFU
+
+
+def _load_tokenizer(name: str, argument: str):
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{argument} {name}: cannot load a tokenizer ({str(err).splitlines()[0]})") from err
+
+
+def build_model_config(args: argparse.Namespace, tokenizer) -> transformers.PreTrainedConfig:
+    """Build the model config from `--config_name`/`--config_overrides` (or the pretrained model's).
+
+    With a preset and no explicit `vocab_size`, the vocabulary size is the tokenizer's; the special
+    token ids always come from the tokenizer.
+
+    Raises:
+        ValueError: unknown preset/override, invalid config, a tokenizer larger than `vocab_size`,
+            or a model family without the objective's head (clm: causal LM, mlm: masked LM, span: seq2seq LM).
+    """
+    token_ids = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    if args.model_name_or_path is not None:
+        config = transformers.AutoConfig.from_pretrained(args.model_name_or_path)
+        if args.config_overrides:
+            raise ValueError("--config_overrides cannot change the architecture of --model_name_or_path")
+    else:
+        fields = dict(token_ids)
+        if args.config_name in PRESETS and "vocab_size" not in parse_overrides(args.config_overrides):
+            fields["vocab_size"] = len(tokenizer)
+        config = build_config(args.config_name, args.config_overrides, **fields)
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(
+            f"the tokenizer {args.tokenizer_name or args.model_name_or_path} has {len(tokenizer)} tokens, "
+            f"more than the model's vocab_size={config.vocab_size}"
+        )
+    objective = get_objective(args.objective)
+    if not objective.supports(config):
+        raise ValueError(
+            f"--objective {args.objective} needs a model with a {objective.auto_class.__name__} head; "
+            f"model_type {config.model_type!r} has none"
+        )
+    return config
+
+
+def _check_block_size(args: argparse.Namespace, config) -> int:
+    max_positions = getattr(config, "max_position_embeddings", None)
+    block_size = args.block_size or min(1024, max_positions or 1024)
+    if max_positions is not None and getattr(config, "position_embedding_type", "learned") != "none":
+        if block_size > max_positions:
+            raise ValueError(f"--block_size {block_size} is larger than max_position_embeddings={max_positions}")
+    return block_size
+
+
+def _build_model(args: argparse.Namespace, config) -> torch.nn.Module:
+    auto_class = get_objective(args.objective).auto_class
+    if args.model_name_or_path is not None:
+        return auto_class.from_pretrained(
+            args.model_name_or_path, config=config, attn_implementation=args.attn_implementation
+        )
+    return auto_class.from_config(config, attn_implementation=args.attn_implementation)
+
+
+@contextlib.contextmanager
+def _zero3_init(accelerator: Accelerator):
+    """Build the model partitioned (DeepSpeed `zero.Init`) only when the accelerate config asks for it.
+
+    accelerate registers its ZeRO-3 config with transformers, which then always builds models under
+    `zero.Init`; with `zero3_init_flag: false` the model is built whole instead, so that a seed gives
+    the same initial weights as a single-process run.
+    """
+    plugin = accelerator.state.deepspeed_plugin if accelerator.distributed_type == DistributedType.DEEPSPEED else None
+    if plugin is None or plugin.zero_stage != 3 or plugin.zero3_init_flag:
+        yield
+        return
+    from transformers.integrations.deepspeed import set_hf_deepspeed_config, unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        set_hf_deepspeed_config(plugin.dschf)
+
+
+def prepare(args: argparse.Namespace) -> PretrainingRun:
+    """Build and check everything before the first step: accelerator, tokenizer, config, data, model.
+
+    Args:
+        args: parsed arguments (see `hfzoo.pretraining.arguments`).
+
+    Returns:
+        A `PretrainingRun`.
+
+    Raises:
+        ValueError, FileNotFoundError: bad input, with a message naming it.
+    """
+    prepare_output_dir(args.output_dir, checkpointing=args.checkpointing_steps is not None)
+    accelerator = create_accelerator(args)
+    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
+    logger.info(accelerator.state, main_process_only=False)
+    logger.info(
+        f"world size {accelerator.num_processes} (distributed_type {accelerator.distributed_type.value}, "
+        f"mixed_precision {accelerator.mixed_precision})"
+    )
+    if accelerator.is_local_main_process:
+        datasets.utils.logging.set_verbosity_warning()
+        transformers.utils.logging.set_verbosity_warning()
+    else:
+        datasets.utils.logging.set_verbosity_error()
+        transformers.utils.logging.set_verbosity_error()
+    set_seed(args.seed)
+    resume_path = _resolve_resume(args, accelerator)
+
+    tokenizer = _load_tokenizer(args.tokenizer_name or args.model_name_or_path, "--tokenizer_name")
+    config = build_model_config(args, tokenizer)
+    if args.model_name_or_path is not None and os.path.isdir(args.model_name_or_path):
+        check_weight_files(args.model_name_or_path)  # before the data: names a truncated or corrupt file
+    if resume_path is not None:
+        check_resume_config(resume_path, config)
+        _check_resume_topology(resume_path, accelerator)
+    block_size = _check_block_size(args, config)
+    objective = get_objective(args.objective)
+    collator, raw_block_size = objective.build_collator(args, tokenizer, block_size)
+    check_input_files(args.train_file, args.validation_file, args.streaming)  # every process, before any waits
+
+    if args.streaming:
+        train_dataloader, eval_dataloader = _streaming_loaders(args, accelerator, tokenizer, objective, collator,
+                                                               raw_block_size)  # fmt: skip
+        train_dataset, eval_dataset = train_dataloader.dataset, eval_dataloader.dataset
+    else:
+        with accelerator.main_process_first():
+            packed = tokenize_and_pack(
+                _load_raw_datasets(args),
+                tokenizer,
+                args.text_column_name,
+                raw_block_size,
+                num_proc=args.preprocessing_num_workers,
+                clean=not args.no_clean_text,
+                load_from_cache_file=not args.overwrite_cache,
+                with_labels=objective.labels_in_blocks,
+            )
+        train_dataset, eval_dataset = packed["train"], packed["validation"]
+        if args.max_train_samples is not None:
+            train_dataset = train_dataset.select(range(min(args.max_train_samples, len(train_dataset))))
+        if args.max_eval_samples is not None:
+            eval_dataset = eval_dataset.select(range(min(args.max_eval_samples, len(eval_dataset))))
+        logger.info(
+            f"{len(train_dataset)} training and {len(eval_dataset)} validation blocks of {raw_block_size} tokens"
+        )
+
+    with _zero3_init(accelerator):
+        model = _build_model(args, config)
+    if args.gradient_checkpointing:
+        model.activation_checkpointing_enable()
+    compile_model(model, args, accelerator)  # in place: state_dict keys stay those of the eager model
+    # Under DeepSpeed ZeRO-3 the parameters may already be partitioned (zero.Init): use their full shapes.
+    n_params = sum(math.prod(getattr(p, "ds_shape", p.shape)) for p in model.parameters())
+    logger.info(f"model {type(model).__name__}: {n_params / 1e6:.2f}M parameters")
+    try:
+        target_length = getattr(collator, "target_length", None) if config.is_encoder_decoder else None
+        flops_per_token = pretraining_flops_per_token(config, block_size, raw_block_size, target_length)
+    except AttributeError:  # not an hfzoo config (a transformers checkpoint): FLOPs unknown
+        flops_per_token = 0.0
+    peak = resolve_peak_tflops(accelerator.device, accelerator.mixed_precision, args.peak_tflops)
+    logger.info(
+        f"model FLOPs per token {flops_per_token:.4g}; peak {peak.tflops or float('nan'):.4g} TFLOP/s per device "
+        f"({peak.source})"
+    )
+
+    fused = args.optim == "adamw_torch_fused" and accelerator.distributed_type != DistributedType.DEEPSPEED
+    optimizer = create_optimizer(
+        model,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        betas=(args.adam_beta1, args.adam_beta2),
+        fused=fused,
+    )
+    if args.streaming:
+        max_train_steps = num_train_epochs = args.max_train_steps  # every pass over the stream makes a step
+    else:
+        # Exact resume: a checkpoint's RNG state must be the one the next micro-batch's random masking (mlm,
+        # span) and dropout draw from. So the loader yields lists of examples and the training loop collates
+        # each micro-batch (accelerate's loader prepares one batch ahead of the step), and creating a loader
+        # iterator draws its seed from the loader's own generator, not from torch's global RNG.
+        train_dataloader = DataLoader(
+            train_dataset,
+            shuffle=True,
+            collate_fn=list,
+            batch_size=args.per_device_train_batch_size,
+            generator=torch.Generator().manual_seed(args.seed),
+        )
+        eval_dataloader = DataLoader(eval_dataset, collate_fn=collator, batch_size=args.per_device_eval_batch_size)
+        # Each optimizer step takes a whole window of accumulation micro-batches; an incomplete last window
+        # of an epoch is skipped, so that every step sees the same global batch.
+        steps_per_epoch = (
+            math.ceil(len(train_dataloader) / accelerator.num_processes) // args.gradient_accumulation_steps
+        )
+        if steps_per_epoch == 0:
+            raise ValueError(
+                f"{len(train_dataset)} training blocks make fewer than one global batch of "
+                f"{accelerator.num_processes} processes x {args.per_device_train_batch_size} per device x "
+                f"{args.gradient_accumulation_steps} accumulation"
+            )
+        max_train_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
+        num_train_epochs = math.ceil(max_train_steps / steps_per_epoch)
+    # accelerate steps the scheduler once per process per optimizer step (run_clm_no_trainer does the same).
+    lr_scheduler = create_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
+        num_training_steps=max_train_steps * accelerator.num_processes,
+        scheduler_kwargs=args.lr_scheduler_kwargs,
+    )
+    if args.streaming:  # each process reads its own shard: accelerate must not split the loaders again
+        model, optimizer, lr_scheduler = accelerator.prepare(model, optimizer, lr_scheduler)
+    else:
+        model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
+            model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
+        )
+    return PretrainingRun(
+        args=args,
+        accelerator=accelerator,
+        tokenizer=tokenizer,
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=lr_scheduler,
+        train_dataloader=train_dataloader,
+        eval_dataloader=eval_dataloader,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        max_train_steps=max_train_steps,
+        num_train_epochs=num_train_epochs,
+        resume_path=resume_path,
+        block_size=block_size,
+        raw_block_size=raw_block_size,
+        train_collator=None if args.streaming else collator,
+        nonfinite_guard=faults.NonFiniteGuard(
+            args.max_nonfinite_steps,
+            check_grad_norm=accelerator.mixed_precision != "fp16",
+            log=accelerator.is_main_process,
+        ),
+        flops_per_token=flops_per_token,
+        throughput=Throughput(peak, accelerator.num_processes),
+    )
+
+
+def _load_raw_datasets(args: argparse.Namespace, streaming: bool = False):
+    return load_raw_datasets(
+        train_file=args.train_file,
+        validation_file=args.validation_file,
+        dataset_name=args.dataset_name,
+        dataset_config_name=args.dataset_config_name,
+        text_column_name=args.text_column_name,
+        validation_split_percentage=args.validation_split_percentage,
+        streaming=streaming,
+        check_files=False,  # `prepare` checked them on every process
+    )
+
+
+def _streaming_loaders(args, accelerator: Accelerator, tokenizer, objective, collator, raw_block_size: int):
+    """`--streaming`: this process's shard of the training stream and the whole validation stream, batched."""
+    train_dataset, eval_dataset = stream_blocks(
+        _load_raw_datasets(args, streaming=True),
+        tokenizer,
+        args.text_column_name,
+        raw_block_size,
+        with_labels=objective.labels_in_blocks,
+        clean=not args.no_clean_text,
+        max_train_samples=args.max_train_samples,
+        max_eval_samples=args.max_eval_samples,
+        process_index=accelerator.process_index,
+        num_processes=accelerator.num_processes,
+    )
+    logger.info(f"streaming blocks of {raw_block_size} tokens; process {accelerator.process_index} reads its shard")
+    train_dataloader = StreamingTrainLoader(
+        train_dataset, args.per_device_train_batch_size, collator, accelerator, args.gradient_accumulation_steps
+    )
+    accelerator.register_for_checkpointing(train_dataloader)  # its position is saved with every checkpoint
+    eval_dataloader = DeviceLoader(
+        DataLoader(eval_dataset, collate_fn=collator, batch_size=args.per_device_eval_batch_size), accelerator.device
+    )
+    return train_dataloader, eval_dataloader
+
+
+def accumulation_step(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    optimizer,
+    lr_scheduler,
+    micro_batches: list[dict[str, torch.Tensor]],
+    objective: str,
+    max_grad_norm: float,
+) -> tuple[torch.Tensor, float | None]:
+    """One optimizer step over a window of micro-batches, with the loss normalised over the global batch.
+
+    Each micro-batch's mean loss is reweighted by its share of the predicted tokens of the whole global
+    batch (all micro-batches of all processes), so the gradient is that of the per-token mean over the
+    global batch whatever the split into processes, micro-batches and padding; this is what
+    transformers' `Trainer` does with `num_items_in_batch`. accelerate (or DeepSpeed) divides each
+    backward by the accumulation steps and DDP/ZeRO average over processes; the weight undoes both.
+
+    Args:
+        accelerator: the run's `Accelerator`; `len(micro_batches)` must equal its `gradient_accumulation_steps`.
+        model: the prepared model (DDP module or DeepSpeed engine).
+        optimizer: the prepared optimizer.
+        lr_scheduler: the prepared scheduler.
+        micro_batches: the process's micro-batches, each with `labels` `(batch_size, seq_len)` int64.
+        objective: a name in `hfzoo.training.objectives.OBJECTIVES` (how its labels are counted:
+            `Objective.count_predicted_tokens`).
+        max_grad_norm: clip the global gradient norm to this (0: no clipping; the norm is still measured).
+
+    A step whose gradient norm is not finite is not applied: neither the optimizer nor the scheduler
+    steps (under DeepSpeed, the engine skips it itself; under fp16, the loss scaler does).
+
+    Returns:
+        `(loss, grad_norm)`: the float32 scalar per-token mean loss over the global batch (same on every
+        process) and the gradient norm before clipping (None where the backend does not report it).
+    """
+    counts = [get_objective(objective).count_predicted_tokens(batch) for batch in micro_batches]
+    global_count = accelerator.reduce(torch.stack(counts).sum().to(accelerator.device), reduction="sum")
+    weight = accelerator.num_processes * len(micro_batches) / global_count.clamp(min=1).float()
+    total = torch.zeros((), dtype=torch.float32, device=accelerator.device)
+    grad_norm = None
+    for batch, count in zip(micro_batches, counts):
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            accelerator.backward(loss * (count * weight))
+            if accelerator.sync_gradients:
+                norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
+                grad_norm = None if norm is None else float(norm)
+            # A non-finite gradient norm is never applied (under fp16 loss scaling the scaler skips the step).
+            if grad_norm is None or math.isfinite(grad_norm) or accelerator.scaler is not None:
+                optimizer.step()
+                lr_scheduler.step()
+            optimizer.zero_grad()
+        total += loss.detach().float() * count
+    return accelerator.reduce(total, reduction="sum") / global_count.clamp(min=1), grad_norm
+
+
+def _windows(loader, size: int):
+    """Yield lists of `size` consecutive batches of `loader` (an incomplete last list is dropped)."""
+    window = []
+    for batch in loader:
+        window.append(batch)
+        if len(window) == size:
+            yield window
+            window = []
+
+
+def _write_json(path: Path, values: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(values, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def train(run: PretrainingRun) -> dict[str, float]:
+    """Run the optimisation loop, evaluate, and save the final model.
+
+    Returns:
+        The final metrics written to `all_results.json`.
+    """
+    args, accelerator, model = run.args, run.accelerator, run.model
+    block_size = run.block_size
+    raw_block_size = run.raw_block_size
+    tokens_per_step = (
+        args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes * raw_block_size
+    )
+    if args.with_tracking:
+        accelerator.init_trackers(
+            "pretrain", {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
+        )
+    logger.info("***** Running training *****")
+    if not args.streaming:
+        logger.info(f"  Blocks = {len(run.train_dataset)}, epochs = {run.num_train_epochs}")
+    logger.info(
+        f"  Global batch = {args.per_device_train_batch_size} per device x {accelerator.num_processes} processes"
+        f" x {args.gradient_accumulation_steps} accumulation = {tokens_per_step} tokens"
+    )
+    logger.info(f"  Optimizer steps = {run.max_train_steps}")
+
+    completed_steps, tokens_seen = 0, 0
+    eval_seed = args.seed if args.eval_seed is None else args.eval_seed  # the validation set's corruption/masks
+    init_metrics = None
+    eval_history: list[dict[str, float]] = []  # validation metrics by step, for train_history.json and the plot
+    if run.resume_path is None:
+        init_metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=eval_seed)
+        eval_history.append({"step": 0, **init_metrics})
+        logger.info(f"validation loss at initialization: {init_metrics['eval_loss']:.4f}")
+    else:
+        state = load_checkpoint(accelerator, run.resume_path)
+        run.nonfinite_guard.load_state_dict(state)
+        completed_steps, tokens_seen = state["step"], state["tokens_seen"]
+        logger.info(f"Resumed from {run.resume_path} at step {completed_steps}")
+    if args.streaming:  # the stream's position (and pass) came back with the checkpoint
+        start_epoch, skip_batches = run.train_dataloader.epoch, 0
+    else:
+        steps_per_epoch = len(run.train_dataloader) // args.gradient_accumulation_steps
+        start_epoch = completed_steps // steps_per_epoch
+        skip_batches = (completed_steps % steps_per_epoch) * args.gradient_accumulation_steps
+
+    progress = tqdm(
+        total=run.max_train_steps,
+        initial=completed_steps,
+        disable=not accelerator.is_local_main_process,
+        desc="Training",
+        unit="step",
+    )
+    model.train()
+    start = time.perf_counter()
+    window_start, window_steps, window_loss, window_skipped = start, 0, 0.0, 0
+    tokens_at_start, paused = tokens_seen, 0.0  # paused: seconds of evaluations and saves inside the loop
+    history: list[dict[str, float]] = []
+    first_window = True
+    last_saved = completed_steps  # a resumed run's starting point is already a checkpoint
+    # A run resumed from its last checkpoint has nothing left to train.
+    epochs = range(start_epoch, run.num_train_epochs) if completed_steps < run.max_train_steps else range(0)
+    # SIGTERM/SIGINT: stop after the current step; after the last one, the final evaluation and save still run.
+    preemption = faults.PreemptionHandler().install()  # on errors, `faults.handle_training_faults` restores
+    for epoch in epochs:
+        run.train_dataloader.set_epoch(epoch)
+        loader = run.train_dataloader
+        if epoch == start_epoch and skip_batches:
+            loader = accelerator.skip_first_batches(run.train_dataloader, skip_batches)
+        for micro_batches in _windows(loader, args.gradient_accumulation_steps):
+            if run.train_collator is not None:  # lists of examples: collate each micro-batch now
+                micro_batches = [send_to_device(run.train_collator(b), accelerator.device) for b in micro_batches]
+            if first_window:
+                # Which blocks each process trains on (sums of token ids per row): different on every process.
+                row_sums = micro_batches[0]["input_ids"].sum(dim=-1).tolist()
+                logger.info(
+                    f"process {accelerator.process_index}/{accelerator.num_processes}: "
+                    f"first micro-batch row token-id sums {row_sums}",
+                    main_process_only=False,
+                )
+                first_window = False
+            loss, grad_norm = accumulation_step(
+                accelerator,
+                model,
+                run.optimizer,
+                run.lr_scheduler,
+                micro_batches,
+                args.objective,
+                args.max_grad_norm,
+            )
+            completed_steps += 1
+            if run.nonfinite_guard.check(completed_steps, loss, grad_norm):  # raises unless skips are allowed
+                window_skipped += 1
+            else:
+                window_loss += loss  # a tensor: no device sync until the log line reads it
+            tokens_seen += tokens_per_step
+            window_steps += 1
+            progress.update(1)
+            if completed_steps % args.logging_steps == 0 or completed_steps == run.max_train_steps:
+                elapsed = time.perf_counter() - window_start
+                window_tokens = window_steps * tokens_per_step
+                record = {
+                    "train_loss": float(window_loss) / (window_steps - window_skipped or math.nan),
+                    "learning_rate": run.lr_scheduler.get_last_lr()[0],
+                    **run.throughput.metrics(window_tokens, window_tokens * run.flops_per_token, elapsed),
+                    "tokens_seen": tokens_seen,
+                    "step": completed_steps,
+                    "epoch": epoch,
+                }
+                if grad_norm is not None:
+                    record["grad_norm"] = grad_norm
+                history.append(record)
+                progress.set_postfix(
+                    loss=f"{record['train_loss']:.4f}",
+                    lr=f"{record['learning_rate']:.2e}",
+                    tok_s=f"{record['tokens_per_second']:.0f}",
+                    **({"tflops": f"{record['tflops']:.3g}"} if "tflops" in record else {}),
+                    **({"mfu": f"{100 * record['mfu']:.1f}%"} if "mfu" in record else {}),
+                )
+                if args.with_tracking:
+                    accelerator.log(record, step=completed_steps)
+                window_start, window_steps, window_loss, window_skipped = time.perf_counter(), 0, 0.0, 0
+            pause_start = time.perf_counter()
+            if args.checkpointing_steps not in (None, "epoch") and completed_steps % int(args.checkpointing_steps) == 0:
+                save_checkpoint(run, completed_steps, tokens_seen)
+                last_saved = completed_steps
+            if args.eval_steps and completed_steps % args.eval_steps == 0 and completed_steps < run.max_train_steps:
+                metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=eval_seed)
+                eval_history.append({"step": completed_steps, **metrics})
+                logger.info(f"step {completed_steps}: {metrics}")
+                if args.with_tracking:
+                    accelerator.log(metrics, step=completed_steps)
+            pause = time.perf_counter() - pause_start  # not training time: left out of tokens/s and MFU
+            window_start, paused = window_start + pause, paused + pause
+            signal_name = preemption.requested(accelerator)  # all processes agree on the step to stop at
+            if signal_name is not None:
+                if last_saved != completed_steps:
+                    save_checkpoint(run, completed_steps, tokens_seen)
+                raise faults.TrainingPreempted(signal_name, completed_steps, checkpoint_folder(args, completed_steps))
+            if completed_steps >= run.max_train_steps:
+                break
+        if args.checkpointing_steps == "epoch":
+            pause_start = time.perf_counter()
+            save_checkpoint(run, completed_steps, tokens_seen)
+            last_saved = completed_steps
+            pause = time.perf_counter() - pause_start
+            window_start, paused = window_start + pause, paused + pause
+        if completed_steps >= run.max_train_steps:
+            break
+    step_seconds = time.perf_counter() - start - paused  # the optimizer steps alone
+    if args.checkpointing_steps is not None and last_saved != completed_steps:
+        save_checkpoint(run, completed_steps, tokens_seen)  # the end of training is always a checkpoint
+    progress.close()
+    train_runtime = time.perf_counter() - start
+    trained_tokens = tokens_seen - tokens_at_start
+    speed = run.throughput.metrics(trained_tokens, trained_tokens * run.flops_per_token, step_seconds)
+
+    metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=eval_seed)
+    eval_history.append({"step": completed_steps, **metrics})
+    logger.info(f"validation: eval_loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}")
+    results: dict[str, Any] = {
+        "objective": args.objective,
+        **metrics,
+        "train_loss": history[-1]["train_loss"] if history else None,
+        "train_runtime": train_runtime,
+        "train_steps": completed_steps,
+        "train_tokens_seen": tokens_seen,
+        "train_tokens_per_second": trained_tokens / train_runtime if train_runtime > 0 else None,
+        # Throughput of the optimizer steps of this process's session (evaluations and saves left out).
+        "flops_per_token": run.flops_per_token,
+        "train_step_tokens_per_second": speed.get("tokens_per_second"),
+        "train_tflops": speed.get("tflops"),
+        "train_mfu": speed.get("mfu"),
+        "peak_tflops": run.throughput.peak.tflops,
+        "peak_tflops_source": run.throughput.peak.source,
+        "eval_blocks": sum(1 for _ in run.eval_dataset) if args.streaming else len(run.eval_dataset),
+        "block_size": block_size,
+    }
+    if init_metrics is not None:
+        results["init_eval_loss"] = init_metrics["eval_loss"]
+        results["eval_loss_reduction"] = 1.0 - metrics["eval_loss"] / init_metrics["eval_loss"]
+        logger.info(
+            f"validation loss {init_metrics['eval_loss']:.4f} at initialization -> {metrics['eval_loss']:.4f} "
+            f"({100 * results['eval_loss_reduction']:.1f}% lower)"
+        )
+    # The unigram baseline counts the training tokens: only for data that was read whole.
+    if accelerator.is_main_process and get_objective(args.objective).predicts_every_token and not args.streaming:
+        vocab_size = accelerator.unwrap_model(model).config.vocab_size
+        counts = token_counts(run.train_dataset, vocab_size)
+        eval_ids = np.asarray(run.eval_dataset.with_format("numpy")["input_ids"])[:, 1:]  # the predicted tokens
+        results["unigram_perplexity"] = unigram_perplexity(counts, eval_ids)
+        results["perplexity_ratio_to_unigram"] = results["perplexity"] / results["unigram_perplexity"]
+        logger.info(
+            f"validation perplexity {results['perplexity']:.2f} vs add-one unigram perplexity "
+            f"{results['unigram_perplexity']:.2f} (ratio {results['perplexity_ratio_to_unigram']:.3f})"
+        )
+    if args.with_tracking:
+        accelerator.log({k: v for k, v in results.items() if isinstance(v, (int, float))}, step=completed_steps)
+    save_final_model(run, results, history, eval_history)
+    accelerator.end_training()  # also ends the process group, so that launched processes exit promptly
+    preemption.uninstall()
+    return results
+
+
+def save_final_model(
+    run: PretrainingRun,
+    results: dict[str, Any],
+    history: list[dict[str, float]],
+    eval_history: list[dict[str, float]] | None = None,
+) -> None:
+    """Write `save_pretrained` weights + config + generation config, tokenizer, the results files and README.md.
+
+    `train_history.json` holds the training records (`log_history`) and the validation records
+    (`eval_history`); `training_curves.png` plots both (`hfzoo.training.plots.plot_training_curves`).
+
+    README.md is the model card of `hfzoo.hub.build_model_card` (results and recipe arguments, without
+    the hub token); with `--push_to_hub` the folder is then uploaded by `hfzoo.hub.push_to_hub`.
+    """
+    args, accelerator = run.args, run.accelerator
+    accelerator.wait_for_everyone()
+    bad = faults.first_nonfinite_parameter(accelerator, run.model)
+    if bad is not None:
+        raise faults.NonFiniteError(f"refusing to save the final model: parameter {bad} is not finite")
+    unwrapped = accelerator.unwrap_model(run.model)
+    output_dir = Path(args.output_dir)
+    if unwrapped.can_generate():
+        unwrapped.generation_config.bos_token_id = run.tokenizer.bos_token_id
+        unwrapped.generation_config.eos_token_id = run.tokenizer.eos_token_id
+        unwrapped.generation_config.pad_token_id = run.tokenizer.pad_token_id
+    unwrapped.save_pretrained(
+        output_dir,
+        is_main_process=accelerator.is_main_process,
+        save_function=accelerator.save,
+        state_dict=accelerator.get_state_dict(run.model),
+    )
+    if accelerator.is_main_process:
+        run.tokenizer.save_pretrained(output_dir)
+        eval_keys = (
+            "eval_loss",
+            "perplexity",
+            "unigram_perplexity",
+            "perplexity_ratio_to_unigram",
+            "eval_blocks",
+        )
+        _write_json(output_dir / "eval_results.json", {k: results[k] for k in eval_keys if k in results})
+        _write_json(output_dir / "all_results.json", results)
+        eval_history = eval_history or []
+        _write_json(output_dir / "train_history.json", {"log_history": history, "eval_history": eval_history})
+        plot_training_curves(
+            history, eval_history, output_dir / "training_curves.png", title=f"{output_dir.name} ({args.objective})"
+        )
+        card = build_model_card(output_dir, results, args, model_name=args.hub_model_id or output_dir.name)
+        card.save(output_dir / "README.md")
+        zero3 = accelerator.distributed_type == DistributedType.DEEPSPEED and (
+            accelerator.state.deepspeed_plugin.zero_stage == 3
+        )
+        if args.sample_prompt and zero3:
+            logger.warning("--sample_prompt is skipped under ZeRO-3 (partitioned weights); sample from the saved model")
+        elif args.sample_prompt and get_objective(args.objective).can_generate:
+            inputs = run.tokenizer(args.sample_prompt, return_tensors="pt").to(accelerator.device)
+            with torch.no_grad():
+                generated = unwrapped.eval().generate(**inputs, max_new_tokens=32, do_sample=False)
+            print(f"Sample: {run.tokenizer.decode(generated[0], skip_special_tokens=True)}")
+        if args.push_to_hub:
+            push_to_hub(output_dir, args.hub_model_id or output_dir.name, token=args.hub_token)
+    accelerator.wait_for_everyone()
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Entry point of `recipes/pretrain.py`.
+
+    Args:
+        argv: arguments without the program name (default: `sys.argv[1:]`).
+
+    Returns:
+        The final metrics.
+
+    Raises:
+        SystemExit: bad input (one-line message) or an argparse error; a run stopped by SIGTERM/SIGINT
+            (exit code `faults.EXIT_PREEMPTED`, after writing a checkpoint), by a non-finite loss
+            (`faults.EXIT_NONFINITE`), by a failed checkpoint save or a failed process (1). See
+            `hfzoo.training.faults.handle_training_faults`.
+    """
+    try:
+        args = parse_pretrain_args(argv)
+        run = prepare(args)
+    except (ValueError, FileNotFoundError) as err:
+        faults.end_process_group()
+        raise SystemExit(f"error: {err}") from None
+    with faults.handle_training_faults(run.accelerator, functools.partial(complete_checkpoints, args.output_dir)):
+        return train(run)
+
+
+def cli() -> None:
+    """Console script `hfzoo-pretrain` (returns None: setuptools exits with what its function returns)."""
+    main()
+
+
+if __name__ == "__main__":
+    main()

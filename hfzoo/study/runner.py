@@ -1,0 +1,1107 @@
+r"""Narang et al. 2021's modification study at small scale: pretrain every variant, finetune on GLUE, compare.
+
+    hfzoo-study --study recipes/studies/narang_small.yaml --output_dir outputs/study
+    python recipes/study.py --study recipes/studies/narang_small.yaml --output_dir outputs/study \
+        --variants "Vanilla Transformer" SwiGLU --seeds 0 1 --max_train_steps 400
+
+(also `python -m hfzoo.study`). A YAML study file names the base model (a preset plus
+`config_overrides`), the variants (Table 1 row names of `hfzoo.models.narang.TABLE_1_ROWS`, resolved
+against the base), the seeds, and the hyperparameters shared by every run; every key of the file must be
+present, and a flag of the same name overrides it. For each (variant, seed) the study
+
+1. pretrains with T5 span corruption through the pretraining recipe (`hfzoo.pretraining.main`,
+   the same Accelerate code path as `hfzoo-pretrain`): the same data, tokens and hyperparameters for every
+   variant, validation loss at 1/8 of training (the paper's 65,536 of 524,288 steps: "early loss") and at
+   the end ("final loss") on the same held-out, identically corrupted blocks (`--eval_seed`);
+2. finetunes the whole model on each GLUE task through the GLUE recipe (`hfzoo.finetuning.main`,
+   `--peft none`) on a fixed training subset per task (the same examples for every run), and records each
+   task's official dev metric(s);
+3. writes the run's record (`runs/<variant>/seed_<seed>/result.json`: parameters, FLOPs per token and in
+   total, steps/s, losses, GLUE scores) atomically, then rewrites the study's `results.json`, `results.md`
+   and plots (`hfzoo.study.report`).
+
+Restarting the same command continues a killed study: finished runs are never repeated (their record
+exists), a finished pretraining stage or GLUE task of an unfinished run is reused, and unfinished stages
+start again from scratch (deterministic: same seed, same result). Several study processes on one output
+folder (`--parallel_runs N` starts N of them; or one per GPU: `CUDA_VISIBLE_DEVICES=i hfzoo-study ...`)
+share the runs through per-run lock files. `--launcher "accelerate launch --config_file CONFIG"` runs every
+stage in a child process started that way (DDP or DeepSpeed per run; `--num_processes` must then match the
+config).
+
+Everything that can be refused is checked before the tokenizer or any model is trained: unknown variants
+(the known ones are listed), missing study-file keys, absent data or GLUE files, zero seeds or steps,
+invalid configs or recipe arguments, and an output folder that holds a study with other settings
+(unless `--overwrite_output_dir`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import dataclasses
+import fcntl
+import io
+import json
+import math
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedConfig
+
+from ..data.collators import compute_input_and_target_lengths
+from ..data.glue import get_glue_task
+from ..finetuning import parse_glue_args
+from ..models.flops import count_training_flops
+from ..models.narang import TABLE_1_ROWS, load_paper_table, resolve_row
+from ..models.presets import PRESETS, build_config, parse_overrides
+from ..pretraining import parse_pretrain_args, train_tokenizer
+from ..training.arguments import OneLineErrorParser
+from ..training.faults import EXIT_PREEMPTED
+from .protocol import EARLY_FRACTION, SELECTION_KEYS
+
+__all__ = ["EARLY_FRACTION", "StudySettings", "load_settings", "main", "run_study"]
+
+STUDY_FILE = "study.json"
+RECORD_FILE = "result.json"
+
+
+@dataclasses.dataclass
+class StudySettings:
+    """The study file's keys (all required in the file; each also a command-line flag of the same name).
+
+    Attributes:
+        config_name: the base model: a preset (default study: `narang-vanilla`) or a `config.json`.
+        config_overrides: base config fields to change (a mapping; `key=value,...` on the command line).
+        variants: Table 1 row names (`hfzoo.models.narang.TABLE_1_ROWS`), resolved against the base.
+        seeds: training seeds; every variant runs once per seed.
+        tokenizer_name: a tokenizer folder to use, or null to train one for the study (encoder-decoder
+            special tokens) on `tokenizer_train_file`.
+        tokenizer_train_file: files for the study's tokenizer (null: `train_file`).
+        tokenizer_vocab_size: its vocabulary size (special tokens and 100 sentinels included).
+        tokenizer_max_characters: characters read to train it.
+        train_file: pretraining files (text, JSON lines, parquet; compressed or not), or null with `dataset_name`.
+        validation_file: held-out files, or null to hold out `validation_split_percentage` % of the documents.
+        dataset_name: a hub dataset instead of `train_file`.
+        dataset_config_name: its configuration.
+        validation_split_percentage: percent of training documents held out when `validation_file` is null.
+        block_size: encoder input tokens per sequence (the span-corrupted input; the paper: 512).
+        train_batch_tokens: encoder input tokens per optimizer step over all processes (the paper: 65,536).
+        gradient_accumulation_steps: micro-batches per optimizer step.
+        max_train_steps: optimizer steps of every pretraining run (the paper: 524,288); at least 8.
+        learning_rate: peak AdamW learning rate (every variant; the paper's ReZero and Fixup exception, Adam
+            instead of Adafactor, does not arise: every run uses AdamW).
+        weight_decay: AdamW weight decay.
+        lr_scheduler_type: `transformers.get_scheduler` name.
+        lr_scheduler_kwargs: the schedule's own arguments (mapping).
+        num_warmup_steps: linear warmup steps.
+        noise_density: span corruption: fraction of tokens corrupted (T5: 0.15).
+        mean_noise_span_length: span corruption: mean span length (T5: 3).
+        max_eval_samples: held-out blocks the losses are measured on.
+        per_device_eval_batch_size: evaluation batch size.
+        eval_seed: seed of the held-out blocks' corruption, the same for every run.
+        mixed_precision: `no`, `bf16` or `fp16`.
+        attn_implementation: `eager`, `sdpa`, ...
+        preprocessing_num_workers: processes for tokenization (null: one).
+        pretrain_args: further `hfzoo-pretrain` arguments for every run (mapping; true = a bare flag); they
+            override the study's own.
+        glue_data_dir: a folder in the GLUE layout (null: the hub's `nyu-mll/glue`).
+        glue_tasks: GLUE tasks to finetune on.
+        glue_max_train_samples: training examples per task: a fixed random subset, the same for every run.
+        glue_subset_seed: seed choosing those subsets.
+        glue_num_train_epochs: finetuning epochs (the last epoch's model is evaluated).
+        glue_learning_rate: finetuning learning rate.
+        glue_train_batch_size: finetuning examples per step over all processes.
+        glue_max_length: tokens per example after truncation.
+        glue_args: further `hfzoo-finetune-glue` arguments for every task (mapping; override the study's).
+        paper_table: the paper's Table 1 as TSV (`load_paper_table`), or null for no comparison.
+    """
+
+    config_name: str
+    config_overrides: dict
+    variants: list
+    seeds: list
+    tokenizer_name: str | None
+    tokenizer_train_file: list | None
+    tokenizer_vocab_size: int
+    tokenizer_max_characters: int
+    train_file: list | None
+    validation_file: list | None
+    dataset_name: str | None
+    dataset_config_name: str | None
+    validation_split_percentage: int
+    block_size: int
+    train_batch_tokens: int
+    gradient_accumulation_steps: int
+    max_train_steps: int
+    learning_rate: float
+    weight_decay: float
+    lr_scheduler_type: str
+    lr_scheduler_kwargs: dict
+    num_warmup_steps: int
+    noise_density: float
+    mean_noise_span_length: float
+    max_eval_samples: int
+    per_device_eval_batch_size: int
+    eval_seed: int
+    mixed_precision: str
+    attn_implementation: str
+    preprocessing_num_workers: int | None
+    pretrain_args: dict
+    glue_data_dir: str | None
+    glue_tasks: list
+    glue_max_train_samples: int
+    glue_subset_seed: int
+    glue_num_train_epochs: int
+    glue_learning_rate: float
+    glue_train_batch_size: int
+    glue_max_length: int
+    glue_args: dict
+    paper_table: str | None
+
+
+#: Keys holding paths (made absolute when the study is loaded, so the saved settings compare across directories).
+PATH_KEYS = (
+    "config_name",
+    "tokenizer_name",
+    "tokenizer_train_file",
+    "train_file",
+    "validation_file",
+    "glue_data_dir",
+    "paper_table",
+)
+
+
+def _field_kind(field: dataclasses.Field) -> tuple[str, bool]:
+    """`(kind, optional)` of a settings field: kind is one of str, int, float, list, dict."""
+    annotation = str(field.type)
+    optional = "None" in annotation
+    kind = annotation.split("|")[0].strip()
+    return kind, optional
+
+
+def _check_type(key: str, value: Any, source: str) -> Any:
+    """Check (and lightly normalise) one setting's value against its field type."""
+    kind, optional = _field_kind(_FIELDS[key])
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"{source}: {key} must not be null")
+    if kind == "list" and isinstance(value, (str, int)) and not isinstance(value, bool):
+        value = [value]  # a single file or seed
+    expected = {"str": str, "int": int, "float": (int, float), "list": list, "dict": dict}[kind]
+    if isinstance(value, bool) and kind in ("int", "float") or not isinstance(value, expected):
+        raise ValueError(f"{source}: {key}={value!r} should be {'a' if kind != 'int' else 'an'} {kind}")
+    if kind == "float":
+        value = float(value)
+    if key == "seeds" and not all(isinstance(s, int) and not isinstance(s, bool) for s in value):
+        raise ValueError(f"{source}: seeds={value!r} should be a list of integers")
+    if key in ("variants", "glue_tasks", "train_file", "validation_file", "tokenizer_train_file") and not all(
+        isinstance(v, str) for v in value
+    ):
+        raise ValueError(f"{source}: {key}={value!r} should be a list of strings")
+    return value
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(StudySettings)}
+
+
+def _parse_mapping(text: str) -> dict:
+    """A command-line mapping: YAML/JSON (`{a: 1}`) or `key=value,...` with YAML-typed values."""
+    text = text.strip()
+    if text.startswith("{"):
+        parsed = yaml.safe_load(text)
+        if not isinstance(parsed, dict):
+            raise ValueError(f"{text!r} is not a mapping")
+        return parsed
+    return {key: yaml.safe_load(value) for key, value in parse_overrides(text).items()}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `hfzoo-study`: the study file, run options, and one flag per study-file key."""
+    p = OneLineErrorParser(
+        prog="hfzoo-study",
+        description="Reproduce Narang et al. 2021's modification study at small scale (pretraining + GLUE).",
+    )
+    p.add_argument("--study", required=True, help="YAML study file (e.g. recipes/studies/narang_small.yaml)")
+    p.add_argument("--output_dir", required=True, help="where runs, results.json, results.md and plots go")
+    p.add_argument(
+        "--overwrite_output_dir",
+        action="store_true",
+        help="delete a study with other settings found in --output_dir and start again",
+    )
+    p.add_argument(
+        "--launcher",
+        default=None,
+        help="run each stage in a child process started with this command, e.g. "
+        "'accelerate launch --config_file accelerate_configs/ddp.yaml' or 'python' (default: in this process)",
+    )
+    p.add_argument(
+        "--num_processes",
+        type=int,
+        default=1,
+        help="processes per run the launcher starts (the per-device batch is divided by it)",
+    )
+    p.add_argument(
+        "--parallel_runs",
+        type=int,
+        default=1,
+        help="study processes this command runs at once on --output_dir (itself and N-1 child processes); "
+        "each takes the runs no other holds. On one GPU, several keep it busy with models this small",
+    )
+    p.add_argument(
+        "--report_only",
+        action="store_true",
+        help="rewrite results.json, results.md and the plots from the finished runs; train nothing",
+    )
+    g = p.add_argument_group("study-file keys (override the file)")
+    for name, field in _FIELDS.items():
+        kind, _ = _field_kind(field)
+        if kind == "list":
+            g.add_argument(f"--{name}", nargs="+", default=None)
+        else:
+            g.add_argument(f"--{name}", default=None, help=None)
+    return p
+
+
+def load_settings(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> StudySettings:
+    """Read a study file, apply command-line values, check types and make paths absolute.
+
+    Args:
+        path: the YAML study file; every `StudySettings` field must be a key.
+        overrides: `{key: value}` from the command line (strings, lists of strings), or None.
+
+    Returns:
+        The settings.
+
+    Raises:
+        FileNotFoundError: no such study file.
+        ValueError: not a mapping, a missing or unknown key, or a value of the wrong type.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--study {path}: no such file")
+    values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(values, dict):
+        raise ValueError(f"--study {path}: expected a mapping of study keys to values")
+    missing = [k for k in _FIELDS if k not in values]
+    if missing:
+        raise ValueError(f"--study {path}: missing keys {missing} (every key of the study file is required)")
+    unknown = sorted(set(values) - set(_FIELDS))
+    if unknown:
+        raise ValueError(f"--study {path}: unknown keys {unknown}; valid keys: {list(_FIELDS)}")
+    checked = {key: _check_type(key, values[key], f"--study {path}") for key in _FIELDS}
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        kind, _ = _field_kind(_FIELDS[key])
+        try:
+            if kind == "dict":
+                value = _parse_mapping(value)
+            elif kind == "list":
+                value = [yaml.safe_load(v) if key == "seeds" else v for v in value]
+            else:
+                value = yaml.safe_load(value) if kind in ("int", "float") or value.lower() in ("null", "~") else value
+        except (ValueError, yaml.YAMLError) as err:
+            raise ValueError(f"--{key}: {err}") from None
+        checked[key] = _check_type(key, value, f"--{key}")
+    for key in PATH_KEYS:
+        value = checked[key]
+        if key == "config_name" and value in PRESETS:
+            continue
+        if isinstance(value, list):
+            checked[key] = [str(Path(v).resolve()) for v in value]
+        elif value is not None:
+            checked[key] = str(Path(value).resolve())
+    return StudySettings(**checked)
+
+
+# ----------------------------------------------------------------------------------------------- checks
+
+
+def _overrides_and_literals(overrides: dict[str, Any]) -> tuple[dict, dict]:
+    """Split overrides for `build_config`: string values "none"/"null" are passed as literal fields.
+
+    `build_config` reads the strings "none" and "null" of `--config_overrides` as None; the study's values
+    are already typed (YAML), so a choice named "none" (`norm_type`, `block_sharing`,
+    `position_embedding_type`) must reach the config as that string.
+    """
+    literal = {k: v for k, v in overrides.items() if isinstance(v, str) and v.lower() in ("none", "null")}
+    return {k: v for k, v in overrides.items() if k not in literal}, literal
+
+
+def build_variant_config(settings: StudySettings, variant: str, tokenizer_fields: dict[str, Any]) -> PreTrainedConfig:
+    """The model config of one variant: the base (preset + `config_overrides`) plus the Table 1 row, resolved.
+
+    Args:
+        settings: the study settings.
+        variant: a Table 1 row name.
+        tokenizer_fields: `vocab_size` and the special token ids (from the tokenizer).
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ValueError: an unknown override key, a row that does not scale to this base, an invalid config.
+    """
+    checked, literal = _overrides_and_literals(settings.config_overrides)
+    known = {f.name for f in dataclasses.fields(type(build_config(settings.config_name)))}
+    unknown = sorted(set(literal) - known)
+    if unknown:
+        raise ValueError(f"config_overrides: unknown keys {unknown}")
+    base = build_config(settings.config_name, checked, **literal, **tokenizer_fields)
+    if not getattr(base, "is_encoder_decoder", False):
+        raise ValueError(f"config_name {settings.config_name!r} is not an encoder-decoder (span corruption needs one)")
+    changes = resolve_row(variant, base.to_dict())
+    checked_row, literal_row = _overrides_and_literals(changes)
+    overrides = {**checked, **checked_row}
+    fields = {**{k: v for k, v in literal.items() if k not in changes}, **literal_row, **tokenizer_fields}
+    # head_dim stays the base's (the paper keeps d_kv = 64 when a row changes the number of heads)
+    overrides.setdefault("head_dim", base.head_dim)
+    try:
+        return build_config(settings.config_name, overrides, **fields)
+    except ValueError as err:
+        raise ValueError(f"variant {variant!r}: {err}") from None
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "row"
+
+
+def run_dir(output_dir: Path, variant: str, seed: int) -> Path:
+    """The folder of one (variant, seed) run: `runs/<variant slug>/seed_<seed>`."""
+    return output_dir / "runs" / _slug(variant) / f"seed_{seed}"
+
+
+def sequences_per_device(settings: StudySettings, num_processes: int) -> int:
+    """Per-device batch size (sequences) giving `train_batch_tokens` per optimizer step.
+
+    Raises:
+        ValueError: the tokens do not divide into whole sequences per device and micro-batch.
+    """
+    per_step = settings.block_size * settings.gradient_accumulation_steps * num_processes
+    if settings.train_batch_tokens % per_step:
+        raise ValueError(
+            f"train_batch_tokens={settings.train_batch_tokens} is not a multiple of block_size x "
+            f"gradient_accumulation_steps x processes = {per_step}"
+        )
+    return settings.train_batch_tokens // per_step
+
+
+def _flag_list(flags: dict[str, Any]) -> list[str]:
+    """`{"learning_rate": 0.1, "train_file": [a, b], "streaming": True, "x": None}` -> command-line arguments.
+
+    A list gives several values after one flag, True a bare flag; None and False leave the flag out.
+    """
+    argv = []
+    for key, value in flags.items():
+        if value is False or value is None:
+            continue
+        argv.append(f"--{key}")
+        if value is not True:
+            argv.extend(str(v) for v in (value if isinstance(value, list) else [value]))
+    return argv
+
+
+def pretrain_argv(
+    settings: StudySettings, tokenizer: str, config_path: Path, seed: int, output: Path, num_processes: int
+) -> list[str]:
+    """The `hfzoo-pretrain` arguments of one run (span corruption, evaluation every 1/8 of training)."""
+    early_step = settings.max_train_steps // EARLY_FRACTION
+    flags = {
+        "objective": "span",
+        "tokenizer_name": tokenizer,
+        "config_name": str(config_path),
+        **{key: getattr(settings, key) for key in ("train_file", "validation_file", "dataset_name",
+                                                   "dataset_config_name", "preprocessing_num_workers",
+                                                   "validation_split_percentage", "block_size")},
+        "per_device_train_batch_size": sequences_per_device(settings, num_processes),
+        **{key: getattr(settings, key) for key in ("gradient_accumulation_steps", "learning_rate", "weight_decay",
+                                                   "lr_scheduler_type")},
+        "lr_scheduler_kwargs": json.dumps(settings.lr_scheduler_kwargs),
+        **{key: getattr(settings, key) for key in ("num_warmup_steps", "max_train_steps")},
+        "eval_steps": early_step,  # validation loss at 1/8, 2/8, ... of training: the early loss is the first
+        "logging_steps": max(1, early_step // 4),
+        **{key: getattr(settings, key) for key in ("max_eval_samples", "per_device_eval_batch_size", "noise_density",
+                                                   "mean_noise_span_length", "mixed_precision",
+                                                   "attn_implementation")},
+        "seed": seed,
+        "eval_seed": settings.eval_seed,
+        "output_dir": str(output),
+    }  # fmt: skip
+    return _flag_list({**flags, **settings.pretrain_args})
+
+
+def glue_batch_size(settings: StudySettings, num_processes: int) -> int:
+    """Per-device finetuning batch size giving `glue_train_batch_size` examples per step over all processes.
+
+    Raises:
+        ValueError: the batch does not divide among the processes.
+    """
+    if settings.glue_train_batch_size % num_processes:
+        raise ValueError(f"glue_train_batch_size={settings.glue_train_batch_size} does not divide among "
+                         f"{num_processes} processes")  # fmt: skip
+    return settings.glue_train_batch_size // num_processes
+
+
+def glue_argv(
+    settings: StudySettings, task: str, model: Path, train_subset: Path | None, seed: int, output: Path,
+    num_processes: int = 1,
+) -> list[str]:  # fmt: skip
+    """The `hfzoo-finetune-glue` arguments of one task of one run (full finetuning, the last epoch evaluated)."""
+    flags = {
+        "task_name": task,
+        "model_name_or_path": str(model),
+        "peft": "none",
+        "save_last_epoch": True,
+        "data_dir": settings.glue_data_dir,
+        # the study's fixed subset; without local files the recipe draws one with the run's seed
+        "train_file": None if train_subset is None else str(train_subset),
+        "max_train_samples": settings.glue_max_train_samples if train_subset is None else None,
+        "num_train_epochs": settings.glue_num_train_epochs,
+        "learning_rate": settings.glue_learning_rate,
+        "per_device_train_batch_size": glue_batch_size(settings, num_processes),
+        "max_length": settings.glue_max_length,
+        "mixed_precision": settings.mixed_precision,
+        "attn_implementation": settings.attn_implementation,
+        "seed": seed,
+        "output_dir": str(output),
+    }
+    return _flag_list({**flags, **settings.glue_args})
+
+
+def _glue_files(settings: StudySettings, task: str) -> list[Path]:
+    spec = get_glue_task(task)
+    folder = Path(settings.glue_data_dir) / spec.folder
+    return [folder / spec.train_file, *(folder / name for name in spec.validation_files.values())]
+
+
+def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str, Any]:
+    """Refuse bad settings before anything is trained; return what the runs need.
+
+    Checks: at least one variant and seed, known and distinct variant names, at least `EARLY_FRACTION`
+    steps, the data, tokenizer, GLUE and paper files, every variant's config (built with the planned
+    vocabulary), the recipes' own argument checks on every run's arguments, and the batch arithmetic.
+
+    Args:
+        settings: from `load_settings`.
+        num_processes: processes per run (the launcher's).
+
+    Returns:
+        `{"tokenizer_fields": {...}}` for building configs before the study's tokenizer exists.
+
+    Raises:
+        ValueError, FileNotFoundError: the first problem found, naming the key and the value.
+    """
+    if not settings.variants:
+        raise ValueError("variants: the study has no variants")
+    if not settings.seeds:
+        raise ValueError("seeds: the study has no seeds (give at least one)")
+    unknown = [v for v in settings.variants if v not in TABLE_1_ROWS]
+    if unknown:
+        raise ValueError(f"variants: unknown {unknown}; known Table 1 rows: {list(TABLE_1_ROWS)}")
+    for key in ("variants", "seeds", "glue_tasks"):
+        values = getattr(settings, key)
+        if len(set(values)) != len(values):
+            raise ValueError(f"{key}: {values} lists an entry twice")
+    slugs = [_slug(v) for v in settings.variants]
+    if len(set(slugs)) != len(slugs):
+        raise ValueError(f"variants: {settings.variants} contain two names with the same folder name")
+    if settings.max_train_steps < EARLY_FRACTION:
+        raise ValueError(
+            f"max_train_steps={settings.max_train_steps}: needs at least {EARLY_FRACTION} steps "
+            f"(the early loss is measured at 1/{EARLY_FRACTION} of training)"
+        )
+    for key in (
+        "tokenizer_vocab_size",
+        "tokenizer_max_characters",
+        "train_batch_tokens",
+        "max_eval_samples",
+        "glue_max_train_samples",
+        "glue_num_train_epochs",
+    ):
+        if getattr(settings, key) < 1:
+            raise ValueError(f"{key} must be positive, got {getattr(settings, key)}")
+    if not settings.train_file and not settings.dataset_name:
+        raise ValueError("give train_file or dataset_name (the pretraining data)")
+    for key in ("train_file", "validation_file", "tokenizer_train_file"):
+        for file in getattr(settings, key) or []:
+            if not Path(file).is_file():
+                raise FileNotFoundError(f"{key}: {file}: no such file")
+    if settings.tokenizer_name is None and not (settings.tokenizer_train_file or settings.train_file):
+        raise ValueError("tokenizer_name is null and there are no files to train the study's tokenizer on")
+    if settings.paper_table is not None:
+        load_paper_table(settings.paper_table)
+    if settings.glue_data_dir is not None:
+        for task in settings.glue_tasks:
+            get_glue_task(task)
+            absent = [str(f) for f in _glue_files(settings, task) if not f.is_file()]
+            if absent:
+                raise FileNotFoundError(f"glue_tasks: {task}: files absent: {absent}")
+    else:
+        for task in settings.glue_tasks:
+            get_glue_task(task)
+    sequences_per_device(settings, num_processes)
+    glue_batch_size(settings, num_processes)
+
+    if settings.tokenizer_name is not None:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer_name)
+        except (OSError, ValueError) as err:
+            raise ValueError(
+                f"tokenizer_name {settings.tokenizer_name}: cannot load ({str(err).splitlines()[0]})"
+            ) from None
+        fields = _tokenizer_fields(tokenizer)
+    else:  # the ids the encoder-decoder tokenizer gets (<pad> </s> <unk> first), its planned size
+        fields = {
+            "vocab_size": settings.tokenizer_vocab_size,
+            "pad_token_id": 0,
+            "eos_token_id": 1,
+            "bos_token_id": None,
+        }
+    for variant in settings.variants:
+        build_variant_config(settings, variant, fields)
+    scratch = Path("/nonexistent-study-check")
+    pretrain = pretrain_argv(
+        settings, settings.tokenizer_name or str(scratch), scratch / "config.json", 0, scratch, num_processes
+    )
+    _check_recipe_arguments("pretraining", parse_pretrain_args, pretrain)
+    for task in settings.glue_tasks:
+        argv = glue_argv(settings, task, scratch, None, 0, scratch, num_processes)
+        _check_recipe_arguments("GLUE", parse_glue_args, argv)
+    if settings.tokenizer_name is not None:
+        from ..training.objectives import get_objective
+
+        get_objective("span").build_collator(parse_pretrain_args(pretrain), tokenizer, settings.block_size)
+    return {"tokenizer_fields": fields}
+
+
+def _check_recipe_arguments(recipe: str, parse, argv: list[str]) -> None:
+    """Run a recipe's own argument checks on `argv`; raise ValueError with its message (argparse's included)."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            parse(argv)
+    except (SystemExit, ValueError) as err:
+        reason = captured.getvalue().strip().splitlines()[-1] if captured.getvalue().strip() else str(err)
+        raise ValueError(f"the {recipe} arguments are refused: {reason}") from None
+
+
+def _tokenizer_fields(tokenizer) -> dict[str, Any]:
+    return {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+    }
+
+
+# ------------------------------------------------------------------------------------------- execution
+
+
+def _write_json(path: Path, value: Any) -> None:
+    """Write JSON atomically (a temporary file renamed into place)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=2, default=float) + "\n")
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON in `path`, or None when it is absent or unreadable (a torn write)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def _lock(path: Path, blocking: bool) -> Iterator[bool]:
+    """An exclusive `flock` on `path` for the duration; yields False if not blocking and another process holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _saved_settings(settings: StudySettings) -> dict[str, Any]:
+    values = dataclasses.asdict(settings)
+    return {k: v for k, v in values.items() if k not in SELECTION_KEYS}
+
+
+def prepare_output_dir(output_dir: Path, settings: StudySettings, overwrite: bool) -> None:
+    """Record the settings in `study.json`, or refuse a folder holding a study with other settings.
+
+    The variants and seeds are not part of the comparison: one folder can be filled a subset at a time.
+
+    Raises:
+        ValueError: the folder's study differs (the message names the first differing keys), unless
+            `overwrite`, which deletes the folder's contents first.
+    """
+    saved_file = output_dir / STUDY_FILE
+    current = _saved_settings(settings)
+    saved = _read_json(saved_file)
+    if saved is None and output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
+        if (output_dir / "runs").exists() or saved_file.exists():
+            raise ValueError(
+                f"--output_dir {output_dir}: holds study runs without a readable {STUDY_FILE}; "
+                "use --overwrite_output_dir to start again"
+            )
+    if saved is not None and saved.get("settings") != current:
+        old = saved.get("settings", {})
+        differing = [k for k in sorted(set(old) | set(current)) if old.get(k) != current.get(k)]
+        if not overwrite:
+            shown = "; ".join(f"{k}: {old.get(k)!r} there, {current.get(k)!r} here" for k in differing[:3])
+            raise ValueError(
+                f"--output_dir {output_dir} holds a study with other settings ({shown}); "
+                "use --overwrite_output_dir to replace it, or another --output_dir"
+            )
+    if overwrite and saved is not None and saved.get("settings") != current:
+        for child in output_dir.iterdir():
+            if child.name.startswith(".study"):
+                continue
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if saved is None or saved.get("settings") != current:
+        _write_json(saved_file, {"settings": current})
+
+
+def ensure_tokenizer(settings: StudySettings, output_dir: Path) -> str:
+    """The tokenizer folder of the study: `tokenizer_name`, or one trained once into `output_dir/tokenizer`."""
+    if settings.tokenizer_name is not None:
+        return settings.tokenizer_name
+    folder = output_dir / "tokenizer"
+    if (folder / "tokenizer_config.json").is_file():
+        return str(folder)
+    tmp = output_dir / "tokenizer.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    files = settings.tokenizer_train_file or settings.train_file
+    argv = [
+        "--model_family",
+        "encoder-decoder",
+        "--vocab_size",
+        str(settings.tokenizer_vocab_size),
+        "--max_characters",
+        str(settings.tokenizer_max_characters),
+        "--output_dir",
+        str(tmp),
+    ]
+    argv += ["--train_file", *files] if files else ["--dataset_name", settings.dataset_name]
+    if not files and settings.dataset_config_name:
+        argv += ["--dataset_config_name", settings.dataset_config_name]
+    print(f"=== study tokenizer: hfzoo-train-tokenizer {shlex.join(argv)}", flush=True)
+    train_tokenizer(argv)
+    os.replace(tmp, folder)
+    return str(folder)
+
+
+def ensure_glue_subsets(settings: StudySettings, output_dir: Path) -> dict[str, Path | None]:
+    """Write each task's fixed training subset (the same examples for every run) as a TSV in the task's layout.
+
+    `glue_max_train_samples` rows drawn with `glue_subset_seed` from the task's `train.tsv` (all rows if
+    fewer), in file order, header kept. Without `glue_data_dir` (hub data) there is no file to subset and
+    the GLUE recipe draws `--max_train_samples` with the run's seed instead (value None).
+    """
+    if settings.glue_data_dir is None:
+        return dict.fromkeys(settings.glue_tasks)
+    folder = output_dir / "glue_train_subsets"
+    folder.mkdir(parents=True, exist_ok=True)
+    subsets = {}
+    for task in settings.glue_tasks:
+        path = folder / f"{task}.tsv"
+        if not path.is_file():
+            source = _glue_files(settings, task)[0]
+            lines = source.read_text(encoding="utf-8").splitlines(keepends=True)
+            header, rows = ([], lines) if get_glue_task(task).header is not None else (lines[:1], lines[1:])
+            rows = [r if r.endswith("\n") else r + "\n" for r in rows if r.strip()]
+            keep = sorted(
+                random.Random(settings.glue_subset_seed).sample(
+                    range(len(rows)), min(len(rows), settings.glue_max_train_samples)
+                )
+            )
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(header + [rows[i] for i in keep]), encoding="utf-8")
+            os.replace(tmp, path)
+        subsets[task] = path
+    return subsets
+
+
+def _pdeathsig() -> None:  # pragma: no cover - runs in the child before exec
+    """Ask Linux to send SIGTERM to this child when the study process dies (prctl PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
+class StudyInterrupted(Exception):
+    """A stage was stopped by SIGTERM or SIGINT: the whole study stops (the same command continues it)."""
+
+
+#: Exit statuses of a child process stopped by SIGTERM/SIGINT: a recipe's graceful stop, or the signal itself.
+_STOPPED_BY_SIGNAL = (EXIT_PREEMPTED, -signal.SIGTERM, -signal.SIGINT)
+
+
+def run_stage(module: str, argv: list[str], launcher: str | None) -> None:
+    """Run a recipe's `main(argv)`: in this process, or `launcher -m module argv` in a child process.
+
+    Raises:
+        StudyInterrupted: the stage was stopped by SIGTERM/SIGINT (the recipe's exit code
+            `faults.EXIT_PREEMPTED`, or a child process ended by one of these signals).
+        RuntimeError: the recipe refused its input or failed (the message says which).
+    """
+    print(f"=== {module} {shlex.join(argv)}", flush=True)
+    if launcher is None:
+        from importlib import import_module
+
+        try:
+            import_module(module).main(argv)
+        except SystemExit as err:
+            if err.code == EXIT_PREEMPTED:
+                raise StudyInterrupted(f"{module} was stopped by a signal") from None
+            raise RuntimeError(f"{module} stopped: {err}") from None
+        return
+    command = [*shlex.split(launcher), "-m", module, *argv]
+    completed = subprocess.run(command, preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None)
+    if completed.returncode in _STOPPED_BY_SIGNAL:
+        raise StudyInterrupted(f"{shlex.join(command)} was stopped by a signal (status {completed.returncode})")
+    if completed.returncode != 0:
+        raise RuntimeError(f"{shlex.join(command)} exited with status {completed.returncode}")
+
+
+def count_parameters(config: PreTrainedConfig) -> int:
+    """Unique parameters (tied matrices once) of the span-corruption model, built on the meta device."""
+    with torch.device("meta"):
+        model = AutoModelForSeq2SeqLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _glue_task_score(task: str, results: dict[str, Any]) -> tuple[float, dict[str, float]]:
+    """A task's score as GLUE reports it: the mean of its official metrics, x 100."""
+    metrics = {m: float(results[f"eval_{m}"]) for m in get_glue_task(task).metrics}
+    return 100.0 * sum(metrics.values()) / len(metrics), metrics
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def execute_run(
+    settings: StudySettings,
+    variant: str,
+    seed: int,
+    folder: Path,
+    tokenizer_dir: str,
+    subsets: dict[str, Path | None],
+    launcher: str | None,
+    num_processes: int,
+) -> dict[str, Any]:
+    """Pretrain and finetune one (variant, seed), reusing finished stages; return its record.
+
+    Returns:
+        The record (see `docs/study.md`): `variant`, `seed`, `config_changes`, `parameters`,
+        `flops_per_token`, `flops_per_step`, `total_flops`, `train_steps`, `train_tokens`, `early_step`,
+        `init_loss`, `early_loss`, `final_loss`, `eval_losses` (`[step, loss]`), `glue` (per task: `score`
+        and `metrics`), `glue_average`, and `timing` (wall-clock figures, which differ between repeats).
+    """
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = build_variant_config(settings, variant, _tokenizer_fields(tokenizer))
+    folder.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(folder)  # config.json: the variant's model, read by the pretraining recipe
+    timing: dict[str, float] = {}
+
+    pretrain_dir = folder / "pretrain"
+    results, history = _read_json(pretrain_dir / "all_results.json"), _read_json(pretrain_dir / "train_history.json")
+    if results is None or history is None or results.get("train_steps") != settings.max_train_steps:
+        shutil.rmtree(pretrain_dir, ignore_errors=True)
+        start = time.perf_counter()
+        argv = pretrain_argv(settings, tokenizer_dir, folder / "config.json", seed, pretrain_dir, num_processes)
+        run_stage("hfzoo.pretraining", argv, launcher)
+        timing["pretrain_seconds"] = time.perf_counter() - start
+        results = _read_json(pretrain_dir / "all_results.json")
+        history = _read_json(pretrain_dir / "train_history.json")
+        if results is None or history is None:
+            raise RuntimeError(f"pretraining wrote no all_results.json / train_history.json in {pretrain_dir}")
+    early_step = settings.max_train_steps // EARLY_FRACTION
+    losses = {int(r["step"]): float(r["eval_loss"]) for r in history["eval_history"]}
+    if early_step not in losses:
+        raise RuntimeError(f"{pretrain_dir}/train_history.json has no validation loss at step {early_step}")
+    tokens_per_step = results["train_tokens_seen"] / results["train_steps"]
+    throughput = [r["tokens_per_second"] for r in history["log_history"] if "tokens_per_second" in r]
+    timing["steps_per_second"] = _median(throughput) / tokens_per_step if throughput else math.nan
+    timing["pretrain_train_runtime"] = results["train_runtime"]
+
+    glue: dict[str, Any] = {}
+    glue_seconds = 0.0
+    for task in settings.glue_tasks:
+        task_dir = folder / "glue" / task
+        task_results = _read_json(task_dir / "all_results.json")
+        if task_results is None:
+            shutil.rmtree(task_dir, ignore_errors=True)
+            start = time.perf_counter()
+            run_stage(
+                "hfzoo.finetuning",
+                glue_argv(settings, task, pretrain_dir, subsets[task], seed, task_dir, num_processes),
+                launcher,
+            )
+            glue_seconds += time.perf_counter() - start
+            task_results = _read_json(task_dir / "all_results.json")
+            if task_results is None:
+                raise RuntimeError(f"GLUE {task} wrote no all_results.json in {task_dir}")
+        score, metrics = _glue_task_score(task, task_results)
+        glue[task] = {"score": score, "metrics": metrics, "train_examples": task_results["train_examples"]}
+        timing[f"glue_{task}_train_seconds"] = task_results["train_seconds"]
+    if glue_seconds:
+        timing["glue_seconds"] = glue_seconds
+
+    target_length = compute_input_and_target_lengths(
+        settings.block_size, settings.noise_density, settings.mean_noise_span_length
+    )[1]
+    flops = count_training_flops(config, settings.block_size, target_length)
+    sequences_per_step = settings.train_batch_tokens // settings.block_size
+    return {
+        "variant": variant,
+        "seed": seed,
+        "config_changes": _row_changes(settings, variant, tokenizer),
+        "parameters": count_parameters(config),
+        "flops_per_token": flops.per_token,
+        "flops_per_step": flops.total * sequences_per_step,
+        "total_flops": flops.total * sequences_per_step * results["train_steps"],
+        "train_steps": results["train_steps"],
+        "train_tokens": results["train_tokens_seen"],
+        "early_step": early_step,
+        "init_loss": losses.get(0, math.nan),
+        "early_loss": losses[early_step],
+        "final_loss": float(results["eval_loss"]),
+        "eval_losses": [[step, loss] for step, loss in sorted(losses.items())],
+        "glue": glue,
+        "glue_average": sum(t["score"] for t in glue.values()) / len(glue) if glue else math.nan,
+        "timing": timing,
+    }
+
+
+def _row_changes(settings: StudySettings, variant: str, tokenizer) -> dict[str, Any]:
+    """The variant's config changes to the study's base, with `Scaled` values resolved."""
+    checked, literal = _overrides_and_literals(settings.config_overrides)
+    base = build_config(settings.config_name, checked, **literal, **_tokenizer_fields(tokenizer))
+    return resolve_row(variant, base.to_dict())
+
+
+def run_study(
+    settings: StudySettings,
+    output_dir: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    launcher: str | None = None,
+    num_processes: int = 1,
+    report_only: bool = False,
+    parallel_runs: int = 1,
+    child_argv: list[str] | None = None,
+) -> list[dict]:
+    """Run (or continue) a study and write its report; see the module docstring.
+
+    Args:
+        settings: from `load_settings`.
+        output_dir: the study folder.
+        overwrite: replace a study with other settings found in `output_dir`.
+        launcher: None (stages in this process) or a command prefix for child processes.
+        num_processes: processes per run started by `launcher`.
+        report_only: only rewrite the report from finished runs.
+        parallel_runs: study processes working on `output_dir` at once: this one and `parallel_runs - 1`
+            children (`python -m hfzoo.study` + `child_argv`), started once the tokenizer and the
+            GLUE subsets exist; the final report is written after all of them have ended.
+        child_argv: the children's arguments (required when `parallel_runs > 1`).
+
+    Returns:
+        The records of the finished runs of this selection (variants x seeds), in study order.
+
+    Raises:
+        ValueError, FileNotFoundError: bad settings (before anything is trained).
+        RuntimeError: some runs failed (after every other run was attempted and the report written).
+        StudyInterrupted: a stage was stopped by SIGTERM/SIGINT; no further run is started.
+    """
+    output_dir = Path(output_dir)
+    if parallel_runs < 1:
+        raise ValueError(f"--parallel_runs must be positive, got {parallel_runs}")
+    if parallel_runs > 1 and child_argv is None:
+        raise ValueError("parallel_runs > 1 needs child_argv (the arguments of the other study processes)")
+    check_settings(settings, num_processes)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    plan = [(variant, seed) for variant in settings.variants for seed in settings.seeds]
+    if report_only:
+        if _read_json(output_dir / STUDY_FILE) is None:
+            raise ValueError(f"--output_dir {output_dir}: no study to report on ({STUDY_FILE} missing)")
+        prepare_output_dir(output_dir, settings, overwrite=False)
+        return _write_report_locked(output_dir, settings, plan)
+    with _lock(output_dir / ".study.lock", blocking=True):
+        prepare_output_dir(output_dir, settings, overwrite)
+        tokenizer_dir = ensure_tokenizer(settings, output_dir)
+        subsets = ensure_glue_subsets(settings, output_dir)
+    helpers = [_start_study_process(child_argv) for _ in range(parallel_runs - 1)] if parallel_runs > 1 else []
+    try:
+        failed = _run_plan(settings, output_dir, plan, tokenizer_dir, subsets, launcher, num_processes)
+    except BaseException:
+        for helper in helpers:
+            if helper.poll() is None:
+                helper.terminate()  # SIGTERM: a helper in pretraining stops after its current step
+        for helper in helpers:
+            helper.wait()
+        raise
+    codes = [helper.wait() for helper in helpers]
+    records = _write_report_locked(output_dir, settings, plan)
+    if any(code in _STOPPED_BY_SIGNAL for code in codes):
+        raise StudyInterrupted(
+            f"a study process was stopped by a signal (exit statuses {codes}); "
+            "run the same command again to continue the study"
+        )
+    failed += [f"study process {i + 2} exited with status {code}" for i, code in enumerate(codes) if code != 0]
+    if failed:
+        raise RuntimeError(f"{len(failed)} run(s) failed: " + " | ".join(failed))
+    return records
+
+
+def _start_study_process(argv: list[str]) -> subprocess.Popen:
+    """Start `python -m hfzoo.study argv` (stopped by SIGTERM if this process dies)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "hfzoo.study.runner", *argv],
+        preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None,
+    )
+
+
+def _run_plan(
+    settings: StudySettings,
+    output_dir: Path,
+    plan: list[tuple[str, int]],
+    tokenizer_dir: str,
+    subsets: dict[str, Path | None],
+    launcher: str | None,
+    num_processes: int,
+) -> list[str]:
+    """Run every run of `plan` that is neither finished nor held by another study process.
+
+    Returns:
+        One line per failed run (its traceback is in the run's `error.txt`).
+
+    Raises:
+        StudyInterrupted: a stage was stopped by SIGTERM/SIGINT (after the report was rewritten).
+    """
+    failed = []
+    for index, (variant, seed) in enumerate(plan):
+        folder = run_dir(output_dir, variant, seed)
+        if _read_json(folder / RECORD_FILE) is not None:
+            continue
+        with _lock(folder / ".lock", blocking=False) as acquired:
+            if not acquired or _read_json(folder / RECORD_FILE) is not None:
+                continue  # another study process has it, or finished it meanwhile
+            print(
+                f"=== run {index + 1}/{len(plan)}: {variant}, seed {seed} ({folder}, study process {os.getpid()})",
+                flush=True,
+            )
+            start = time.perf_counter()
+            try:
+                record = execute_run(settings, variant, seed, folder, tokenizer_dir, subsets, launcher, num_processes)
+            except StudyInterrupted as err:
+                _write_report_locked(output_dir, settings, plan)
+                raise StudyInterrupted(
+                    f"{err} during {variant}, seed {seed}; the study stopped there. "
+                    "Run the same command again to continue it"
+                ) from None
+            except Exception as err:  # noqa: BLE001 - a failed run is reported, the others still run
+                failed.append(f"{variant}, seed {seed}: {err}")
+                (folder / "error.txt").write_text(traceback.format_exc())
+                print(
+                    f"=== run failed: {variant}, seed {seed}: {err} (traceback in {folder / 'error.txt'})", flush=True
+                )
+                continue
+            record["timing"]["run_seconds"] = time.perf_counter() - start
+            _write_json(folder / RECORD_FILE, record)
+            (folder / "error.txt").unlink(missing_ok=True)
+        _write_report_locked(output_dir, settings, plan)
+    return failed
+
+
+def _write_report_locked(output_dir: Path, settings: StudySettings, plan: list[tuple[str, int]]) -> list[dict]:
+    """Rewrite the report from the finished runs while holding the study lock.
+
+    Several study processes on one folder finish runs at about the same time; the lock keeps them from
+    writing the same report files (and their temporary files) at once.
+    """
+    from .report import write_report
+
+    with _lock(output_dir / ".study.lock", blocking=True):
+        return write_report(output_dir, settings, _records(output_dir, plan))
+
+
+def _records(output_dir: Path, plan: list[tuple[str, int]]) -> list[dict]:
+    records = []
+    for variant, seed in plan:
+        record = _read_json(run_dir(output_dir, variant, seed) / RECORD_FILE)
+        if record is not None:
+            records.append(record)
+    return records
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Entry point of `hfzoo-study` and `recipes/study.py`.
+
+    Args:
+        argv: arguments without the program name (default: `sys.argv[1:]`).
+
+    Returns:
+        The finished runs' records.
+
+    Raises:
+        SystemExit: bad input (a one-line `error: ...`, before anything is trained) or failed runs; a
+            study stopped by SIGTERM/SIGINT during a pretraining stage exits with `faults.EXIT_PREEMPTED`
+            (75) after writing the report of the finished runs.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    overrides = {key: getattr(args, key) for key in _FIELDS}
+    try:
+        if args.num_processes < 1:
+            raise ValueError(f"--num_processes must be positive, got {args.num_processes}")
+        settings = load_settings(args.study, overrides)
+        return run_study(
+            settings,
+            args.output_dir,
+            overwrite=args.overwrite_output_dir,
+            launcher=args.launcher,
+            num_processes=args.num_processes,
+            report_only=args.report_only,
+            parallel_runs=1 if args.report_only else args.parallel_runs,
+            child_argv=[*argv, "--parallel_runs", "1"],
+        )
+    except StudyInterrupted as err:
+        sys.stderr.write(f"{err}\n")
+        raise SystemExit(EXIT_PREEMPTED) from None
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def cli() -> None:
+    """Console script `hfzoo-study` (returns None: setuptools exits with what its function returns)."""
+    main()
+
+
+if __name__ == "__main__":
+    main()

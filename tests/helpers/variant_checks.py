@@ -1,0 +1,252 @@
+"""The checks every architecture variant must pass, in every family it applies to.
+
+`check_variant(family, overrides, tmp_path)` builds a tiny model of `family` with the config
+`overrides` and asserts, for fp32 and bf16 autocast:
+
+- forward and backward run; the loss, logits and every gradient are finite; every trainable
+  parameter receives a gradient (a built-but-unused module is a dead config switch);
+- `save_pretrained` / `from_pretrained` round trip gives identical logits;
+- padding invariance: a padded row gives the same logits as the row alone;
+- causality: changing future tokens never changes earlier logits (decoder, and the decoder side of
+  the encoder-decoder);
+- greedy generation gives the same tokens with and without the KV cache (decoder, encoder-decoder;
+  unless the variant's config sets `use_cache=False`);
+- eager and SDPA attention agree (unless the variant declares it supports eager only).
+
+The table of variants lives in `tests/models/test_variants.py`, which also exports every row with
+`trust_remote_code` code and loads all of them in one clean interpreter without hfzoo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from hfzoo import (
+    HfzooDecoderConfig,
+    HfzooDecoderForCausalLM,
+    HfzooEncoderConfig,
+    HfzooEncoderDecoderConfig,
+    HfzooEncoderDecoderForConditionalGeneration,
+    HfzooEncoderForMaskedLM,
+)
+
+FAMILIES = {
+    "decoder": (HfzooDecoderConfig, HfzooDecoderForCausalLM),
+    "encoder": (HfzooEncoderConfig, HfzooEncoderForMaskedLM),
+    "encoder-decoder": (HfzooEncoderDecoderConfig, HfzooEncoderDecoderForConditionalGeneration),
+}
+
+TINY = dict(
+    vocab_size=97,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    eos_token_id=1,
+)
+
+LENGTHS = (11, 6)  # a full row and a padded one
+DECODER_LENGTH = 7
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # (batch_size, seq_len) int64, right-padded with 0
+    attention_mask: torch.Tensor  # (batch_size, seq_len) 1 = token
+    decoder_input_ids: torch.Tensor | None  # (batch_size, DECODER_LENGTH) for the encoder-decoder
+    labels: torch.Tensor  # targets for the family's loss, -100 = ignored
+
+
+def make_batch(family: str, seed: int = 0) -> Batch:
+    """A right-padded batch of random tokens (ids >= 2, so no pad/eos) with labels for the family's loss."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(len(LENGTHS), max(LENGTHS), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(LENGTHS):
+        ids[i, :n] = torch.randint(2, TINY["vocab_size"], (n,), generator=g)
+        mask[i, :n] = 1
+    decoder_ids = None
+    if family == "encoder-decoder":
+        decoder_ids = torch.randint(2, TINY["vocab_size"], (len(LENGTHS), DECODER_LENGTH), generator=g)
+        labels = decoder_ids.clone()
+    else:
+        labels = ids.masked_fill(mask == 0, -100)
+    return Batch(ids, mask, decoder_ids, labels)
+
+
+def build_model(family: str, overrides: dict, attn: str = "sdpa", seed: int = 0):
+    """A tiny model of `family` (see `FAMILIES`) with config `overrides`, in eval mode."""
+    config_class, model_class = FAMILIES[family]
+    torch.manual_seed(seed)
+    model = model_class(config_class(**{**TINY, **overrides}))
+    model.set_attn_implementation(attn)
+    return model.eval()
+
+
+def run(model, batch: Batch, **kwargs):
+    """Forward `batch` through `model` (decoder inputs for the encoder-decoder)."""
+    if batch.decoder_input_ids is not None:
+        kwargs["decoder_input_ids"] = batch.decoder_input_ids
+    return model(batch.input_ids, attention_mask=batch.attention_mask, **kwargs)
+
+
+def valid_logits(family: str, batch: Batch, logits: torch.Tensor) -> torch.Tensor:
+    """The logits that must not depend on padding: every decoder position, or the non-padding encoder positions."""
+    return logits if family == "encoder-decoder" else logits[batch.attention_mask.bool()]
+
+
+def check_forward_backward(
+    family: str, overrides: dict, allow_unused: tuple[str, ...] = (), attn: str = "sdpa"
+) -> None:
+    """Finite loss, logits and gradients in fp32 and bf16 autocast; every parameter gets a gradient.
+
+    The training loss (computed in chunks, no logits) equals the loss computed from the full logits.
+    """
+    for dtype in (torch.float32, torch.bfloat16):
+        model = build_model(family, overrides, attn).train()
+        batch = make_batch(family)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is torch.bfloat16):
+            torch.manual_seed(1)  # the same dropout masks and router noise in both passes
+            out = run(model, batch, labels=batch.labels)
+            torch.manual_seed(1)
+            full = run(model, batch, labels=batch.labels, skip_logits=False)
+        assert out.logits is None, dtype
+        assert torch.isfinite(out.loss), (dtype, out.loss)
+        assert torch.isfinite(full.logits.float()).all(), dtype
+        tolerance = 1e-5 if dtype is torch.float32 else 2e-2  # bf16: the full path rounds the logits
+        torch.testing.assert_close(out.loss, full.loss.detach(), rtol=tolerance, atol=tolerance)
+        out.loss.backward()
+        for name, param in model.named_parameters():
+            if not param.requires_grad:
+                continue
+            if param.grad is None:
+                assert any(part in name for part in allow_unused), f"{name} received no gradient ({dtype})"
+                continue
+            assert torch.isfinite(param.grad).all(), f"non-finite gradient for {name} ({dtype})"
+
+
+def check_round_trip(family: str, overrides: dict, tmp_path: Path, attn: str = "sdpa") -> None:
+    """`save_pretrained` then `from_pretrained` gives identical logits."""
+    model = build_model(family, overrides, attn)
+    batch = make_batch(family)
+    with torch.no_grad():
+        before = run(model, batch).logits
+    model.save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path, attn_implementation=attn).eval()
+    with torch.no_grad():
+        after = run(loaded, batch).logits
+    assert torch.equal(before, after)
+
+
+def check_padding_invariance(family: str, overrides: dict, attn: str = "sdpa") -> None:
+    """The padded row's logits equal those of the same row given alone without padding."""
+    model = build_model(family, overrides, attn)
+    batch = make_batch(family)
+    n = LENGTHS[1]
+    with torch.no_grad():
+        padded = run(model, batch).logits[1]
+        alone = Batch(
+            batch.input_ids[1:, :n],
+            batch.attention_mask[1:, :n],
+            None if batch.decoder_input_ids is None else batch.decoder_input_ids[1:],
+            batch.labels[1:, :n],
+        )
+        single = run(model, alone).logits[0]
+    if family != "encoder-decoder":
+        padded = padded[:n]
+    torch.testing.assert_close(padded, single, rtol=1e-4, atol=1e-5)
+
+
+def check_causality(family: str, overrides: dict, attn: str = "sdpa") -> None:
+    """Changing tokens after position t never changes the logits at positions <= t (causal stacks)."""
+    if family == "encoder":
+        return
+    model = build_model(family, overrides, attn)
+    batch = make_batch(family)
+    t = 3
+    changed = Batch(batch.input_ids.clone(), batch.attention_mask, batch.decoder_input_ids, batch.labels)
+    if family == "decoder":
+        changed.input_ids[:, t + 1 :] = (changed.input_ids[:, t + 1 :] + 1) % TINY["vocab_size"]
+    else:
+        changed.decoder_input_ids = batch.decoder_input_ids.clone()
+        changed.decoder_input_ids[:, t + 1 :] = (changed.decoder_input_ids[:, t + 1 :] + 1) % TINY["vocab_size"]
+    with torch.no_grad():
+        before, after = run(model, batch).logits, run(model, changed).logits
+    torch.testing.assert_close(before[:, : t + 1], after[:, : t + 1], rtol=0, atol=1e-6)
+    assert not torch.allclose(before[:, t + 1 :], after[:, t + 1 :])
+
+
+def generation_prompt(family: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts for `generate` and their attention masks.
+
+    Left-padded decoder prompts (5 tokens, 2 of them padding in the second row), or the encoder-decoder's
+    right-padded sources.
+    """
+    batch = make_batch(family)
+    if family != "decoder":
+        return batch.input_ids, batch.attention_mask
+    prompt = batch.input_ids[:, :5].clone()
+    mask = torch.ones_like(prompt)
+    prompt[1, :2], mask[1, :2] = TINY["pad_token_id"], 0
+    return prompt, mask
+
+
+def check_generation_cache(family: str, overrides: dict, attn: str = "sdpa") -> None:
+    """Greedy generation gives the same tokens with and without the KV cache (decoder, encoder-decoder).
+
+    Skipped for the encoder and for configs with `use_cache=False` (a variant without a KV cache).
+    """
+    if family == "encoder":
+        return
+    model = build_model(family, overrides, attn)
+    if not model.config.use_cache:
+        return
+    prompt, mask = generation_prompt(family)
+    kwargs = dict(attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    with torch.no_grad():
+        cached = model.generate(prompt, use_cache=True, **kwargs)
+        uncached = model.generate(prompt, use_cache=False, **kwargs)
+    assert cached.shape[1] == (prompt.shape[1] if family == "decoder" else 1) + 4  # the prompt / the start token
+    assert torch.equal(cached, uncached), (cached, uncached)
+
+
+def check_eager_matches_sdpa(family: str, overrides: dict) -> None:
+    """Eager and SDPA attention give the same logits (max abs difference < 1e-5) on a padded batch."""
+    batch = make_batch(family)
+    with torch.no_grad():
+        eager = valid_logits(family, batch, run(build_model(family, overrides, "eager"), batch).logits)
+        sdpa = valid_logits(family, batch, run(build_model(family, overrides, "sdpa"), batch).logits)
+    assert (eager - sdpa).abs().max() < 1e-5
+
+
+def check_variant(
+    family: str,
+    overrides: dict,
+    tmp_path: Path,
+    backends: tuple[str, ...] = ("eager", "sdpa"),
+    allow_unused: tuple[str, ...] = (),
+) -> None:
+    """Run every check above for one variant in one family.
+
+    Args:
+        family: a key of `FAMILIES`.
+        overrides: config fields that define the variant (on top of `TINY`).
+        tmp_path: a folder for the save/load round trip.
+        backends: the attention backends the variant supports (eager-only variants give `("eager",)`).
+        allow_unused: substrings of parameter names allowed to get no gradient (e.g. experts no token
+            was routed to).
+    """
+    attn = "sdpa" if "sdpa" in backends else backends[0]
+    overrides = dict(overrides)
+    check_forward_backward(family, overrides, allow_unused, attn)
+    check_round_trip(family, overrides, tmp_path, attn)
+    check_padding_invariance(family, overrides, attn)
+    check_causality(family, overrides, attn)
+    check_generation_cache(family, overrides, attn)
+    if {"eager", "sdpa"} <= set(backends):
+        check_eager_matches_sdpa(family, overrides)

@@ -1,0 +1,139 @@
+"""`hfzoo-evaluate-lm` in-process: the position limit of the sample, the metrics file, the KV-cache check.
+
+A tiny decoder with learned positions (max_position_embeddings=64) and a byte-level BPE tokenizer, saved to a
+temporary folder, evaluated on a few lines of text.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config
+
+from hfzoo import HfzooDecoderConfig
+from hfzoo.models.presets import build_config
+from hfzoo.pretraining import evaluation
+from hfzoo.pretraining.evaluation import generation_position_limit, main
+from hfzoo.tokenization import train_bpe_tokenizer
+
+TEXT = "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of foolishness. "
+TINY = "hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64,max_position_embeddings=64"
+PROMPT = "It was the best"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A randomly initialised decoder (learned positions, 64 of them) with its tokenizer, and `text.txt`."""
+    path = tmp_path_factory.mktemp("evaluate_lm")
+    tokenizer = train_bpe_tokenizer([[TEXT * 4] * 8], vocab_size=300)
+    tokenizer.save_pretrained(path)
+    config = build_config("decoder-tiny", TINY, position_embedding_type="learned", vocab_size=len(tokenizer))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    (path / "text.txt").write_text((TEXT * 4 + "\n") * 8)
+    return path
+
+
+def prompt_tokens(checkpoint: Path) -> int:
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(checkpoint)(PROMPT)["input_ids"])
+
+
+def evaluate(checkpoint: Path, output_file: Path, *extra: str) -> dict:
+    return main(["--model_name_or_path", str(checkpoint), "--validation_file", str(checkpoint / "text.txt"),
+                 "--max_eval_samples", "2", "--output_file", str(output_file), *extra])  # fmt: skip
+
+
+def test_generation_past_the_position_table_is_refused_before_any_evaluation(checkpoint, tmp_path, monkeypatch):
+    evaluated = []
+    monkeypatch.setattr(
+        evaluation, "evaluate_lm", lambda *a, **k: evaluated.append(1) or {"eval_loss": 1.0, "perplexity": 2.7}
+    )
+    n = prompt_tokens(checkpoint)
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate(checkpoint, tmp_path / "eval.json", "--prompt", PROMPT, "--max_new_tokens", "600")
+    assert exit_info.value.code == (
+        f"error: --prompt is {n} tokens and --max_new_tokens is 600: {n + 600} positions, more than the model's "
+        f"max_position_embeddings=64 (position_embedding_type='learned'); use --max_new_tokens <= {64 - n}"
+    )
+    assert not evaluated and not (tmp_path / "eval.json").exists()
+    # One token more than the table is refused (exactly its length is generated in the next tests).
+    with pytest.raises(SystemExit, match="65 positions, more than"):
+        evaluate(checkpoint, tmp_path / "eval.json", "--prompt", PROMPT, "--max_new_tokens", str(65 - n))
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [({"position_embedding_type": "learned"}, (64, "position_embedding_type='learned'")),
+     ({"position_embedding_type": "sinusoidal"}, (64, "position_embedding_type='sinusoidal'")),
+     ({"position_embedding_type": "rotary"}, None), ({"position_embedding_type": "alibi"}, None),
+     ({"position_embedding_type": "relative_attention_bias"}, None), ({"position_embedding_type": "none"}, None),
+     ({"position_embedding_type": "none", "token_mixer": "synthesizer"}, (64, "token_mixer='synthesizer'"))],
+)  # fmt: skip
+def test_position_limit_only_for_schemes_the_model_refuses_beyond(fields, expected):
+    config = HfzooDecoderConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=32, max_position_embeddings=64, **fields)  # fmt: skip
+    assert generation_position_limit(config) == expected
+
+
+def test_position_limit_of_gpt2_and_unknown_models():
+    assert generation_position_limit(GPT2Config(n_positions=32)) == (32, "GPT-2's learned position embeddings")
+    assert generation_position_limit(build_config("decoder-tiny", position_embedding_type="rotary")) is None
+
+
+def test_metrics_are_written_before_the_sample_is_generated(checkpoint, tmp_path, monkeypatch):
+    model_class = type(AutoModelForCausalLM.from_pretrained(checkpoint))
+
+    def failing_generate(self, *args, **kwargs):
+        raise RuntimeError("generation failed")
+
+    monkeypatch.setattr(model_class, "generate", failing_generate)
+    with pytest.raises(RuntimeError, match="generation failed"):
+        evaluate(checkpoint, tmp_path / "eval.json", "--prompt", PROMPT)
+    written = json.loads((tmp_path / "eval.json").read_text())
+    assert set(written) == {"text.txt"} and written["text.txt"]["blocks"] == 2
+
+
+def test_greedy_sample_with_and_without_the_cache_agree(checkpoint, tmp_path):
+    """Up to the last position of the table: cached decoding must reproduce the full recomputation."""
+    n = prompt_tokens(checkpoint)
+    results = evaluate(checkpoint, tmp_path / "eval.json", "--prompt", PROMPT, "--max_new_tokens", str(64 - n))
+    sample = json.loads((tmp_path / "eval.json").read_text())["sample"]
+    assert sample == results["sample"]
+    assert sample["cache_equal"] is True and sample["first_difference"] is None
+    assert sample["new_tokens"] == 64 - n
+    assert sample["text"] == sample["text_without_cache"] and sample["text"].startswith(PROMPT)
+    assert sample["text"] == PROMPT + sample["continuation"] and sample["continuation"]
+    assert results["text.txt"]["blocks"] == 2
+
+
+def test_cache_check_fails_when_cached_decoding_differs(checkpoint, tmp_path, monkeypatch):
+    """A model whose incremental steps (one new token, the rest in the cache) predict differently is caught."""
+    model_class = type(AutoModelForCausalLM.from_pretrained(checkpoint))
+    forward = model_class.forward
+
+    def diverging_forward(self, input_ids=None, *args, **kwargs):
+        output = forward(self, input_ids, *args, **kwargs)
+        if input_ids is not None and input_ids.shape[1] == 1:  # only cached decoding feeds one token at a time
+            output.logits = output.logits.roll(1, dims=-1)  # every greedy choice moves to the next token id
+        return output
+
+    monkeypatch.setattr(model_class, "forward", diverging_forward)
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate(checkpoint, tmp_path / "eval.json", "--prompt", PROMPT, "--max_new_tokens", "8")
+    written = json.loads((tmp_path / "eval.json").read_text())
+    sample = written["sample"]
+    assert sample["cache_equal"] is False and sample["first_difference"] == 1  # the first token needs no cache
+    assert sample["continuation"] != sample["continuation_without_cache"]
+    assert written["text.txt"]["blocks"] == 2
+    message = exit_info.value.code
+    assert message == (
+        "error: greedy generation with the KV cache differs from generation without it from new token 1 on: "
+        f"with the cache {sample['continuation']!r}, without {sample['continuation_without_cache']!r}; the "
+        "model's cached decoding is wrong"
+    )
+    assert "\n" not in message

@@ -1,0 +1,434 @@
+"""`hfzoo-study` (Narang et al.'s modification study at small scale): kill and restart, outputs, bad input, statistics.
+
+A tiny study (2 variants x 2 seeds, 16 pretraining steps of a 2 + 2 layer model on 4 Gutenberg books, two
+tiny GLUE tasks) runs uninterrupted in this process; the same study killed (SIGKILL, or stopped by
+SIGTERM) in the middle of its second run's pretraining and started again must finish with the same
+`results.json` (wall-clock figures aside). The shipped default study file must parse and validate.
+"""
+
+from __future__ import annotations
+
+import copy
+import fcntl
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from helpers.glue_files import LAYOUTS, write_tsv
+from PIL import Image
+from scipy import stats
+
+from hfzoo.data.glue import GLUE_TASKS
+from hfzoo.data.loading import clean_text
+from hfzoo.models.narang import TABLE_1_ROWS
+from hfzoo.study.report import GLU_VARIANTS, spearman_with_interval
+from hfzoo.study.runner import load_settings, main, prepare_output_dir, run_dir
+from hfzoo.tokenization import train_bpe_tokenizer
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_STUDY = REPO_ROOT / "recipes" / "studies" / "narang_small.yaml"
+VARIANTS = ["Vanilla Transformer", "SwiGLU"]
+DELETE = object()  # a `tiny_study` change that removes the key
+PAPER_ROWS = """Model\tParams\tOps\tStep/s\tEarly loss\tFinal loss\tSGLUE\tXSum\tWebQ\tWMT EnDe
+Vanilla Transformer\t223M\t11.1T\t3.50\t2.182 ± 0.005\t1.838\t70.97\t17.78\t23.02\t26.62
+SwiGLU\t223M\t11.1T\t3.53\t2.127 ± 0.003\t1.789\t74.21\t18.20\t24.34\t27.02
+"""
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, gutenberg_books, small_jsonl_xz) -> dict[str, str]:
+    """A tokenizer, the paper's table (two rows) and a two-task GLUE folder, for a tiny study."""
+    root = tmp_path_factory.mktemp("study_inputs")
+    tokenizer = train_bpe_tokenizer(
+        [[clean_text(b["text"]) for b in gutenberg_books]], vocab_size=512, model_family="encoder-decoder"
+    )
+    tokenizer.save_pretrained(root / "tokenizer")
+    (root / "table1.tsv").write_text(PAPER_ROWS, encoding="utf-8")
+    for task in ("sst2", "rte"):
+        spec = GLUE_TASKS[task]
+        write_tsv(root / "glue" / spec.folder / spec.train_file, task, rows=LAYOUTS[task]["rows"] * 10)
+        write_tsv(root / "glue" / spec.folder / "dev.tsv", task, rows=LAYOUTS[task]["rows"] * 4)
+    return {
+        "tokenizer": str(root / "tokenizer"),
+        "paper": str(root / "table1.tsv"),
+        "glue": str(root / "glue"),
+        "train": str(small_jsonl_xz),
+    }
+
+
+def tiny_study(inputs: dict[str, str], path: Path, **changes) -> Path:
+    """The default study file with a tiny model, data and GLUE tasks; `changes` on top (`DELETE` removes a key)."""
+    values = yaml.safe_load(DEFAULT_STUDY.read_text())
+    values.update(
+        config_overrides={
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "head_dim": 16,
+            "num_hidden_layers": 2,
+            "num_decoder_layers": 2,
+        },
+        variants=VARIANTS,
+        seeds=[0, 1],
+        tokenizer_name=inputs["tokenizer"],
+        tokenizer_train_file=None,
+        tokenizer_max_characters=200_000,
+        train_file=[inputs["train"]],
+        validation_split_percentage=25,
+        block_size=32,
+        train_batch_tokens=128,
+        max_train_steps=16,
+        num_warmup_steps=2,
+        max_eval_samples=8,
+        per_device_eval_batch_size=8,
+        preprocessing_num_workers=None,
+        glue_data_dir=inputs["glue"],
+        glue_tasks=["sst2", "rte"],
+        glue_max_train_samples=12,
+        glue_train_batch_size=4,
+        paper_table=inputs["paper"],
+    )
+    for key, value in changes.items():
+        if value is DELETE:
+            values.pop(key)
+        else:
+            values[key] = value
+    path.write_text(yaml.safe_dump(values, allow_unicode=True))
+    return path
+
+
+def without_timing(results: dict) -> dict:
+    """`results.json` without the wall-clock figures (which differ between two runs of the same study)."""
+    results = copy.deepcopy(results)
+    for record in results["runs"]:
+        record.pop("timing")
+    for summary in results["summary"].values():
+        summary.pop("steps_per_second")
+    return results
+
+
+def read_results(output_dir: Path) -> dict:
+    return json.loads((output_dir / "results.json").read_text())
+
+
+def parse_markdown_table(text: str) -> list[dict[str, str]]:
+    """The first Markdown table of `text` as rows of `{header: cell}`."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert re.fullmatch(r"\|(-+:?\|)+", lines[1].replace(" ", "")), lines[1]
+    rows = []
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != len(header):
+            break  # the next table
+        rows.append(dict(zip(header, cells)))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(inputs, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("study_a")
+    study = tiny_study(inputs, root / "study.yaml")
+    records = main(["--study", str(study), "--output_dir", str(root / "out")])
+    assert [(r["variant"], r["seed"]) for r in records] == [(v, s) for v in VARIANTS for s in (0, 1)]
+    return root / "out"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_killed_study_restarts_and_finishes_with_the_same_results(signal_name, inputs, uninterrupted, tmp_path):
+    study = tiny_study(inputs, tmp_path / "study.yaml")
+    argv = ["--study", str(study), "--output_dir", str(tmp_path / "out")]
+    # The signal at the 24th optimizer step of the study: step 8 of 16 of the second run's pretraining.
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tests" / "helpers" / "kill_study_during_run.py"), signal_name, "24", *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    first, second = run_dir(tmp_path / "out", VARIANTS[0], 0), run_dir(tmp_path / "out", VARIANTS[0], 1)
+    if signal_name == "SIGKILL":
+        assert proc.returncode == -9, proc.stderr[-3000:]
+        assert not (second / "pretrain" / "all_results.json").exists()
+    else:  # the recipe finishes the step, writes a checkpoint and stops; the study stops with it
+        assert proc.returncode == 75, proc.stderr[-3000:]
+        assert "Vanilla Transformer, seed 1; the study stopped there" in proc.stderr
+        assert "Run the same command again" in proc.stderr
+        assert not (second / "error.txt").exists()
+    assert (first / "result.json").is_file() and not (second / "result.json").exists()
+    assert (second / "config.json").is_file()
+    assert not run_dir(tmp_path / "out", VARIANTS[1], 0).exists()  # no later run was started
+    assert [r["seed"] for r in read_results(tmp_path / "out")["runs"]] == [0]  # the report of the finished run
+
+    main(argv)  # the same command again: finishes the study, the killed run from its start
+    assert without_timing(read_results(tmp_path / "out")) == without_timing(read_results(uninterrupted))
+
+
+def test_outputs_of_a_study(uninterrupted):
+    results = read_results(uninterrupted)
+    assert results["unfinished"] == [] and len(results["runs"]) == 4
+    for record in results["runs"]:
+        folder = run_dir(uninterrupted, record["variant"], record["seed"])
+        for name in (
+            "config.json",
+            "result.json",
+            "pretrain/model.safetensors",
+            "pretrain/train_history.json",
+            "glue/sst2/all_results.json",
+            "glue/rte/all_results.json",
+        ):
+            assert (folder / name).is_file(), name
+        assert record["early_step"] == 2 and [s for s, _ in record["eval_losses"]] == list(range(0, 17, 2))
+        assert (
+            record["eval_losses"][1][1] == record["early_loss"] and record["eval_losses"][-1][1] == record["final_loss"]
+        )
+        assert record["final_loss"] < record["init_loss"]
+        assert record["total_flops"] == record["flops_per_step"] * 16 > record["flops_per_token"] > 0
+        assert record["glue_average"] == pytest.approx(
+            (record["glue"]["sst2"]["score"] + record["glue"]["rte"]["score"]) / 2
+        )
+        assert record["glue"]["sst2"]["train_examples"] == 12  # the fixed subset of the 20 rows
+        assert record["timing"]["steps_per_second"] > 0
+    # Every run finetunes on the same subset, a seeded sample of the training file with its header.
+    subset = (uninterrupted / "glue_train_subsets" / "sst2.tsv").read_text().splitlines()
+    assert subset[0] == "sentence\tlabel" and len(subset) == 13
+    # The variants differ only in the Table 1 row: SwiGLU's d_ff is 2/3 of the base's 64, rounded to 8s.
+    swiglu = next(r for r in results["runs"] if r["variant"] == "SwiGLU")
+    assert swiglu["config_changes"] == {"gated_mlp": True, "hidden_act": "silu", "intermediate_size": 40}
+    # Pretraining saw the same data for both variants of a seed, evaluated on identically corrupted blocks.
+    vanilla = next(r for r in results["runs"] if r["variant"] == VARIANTS[0] and r["seed"] == 0)
+    assert vanilla["train_tokens"] == swiglu["train_tokens"]
+
+    table = parse_markdown_table((uninterrupted / "results.md").read_text())
+    assert [r["Model"] for r in table] == ["Vanilla Transformer", "", "SwiGLU", ""]
+    assert [r[""] for r in table] == ["hfzoo", "paper", "hfzoo", "paper"]
+    summary = results["summary"]["SwiGLU"]
+    assert table[2]["Final loss"] == f"{summary['final_loss']:.3f} ± {summary['final_loss_std']:.3f}"
+    assert table[3]["Final loss"] == "1.789" and table[3]["GLUE avg / SGLUE"] == "74.21"
+    assert table[3]["Better than vanilla (>2σ)"] == "early, final"  # 2.127 < 2.182 - 2 x 0.005
+    assert {"SST-2", "RTE", "Params", "Ops", "Step/s", "Early loss"} <= set(table[0])
+    assert "Seed-to-seed spread" in (uninterrupted / "results.md").read_text()
+
+    for name in ("loss_curves.png", "final_loss_vs_paper.png", "quality_vs_cost.png"):
+        with Image.open(uninterrupted / name) as image:
+            image.verify()
+            assert image.format == "PNG"
+        with Image.open(uninterrupted / name) as image:
+            assert image.size[0] > 300 and any(k.startswith("hfzoo:") for k in image.text)
+    with Image.open(uninterrupted / "loss_curves.png") as image:
+        curves = json.loads(image.text["hfzoo:curves"])
+    assert set(curves) == set(VARIANTS) and len(curves["SwiGLU"]) == 9
+
+
+def test_the_report_is_written_under_the_study_lock(inputs, uninterrupted, tmp_path, monkeypatch):
+    """Study processes sharing a folder never write the report files at the same time."""
+    import shutil
+
+    from hfzoo.study import report as study_report
+
+    out = tmp_path / "out"
+    shutil.copytree(uninterrupted, out)
+    study = tiny_study(inputs, tmp_path / "study.yaml")
+    original, lock_held = study_report.write_report, []
+
+    def write_report_checking_the_lock(output_dir, settings, records):
+        with open(Path(output_dir) / ".study.lock", "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock_held.append(True)
+            else:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                lock_held.append(False)
+        return original(output_dir, settings, records)
+
+    monkeypatch.setattr(study_report, "write_report", write_report_checking_the_lock)
+    main(["--study", str(study), "--output_dir", str(out)])  # every run finished: only the report is rewritten
+    main(["--study", str(study), "--output_dir", str(out), "--report_only"])
+    assert lock_held == [True, True]
+    assert without_timing(read_results(out)) == without_timing(read_results(uninterrupted))
+
+
+@pytest.mark.slow
+def test_finished_stages_are_reused_and_locked_runs_left_to_their_process(inputs, uninterrupted, tmp_path):
+    """A run whose record is gone redoes only its unfinished stages; a run locked by another process is skipped."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(uninterrupted, out)
+    reference = without_timing(read_results(uninterrupted))
+    study = tiny_study(inputs, out.parent / "study.yaml")
+    redo, locked = run_dir(out, "SwiGLU", 0), run_dir(out, "SwiGLU", 1)
+    model_time = (redo / "pretrain" / "model.safetensors").stat().st_mtime_ns
+    for folder in (redo, locked):
+        (folder / "result.json").unlink()
+    shutil.rmtree(redo / "glue" / "rte")
+    with open(locked / ".lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # as a second study process working on that run would
+        main(["--study", str(study), "--output_dir", str(out)])
+    assert (redo / "glue" / "rte" / "all_results.json").is_file()
+    assert (redo / "pretrain" / "model.safetensors").stat().st_mtime_ns == model_time  # pretraining not repeated
+    assert read_results(out)["unfinished"] == ["SwiGLU (seed 1)"] and not (locked / "result.json").exists()
+    assert "## Unfinished runs" in (out / "results.md").read_text()
+    main(["--study", str(study), "--output_dir", str(out)])  # lock released: the run is finished (stages reused)
+    assert without_timing(read_results(out)) == reference
+
+
+@pytest.mark.slow
+def test_parallel_runs_share_the_study_and_give_the_same_results(inputs, uninterrupted, tmp_path, capfd):
+    """`--parallel_runs 2`: this process and a child split the runs, each run once, same results."""
+    study = tiny_study(inputs, tmp_path / "study.yaml")
+    main(["--study", str(study), "--output_dir", str(tmp_path / "out"), "--parallel_runs", "2"])
+    started = re.findall(r"=== run \d+/4: (.+), seed (\d) \(.*, study process (\d+)\)", capfd.readouterr().out)
+    assert sorted((v, int(s)) for v, s, _ in started) == sorted((v, s) for v in VARIANTS for s in (0, 1))
+    assert len({pid for _, _, pid in started}) == 2  # both processes ran some of the runs
+    assert without_timing(read_results(tmp_path / "out")) == without_timing(read_results(uninterrupted))
+
+
+def expect_refusal(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    message = exc.value.code if isinstance(exc.value.code, str) else capsys.readouterr().err
+    assert "\n" not in message.strip(), f"error is not one line: {message!r}"
+    return message
+
+
+@pytest.mark.parametrize(
+    "changes, flags, expected",
+    [
+        (
+            {"variants": ["Vanilla Transformer", "Vanila Transformer"]},
+            [],
+            "variants: unknown ['Vanila Transformer']; known Table 1 rows: ['Vanilla Transformer', 'GeLU',",
+        ),
+        ({}, ["--variants", "SwiGLUE"], "unknown ['SwiGLUE']"),
+        ({"glue_tasks": DELETE}, [], "missing keys ['glue_tasks'] (every key of the study file is required)"),
+        ({"learning_rat": 0.1}, [], "unknown keys ['learning_rat']"),
+        ({"glue_tasks": ["sst2", "mrpc"]}, [], "glue_tasks: mrpc: files absent: ["),
+        ({"glue_tasks": ["sst3"]}, [], "unknown GLUE task 'sst3'"),
+        ({"seeds": []}, [], "seeds: the study has no seeds"),
+        ({}, ["--max_train_steps", "0"], "max_train_steps=0: needs at least 8 steps"),
+        ({"max_train_steps": "many"}, [], "max_train_steps='many' should be an int"),
+        ({"train_file": ["/nonexistent/books.jsonl"]}, [], "train_file: /nonexistent/books.jsonl: no such file"),
+        (
+            {"variants": ["18 layers, $d_{ff} = 2048, H = 8$"]},
+            [],
+            "num_attention_heads=2 x 2/3 = 1.333 is not a whole number",
+        ),
+        ({"config_overrides": {"hidden_size": 32, "hiden_layers": 2}}, [], "unknown key 'hiden_layers'"),
+        ({"train_batch_tokens": 100}, [], "train_batch_tokens=100 is not a multiple of block_size"),
+        ({"glue_args": {"lora_dropout": 2}}, [], "the GLUE arguments are refused"),
+        ({"lr_scheduler_type": "sometimes"}, [], "the pretraining arguments are refused"),
+        ({}, ["--parallel_runs", "0"], "--parallel_runs must be positive, got 0"),
+    ],
+    ids=[
+        "unknown-variant",
+        "unknown-variant-flag",
+        "missing-key",
+        "unknown-key",
+        "absent-glue-files",
+        "unknown-glue-task",
+        "zero-seeds",
+        "zero-steps",
+        "wrong-type",
+        "absent-data",
+        "row-does-not-scale",
+        "bad-override",
+        "batch-arithmetic",
+        "bad-glue-args",
+        "bad-pretrain-args",
+        "zero-parallel-runs",
+    ],
+)
+def test_bad_input_is_refused_before_anything_is_trained(changes, flags, expected, inputs, tmp_path, capsys):
+    # tokenizer_name null: had the checks passed, the study would first have trained a tokenizer
+    study = tiny_study(inputs, tmp_path / "study.yaml", **{"tokenizer_name": None, **changes})
+    message = expect_refusal(["--study", str(study), "--output_dir", str(tmp_path / "out"), *flags], capsys)
+    assert message.startswith("error: ") and expected in message, message
+    assert not (tmp_path / "out" / "tokenizer").exists() and not (tmp_path / "out" / "runs").exists()
+
+
+def test_an_output_folder_with_another_study_is_refused_unless_overwritten(inputs, tmp_path, capsys):
+    out = tmp_path / "out"
+    other = load_settings(tiny_study(inputs, tmp_path / "other.yaml", max_train_steps=32, tokenizer_name=None))
+    prepare_output_dir(out, other, overwrite=False)
+    (out / "runs" / "old").mkdir(parents=True)
+    study = tiny_study(inputs, tmp_path / "study.yaml", tokenizer_name=None)
+    message = expect_refusal(["--study", str(study), "--output_dir", str(out)], capsys)
+    assert "holds a study with other settings (max_train_steps: 32 there, 16 here)" in message
+    assert (out / "runs" / "old").is_dir() and not (out / "tokenizer").exists()
+    # A subset of the same study (other variants or seeds) is the same study: accepted.
+    subset = tiny_study(inputs, tmp_path / "s.yaml", max_train_steps=32, tokenizer_name=None, seeds=[7])
+    prepare_output_dir(out, load_settings(subset), overwrite=False)
+    # --overwrite_output_dir replaces it.
+    prepare_output_dir(out, load_settings(study), overwrite=True)
+    assert not (out / "runs").exists()
+    assert json.loads((out / "study.json").read_text())["settings"]["max_train_steps"] == 16
+
+
+def test_spearman_with_interval_known_answers():
+    x = np.arange(10.0)
+    # any monotone relation: rho 1 (-1 decreasing), in every resample too
+    assert spearman_with_interval(x, 3 * x + 1) == pytest.approx((1.0, 1.0, 1.0))
+    assert spearman_with_interval(x, -(x**3)) == pytest.approx((-1.0, -1.0, -1.0))
+    # rho = 1 - 6 sum d^2 / (n (n^2 - 1)): two neighbouring ranks swapped twice: sum d^2 = 4, n = 10 -> 1 - 24/990
+    y = np.array([1, 0, 2, 3, 4, 5, 6, 7, 9, 8], dtype=float)
+    rho, low, high = spearman_with_interval(x, y)
+    assert rho == pytest.approx(1 - 24 / 990) and low <= rho <= high <= 1.0
+    assert (rho, low, high) == spearman_with_interval(x, y)  # the resampling is seeded: reproducible
+    # the interval is scipy's percentile bootstrap of scipy's spearmanr (here evaluated one resample at a time)
+    reference = stats.bootstrap(
+        (x, y),
+        lambda a, b: stats.spearmanr(a, b).statistic,
+        paired=True,
+        vectorized=False,
+        n_resamples=999,
+        method="percentile",
+        rng=np.random.default_rng(0),
+    )
+    assert spearman_with_interval(x, y, n_resamples=999)[1:] == pytest.approx(tuple(reference.confidence_interval))
+    # independent noise: an interval that contains 0
+    rng = np.random.default_rng(1)
+    _, low, high = spearman_with_interval(rng.normal(size=30), rng.normal(size=30))
+    assert low < 0 < high
+    assert all(math.isnan(v) for v in spearman_with_interval([1.0, 2.0], [2.0, 1.0]))  # two pairs: no rank test
+
+
+def test_the_default_study_file_validates(data_dir, monkeypatch):
+    """The shipped study: >= 15 Table 1 rows incl. vanilla, 3 GLU variants, RMSNorm, depth, sharing, embeddings, experts."""
+    from hfzoo.study.runner import check_settings
+
+    monkeypatch.chdir(REPO_ROOT)  # its paths are relative to the repository root
+    settings = load_settings(DEFAULT_STUDY)
+    assert len(settings.variants) >= 15 and len(settings.seeds) >= 3
+    assert set(settings.variants) <= set(TABLE_1_ROWS) and "Vanilla Transformer" in settings.variants
+    assert len(set(GLU_VARIANTS) & set(settings.variants)) >= 3 and "RMS Norm" in settings.variants
+    assert any("layers" in v for v in settings.variants) and "Block sharing" in settings.variants
+    assert any("mbedding" in v for v in settings.variants)
+    assert {"Mixture of experts", "Switch Transformer"} & set(settings.variants)
+    if not Path(settings.paper_table).is_file():
+        pytest.skip(f"reference table not found at {settings.paper_table}")
+    check_settings(settings)  # every variant builds on the base; the data, GLUE and paper files exist
+
+
+def test_eval_seed_fixes_the_validation_corruption(inputs, tmp_path):
+    """`--eval_seed` (the study's `eval_seed`) decides the held-out blocks' span corruption, not `--seed`."""
+    from hfzoo.pretraining.loop import main as pretrain
+
+    def init_loss(*extra: str) -> float:
+        out = tmp_path / "-".join(extra)
+        pretrain(["--objective", "span", "--train_file", inputs["train"], "--tokenizer_name", inputs["tokenizer"],
+                  "--config_name", "encoder-decoder-tiny", "--config_overrides", "hidden_size=32,intermediate_size=64",
+                  "--block_size", "32", "--max_train_steps", "1", "--max_eval_samples", "8",
+                  "--validation_split_percentage", "25", "--output_dir", str(out), *extra])  # fmt: skip
+        return json.loads((out / "all_results.json").read_text())["init_eval_loss"]
+
+    default = init_loss("--seed", "3")
+    assert init_loss("--seed", "3", "--eval_seed", "3") == default  # default: --seed
+    assert init_loss("--seed", "3", "--eval_seed", "4") != default  # other corruption of the same blocks

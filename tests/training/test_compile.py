@@ -1,0 +1,134 @@
+"""torch.compile: the default model of each family and the parity presets compile without graph breaks.
+
+Training: `torch._dynamo.explain` counts the graph breaks of a forward pass with labels (the loss); a
+`fullgraph=True` compile (backend `aot_eager`: dynamo and AOT autograd without inductor's slow C++ code
+generation) then runs forward and backward and must give the eager loss and gradients. Generation: greedy
+decoding with `cache_implementation="static"` compiles the decoding step with `fullgraph=True` (any graph
+break is an error) and must produce the eager tokens, which equal those of the dynamic cache. The recipes'
+`--torch_compile` keeps the eager state-dict keys (no `_orig_mod.` prefix; tests/pretraining/test_pretrain_recipe.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+from transformers.generation.configuration_utils import CompileConfig
+
+import hfzoo  # noqa: F401
+from hfzoo.models.presets import build_config
+from hfzoo.training import compilation
+
+TINY = "vocab_size=128,hidden_size=32,num_hidden_layers=2,num_attention_heads=2,intermediate_size=64"
+SEQ2SEQ_IDS = "pad_token_id=0,decoder_start_token_id=0,eos_token_id=1"
+#: name -> (preset, overrides, Auto class): each family's default and its parity preset at a tiny size.
+CASES = {
+    "decoder-tiny": ("decoder-tiny", "vocab_size=128", AutoModelForCausalLM),
+    "encoder-tiny": ("encoder-tiny", "vocab_size=128", AutoModelForMaskedLM),
+    "encoder-decoder-tiny": ("encoder-decoder-tiny", f"vocab_size=128,{SEQ2SEQ_IDS}", AutoModelForSeq2SeqLM),
+    "gpt2": ("gpt2", TINY, AutoModelForCausalLM),
+    "bert": ("bert", TINY, AutoModelForMaskedLM),
+    "t5-v1.0": ("t5-v1.0", f"{TINY},num_decoder_layers=2,head_dim=16", AutoModelForSeq2SeqLM),
+}
+SLOW = {"encoder-decoder-tiny", "t5-v1.0", "bert", "encoder-tiny"}  # a few seconds each on a quiet machine
+
+
+def build(name: str, dropout: bool = True):
+    preset, overrides, auto = CASES[name]
+    if not dropout:
+        overrides += ",hidden_dropout_prob=0.0,attention_probs_dropout_prob=0.0"
+    torch.manual_seed(0)
+    return auto.from_config(build_config(preset, overrides))
+
+
+def batch_for(model) -> dict[str, torch.Tensor]:
+    ids = torch.randint(5, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    if model.config.is_encoder_decoder:
+        batch["labels"] = ids[:, :6].clone()
+    return batch
+
+
+def cases(names, slow=SLOW):
+    return [pytest.param(n, marks=pytest.mark.slow) if n in slow else n for n in names]
+
+
+@pytest.mark.parametrize("name", cases(CASES))
+def test_training_forward_has_no_graph_break(name):
+    model = build(name).train()
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(lambda batch: model(**batch).loss)(batch_for(model))
+    assert explanation.graph_break_count == 0, [r.reason for r in explanation.break_reasons]
+    assert explanation.graph_count == 1
+
+
+@pytest.mark.parametrize("name", cases(["decoder-tiny", "t5-v1.0"], slow={"t5-v1.0"}))
+def test_fullgraph_training_step_matches_eager(name):
+    eager, compiled = build(name, dropout=False).train(), build(name, dropout=False).train()
+    batch = batch_for(eager)
+    eager(**batch).loss.backward()
+    torch._dynamo.reset()
+    compiled.compile(fullgraph=True, backend="aot_eager")
+    loss = compiled(**batch).loss
+    loss.backward()
+    torch.testing.assert_close(loss, eager(**batch).loss.detach(), rtol=1e-5, atol=1e-6)
+    grads = {n: p.grad for n, p in eager.named_parameters() if p.grad is not None}
+    for n, p in compiled.named_parameters():
+        if n in grads:
+            torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-6, msg=n)
+    assert list(compiled.state_dict()) == list(eager.state_dict())  # compiled in place: no `_orig_mod.` prefix
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("name", cases(["decoder-tiny", "encoder-decoder-tiny", "gpt2", "t5-v1.0"]))
+def test_static_cache_greedy_generation_compiles_fullgraph(name):
+    model = build(name).eval()
+    prompt = torch.randint(5, 128, (2, 7), generator=torch.Generator().manual_seed(1))
+    options = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None)
+    dynamic = model.generate(prompt, **options, disable_compile=True)
+    static = model.generate(prompt, **options, cache_implementation="static", disable_compile=True)
+    assert torch.equal(static, dynamic)  # the static cache's score bias and positions cover its slots
+    compile_config = CompileConfig(fullgraph=True, backend="aot_eager", mode=None)
+    compile_config._compile_all_devices = True  # transformers compiles generation on GPUs only by default
+    torch._dynamo.reset()
+    compiled = model.generate(prompt, **options, cache_implementation="static", compile_config=compile_config)
+    assert getattr(model, "_compiled_call", None) is not None  # the decoding steps did run compiled
+    assert torch.equal(compiled, static)
+
+
+def test_compile_model_compiles_in_place_or_falls_back_with_a_warning(monkeypatch, caplog):
+    class Args:
+        torch_compile, torch_compile_mode, torch_compile_backend = True, None, "aot_eager"
+
+    class Accelerator:
+        distributed_type = None
+
+    model = build("decoder-tiny")
+    keys = list(model.state_dict())
+    assert compilation.compile_model(model, Args(), Accelerator())
+    assert model._compiled_call_impl is not None and list(model.state_dict()) == keys
+    monkeypatch.setitem(
+        compilation.COMPILE_BLOCKERS, "hidden_size", (lambda value: value == 64, "a reason for the test")
+    )
+    with caplog.at_level(logging.WARNING, logger=compilation.__name__):
+        assert not compilation.compile_model(build("decoder-tiny"), Args(), Accelerator())
+    assert "running eagerly (hidden_size=64: a reason for the test)" in caplog.text
+    Args.torch_compile, Args.torch_compile_backend = False, None
+    assert not compilation.compile_requested(Args())
+    Args.torch_compile_mode = "max-autotune"  # a mode implies compilation, as in transformers
+    assert compilation.compile_requested(Args())
+
+
+@pytest.mark.slow
+def test_listed_blockers_do_break_the_graph():
+    """Each COMPILE_BLOCKERS entry is real: a model with it has graph breaks (when one is fixed, drop the entry)."""
+    config = build_config("decoder-tiny", "vocab_size=128,num_experts=4")
+    assert compilation.compile_blocker(config).startswith("num_experts=4: mixture-of-experts")
+    assert compilation.compile_blocker(build_config("decoder-tiny", "vocab_size=128")) is None
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).train()
+    torch._dynamo.reset()
+    batch = batch_for(model)
+    assert torch._dynamo.explain(lambda b: model(**b).loss)(batch).graph_break_count > 0

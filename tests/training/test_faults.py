@@ -1,0 +1,247 @@
+"""Faults during training: non-finite losses, SIGTERM in multi-process runs (DDP, DeepSpeed), a failing or stuck
+process, and the fault-injection run (`scripts/chaos_pretrain.py`): interrupted five times, bit-exact at the end."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import math
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers.launch import GLOBAL_BATCH, launch_command, launch_env, recipe_args
+from helpers.pretraining import TINY_OVERRIDES, base_args
+from safetensors.torch import load_file
+
+from hfzoo.pretraining import loop as pretraining
+from hfzoo.pretraining.loop import main
+from hfzoo.training import faults
+from hfzoo.training.checkpointing import find_latest_checkpoint, save_checkpoint, verify_checkpoint
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_chaos_script():
+    spec = importlib.util.spec_from_file_location("chaos_pretrain", REPO_ROOT / "scripts" / "chaos_pretrain.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+chaos = _load_chaos_script()
+
+
+@pytest.fixture
+def nan_loss_at(monkeypatch):
+    """`nan_loss_at({3, 5})`: the training forward passes 3 and 5 of the next run return a NaN loss."""
+
+    def install(calls: set[int]):
+        real_build, count = pretraining._build_model, [0]
+
+        def poison(module, args, kwargs, output):
+            if module.training:
+                count[0] += 1
+                if count[0] in calls:
+                    output["loss"] = output["loss"] * float("nan")
+            return output
+
+        def build(args, config):
+            model = real_build(args, config)
+            model.register_forward_hook(poison, with_kwargs=True)
+            return model
+
+        monkeypatch.setattr(pretraining, "_build_model", build)
+
+    return install
+
+
+def _step_count(checkpoint: Path) -> int:
+    state = torch.load(checkpoint / "optimizer.bin", map_location="cpu", weights_only=True)["state"]
+    return int(next(iter(state.values()))["step"])
+
+
+NONFINITE_ARGS = ["--max_train_steps", "6", "--checkpointing_steps", "2", "--checkpoints_total_limit", "5",
+                  "--logging_steps", "1"]  # fmt: skip
+
+
+def test_a_nan_loss_stops_the_run_at_its_step_and_keeps_the_last_checkpoint(
+    tmp_path, small_jsonl_xz, tokenizer_dir, nan_loss_at, capsys
+):
+    nan_loss_at({3})
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exc:
+        main(base_args(small_jsonl_xz, tokenizer_dir, out, *NONFINITE_ARGS))
+    assert exc.value.code == faults.EXIT_NONFINITE
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: non-finite gradient norm (nan; loss nan) at step 3: its update was not applied")
+    assert "skip such steps with --max_nonfinite_steps N" in last
+    assert last.endswith(f"the last checkpoint, {out / 'checkpoints' / 'step_2'}, is intact")
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2"]
+    assert not (out / "model.safetensors").exists()
+    weights = load_file(out / "checkpoints" / "step_2" / "model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def test_max_nonfinite_steps_skips_such_steps_logs_each_and_counts_them_across_resumes(
+    tmp_path, small_jsonl_xz, tokenizer_dir, nan_loss_at, caplog, capsys
+):
+    nan_loss_at({3, 5})
+    out = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="hfzoo.training.faults"), pytest.raises(SystemExit) as exc:
+        main(base_args(small_jsonl_xz, tokenizer_dir, out, *NONFINITE_ARGS, "--max_nonfinite_steps", "1"))
+    assert exc.value.code == faults.EXIT_NONFINITE
+    warnings = [r.getMessage() for r in caplog.records]
+    assert any(
+        w.startswith("step 3: non-finite gradient norm (nan; loss nan); update skipped (1 of at most 1")
+        for w in warnings
+    )
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "at step 5: its update was not applied and training stopped (1 such step(s) already skipped ([3]))" in last
+    step_4 = out / "checkpoints" / "step_4"
+    assert json.loads((step_4 / "training_state.json").read_text())["nonfinite_steps"] == [3]
+    assert _step_count(step_4) == 3  # 4 steps of data, 3 updates: the skipped one was not applied
+
+    # Resumed without faults: it completes, and the checkpoints keep the record of the skipped step.
+    monkey_free = main(base_args(small_jsonl_xz, tokenizer_dir, out, *NONFINITE_ARGS, "--max_nonfinite_steps", "1",
+                                 "--resume_from_checkpoint", "latest"))  # fmt: skip
+    assert monkey_free["train_steps"] == 6 and math.isfinite(monkey_free["eval_loss"])
+    step_6 = out / "checkpoints" / "step_6"
+    assert json.loads((step_6 / "training_state.json").read_text())["nonfinite_steps"] == [3]
+    assert _step_count(step_6) == 5
+
+
+def test_a_checkpoint_with_non_finite_weights_is_never_written(tmp_path):
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+
+    from hfzoo.models.presets import build_config
+
+    accelerator = Accelerator(cpu=True)
+    model = AutoModelForCausalLM.from_config(build_config("decoder-tiny", TINY_OVERRIDES + ",vocab_size=64"))
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[0, 0] = float("inf")
+    run = SimpleNamespace(accelerator=accelerator, model=model, args=SimpleNamespace(output_dir=str(tmp_path)))
+    with pytest.raises(faults.NonFiniteError, match=r"step 7: parameter model\.layers\.1\.mlp\.down_proj\.weight"):
+        save_checkpoint(run, 7, 0)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.is_file():
+        assert proc.poll() is None, "the run ended before the expected file appeared"
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["ddp.yaml", "deepspeed_zero2.yaml"])
+def test_sigterm_to_accelerate_launch_checkpoints_every_process(config, tmp_path, small_jsonl_xz, tokenizer_dir):
+    """SIGTERM to the launcher (torchrun forwards it to both processes): every process finishes the same step,
+    writes its part of one checkpoint and exits. (Resuming a checkpoint of several processes: test_distributed.)"""
+    argv = recipe_args(small_jsonl_xz, tokenizer_dir, "run", GLOBAL_BATCH // 2, "--checkpointing_steps", "8",
+                       "--max_train_steps", "400")  # fmt: skip
+    proc = subprocess.Popen(launch_command(config, argv), cwd=tmp_path, env=launch_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    out = tmp_path / "run"
+    _wait_for(out / "checkpoints" / "step_8" / "manifest.json", proc)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    stopped = re.findall(r"^stopped by SIGTERM after step (\d+); checkpoint (\S+) written; .*$", stderr, re.MULTILINE)
+    assert len(stopped) == 1, stderr[-3000:]  # one line, from the main process
+    step = int(stopped[0][0])
+    assert 8 <= step < 400 and stderr.count("SIGTERM received: finishing the current step") == 2
+    checkpoint = out / "checkpoints" / f"step_{step}"
+    assert Path(tmp_path / stopped[0][1]) == checkpoint and find_latest_checkpoint(out) == checkpoint
+    verify_checkpoint(checkpoint)
+    state = json.loads((checkpoint / "training_state.json").read_text())
+    assert state["step"] == step and state["num_processes"] == 2
+    names = {p.name for p in checkpoint.rglob("*")}
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= names  # every process saved its part
+    if config.startswith("deepspeed"):  # each process's ZeRO partition of the optimizer state
+        assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"} <= names
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["raise", "hang"])
+def test_a_failing_or_stuck_process_ends_the_others_with_a_message(fault, tmp_path, small_jsonl_xz, tokenizer_dir):
+    """Two processes started without a launcher that would kill the survivors: process 1 raises (or stops
+    responding) at step 3; process 0 ends on its own with a one-line message (`--ddp_timeout 10` for the hang)."""
+    argv = recipe_args(small_jsonl_xz, tokenizer_dir, tmp_path / "run", GLOBAL_BATCH // 2, "--ddp_timeout", "10")
+    env = {**launch_env(), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port())}  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            chaos.child_command(fault, 3, argv, rank=1),
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for r in (0, 1)
+    ]
+    try:
+        _, err0 = procs[0].communicate(timeout=240)
+        if fault == "raise":
+            _, err1 = procs[1].communicate(timeout=60)
+            assert procs[1].returncode == 1 and "RuntimeError: injected failure at step 3 on process 1" in err1
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert procs[0].returncode == 1
+    last = err0.strip().splitlines()[-1]
+    assert last.startswith("error: process 0: a collective operation failed or timed out (another process failed")
+    if fault == "hang":
+        assert "Timed out waiting 10001ms" in last
+
+
+@pytest.mark.slow
+def test_five_interruptions_of_mixed_kinds_end_bit_exact_with_the_uninterrupted_run(
+    tmp_path, small_jsonl_xz, tokenizer_dir
+):
+    """SIGKILL, SIGTERM, a kill in the middle of a save and a corrupted newest checkpoint, each resumed with
+    `latest`: weights, optimizer, scheduler and RNG states and the data position end identical (CPU, bit for bit)."""
+    recipe = base_args(small_jsonl_xz, tokenizer_dir, "unused", "--max_train_steps", "48", "--checkpointing_steps",
+                       "4", "--checkpoints_total_limit", "3", "--learning_rate", "3e-3", "--weight_decay", "0.01")[:-2]  # fmt: skip
+    reference = tmp_path / "reference"
+    proc = subprocess.run(chaos.child_command("none", 0, [*recipe, "--output_dir", str(reference)]),
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kinds = chaos.interruption_plan(5, seed=0)
+    assert set(kinds) == set(chaos.INTERRUPTIONS)
+    segments = chaos.run_interrupted(
+        recipe, tmp_path / "chaos", kinds, max_train_steps=48, checkpointing_steps=4, max_delay=0.0
+    )
+    assert [s.kind for s in segments] == [*kinds, "none"]  # every interruption happened before the run ended
+    assert segments[-1].returncode == 0
+    for segment, following in zip(segments, segments[1:]):
+        if segment.kind == "sigterm":
+            assert segment.returncode == faults.EXIT_PREEMPTED
+            assert re.fullmatch(r"stopped by SIGTERM after step \d+; checkpoint \S+ written; .*", segment.message)
+        else:
+            assert segment.returncode == -signal.SIGKILL
+        if segment.corrupted:  # the next process skipped the damaged checkpoint, with a warning naming it
+            assert any(segment.corrupted.startswith(f"{path}/") for path, _ in following.skipped), following
+    assert any(s.corrupted for s in segments), "no checkpoint was corrupted"
+    assert any("incomplete (its save did not finish)" in reason for s in segments for _, reason in s.skipped)
+    assert chaos.compare_runs(reference, tmp_path / "chaos") == dict.fromkeys(
+        ("weights", "checkpoint_weights", "optimizer", "scheduler", "rng", "data_position"), True
+    )
