@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.loss.loss_utils import ForSequenceClassificationLoss
+from transformers.loss.loss_utils import ForMaskedLMLoss, ForSequenceClassificationLoss
 from transformers.modeling_outputs import (
     MaskedLMOutput,
     Seq2SeqMoEOutput,
@@ -21,6 +21,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutputWithPast,
     TokenClassifierOutput,
 )
+from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils.output_capturing import OutputRecorder
 
 from .compat import CACHE_NAME, LEGACY_CACHE_NAME, accept_legacy_cache_name, cache_field, output_cache
@@ -324,6 +325,53 @@ class HfzooPreTrainedModel(PreTrainedModel):
         if labels is None or num_items_in_batch is None:
             return None
         return labels.ne(-100).sum().float() / _as_device_tensor(num_items_in_batch, labels.device)
+
+    def _lm_loss(
+        self,
+        hidden_states: torch.Tensor,
+        labels: torch.LongTensor | None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        skip_logits: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The logits and the token loss of a language-modelling head (every family's: masked, causal, seq2seq).
+
+        With `_chunked_loss` the head's `lm_head` computes the summed cross-entropy from the hidden states
+        itself (`lm_head(hidden_states, labels=labels)`, in chunks of tokens) and no logits are made; otherwise
+        `lm_head(hidden_states)` gives the logits and the loss is transformers' token loss on them
+        (`ForMaskedLMLoss`: float32 cross-entropy, no shift). Either way the loss is normalised as
+        transformers' `fixed_cross_entropy` does: the sum over the labelled positions divided by
+        `num_items_in_batch`, or without it the mean over `labels != -100` (NaN when every label is ignored).
+
+        Args:
+            hidden_states: `(batch_size, seq_len, hidden_size)` float final hidden states of the base model.
+            labels: `(batch_size, seq_len)` int64 targets already aligned with the positions (a causal head
+                passes its labels shifted: position t predicts label t + 1), -100 = ignored; or None.
+            num_items_in_batch: the labelled positions of the whole accumulated batch (transformers'
+                `Trainer`; int or scalar tensor), or None.
+            skip_logits: the caller's choice (`_chunked_loss`); None: skip the logits in training mode with labels.
+            logits_to_keep: when logits are computed, only for the last `logits_to_keep` positions (0 = all;
+                transformers' `slice_logits_to_keep`, as in generation).
+
+        Returns:
+            `(logits, loss)`: `logits` `(batch_size, seq_len, vocab_size)` (or `logits_to_keep` positions) in
+            the dtype of the head's output, None when chunked; `loss` a float32 scalar (nats per labelled
+            position), None without labels.
+
+        Raises:
+            ValueError: `skip_logits=True` without labels (`_chunked_loss`), or labels that do not match the
+                logits' positions (`logits_to_keep` with labels; `cross_entropy`'s check).
+        """
+        if self._chunked_loss(labels, skip_logits):
+            summed = self.lm_head(hidden_states, labels=labels)
+            return None, normalize_summed_loss(summed, labels, num_items_in_batch)
+        logits = self.lm_head(slice_logits_to_keep(hidden_states, logits_to_keep))
+        if labels is None:
+            return logits, None
+        loss = ForMaskedLMLoss(
+            logits, labels.contiguous(), vocab_size=self.config.vocab_size, num_items_in_batch=num_items_in_batch
+        )
+        return logits, loss
 
     def _request_router_logits(self, kwargs: dict) -> bool:
         """Prepare a head's call of its base model for the auxiliary losses (every head, every family).

@@ -29,8 +29,12 @@ any hfzoo family; `FlopsCount.per_token` divides by the tokens the model process
   static `flops_per_token(config, mixer_idx, is_causal)` giving `(weights per token, FLOPs per (query, key)
   pair)` over all `seq_len ** 2` pairs (mixers with their own heads or per-layer widths: the convolutions,
   whose depthwise multiply-adds are elementwise work, and the Synthesizer). A mixer class with neither is
-  counted as self-attention. A layer type other than the Transformer layer (`hfzoo.modules.stack.LAYER_TYPES`,
-  e.g. the Evolved Transformer's cells) gives its layers' terms with a static `training_flops`.
+  counted as self-attention. A mixer with a parameter-free transform adds its forward FLOPs over the sequence
+  with a static `transform_flops(config, seq_len)`, counted twice for training (the backward pass is one
+  transform of the same size for the input's gradient; there is no weight gradient): FNet's 2-D FFT at
+  5 N log2 N per complex FFT of length N (`hfzoo.modules.fourier.FourierMixer.transform_flops`). A layer
+  type other than the Transformer layer (`hfzoo.modules.stack.LAYER_TYPES`, e.g. the Evolved Transformer's
+  cells) gives its layers' terms with a static `training_flops`.
 - **Encoder-decoder**: encoder tokens pass the encoder layers; decoder tokens pass the decoder layers and
   the head; cross-attention's key and value projections apply to the encoder's outputs (once per encoder
   token and decoder layer) and its scores cover every (decoder token, encoder token) pair. Transparent
@@ -66,6 +70,9 @@ __all__ = ["FlopsCount", "count_training_flops", "weights_per_token"]
 TRAINING_FLOPS_PER_WEIGHT = 6
 #: Forward + backward FLOPs per (query, key) pair per unit of attention width (scores and values, x3).
 TRAINING_ATTENTION_FLOPS_PER_PAIR = 12
+#: Forward + backward FLOPs per forward FLOP of a parameter-free linear transform (FNet's FFT): its backward
+#: pass is one transform of the same size, for the input's gradient (no weight gradient).
+TRAINING_FLOPS_PER_TRANSFORM_FLOP = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +81,8 @@ class FlopsCount:
 
     Attributes:
         weights: `6 x` the matrix-product weights applied, summed over the sequence's tokens (FLOPs).
-        attention: attention scores and weighted values (FLOPs).
+        attention: the token mixers' work over the sequence besides weights (FLOPs): attention scores and
+            weighted values, and parameter-free transforms (FNet's FFTs).
         tokens: tokens the model processed (encoder + decoder positions for an encoder-decoder).
     """
 
@@ -167,22 +175,25 @@ def _layout(config, stack: str):
 
 
 def _token_mixer_terms(config, layout, mixer_idx: int, seq_len: int) -> tuple[int, float]:
-    """`(weights per token, training FLOPs of its (query, key) pairs over seq_len tokens)` of one token mixer."""
+    """`(weights per token, training FLOPs of its (query, key) pairs and transforms over seq_len tokens)` of a mixer."""
     module = TOKEN_MIXERS[layout.token_mixer].module
+    transform = getattr(module, "transform_flops", None)  # a parameter-free transform (FNet's FFT), forward
+    transforms = 0 if transform is None else TRAINING_FLOPS_PER_TRANSFORM_FLOP * transform(config, seq_len)
     cost = getattr(module, "flops_per_token", None)
     if cost is not None:  # (weights, FLOPs per pair), over every pair of the sequence
         weights, per_pair = cost(config, mixer_idx, layout.is_causal)
-        return weights, per_pair * seq_len * seq_len
+        return weights, per_pair * seq_len * seq_len + transforms
     if not (hasattr(module, "mixer_weights") and hasattr(module, "attention_pairs")):
         module = HfzooAttention
     pairs = module.attention_pairs(config, seq_len)
-    return module.mixer_weights(config), TRAINING_ATTENTION_FLOPS_PER_PAIR * _attention_width(config) * pairs
+    width = _attention_width(config)
+    return module.mixer_weights(config), TRAINING_ATTENTION_FLOPS_PER_PAIR * width * pairs + transforms
 
 
 @dataclasses.dataclass(frozen=True)
 class _StackCost:
     weights: float  # matrix-product weights applied over the stack's sequence (summed over its tokens)
-    attention: float  # training FLOPs of the token mixers' (query, key) pairs
+    attention: float  # training FLOPs of the token mixers' (query, key) pairs and transforms
     cross_key_value: int  # cross-attention key / value weights every encoder token passes
     cross_pair_flops: float  # training FLOPs per (stack token, encoder token) pair of the cross-attentions
     out_len: int  # the stack's output length (a funnel encoder's compressed length)

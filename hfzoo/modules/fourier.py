@@ -102,13 +102,35 @@ class FourierMixer(nn.Module):
 
     @staticmethod
     def mixer_weights(config) -> int:
-        """0: the transform has no weights (`hfzoo.models.flops`; FFTs are not matrix products with weights)."""
+        """0: the transform has no weights (`hfzoo.models.flops`; its FFTs are `transform_flops`)."""
         return 0
 
     @staticmethod
     def attention_pairs(config, seq_len: int) -> int:
         """0: no attention scores (`hfzoo.models.flops`)."""
         return 0
+
+    @staticmethod
+    def transform_flops(config, seq_len: int) -> float:
+        """Forward FLOPs of the 2-D DFT over one sequence of `seq_len` tokens (read by `hfzoo.models.flops`).
+
+        Each transform is counted as a complex FFT of its length N at 5 N log2 N real FLOPs (the radix-2
+        Cooley-Tukey count): an FFT over the hidden dimension at each of the n = `seq_len` positions and one
+        over the sequence at each of the d = `hidden_size` channels, `5 n d log2 d + 5 d n log2 n =
+        5 n d log2(n d)`. Conventions: the first transform's input is real (a real FFT would take about half)
+        and lengths need not be powers of two, neither discounted nor rounded; taking the real part is
+        elementwise work (not counted). A padded batch computes the sequence transform as products with the
+        DFT matrix (`fourier_transform`); model FLOPs count the FFT regardless.
+
+        Args:
+            config: an hfzoo config (`hidden_size`).
+            seq_len: tokens of the sequence.
+
+        Returns:
+            The forward FLOPs (a float: `log2` of a length that is not a power of two is not whole).
+        """
+        n, d = seq_len, config.hidden_size
+        return 5 * n * d * (math.log2(d) + math.log2(n))
 
     def forward(
         self,

@@ -27,7 +27,8 @@ The contract of a mixer class (`HfzooAttention` is the reference):
 - static methods `mixer_weights(config) -> int` (matrix-product weights one token passes through in one
   mixer sublayer) and `attention_pairs(config, seq_len) -> int` ((query, key) pairs of scores over a
   sequence of `seq_len` tokens): the mixer's compute, read by `hfzoo.models.flops`; a mixer without them
-  is counted as self-attention.
+  is counted as self-attention. A parameter-free transform adds `transform_flops(config, seq_len) -> float`
+  (its forward FLOPs over a sequence; FNet's FFTs).
 
 The module is the layer's `self_attn` whatever the mixer (one checkpoint layout, PEFT's usual names).
 """

@@ -8,6 +8,8 @@ Table 1 row (a modification whose compute the count misses fails here).
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from helpers.flop_counting import flop_counter
@@ -95,6 +97,27 @@ def test_mixture_of_experts_counts_only_the_active_experts():
     # Twice the experts, the same compute per token (only the router grows).
     more = build_config("decoder-tiny", {**SMALL, "num_experts": 8, "num_experts_per_tok": 2})
     assert count_training_flops(more, T).total - expected == 6 * T * 2 * 16 * 4
+
+
+@pytest.mark.parametrize("seq_len", [8, 10])
+def test_fourier_mixer_adds_5_n_log2_n_per_fft_to_the_attention_free_count(seq_len):
+    """FNet = the self-attention encoder without attention's weights and scores, plus its FFTs (5 N log2 N each)."""
+    attention = build_config("encoder-tiny", SMALL)
+    fourier = build_config("encoder-tiny", {**SMALL, "token_mixer": "fourier"})
+    d_attn = HEADS * HEAD_DIM
+    attention_free = (
+        count_training_flops(attention, seq_len).total
+        - 6 * seq_len * LAYERS * 4 * H * d_attn  # q, k, v, o
+        - 12 * LAYERS * seq_len * seq_len * d_attn  # scores and weighted values
+    )
+    # per sublayer, forward: an FFT of length H at each position, one of length seq_len at each channel
+    ffts = seq_len * 5 * H * math.log2(H) + H * 5 * seq_len * math.log2(seq_len)
+    count = count_training_flops(fourier, seq_len)
+    assert count.total - attention_free == pytest.approx(LAYERS * 2 * ffts, rel=1e-12)  # forward + backward
+    assert count.weights == attention_free  # the FFTs are no matrix products
+    if seq_len == 8:  # 2 layers x 2 x (8 x 5 x 16 x 4 + 16 x 5 x 8 x 3)
+        assert count.attention == 2 * 2 * (2560 + 1920) == 17920
+    assert measured_flops(fourier, seq_len) == attention_free  # torch's FlopCounterMode counts no FFT
 
 
 def test_bad_lengths_are_refused():

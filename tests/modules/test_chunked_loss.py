@@ -16,6 +16,7 @@ from hfzoo import (
     HfzooEncoderDecoderForConditionalGeneration,
     HfzooEncoderForMaskedLM,
 )
+from hfzoo.modeling_utils import HfzooPreTrainedModel
 from hfzoo.modules import embeddings
 from hfzoo.modules.embeddings import VocabProjection, chunked_linear_cross_entropy
 
@@ -169,3 +170,54 @@ def test_heads_chunked_loss_equals_loss_from_logits(model_class, config_class, o
     with pytest.raises(ValueError, match="skip_logits=True needs labels"):
         extra = {"decoder_input_ids": ids[:, :6]} if model_class is HfzooEncoderDecoderForConditionalGeneration else {}
         model(input_ids=ids, skip_logits=True, **extra)
+
+
+ONE_PER_LM_HEAD = [LM_HEADS[0], LM_HEADS[2], LM_HEADS[3]]  # decoder causal LM, encoder masked LM, encoder-decoder
+
+
+def _aligned_logits_and_targets(model, ids, labels):
+    """Each head's full logits (eval, no labels) and the targets its positions predict, computed here."""
+    with torch.no_grad():
+        if isinstance(model, HfzooEncoderDecoderForConditionalGeneration):
+            decoder_ids = model.prepare_decoder_input_ids_from_labels(labels)
+            logits = model.eval()(input_ids=ids, decoder_input_ids=decoder_ids).logits
+            return logits, labels  # position t predicts label t
+        logits = model.eval()(input_ids=ids).logits
+    if isinstance(model, HfzooDecoderForCausalLM):  # position t predicts label t + 1
+        return logits, nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+    return logits, labels
+
+
+@pytest.mark.parametrize("model_class, config_class, overrides", ONE_PER_LM_HEAD)
+def test_lm_heads_share_one_loss_equal_to_direct_cross_entropy(model_class, config_class, overrides, monkeypatch):
+    torch.manual_seed(0)
+    model = model_class(config_class(**{**TINY, **overrides}))
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(2, TINY["vocab_size"], (3, 11), generator=g)
+    labels = ids.clone()[:, :6] if model_class is HfzooEncoderDecoderForConditionalGeneration else ids.clone()
+    labels[0, 1::2] = -100
+    labels[2, :3] = -100
+    logits, targets = _aligned_logits_and_targets(model, ids, labels)
+    summed = nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum")
+    count = targets.ne(-100).sum()
+    monkeypatch.setattr(embeddings, "LOSS_CHUNK_BYTES", 4 * TINY["vocab_size"] * 4)  # chunks of 4 tokens
+    model.train()
+    for skip_logits in (True, False):  # chunked summed loss from the hidden states; loss from the logits
+        for num_items, denominator in ((None, count), (40, 40), (torch.tensor(57), 57)):
+            with torch.no_grad():
+                out = model(input_ids=ids, labels=labels, skip_logits=skip_logits, num_items_in_batch=num_items)
+            assert (out.logits is None) is skip_logits
+            assert out.loss.dtype == torch.float32
+            torch.testing.assert_close(out.loss, summed / denominator, rtol=1e-5, atol=1e-6)
+
+    # every LM head computes its loss through the one helper of the shared base class
+    class Routed(Exception):
+        pass
+
+    def refuse(*args, **kwargs):
+        raise Routed
+
+    monkeypatch.setattr(HfzooPreTrainedModel, "_lm_loss", refuse)
+    for skip_logits in (True, False):
+        with pytest.raises(Routed):
+            model(input_ids=ids, labels=labels, skip_logits=skip_logits)

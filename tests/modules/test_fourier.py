@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -109,17 +111,22 @@ def test_fnet_is_refused_where_it_would_see_later_tokens(family, overrides, mess
         FAMILIES[family][0](**{**TINY, **overrides})
 
 
-def test_flops_count_no_mixing_weights_or_scores():
-    """FNet's sublayer has no weights and no scores: only the feed-forward and head remain (and FFTs, not counted)."""
+def test_flops_count_the_ffts_and_no_mixing_weights_or_scores():
+    """FNet's sublayer has no weights or scores: the feed-forward and head, plus 5 N log2 N per FFT of length N."""
     config = build_config("encoder-tiny", {"token_mixer": "fourier", "vocab_size": 64})
     feed_forward, head = 2 * 64 * 256, 64 * 64 + 64 * 64  # per layer; MLM transform + tied output
     assert weights_per_token(config, "encoder") == 2 * feed_forward
-    count = count_training_flops(config, 10)
-    assert count.attention == 0 and count.weights == 6 * 10 * (2 * feed_forward + head)
-    # the real model's matrix products (torch's FlopCounterMode does not count FFTs either) agree with the count
+    seq_len, hidden, layers = 10, config.hidden_size, config.num_hidden_layers
+    # forward, per sublayer: an FFT of length hidden at each position and one of length seq_len at each channel
+    ffts = seq_len * 5 * hidden * math.log2(hidden) + hidden * 5 * seq_len * math.log2(seq_len)
+    assert FourierMixer.transform_flops(config, seq_len) == pytest.approx(ffts, rel=1e-12)
+    count = count_training_flops(config, seq_len)
+    assert count.weights == 6 * 10 * (2 * feed_forward + head)
+    assert count.attention == pytest.approx(layers * 2 * ffts, rel=1e-12)  # backward: one FFT of the same size
+    # the real model's matrix products agree with the weight term (torch's FlopCounterMode counts no FFT)
     torch.manual_seed(0)
     model = FAMILIES["encoder"][1](config)
     ids = torch.randint(3, 64, (1, 10))
     with flop_counter() as counter:
         model(input_ids=ids, labels=ids).loss.backward()
-    assert counter.get_total_flops() == count.total
+    assert counter.get_total_flops() == count.weights == count.total - count.attention

@@ -11,14 +11,12 @@ from torch import nn
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutputWithPast, MoeCausalLMOutputWithPast
-from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from ...modeling_utils import (
     HfzooPreTrainedModel,
     MoeSequenceClassifierOutputWithPast,
-    normalize_summed_loss,
     sequence_classification_loss,
 )
 from ...modules.embeddings import build_vocab_projection, tied_embedding_keys
@@ -111,7 +109,8 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
     of tokens (`hfzoo.modules.embeddings.chunked_linear_cross_entropy`) and `logits` is None, so the
     float32 scores of the whole batch and their gradient never exist (with GPT-2's vocabulary of 50,257
     they are 196 MiB per 1,024 tokens each); `skip_logits=False` asks for the logits anyway (then the loss
-    is transformers' `ForCausalLMLoss` on them). In eval mode, or without labels, the logits are returned.
+    is transformers' cross-entropy on them, as its `ForCausalLMLoss`; both paths are
+    `HfzooPreTrainedModel._lm_loss`). In eval mode, or without labels, the logits are returned.
 
     Args:
         config: an `HfzooDecoderConfig`.
@@ -192,20 +191,9 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             **kwargs,
         )
-        logits = loss = None
-        if self._chunked_loss(shift_labels, skip_logits):
-            summed = self.lm_head(outputs.last_hidden_state, labels=shift_labels)
-            loss = normalize_summed_loss(summed, shift_labels, num_items_in_batch)
-        else:
-            logits = self.lm_head(slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep))
-            if shift_labels is not None:
-                loss = self.loss_function(
-                    logits=logits,
-                    labels=None,
-                    shift_labels=shift_labels.contiguous(),
-                    vocab_size=self.config.vocab_size,
-                    num_items_in_batch=num_items_in_batch,
-                )
+        logits, loss = self._lm_loss(
+            outputs.last_hidden_state, shift_labels, num_items_in_batch, skip_logits, logits_to_keep
+        )
         share = self._loss_share(shift_labels, num_items_in_batch)
         loss, moe = self._add_router_losses(
             loss, outputs, attention_mask, return_router_logits=return_router_logits, loss_share=share

@@ -14,7 +14,6 @@ from ...modeling_utils import (
     MoeMaskedLMOutput,
     MoeSequenceClassifierOutput,
     MoeTokenClassifierOutput,
-    normalize_summed_loss,
     sequence_classification_loss,
 )
 from ...modules.embeddings import VocabProjection, tied_embedding_keys
@@ -166,19 +165,7 @@ class HfzooEncoderForMaskedLM(HfzooEncoderPreTrainedModel):
             inputs_embeds=inputs_embeds,
             **kwargs,
         )
-        logits = loss = None
-        if self._chunked_loss(labels, skip_logits):
-            summed = self.lm_head(outputs.last_hidden_state, labels=labels)
-            loss = normalize_summed_loss(summed, labels, num_items_in_batch)
-        else:
-            logits = self.lm_head(outputs.last_hidden_state)
-            if labels is not None:
-                loss = self.loss_function(
-                    logits,
-                    labels.contiguous(),
-                    vocab_size=self.config.vocab_size,
-                    num_items_in_batch=num_items_in_batch,
-                )
+        logits, loss = self._lm_loss(outputs.last_hidden_state, labels, num_items_in_batch, skip_logits)
         share = self._loss_share(labels, num_items_in_batch)
         loss, moe = self._add_router_losses(
             loss, outputs, attention_mask, return_router_logits=return_router_logits, loss_share=share

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
-from transformers.loss.loss_utils import ForMaskedLMLoss
 from transformers.modeling_outputs import (
     BaseModelOutput,
     Seq2SeqMoEModelOutput,
@@ -27,7 +26,6 @@ from ...modeling_utils import (
     HfzooPreTrainedModel,
     Seq2SeqMoELMOutput,
     Seq2SeqMoESequenceClassifierOutput,
-    normalize_summed_loss,
     sequence_classification_loss,
 )
 from ...modules.attention import HfzooAttention
@@ -390,19 +388,8 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
             use_cache=use_cache,
             **kwargs,
         )
-        logits = loss = None
-        if self._chunked_loss(labels, skip_logits):
-            summed = self.lm_head(outputs.last_hidden_state, labels=labels)
-            loss = normalize_summed_loss(summed, labels, num_items_in_batch)
-        else:
-            logits = self.lm_head(outputs.last_hidden_state)
-            if labels is not None:  # unshifted targets: transformers' token loss without the causal shift
-                loss = ForMaskedLMLoss(
-                    logits,
-                    labels.contiguous(),
-                    vocab_size=self.config.vocab_size,
-                    num_items_in_batch=num_items_in_batch,
-                )
+        # unshifted targets: position t's logits predict label t (the decoder inputs are the labels shifted right)
+        logits, loss = self._lm_loss(outputs.last_hidden_state, labels, num_items_in_batch, skip_logits)
         share = self._loss_share(labels, num_items_in_batch)
         loss, moe = self._add_router_losses(
             loss, outputs, attention_mask, decoder_attention_mask, return_router_logits, loss_share=share
