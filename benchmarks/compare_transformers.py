@@ -82,8 +82,8 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
 
     import hfzoo  # noqa: F401  (registers the hfzoo classes with the Auto classes)
     from hfzoo import convert
-    from hfzoo.models.presets import build_config
     from hfzoo.models.flops import count_training_flops
+    from hfzoo.models.presets import build_config
     from hfzoo.training.throughput import resolve_peak_tflops
 
     device = torch.device(args.device)

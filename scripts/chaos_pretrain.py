@@ -62,8 +62,8 @@ def install_fault(kind: str, step: int, rank: int | None = None, delay: float = 
         delay: seconds after the start of the step at which a signal is sent (from another thread; 0: at once,
             from this thread, before the step's computation).
     """
-    from hfzoo.training import checkpointing
     from hfzoo.pretraining import loop as pretraining
+    from hfzoo.training import checkpointing
 
     position = {"start": 0, "calls": 0, "armed": False}
     real_load, real_step, real_manifest = (

@@ -58,11 +58,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from .encoder.configuration_encoder import HfzooEncoderConfig
 from ..modules.attention import HfzooAttention
 from ..modules.embeddings import adaptive_input_clusters, adaptive_softmax_clusters
 from ..modules.mixers import TOKEN_MIXERS
 from ..modules.stack import LAYER_STACKS, LAYER_TYPES
+from .encoder.configuration_encoder import HfzooEncoderConfig
 
 __all__ = ["FlopsCount", "count_training_flops", "weights_per_token"]
 

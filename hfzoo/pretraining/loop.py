@@ -10,9 +10,9 @@ resumable checkpoints, and writes a standard `save_pretrained` folder with `eval
 
 from __future__ import annotations
 
-import functools
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import math
