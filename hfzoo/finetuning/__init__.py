@@ -9,6 +9,21 @@
 The names below are the job's public API (the study finetunes through them).
 """
 
-from .glue import cli, main, parse_glue_args
+import importlib
+
+#: Public name -> `module` of this package (or `module:attribute`) that defines it.
+_EXPORTS = {
+    "cli": "glue",
+    "main": "glue",
+    "parse_glue_args": "glue",
+}
 
 __all__ = ["cli", "main", "parse_glue_args"]
+
+
+def __getattr__(name: str):
+    """Import a public name on first use (so `python -m hfzoo.finetuning.<module>` runs that module only once)."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attribute = _EXPORTS[name].partition(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), attribute or name)

@@ -9,8 +9,24 @@
 The names below are the job's public API (the study runs pretraining through them).
 """
 
-from .arguments import build_pretrain_parser, parse_pretrain_args
-from .loop import PretrainingRun, cli, main
-from .tokenizer import main as train_tokenizer
+import importlib
+
+#: Public name -> `module` of this package (or `module:attribute`) that defines it.
+_EXPORTS = {
+    "PretrainingRun": "loop",
+    "build_pretrain_parser": "arguments",
+    "cli": "loop",
+    "main": "loop",
+    "parse_pretrain_args": "arguments",
+    "train_tokenizer": "tokenizer:main",
+}
 
 __all__ = ["PretrainingRun", "build_pretrain_parser", "cli", "main", "parse_pretrain_args", "train_tokenizer"]
+
+
+def __getattr__(name: str):
+    """Import a public name on first use (so `python -m hfzoo.pretraining.<module>` runs that module only once)."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attribute = _EXPORTS[name].partition(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), attribute or name)

@@ -5,6 +5,23 @@
 - `report.py`: `results.json`, `results.md` (Table 1 beside the paper's rows), statistics and plots.
 """
 
-from .runner import StudySettings, cli, load_settings, main, run_study
+import importlib
+
+#: Public name -> `module` of this package (or `module:attribute`) that defines it.
+_EXPORTS = {
+    "StudySettings": "runner",
+    "cli": "runner",
+    "load_settings": "runner",
+    "main": "runner",
+    "run_study": "runner",
+}
 
 __all__ = ["StudySettings", "cli", "load_settings", "main", "run_study"]
+
+
+def __getattr__(name: str):
+    """Import a public name on first use (so `python -m hfzoo.study.<module>` runs that module only once)."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attribute = _EXPORTS[name].partition(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), attribute or name)
