@@ -30,8 +30,9 @@ config).
 
 Everything that can be refused is checked before the tokenizer or any model is trained: unknown variants
 (the known ones are listed), missing study-file keys, absent data or GLUE files, zero seeds or steps,
-invalid configs or recipe arguments, and an output folder that holds a study with other settings
-(unless `--overwrite_output_dir`).
+invalid configs or recipe arguments, and an output folder that holds a study with other settings, or whose
+data differs (unless `--overwrite_output_dir`). The folder's `study.json` records the paths as given and the
+data they point to (sizes and sha256 digests), so a study continues from a moved folder or with moved data.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedConfig
 from ..data.collators import compute_input_and_target_lengths
 from ..data.glue import get_glue_task
 from ..finetuning import parse_glue_args
+from ..integrity import file_sha256
 from ..models.flops import count_training_flops
 from ..models.narang import TABLE_1_ROWS, load_paper_table, resolve_row
 from ..models.presets import PRESETS, build_config, parse_overrides
@@ -173,7 +175,8 @@ class StudySettings:
     paper_table: str | None
 
 
-#: Keys holding paths (made absolute when the study is loaded, so the saved settings compare across directories).
+#: Keys holding paths: kept as given (relative to the working directory) in the settings and `study.json`, made
+#: absolute for the run (`resolve_paths`); a study folder records what data they point to (`data_fingerprints`).
 PATH_KEYS = (
     "config_name",
     "tokenizer_name",
@@ -278,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_settings(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> StudySettings:
-    """Read a study file, apply command-line values, check types and make paths absolute.
+    """Read a study file, apply command-line values and check types; paths stay as given (see `resolve_paths`).
 
     Args:
         path: the YAML study file; every `StudySettings` field must be a key.
@@ -318,15 +321,24 @@ def load_settings(path: str | os.PathLike, overrides: dict[str, Any] | None = No
         except (ValueError, yaml.YAMLError) as err:
             raise ValueError(f"--{key}: {err}") from None
         checked[key] = _check_type(key, value, f"--{key}")
+    return StudySettings(**checked)
+
+
+def resolve_paths(settings: StudySettings) -> StudySettings:
+    """The settings with every path made absolute (relative ones against the working directory), for the runs.
+
+    The recipes' child processes (`--launcher`) get these, so they find the data wherever they run.
+    """
+    resolved = {}
     for key in PATH_KEYS:
-        value = checked[key]
+        value = getattr(settings, key)
         if key == "config_name" and value in PRESETS:
             continue
         if isinstance(value, list):
-            checked[key] = [str(Path(v).resolve()) for v in value]
+            resolved[key] = [str(Path(v).resolve()) for v in value]
         elif value is not None:
-            checked[key] = str(Path(value).resolve())
-    return StudySettings(**checked)
+            resolved[key] = str(Path(value).resolve())
+    return dataclasses.replace(settings, **resolved)
 
 
 # ----------------------------------------------------------------------------------------------- checks
@@ -648,17 +660,110 @@ def _saved_settings(settings: StudySettings) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k not in SELECTION_KEYS}
 
 
+#: Files of a tokenizer folder its fingerprint leaves out: model weights, which the tokenizer does not read.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack")
+
+
+def _fingerprint(path: Path, files: list[str] | None = None) -> dict[str, Any] | None:
+    """A file's `{"size", "sha256"}`; a folder's `{"files": {relative path: that or None}}`; None if absent.
+
+    A folder's `files` default to the files directly in it, weights aside.
+    """
+    if path.is_file():
+        return {"size": path.stat().st_size, "sha256": file_sha256(path)}
+    if not path.is_dir():
+        return None
+    if files is None:
+        files = sorted(f.name for f in path.iterdir() if f.is_file() and f.suffix not in _WEIGHT_SUFFIXES)
+    return {"files": {name: _fingerprint(path / name) for name in files}}
+
+
+def data_fingerprints(settings: StudySettings) -> dict[str, Any]:
+    """What each path setting points to, so that a study folder recognises its data under another path.
+
+    Per key of `PATH_KEYS`: None when there is no local data (null, a preset, a hub name), else the
+    `_fingerprint` of the data the study reads: each file of a list; of `glue_data_dir` the study's tasks'
+    training and dev files; of a `config_name` folder its `config.json`; a file or tokenizer folder whole.
+    """
+    prints: dict[str, Any] = {}
+    for key in PATH_KEYS:
+        value = getattr(settings, key)
+        if value is None or key == "config_name" and value in PRESETS:
+            prints[key] = None
+        elif isinstance(value, list):
+            prints[key] = [_fingerprint(Path(v)) for v in value]
+        elif key == "glue_data_dir":
+            files = [f.relative_to(value).as_posix() for t in settings.glue_tasks for f in _glue_files(settings, t)]
+            prints[key] = _fingerprint(Path(value), files)
+        else:
+            prints[key] = _fingerprint(Path(value), ["config.json"] if key == "config_name" else None)
+    return prints
+
+
+def _data_difference(there: Any, here: Any) -> str:
+    """What differs between two fingerprints (`_fingerprint`, or lists of them), in a few words."""
+    if there is None or here is None:
+        return "absent there" if there is None else "absent here"
+    if isinstance(there, list) or isinstance(here, list):
+        if not (isinstance(there, list) and isinstance(here, list)) or len(there) != len(here):
+            count = [len(v) if isinstance(v, list) else 1 for v in (there, here)]
+            return f"{count[0]} file(s) there, {count[1]} here"
+        index = next(i for i, (a, b) in enumerate(zip(there, here)) if a != b)
+        return f"file {index + 1}: {_data_difference(there[index], here[index])}"
+    if "files" in there and "files" in here:
+        a, b = there["files"], here["files"]
+        if set(a) != set(b):
+            return f"files only there: {sorted(set(a) - set(b))}, only here: {sorted(set(b) - set(a))}"
+        name = next(n for n in sorted(a) if a[n] != b[n])
+        return f"{name}: {_data_difference(a[name], b[name])}"
+    if "files" in there or "files" in here:
+        return "a folder there, a file here" if "files" in there else "a file there, a folder here"
+    if there["size"] != here["size"]:
+        return f"size {there['size']} bytes there, {here['size']} here"
+    return f"same size ({here['size']} bytes) but sha256 {there['sha256'][:12]}... there, {here['sha256'][:12]}... here"
+
+
+def _study_differences(saved: dict[str, Any], settings: StudySettings, data: dict[str, Any]) -> tuple[list, list]:
+    """`(settings, data)`: one line per setting, and per path setting whose data, that differs from `saved`.
+
+    A path setting compares by its data (`data_fingerprints`), however it is spelled; where a side has no
+    local data (null, a preset, a hub name, an absent path), by its value first. A `study.json` without
+    `data` (written before data was recorded) holds absolute paths: they compare with the resolved ones.
+    """
+    old, current = saved.get("settings", {}), _saved_settings(settings)
+    old_data = saved.get("data")
+    if old_data is None:
+        current.update({k: v for k, v in _saved_settings(resolve_paths(settings)).items() if k in PATH_KEYS})
+    other_settings, other_data = [], []
+    for key in sorted(set(old) | set(current)):
+        shown = f"{key}: {old.get(key)!r} there, {current.get(key)!r} here"
+        same_value = old.get(key) == current.get(key)
+        if old_data is None or key not in PATH_KEYS:
+            if not same_value:
+                other_settings.append(shown)
+            continue
+        there, here = old_data.get(key), data[key]
+        if None in (there, here) and not same_value:
+            other_settings.append(shown)  # no local data on one side: the values tell
+        elif there != here:
+            other_data.append(f"{shown} ({_data_difference(there, here)})")
+    return other_settings, other_data
+
+
 def prepare_output_dir(output_dir: Path, settings: StudySettings, overwrite: bool) -> None:
-    """Record the settings in `study.json`, or refuse a folder holding a study with other settings.
+    """Record the settings and their data in `study.json`, or refuse a folder holding another study.
 
     The variants and seeds are not part of the comparison: one folder can be filled a subset at a time.
+    Paths are recorded as given, and with them the data they point to (`data_fingerprints`): a path
+    spelled otherwise (the data or the folder moved, another working directory) is the same study if its
+    data is the same; the record is then updated to the new paths.
 
     Raises:
-        ValueError: the folder's study differs (the message names the first differing keys), unless
-            `overwrite`, which deletes the folder's contents first.
+        ValueError: the folder's study differs (the message names the first differing keys, and for a path
+            setting what differs in its data), unless `overwrite`, which deletes the folder's contents first.
     """
     saved_file = output_dir / STUDY_FILE
-    current = _saved_settings(settings)
+    record = {"settings": _saved_settings(settings), "data": data_fingerprints(settings)}
     saved = _read_json(saved_file)
     if saved is None and output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
         if (output_dir / "runs").exists() or saved_file.exists():
@@ -666,23 +771,21 @@ def prepare_output_dir(output_dir: Path, settings: StudySettings, overwrite: boo
                 f"--output_dir {output_dir}: holds study runs without a readable {STUDY_FILE}; "
                 "use --overwrite_output_dir to start again"
             )
-    if saved is not None and saved.get("settings") != current:
-        old = saved.get("settings", {})
-        differing = [k for k in sorted(set(old) | set(current)) if old.get(k) != current.get(k)]
-        if not overwrite:
-            shown = "; ".join(f"{k}: {old.get(k)!r} there, {current.get(k)!r} here" for k in differing[:3])
-            raise ValueError(
-                f"--output_dir {output_dir} holds a study with other settings ({shown}); "
-                "use --overwrite_output_dir to replace it, or another --output_dir"
-            )
-    if overwrite and saved is not None and saved.get("settings") != current:
+    other_settings, other_data = _study_differences(saved, settings, record["data"]) if saved else ([], [])
+    if (other_settings or other_data) and not overwrite:
+        shown = "; ".join((other_settings + other_data)[:3])
+        raise ValueError(
+            f"--output_dir {output_dir} holds a study with other {'settings' if other_settings else 'data'} "
+            f"({shown}); use --overwrite_output_dir to replace it, or another --output_dir"
+        )
+    if other_settings or other_data:
         for child in output_dir.iterdir():
             if child.name.startswith(".study"):
                 continue
             shutil.rmtree(child) if child.is_dir() else child.unlink()
     output_dir.mkdir(parents=True, exist_ok=True)
-    if saved is None or saved.get("settings") != current:
-        _write_json(saved_file, {"settings": current})
+    if saved != record:
+        _write_json(saved_file, record)
 
 
 def ensure_tokenizer(settings: StudySettings, output_dir: Path) -> str:
@@ -920,9 +1023,9 @@ def run_study(
     """Run (or continue) a study and write its report; see the module docstring.
 
     Args:
-        settings: from `load_settings`.
+        settings: from `load_settings` (relative paths: relative to the working directory).
         output_dir: the study folder.
-        overwrite: replace a study with other settings found in `output_dir`.
+        overwrite: replace a study with other settings or data found in `output_dir`.
         launcher: None (stages in this process) or a command prefix for child processes.
         num_processes: processes per run started by `launcher`.
         report_only: only rewrite the report from finished runs.
@@ -944,16 +1047,17 @@ def run_study(
         raise ValueError(f"--parallel_runs must be positive, got {parallel_runs}")
     if parallel_runs > 1 and child_argv is None:
         raise ValueError("parallel_runs > 1 needs child_argv (the arguments of the other study processes)")
+    given, settings = settings, resolve_paths(settings)  # study.json keeps the paths as given; the runs get these
     check_settings(settings, num_processes)
     output_dir.mkdir(parents=True, exist_ok=True)
     plan = [(variant, seed) for variant in settings.variants for seed in settings.seeds]
     if report_only:
         if _read_json(output_dir / STUDY_FILE) is None:
             raise ValueError(f"--output_dir {output_dir}: no study to report on ({STUDY_FILE} missing)")
-        prepare_output_dir(output_dir, settings, overwrite=False)
+        prepare_output_dir(output_dir, given, overwrite=False)
         return _write_report_locked(output_dir, settings, plan)
     with _lock(output_dir / ".study.lock", blocking=True):
-        prepare_output_dir(output_dir, settings, overwrite)
+        prepare_output_dir(output_dir, given, overwrite)
         tokenizer_dir = ensure_tokenizer(settings, output_dir)
         subsets = ensure_glue_subsets(settings, output_dir)
     helpers = [_start_study_process(child_argv) for _ in range(parallel_runs - 1)] if parallel_runs > 1 else []
