@@ -51,12 +51,16 @@ _RUN_AS = {
 
 
 def _warn_moved(old: str) -> None:
-    """Warn that `old` moved, attributed to the first caller outside the import machinery."""
+    """Warn that `old` moved, attributed to the line that imported it (not to the import machinery)."""
+    # `warnings` skips the frames of importlib's bootstrap itself; skip this file and `importlib.import_module`.
     frame, level = sys._getframe(1), 1
-    while frame is not None and (
-        frame.f_code.co_filename.startswith("<frozen importlib") or frame.f_code.co_filename == __file__
-    ):
-        frame, level = frame.f_back, level + 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not ("importlib" in name and "_bootstrap" in name):
+            level += 1
+            if name not in (__file__, importlib.__file__):
+                break
+        frame = frame.f_back
     warnings.warn(
         f"{old} moved to {MOVED_MODULES[old]}; the old name is deprecated and will be removed in hfzoo 0.3",
         DeprecationWarning,
