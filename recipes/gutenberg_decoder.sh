@@ -6,6 +6,8 @@
 #      validation and print a greedy sample, generated with and without the KV cache (a difference fails the job).
 # Data: $HFZOO_DATA_DIR (default ../shared/data beside the checkout). Output: $OUTPUT_DIR (default outputs/gutenberg-decoder).
 # Extra arguments are passed to recipes/pretrain.py (hfzoo-pretrain) (e.g. --max_train_steps 200 for a quicker run).
+# With a CUDA GPU (and HFZOO_DEVICE unset or cuda) it pretrains there: one GPU, bf16, SDPA, --torch_compile;
+# HFZOO_DEVICE=cpu runs on the CPU anyway.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${VIRTUAL_ENV:-}" ] || . .venv/bin/activate
@@ -13,6 +15,19 @@ DATA=${HFZOO_DATA_DIR:-../shared/data}
 OUT=${OUTPUT_DIR:-outputs/gutenberg-decoder}
 mkdir -p "$OUT"
 SECONDS=0
+DEVICE=${HFZOO_DEVICE:-auto}
+case "$DEVICE" in auto|cpu|cuda) ;; *) echo "error: HFZOO_DEVICE=$DEVICE: expected auto, cpu or cuda" >&2; exit 2 ;; esac
+if [ "$DEVICE" = auto ]; then
+    DEVICE=$(python -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+fi
+if [ "$DEVICE" = cuda ]; then
+    LAUNCH_CONFIG=accelerate_configs/single_gpu.yaml
+    DEVICE_ARGS=(--attn_implementation sdpa --torch_compile)
+else
+    LAUNCH_CONFIG=accelerate_configs/cpu_single_process.yaml
+    DEVICE_ARGS=()
+fi
+echo "device: $DEVICE (accelerate config $LAUNCH_CONFIG)"
 
 echo "== 1/3 tokenizer =="
 hfzoo-train-tokenizer \
@@ -20,8 +35,8 @@ hfzoo-train-tokenizer \
     --vocab_size 4096 --min_frequency 2 --model_family decoder --output_dir "$OUT/tokenizer"
 
 echo "== 2/3 pretraining (accelerate launch) =="
-accelerate launch --config_file accelerate_configs/cpu_single_process.yaml recipes/pretrain.py \
-    --config recipes/configs/decoder_gutenberg.yaml \
+accelerate launch --config_file "$LAUNCH_CONFIG" recipes/pretrain.py \
+    --config recipes/configs/decoder_gutenberg.yaml "${DEVICE_ARGS[@]}" \
     --train_file "$DATA/gutenberg/pg_top100_en.00.jsonl.xz" \
     --tokenizer_name "$OUT/tokenizer" --output_dir "$OUT/model" "$@"
 
