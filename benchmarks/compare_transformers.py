@@ -4,7 +4,8 @@ For each family, an hfzoo model is built from a parity preset (`gpt2`, `bert`, `
 sizes below, and transformers' own model (`GPT2LMHeadModel`, `BertForMaskedLM`,
 `T5ForConditionalGeneration`) from the converted config (`hfzoo.convert.*_config_from_hfzoo`), so both
 have the same architecture and parameter count. Implementations: `hfzoo` (eager), `hfzoo-compiled`
-(`torch.nn.Module.compile`, as the recipes' `--torch_compile`), `transformers` (eager, the attention of
+(`torch.nn.Module.compile` of the whole model, as the recipes' `--torch_compile --torch_compile_scope model`;
+benchmarks/compile_time.py compares it with the default regional compilation), `transformers` (eager, the attention of
 `--attn_implementation`, SDPA by default) and `transformers-compiled`. Each (size, family, precision,
 implementation) case runs in a fresh process: `--warmup_steps` (which include compilation) then `--steps`
 timed training steps (forward with labels, backward, AdamW step) on random tokens, fp32 or bf16 autocast;

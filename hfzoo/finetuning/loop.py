@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from ..data.glue import GlueTask
 from ..metrics import load_glue_metric
+from ..training.compilation import no_cache_kwargs
 from ..training.throughput import Throughput, sequence_classification_flops
 
 
@@ -78,9 +79,10 @@ def evaluate_glue(model, dataloader, task: GlueTask, accelerator: Accelerator, m
     metric = load_glue_metric(metric_name)
     model.eval()
     loss_sum, count = 0.0, 0
+    no_cache = no_cache_kwargs(model)
     for batch in dataloader:
         with torch.no_grad():
-            logits = model(**batch).logits.float()
+            logits = model(**batch, **no_cache).logits.float()
         labels = batch["labels"]
         if task.is_regression:
             predictions = logits.squeeze(-1)
@@ -240,6 +242,7 @@ def train_glue(run: GlueRun) -> GlueProgress:
     config = accelerator.unwrap_model(model).config
     if hasattr(accelerator.unwrap_model(model), "get_base_model"):
         config = accelerator.unwrap_model(model).get_base_model().config
+    no_cache = no_cache_kwargs(model)  # a KV cache is of no use here (and makes compiled layers specialize)
     while progress.epoch < run.num_train_epochs:
         if progress.step >= run.max_train_steps and progress.batches_done == 0:
             break  # resumed after the last evaluation: nothing left
@@ -250,7 +253,7 @@ def train_glue(run: GlueRun) -> GlueProgress:
             loader = accelerator.skip_first_batches(run.train_dataloader, progress.batches_done)
         for batch in loader if progress.step < run.max_train_steps else ():
             with accelerator.accumulate(model):
-                loss = model(**batch).loss
+                loss = model(**batch, **no_cache).loss
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and args.max_grad_norm > 0:
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)

@@ -35,6 +35,7 @@ from ..data.packing import tokenize_and_pack
 from ..integrity import check_weight_files
 from ..modules.positions import ABSOLUTE_POSITION_EMBEDDINGS
 from ..training.arguments import OneLineErrorParser, positive_int
+from ..training.compilation import no_cache_kwargs
 
 
 @torch.no_grad()
@@ -58,11 +59,12 @@ def evaluate_lm(model, dataloader, accelerator=None, seed: int | None = None) ->
     was_training = model.training
     model.eval()
     losses = []
+    no_cache = no_cache_kwargs(model)
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
             torch.manual_seed(seed)
         for batch in dataloader:
-            loss = model(**batch).loss.detach().float()
+            loss = model(**batch, **no_cache).loss.detach().float()
             losses_batch = loss.repeat(batch["input_ids"].shape[0])
             if accelerator is not None:
                 losses_batch = accelerator.gather_for_metrics(losses_batch)

@@ -50,7 +50,7 @@ from ..training.checkpointing import (
     prepare_output_dir,
     save_checkpoint,
 )
-from ..training.compilation import compile_model
+from ..training.compilation import compile_model, no_cache_kwargs
 from ..training.objectives import get_objective
 from ..training.optimization import create_optimizer, create_scheduler
 from ..training.plots import plot_training_curves
@@ -410,9 +410,10 @@ def accumulation_step(
     weight = accelerator.num_processes * len(micro_batches) / global_count.clamp(min=1).float()
     total = torch.zeros((), dtype=torch.float32, device=accelerator.device)
     grad_norm = None
+    no_cache = no_cache_kwargs(model)  # a KV cache is of no use here (and makes compiled layers specialize)
     for batch, count in zip(micro_batches, counts):
         with accelerator.accumulate(model):
-            loss = model(**batch).loss
+            loss = model(**batch, **no_cache).loss
             accelerator.backward(loss * (count * weight))
             if accelerator.sync_gradients:
                 norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))

@@ -70,18 +70,35 @@ def positive_float(value: str) -> float:
 
 #: `--torch_compile_mode` choices (torch.compile's modes, as transformers' `TrainingArguments.torch_compile_mode`).
 TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+#: `--torch_compile_scope` choices (`hfzoo.training.compilation.compile_model`): each block of the repeated layers,
+#: compiled once and reused by every layer (PyTorch's regional compilation), or the whole model as one graph.
+TORCH_COMPILE_SCOPES = ("regions", "model")
 
 
 def add_speed_arguments(group) -> None:
-    """Add `--torch_compile`, `--torch_compile_mode`, `--torch_compile_backend` and `--peak_tflops` to a parser group.
+    """Add the `--torch_compile*` arguments (mode, backend, scope) and `--peak_tflops` to a parser group.
 
     The compile arguments have transformers' `TrainingArguments` names and meaning (a mode or backend
-    given turns compilation on); `hfzoo.training.compilation.compile_model` applies them.
+    given turns compilation on); `--torch_compile_scope` is hfzoo's (default `regions`: PyTorch's regional
+    compilation) and does not turn it on by itself. `hfzoo.training.compilation.compile_model` applies them.
+
+    Args:
+        group: an `argparse` parser or argument group.
     """
     group.add_argument(
         "--torch_compile",
         action="store_true",
-        help="Compile the model with torch.compile (variants that cannot compile cleanly run eagerly, with a warning).",
+        help="Compile the model with torch.compile, in place (state-dict keys unchanged); what is compiled: "
+        "--torch_compile_scope. Variants that cannot compile cleanly, and DeepSpeed runs, run eagerly, with a warning.",
+    )
+    group.add_argument(
+        "--torch_compile_scope",
+        choices=TORCH_COMPILE_SCOPES,
+        default="regions",
+        help="What --torch_compile compiles. regions (default): each layer of the repeated layer stacks, compiled "
+        "once and reused by every layer of a stack (PyTorch's regional compilation: the first step compiles one "
+        "layer, not all of them; embeddings, head and loss run eagerly). model: the whole model as one graph "
+        "(compiles for longer, can fuse across layers and into the loss).",
     )
     group.add_argument(
         "--torch_compile_mode",

@@ -1,9 +1,24 @@
-"""`--torch_compile` of the recipes: compile the model in place, or run it eagerly with a warning.
+"""`--torch_compile` of the recipes: compile the model's repeated layers (or the whole model) in place, or run eagerly.
 
-`compile_model(model, args, accelerator)` calls `torch.nn.Module.compile` on the model before
-`accelerator.prepare`. Compiling in place (rather than wrapping the model in `torch.compile`'s
-`OptimizedModule`) keeps the module tree, so `state_dict` keys, `save_pretrained`, checkpoints and
-DDP's parameter hooks stay those of the eager model (no `_orig_mod.` prefix).
+`compile_model(model, args, accelerator)` compiles before `accelerator.prepare`, by default regionally
+(`--torch_compile_scope regions`, PyTorch's regional compilation recipe,
+https://pytorch.org/tutorials/recipes/regional_compilation.html): each block of a repeated layer list
+(`HfzooStack.layers`: a `torch.nn.ModuleList` of one class, as accelerate's `is_repeated_blocks` finds them)
+is compiled, and since the blocks run the same code on parameters of the same shapes, dynamo traces and
+optimizes one layer and every other layer reuses that graph. Compiling takes the time of one layer instead
+of all of them; the embeddings, the final norm, the head and the loss run eagerly. `--torch_compile_scope
+model` compiles the whole model as one graph instead (slower to compile; it can fuse across layers).
+
+Both compile in place (`torch.nn.Module.compile`, through accelerate's in-place `compile_regions_fsdp2` for
+the blocks) rather than wrapping modules in `torch.compile`'s `OptimizedModule`: the module tree is kept, so
+`state_dict` keys, `save_pretrained`, checkpoints and DDP's parameter hooks stay those of the eager model
+(no `_orig_mod.` prefix, which accelerate's `compile_regions` would add to every compiled block's keys).
+
+A layer that extends a KV cache specializes on it (the cache's layers are indexed by the layer's index,
+and each cache layer starts empty), so every layer would compile its own graph: the recipes' training and
+evaluation passes build no cache (`no_cache_kwargs`), so each stack's layers share one graph there.
+Generation with a `DynamicCache` still compiles a few graphs per layer (dynamo's recompile limit, 8 per
+code object, then runs the remaining layers eagerly: same tokens, less speed-up).
 
 Configurations that do not compile cleanly (`compile_blocker`, registry `COMPILE_BLOCKERS` at the bottom;
 docs/modifications.md lists them with the reason) run eagerly with a warning, as does a run under
@@ -18,11 +33,22 @@ from collections.abc import Callable
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, compile_regions_fsdp2, extract_model_from_parallel
+from accelerate.utils.other import is_repeated_blocks
+
+from ..modeling_utils import accepted_keywords
+from .arguments import TORCH_COMPILE_SCOPES
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["COMPILE_BLOCKERS", "compile_blocker", "compile_model", "compile_requested"]
+__all__ = [
+    "COMPILE_BLOCKERS",
+    "compile_blocker",
+    "compile_model",
+    "compile_repeated_blocks",
+    "compile_requested",
+    "no_cache_kwargs",
+]
 
 
 def compile_requested(args: argparse.Namespace) -> bool:
@@ -49,21 +75,71 @@ def compile_blocker(config) -> str | None:
     return None
 
 
-def compile_model(model: torch.nn.Module, args: argparse.Namespace, accelerator: Accelerator) -> bool:
-    """Compile `model` in place with `torch.nn.Module.compile` when the run asks for it and the model allows it.
+def compile_repeated_blocks(model: torch.nn.Module, **compile_kwargs) -> list[str]:
+    """Compile in place every block of each repeated layer list of `model` (PyTorch's regional compilation recipe).
+
+    A repeated layer list is a `torch.nn.ModuleList` whose modules are all of one class (accelerate's
+    `is_repeated_blocks`); the search runs from the root down and does not look inside a list it compiles. Each
+    list is compiled with accelerate's `compile_regions_fsdp2`, which calls `torch.nn.Module.compile` on each
+    block: the blocks stay where they are (state-dict keys unchanged), and as they run the same code on
+    parameters of the same shapes, the first block's graph serves the others (no recompilation per layer).
+
+    Unlike accelerate's `compile_regions`, modules outside the lists are not compiled: an hfzoo stack's layer
+    stack (`HfzooStack.layer_stack`) has no children of its own, so compiling it as a leaf would trace all the
+    layers it calls into one graph again; the embeddings, final norm, head and loss run eagerly.
 
     Args:
-        model: the model, before `accelerator.prepare` (a `PeftModel` is compiled whole; its base model's
-            config decides whether it can be).
-        args: `torch_compile`, `torch_compile_mode`, `torch_compile_backend` (transformers' names).
+        model: any module (an hfzoo model, a `PeftModel` around one).
+        **compile_kwargs: `torch.compile` options (`backend`, `mode`, ...).
+
+    Returns:
+        The qualified names of the compiled lists (`["model.layers"]` for a decoder, `["model.encoder.layers",
+        "model.decoder.layers"]` for an encoder-decoder); empty when the model has none (nothing compiled).
+    """
+    compiled, seen = [], set()
+
+    def visit(name: str, module: torch.nn.Module) -> None:
+        if id(module) in seen:
+            return
+        seen.add(id(module))
+        if is_repeated_blocks(module):
+            compile_regions_fsdp2(module, **compile_kwargs)
+            compiled.append(name)
+            return
+        for child_name, child in module.named_children():
+            visit(f"{name}.{child_name}" if name else child_name, child)
+
+    visit("", model)
+    return compiled
+
+
+def compile_model(model: torch.nn.Module, args: argparse.Namespace, accelerator: Accelerator) -> bool:
+    """Compile `model` in place, by its repeated layers or whole, when the run asks for it and the model allows it.
+
+    Source: PyTorch's regional compilation recipe (https://pytorch.org/tutorials/recipes/regional_compilation.html),
+    through accelerate's in-place block compilation (`compile_repeated_blocks`). State-dict keys and
+    `save_pretrained` output stay those of the eager model in both scopes.
+
+    Args:
+        model: the model, before `accelerator.prepare` (a `PeftModel` is searched for repeated layers, or
+            compiled whole; its base model's config decides whether it can be compiled).
+        args: `torch_compile`, `torch_compile_mode`, `torch_compile_backend` (transformers' names) and
+            `torch_compile_scope` (`hfzoo.training.arguments.TORCH_COMPILE_SCOPES`; default `"regions"`).
         accelerator: the run's accelerator (DeepSpeed runs stay eager).
 
     Returns:
-        True when the model was compiled; False when not asked for, or when it falls back to eager
-        execution (with a warning naming the reason).
+        True when the model (or its repeated layers) was compiled; False when not asked for, or when it falls back
+        to eager execution (with a warning naming the reason). A model without repeated layers is compiled
+        whole under `"regions"` too (logged).
+
+    Raises:
+        ValueError: a `torch_compile_scope` not in `TORCH_COMPILE_SCOPES`.
     """
     if not compile_requested(args):
         return False
+    scope = getattr(args, "torch_compile_scope", None) or "regions"
+    if scope not in TORCH_COMPILE_SCOPES:
+        raise ValueError(f"torch_compile_scope={scope!r}: expected one of {list(TORCH_COMPILE_SCOPES)}")
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     reason = compile_blocker(base.config)
     if reason is None and accelerator.distributed_type == DistributedType.DEEPSPEED:
@@ -71,12 +147,39 @@ def compile_model(model: torch.nn.Module, args: argparse.Namespace, accelerator:
     if reason is not None:
         logger.warning(f"--torch_compile: running eagerly ({reason})")
         return False
-    options = {"backend": args.torch_compile_backend or "inductor"}
-    if args.torch_compile_mode:
+    options = {"backend": getattr(args, "torch_compile_backend", None) or "inductor"}
+    if getattr(args, "torch_compile_mode", None):
         options["mode"] = args.torch_compile_mode
+    if scope == "regions":
+        regions = compile_repeated_blocks(model, **options)
+        if regions:
+            logger.info(f"--torch_compile: the blocks of {', '.join(regions)} compiled ({options})")
+            return True
+        logger.info("--torch_compile: no repeated layers to compile regionally, compiling the whole model")
     model.compile(**options)
     logger.info(f"--torch_compile: model compiled ({options})")
     return True
+
+
+def no_cache_kwargs(model: torch.nn.Module) -> dict[str, bool]:
+    """Keyword arguments that stop a training or evaluation forward pass from building a KV cache.
+
+    A causal stack builds a `DynamicCache` whenever `use_cache` is on (the config's default), training
+    included, as transformers' models do; nothing reads it there. Each compiled layer would specialize on
+    that cache (one graph per layer instead of one for all, up to dynamo's recompile limit), and it holds
+    every layer's keys and values until the output is dropped.
+
+    Args:
+        model: the model the batches go to, as prepared (DDP and DeepSpeed wrappers are looked through, and a
+            `PeftModel`'s base model is read).
+
+    Returns:
+        `{"use_cache": False}` when the model's `forward` names `use_cache` (hfzoo's decoder and
+        encoder-decoder families), else `{}` (an encoder, whose `forward` would refuse it).
+    """
+    model = extract_model_from_parallel(model, keep_torch_compile=False)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {"use_cache": False} if "use_cache" in accepted_keywords(base) else {}
 
 
 #: config field -> (predicate on its value, why such a model does not compile cleanly). Checked by

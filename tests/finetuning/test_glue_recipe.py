@@ -363,3 +363,20 @@ def test_an_undefined_dev_metric_never_wins_the_best_epoch():
     nan = float("nan")
     assert _improves(0.2, None) and _improves(0.1, nan) and _improves(0.3, 0.2)
     assert not _improves(nan, 0.2) and not _improves(0.2, 0.3) and not _improves(0.2, 0.2)
+
+
+def test_torch_compile_trains_like_eager_and_saves_the_eager_keys(checkpoints, glue_dir, tmp_path):
+    """--torch_compile (regional by default; backend aot_eager: inductor is slow on CPU) on a dropout-free decoder."""
+    from safetensors.torch import load_file
+
+    ckpt = tmp_path / "decoder"
+    config = AutoModel.from_pretrained(checkpoints["decoder-tiny"]).config
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    AutoModel.from_pretrained(checkpoints["decoder-tiny"], config=config).save_pretrained(ckpt)
+    AutoTokenizer.from_pretrained(checkpoints["decoder-tiny"]).save_pretrained(ckpt)
+    results = {}
+    for name, extra in (("eager", []), ("compiled", ["--torch_compile", "--torch_compile_backend", "aot_eager"])):
+        results[name] = finetune(argv(ckpt, glue_dir, tmp_path / name, "sst2", "--peft", "none", *extra))
+    assert results["compiled"]["eval_loss"] == pytest.approx(results["eager"]["eval_loss"], rel=1e-5)
+    keys = {name: list(load_file(tmp_path / name / "model.safetensors")) for name in results}
+    assert keys["compiled"] == keys["eager"] and not any("_orig_mod" in k for k in keys["compiled"])

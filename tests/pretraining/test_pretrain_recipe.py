@@ -295,12 +295,18 @@ def test_bad_lr_scheduler_kwargs_fail_before_training(small_jsonl_xz, tokenizer_
 
 @pytest.mark.slow
 def test_torch_compile_trains_like_eager_and_saves_the_eager_keys(small_jsonl_xz, tokenizer_dir, tmp_path):
-    """--torch_compile (backend aot_eager here: inductor's code generation is slow on CPU) compiles in place."""
+    """--torch_compile (backend aot_eager here: inductor's code generation is slow on CPU) compiles in place.
+
+    Both scopes: the repeated layers (the default, regional compilation) and the whole model.
+    """
     results = {}
-    for name, extra in (("eager", []), ("compiled", ["--torch_compile", "--torch_compile_backend", "aot_eager"])):
+    compiled = ["--torch_compile", "--torch_compile_backend", "aot_eager"]
+    runs = (("eager", []), ("compiled", compiled), ("compiled-model", [*compiled, "--torch_compile_scope", "model"]))
+    for name, extra in runs:
         argv = base_args(small_jsonl_xz, tokenizer_dir, tmp_path / name, *extra)
         argv[argv.index(TINY_OVERRIDES)] += ",hidden_dropout_prob=0.0,attention_probs_dropout_prob=0.0"
         results[name] = main(argv)
-    assert results["compiled"]["eval_loss"] == pytest.approx(results["eager"]["eval_loss"], rel=1e-4)
     keys = {name: list(load_file(tmp_path / name / "model.safetensors")) for name in results}
-    assert keys["compiled"] == keys["eager"] and not any("_orig_mod" in k for k in keys["compiled"])
+    for name in ("compiled", "compiled-model"):
+        assert results[name]["eval_loss"] == pytest.approx(results["eager"]["eval_loss"], rel=1e-4), name
+        assert keys[name] == keys["eager"] and not any("_orig_mod" in k for k in keys[name]), name

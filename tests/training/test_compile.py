@@ -6,14 +6,18 @@ generation) then runs forward and backward and must give the eager loss and grad
 decoding with `cache_implementation="static"` compiles the decoding step with `fullgraph=True` (any graph
 break is an error) and must produce the eager tokens, which equal those of the dynamic cache. The recipes'
 `--torch_compile` keeps the eager state-dict keys (no `_orig_mod.` prefix; tests/pretraining/test_pretrain_recipe.py).
+Regional compilation (`compile_model`'s default scope): every layer reuses the first layer's graph (dynamo's
+`unique_graphs` counter), later training steps and a second `generate` compile nothing, the losses are eager's.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 from transformers.generation.configuration_utils import CompileConfig
 
@@ -98,17 +102,34 @@ def test_static_cache_greedy_generation_compiles_fullgraph(name):
     assert torch.equal(compiled, static)
 
 
+class Accelerator:
+    distributed_type = None
+
+
+def compile_args(scope: str | None = "regions", backend: str = "aot_eager") -> argparse.Namespace:
+    return argparse.Namespace(
+        torch_compile=True, torch_compile_mode=None, torch_compile_backend=backend, torch_compile_scope=scope
+    )
+
+
+def compiled_modules(model) -> list[str]:
+    return [name for name, module in model.named_modules() if module._compiled_call_impl is not None]
+
+
 def test_compile_model_compiles_in_place_or_falls_back_with_a_warning(monkeypatch, caplog):
     class Args:
         torch_compile, torch_compile_mode, torch_compile_backend = True, None, "aot_eager"
 
-    class Accelerator:
-        distributed_type = None
-
     model = build("decoder-tiny")
     keys = list(model.state_dict())
-    assert compilation.compile_model(model, Args(), Accelerator())
-    assert model._compiled_call_impl is not None and list(model.state_dict()) == keys
+    assert compilation.compile_model(model, compile_args("model"), Accelerator())
+    assert compiled_modules(model) == [""] and list(model.state_dict()) == keys
+    model = build("decoder-tiny")
+    assert compilation.compile_model(model, Args(), Accelerator())  # regions by default
+    assert compiled_modules(model) == [f"model.layers.{i}" for i in range(model.config.num_hidden_layers)]
+    assert list(model.state_dict()) == keys
+    with pytest.raises(ValueError, match="torch_compile_scope='layers': expected one of"):
+        compilation.compile_model(build("decoder-tiny"), compile_args("layers"), Accelerator())
     monkeypatch.setitem(
         compilation.COMPILE_BLOCKERS, "hidden_size", (lambda value: value == 64, "a reason for the test")
     )
@@ -132,3 +153,72 @@ def test_listed_blockers_do_break_the_graph():
     torch._dynamo.reset()
     batch = batch_for(model)
     assert torch._dynamo.explain(lambda b: model(**b).loss)(batch).graph_break_count > 0
+
+
+def train(model, steps: int = 4) -> tuple[list[float], list[int]]:
+    """Losses of `steps` AdamW steps on one fixed batch without a KV cache (as the recipes train), and the
+    number of graphs dynamo has compiled after each step."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batch = batch_for(model)
+    losses, graphs = [], []
+    for _ in range(steps):
+        loss = model(**batch, **compilation.no_cache_kwargs(model)).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    return losses, graphs
+
+
+def test_regional_compile_trains_like_eager_with_one_graph_for_all_layers(tmp_path):
+    """Regional compilation: every layer runs the first layer's graph, no step recompiles, the losses are eager's."""
+    eager = build("gpt2", dropout=False).train()  # 2 layers
+    eager_losses, _ = train(eager)
+    model = build("gpt2", dropout=False).train()
+    keys = list(model.state_dict())
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    assert compilation.compile_model(model, compile_args(), Accelerator())
+    assert compiled_modules(model) == ["model.layers.0", "model.layers.1"]
+    losses, graphs = train(model)
+    assert graphs == [1, 1, 1, 1]  # layer 1 reuses layer 0's graph; later steps compile nothing
+    torch.testing.assert_close(losses, eager_losses, rtol=1e-5, atol=0)
+    assert len(set(losses)) == len(losses)  # the parameters did change
+    assert list(model.state_dict()) == keys
+    model.save_pretrained(tmp_path / "compiled")
+    eager.save_pretrained(tmp_path / "eager")
+    saved = list(load_file(tmp_path / "compiled" / "model.safetensors"))
+    assert saved == list(load_file(tmp_path / "eager" / "model.safetensors"))
+    assert not any("_orig_mod" in key for key in saved)
+
+
+def test_regional_compile_of_a_deep_stack_compiles_one_layer():
+    """12 layers (the gpt2 preset's depth), one graph: compiling does not grow with the depth."""
+    preset, overrides, auto = CASES["gpt2"]
+    torch.manual_seed(0)
+    model = auto.from_config(build_config(preset, overrides.replace("num_hidden_layers=2", "num_hidden_layers=12")))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    assert compilation.compile_model(model, compile_args(backend="eager"), Accelerator())
+    model.train()
+    for _ in range(2):
+        model(**batch_for(model), **compilation.no_cache_kwargs(model)).loss.backward()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_regional_compile_generates_the_eager_tokens_and_compiles_once():
+    """A second `generate` on a regionally compiled decoder compiles nothing new (the first compiles its graphs)."""
+    model = build("decoder-tiny").eval()
+    prompt = torch.randint(5, 128, (2, 7), generator=torch.Generator().manual_seed(1))
+    options = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None)
+    expected = model.generate(prompt, **options)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    assert compilation.compile_model(model, compile_args(), Accelerator())
+    assert torch.equal(model.generate(prompt, **options), expected)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    # compiled (each layer's cache slots specialize its graph), below the recompile limit (no eager fallback)
+    assert 0 < graphs < torch._dynamo.config.recompile_limit
+    assert torch.equal(model.generate(prompt, **options), expected)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
