@@ -12,6 +12,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
+from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.generation import GenerationMixin
 from transformers.loss.loss_utils import ForMaskedLMLoss, ForSequenceClassificationLoss
 from transformers.modeling_outputs import (
     MaskedLMOutput,
@@ -36,7 +38,7 @@ from .modules.embeddings import (
     check_vocab_resizable,
 )
 from .modules.experts import HfzooRouter, router_aux_losses, token_padding_mask
-from .modules.layer import Residual
+from .modules.layer import HfzooLayer, Residual
 from .modules.mixers import TOKEN_MIXERS
 from .modules.positions import POSITION_ATTENTION_BACKENDS
 from .modules.stack import LAYER_STACKS, LAYER_TYPES
@@ -497,6 +499,123 @@ class HfzooPreTrainedModel(PreTrainedModel):
             module.init_scalars()
         elif hasattr(module, "init_parameters"):  # a block's own nn.Parameters (e.g. a convolution kernel)
             module.init_parameters(self.config.initializer_range)
+
+
+def has_attention_cache(config) -> bool:
+    """Whether every self-attention cache layer of the causal stack holds attention keys and values.
+
+    That is, `(batch_size, num_attention_heads, length, head_dim)` keys and values: Transformer layers whose token
+    mixer is an `HfzooAttention` (sliding-window and branched attention included). The convolutions, the
+    synthesizer and the Evolved Transformer's cells keep states of other shapes in theirs.
+    """
+    causal = [layout for layout in config.stack_layouts() if layout.is_causal]
+    if not causal or LAYER_TYPES[config.layer_type] is not HfzooLayer:
+        return False
+    mixer = TOKEN_MIXERS[causal[-1].token_mixer].module
+    return isinstance(mixer, type) and issubclass(mixer, HfzooAttention)
+
+
+def early_initialize_static_cache(model: PreTrainedModel, cache: Cache | None, batch_size: int) -> None:
+    """Allocate a static cache's tensors now, before a compiled forward pass first writes to them.
+
+    transformers' `StaticLayer` allocates its keys and values at its first `update` and marks them (and its length
+    counter) with `torch._dynamo.mark_static_address`, except while dynamo traces. When the prefill runs compiled
+    (`model.forward = torch.compile(model.forward, mode="reduce-overhead")`, transformers' recipe), that first
+    update is traced: the tensors are created inside the graph (in CUDA graph memory, which the next replay
+    overwrites: "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run") and are
+    never marked, so the decoding graph mutates unmarked inputs ("skipping cudagraphs due to mutated inputs", 3
+    per layer: keys, values, length). Allocated here, outside the compiled region, they are static inputs, which
+    CUDA graphs may update in place. transformers does this itself only for chunked prefill.
+
+    The self-attention cache is initialised when its layers hold attention keys and values (`has_attention_cache`;
+    otherwise its layers stay lazy: correct, but without CUDA graphs), the cross-attention cache of an
+    `EncoderDecoderCache` always (cross-attention is attention in every hfzoo layer). Dynamic caches, layers already
+    initialised and `None` are left alone.
+
+    Args:
+        model: the hfzoo model that will run on the cache (its config, dtype and device).
+        cache: the cache `generate` (or the caller) hands the model, or None.
+        batch_size: rows of the decoder inputs (beams included).
+    """
+    if cache is None:
+        return
+    config = model.config
+    if isinstance(cache, EncoderDecoderCache):
+        caches = [(cache.self_attention_cache, has_attention_cache(config)), (cache.cross_attention_cache, True)]
+    else:
+        caches = [(cache, has_attention_cache(config))]
+    for sub_cache, attention_shaped in caches:
+        layers = getattr(sub_cache, "layers", None)
+        if not attention_shaped or not layers or not sub_cache.is_compileable:
+            continue
+        if all(layer.is_initialized or not layer.supports_early_init for layer in layers):
+            continue
+        sub_cache.early_initialization(
+            batch_size=batch_size,
+            num_heads=config.num_attention_heads,
+            head_dim=config.head_dim,
+            dtype=model.dtype,
+            device=model.device,
+        )
+
+
+class HfzooGenerationMixin(GenerationMixin):
+    """transformers' `GenerationMixin` with what static-cache generation needs from an hfzoo model.
+
+    - `create_masks_for_generate`: the 4-D mask `generate` prepares for a static cache (so that a compiled forward
+      sees inputs of one shape at every step) is the stack's own (`HfzooStack.self_attention_mask`), with the token
+      mixer's pattern (a local window); transformers' generic one would drop it.
+    - `prepare_inputs_for_generation`: allocates a static cache before the first forward pass
+      (`early_initialize_static_cache`), so that a compiled prefill does not create the cache's tensors and
+      CUDA graphs can update them in place.
+
+    A head lists it after its `PreTrainedModel` base and says which stack generates (`_generating_stack`).
+    """
+
+    def _generating_stack(self):
+        """The causal `HfzooStack` whose cache `generate` extends (a head overrides it)."""
+        raise NotImplementedError
+
+    def create_masks_for_generate(
+        self,
+        config,
+        inputs_embeds: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cache: Cache | None,
+        position_ids: torch.Tensor | None = None,
+        **kwargs,
+    ):
+        """The generating stack's self-attention mask for the next step (`HfzooStack.self_attention_mask`).
+
+        Called by `GenerationMixin.prepare_inputs_for_generation` when the cache is compileable (a static cache).
+
+        Args:
+            config: the model's config (unused: the stack's is the same).
+            inputs_embeds: `(batch_size, q_len, 0)`: the step's batch size, length, dtype and device.
+            attention_mask: `(batch_size, past_len + q_len)` decoder padding mask, or None.
+            cache: the generation cache (an `EncoderDecoderCache` for the encoder-decoder).
+            position_ids: `(batch_size, q_len)` int64, or None.
+            **kwargs: other arguments transformers passes (token types, `is_first_iteration`), unused.
+
+        Returns:
+            The backend-specific mask, as the stack would build it from the same inputs.
+        """
+        self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+        return self._generating_stack().self_attention_mask(inputs_embeds, attention_mask, self_cache, position_ids)
+
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, *args, **kwargs) -> dict:
+        """`GenerationMixin.prepare_inputs_for_generation`, after allocating a static cache.
+
+        Args:
+            input_ids: `(batch_size, seq_len)` the tokens so far (the decoder's, in the encoder-decoder).
+            *args: passed on.
+            **kwargs: passed on; `cache` is the generation cache.
+
+        Returns:
+            The keyword arguments of the next forward pass.
+        """
+        early_initialize_static_cache(self, kwargs.get("cache"), input_ids.shape[0])
+        return super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
 
 
 def _align_cpu_tensors(model: nn.Module, alignment: int = 64) -> None:

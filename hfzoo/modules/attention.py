@@ -311,6 +311,7 @@ class HfzooAttention(nn.Module):
                 both `key_value_states` and a cache.
         """
         batch_size, q_len, _ = hidden_states.shape
+        past_length = None  # tokens cached before this call (self-attention with a cache), for the query positions
         # (batch, q_len, hidden) -> (batch, heads, q_len, head_dim)
         query = self.q_proj(hidden_states).view(batch_size, q_len, self.num_heads, self.head_dim).transpose(1, 2)
         if self.is_cross_attention:
@@ -334,16 +335,21 @@ class HfzooAttention(nn.Module):
                 query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
             self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
             if self_cache is not None:
+                # Before the update: a static cache's length is a tensor the update increments in place.
+                past_length = self_cache.get_seq_length(self.layer_idx)
+                past_length = past_length.clone() if isinstance(past_length, torch.Tensor) else past_length
                 key, value = self_cache.update(key, value, self.layer_idx)
             attention_mask = self.restrict_attention_mask(attention_mask, query, key, padding_mask)
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
         if self.is_cross_attention:
             position_bias = None
         elif self.relative_attention_bias is not None:
-            position_bias = self.relative_attention_bias(*token_positions(q_len, key.shape[-2], query.device))
+            position_bias = self.relative_attention_bias(
+                *token_positions(q_len, key.shape[-2], query.device, past_length)
+            )
         if self.relative_positions is not None:
             relative_keys, relative_values = self.relative_positions(
-                *token_positions(q_len, key.shape[-2], query.device)
+                *token_positions(q_len, key.shape[-2], query.device, past_length)
             )
             output, weights = shaw_attention_forward(
                 self, query, key, value, attention_mask, self.scaling, relative_keys, relative_values, dropout

@@ -52,6 +52,38 @@ def conv_kernel_width(config, layer_idx: int) -> int:
     return sizes if isinstance(sizes, int) else sizes[layer_idx]
 
 
+def update_cached_window(
+    cache: Cache, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, reach: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Append a layer's new inputs to the cache and read back the new positions and the `reach` before them.
+
+    A dynamic cache returns exactly the tokens so far; a static cache returns all its `max_cache_len` slots, the
+    ones after the current length empty. So the window is read by position, `past_length - reach ...
+    past_length + q_len - 1` (`past_length`: the cache's length before the update, a tensor for a static cache),
+    with zeros before the start of the sequence: the same values from both caches, without a graph break.
+
+    Args:
+        cache: the stack's token-mixer cache (not an `EncoderDecoderCache`).
+        keys: `(batch_size, 1, q_len, width)`: the new inputs, stored as the layer's keys.
+        values: `(batch_size, 1, q_len, value_width)`: stored as its values (may be 0 wide).
+        layer_idx: the cache layer.
+        reach: how many positions before the new ones to read.
+
+    Returns:
+        `(keys, values)`, each `(batch_size, reach + q_len, width)`: zero where the position is before 0.
+    """
+    q_len = keys.shape[2]
+    past_length = cache.get_seq_length(layer_idx)
+    # Before the update, which increments a static cache's length tensor in place.
+    past_length = past_length.clone() if isinstance(past_length, torch.Tensor) else past_length
+    all_keys, all_values = cache.update(keys, values, layer_idx)
+    positions = torch.arange(-reach, q_len, device=keys.device) + past_length  # (reach + q_len,)
+    before_start = (positions < 0)[None, :, None]
+    index = positions.clamp(min=0)
+    window = [t[:, 0].index_select(1, index).masked_fill(before_start, 0) for t in (all_keys, all_values)]
+    return window[0], window[1]
+
+
 def self_attention_cache(cache: Cache | None) -> Cache | None:
     """The cache of a stack's token mixers: the self-attention half of an `EncoderDecoderCache`, or the cache itself."""
     if isinstance(cache, EncoderDecoderCache):
@@ -199,10 +231,9 @@ class DepthwiseConvolution(nn.Module):
             )
         if cache is not None:
             # The cache keeps every input of this layer, (batch, 1, past + q_len, hidden); the new outputs read
-            # the last q_len + k - 1 of them, zero-padded on the left at the start of the sequence.
-            history, _ = cache.update(inputs[:, None], inputs.new_zeros(batch_size, 1, q_len, 0), self.layer_idx)
-            context = history[:, 0, -(q_len + width - 1) :]
-            padded = F.pad(context, (0, 0, q_len + width - 1 - context.shape[1], 0))
+            # the last q_len + k - 1 of them, zero before the start of the sequence.
+            empty = inputs.new_zeros(batch_size, 1, q_len, 0)
+            padded, _ = update_cached_window(cache, inputs[:, None], empty, self.layer_idx, width - 1)
         else:
             padded = F.pad(inputs, (0, 0, self.padding_left, width - 1 - self.padding_left))
         output = self.convolve(padded, inputs)

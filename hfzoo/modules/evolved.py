@@ -38,7 +38,7 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .attention import HfzooAttention
-from .convolutions import depthwise_convolution
+from .convolutions import depthwise_convolution, update_cached_window
 from .feed_forward import FeedForward
 from .norms import build_norm
 
@@ -271,7 +271,8 @@ class EvolvedTransformerLayer(GradientCheckpointingLayer):
         """The decoder cell's causal conv branches (So et al. Fig. 3, right) on normalized `(batch, q_len, d)`.
 
         With a cache, the branch inputs and their padding indicator are appended to the cell's conv cache layer
-        and the new outputs are computed from the last `q_len + DECODER_RECEPTIVE_FIELD` of them.
+        and the new outputs are computed from the last `q_len + DECODER_RECEPTIVE_FIELD` of them (zeros before the
+        sequence's start; read by position, so a static cache gives the same, `update_cached_window`).
         """
         batch_size, q_len, hidden = h.shape
         if nonpadding is None:
@@ -281,9 +282,10 @@ class EvolvedTransformerLayer(GradientCheckpointingLayer):
         if isinstance(cache, EncoderDecoderCache):
             cache = cache.self_attention_cache
         if cache is not None:
-            inputs, indicators = cache.update(h[:, None], nonpadding[:, None], self.conv_cache_idx)
-            h = inputs[:, 0, -(q_len + DECODER_RECEPTIVE_FIELD) :]
-            nonpadding = indicators[:, 0, -(q_len + DECODER_RECEPTIVE_FIELD) :]
+            # zeros before the start of the sequence, as the convolutions' own padding (indicator 0)
+            h, nonpadding = update_cached_window(
+                cache, h[:, None], nonpadding[:, None], self.conv_cache_idx, DECODER_RECEPTIVE_FIELD
+            )
         left = self.dropout(F.relu(self.conv_left(_pad_time(h, 10))))  # (batch, len, 2d)
         right = self.dropout(self.conv_right(_pad_time(h, 6)))  # (batch, len, d/2)
         h = _zero_padding(self.conv_mid_norm(left + _pad_width(right, 2 * hidden)), nonpadding)

@@ -43,20 +43,37 @@ def is_moe_layer(config, layer_idx: int) -> bool:
     return config.num_experts > 0 and (layer_idx + 1) % config.moe_layer_interval == 0
 
 
-def token_padding_mask(attention_mask: torch.Tensor | None, seq_len: int) -> torch.Tensor | None:
-    """The `(batch_size, seq_len)` bool mask of real (non-padding) tokens, from a 2-D attention mask.
+def token_padding_mask(
+    attention_mask: torch.Tensor | None, seq_len: int, past_length: int | torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """The `(batch_size, seq_len)` bool mask of real (non-padding) tokens, from the attention mask.
+
+    From a 2-D mask, its last `seq_len` columns. From a prepared 4-D mask (what `generate` hands a model with a
+    static cache) given `past_length`, whether each current token may attend to itself: padding masks a padded
+    token's own key, and causality and local windows never do; its key is at `past_length + i` (a static cache's
+    slots, or the keys of a dynamic cache, start at position 0).
 
     Args:
         attention_mask: `(batch_size, past_len + seq_len)` with 1 for tokens and 0 for padding (the
-            last `seq_len` columns are the current tokens), a prepared 4-D mask, or None.
+            last `seq_len` columns are the current tokens), a prepared 4-D mask `(batch_size or 1, 1 or heads,
+            seq_len, kv_len)` (boolean, True = attend, or additive float, 0 = attend), or None.
         seq_len: number of current tokens.
+        past_length: tokens before the current ones (an int, or a static cache's length tensor), needed to read
+            a 4-D mask; None: a 4-D mask gives None.
 
     Returns:
-        A bool tensor `(batch_size, seq_len)`, or None when no 2-D mask is given (every token is real).
+        A bool tensor `(batch_size, seq_len)` (batch size 1 from a 4-D mask broadcast over the batch), or None
+        when there is no mask to read (every token is real).
     """
-    if attention_mask is None or attention_mask.dim() != 2:
+    if attention_mask is None or not isinstance(attention_mask, torch.Tensor):
         return None
-    return attention_mask[:, -seq_len:].bool()
+    if attention_mask.dim() == 2:
+        return attention_mask[:, -seq_len:].bool()
+    if attention_mask.dim() != 4 or past_length is None:
+        return None
+    queries = torch.arange(seq_len, device=attention_mask.device)
+    own_keys = attention_mask[:, 0, queries, queries + past_length]  # (batch or 1, seq_len)
+    return own_keys if own_keys.dtype == torch.bool else own_keys == 0
 
 
 def top_k_routing(

@@ -65,20 +65,31 @@ class SinusoidalPositionalEmbedding(nn.Module):
         return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)[..., : self.hidden_size]
 
 
-def token_positions(q_len: int, kv_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token indices of the queries and keys when the queries are the last `q_len` of `kv_len` tokens.
+def token_positions(
+    q_len: int, kv_len: int, device: torch.device, past_length: int | torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token indices of the queries and keys.
+
+    The queries are the `q_len` tokens after the `past_length` cached ones; without `past_length`, the last
+    `q_len` of the `kv_len` keys (a dynamic cache, whose keys are exactly the tokens so far). A static cache
+    hands every layer all of its `max_cache_len` slots as keys (the empty ones masked), so its queries do not
+    end at `kv_len`: give its length before the update as `past_length`.
 
     Args:
         q_len: number of queries (new tokens).
-        kv_len: number of keys (cached + new tokens).
+        kv_len: number of keys (cached + new tokens, or a static cache's slots).
         device: device of the result.
+        past_length: tokens in the cache before this call: an int, or a static cache's 0-d length tensor
+            (an offset, so the positions stay tensors under `torch.compile`); None: `kv_len - q_len`.
 
     Returns:
-        `(query_positions, key_positions)`: int64 `(q_len,)` = `kv_len - q_len, ..., kv_len - 1` and
+        `(query_positions, key_positions)`: int64 `(q_len,)` = `past_length, ..., past_length + q_len - 1` and
         `(kv_len,)` = `0, ..., kv_len - 1`.
     """
     key_positions = torch.arange(kv_len, device=device)
-    return key_positions[kv_len - q_len :], key_positions
+    if past_length is None:
+        return key_positions[kv_len - q_len :], key_positions
+    return torch.arange(q_len, device=device) + past_length, key_positions
 
 
 class RotaryEmbedding(nn.Module):

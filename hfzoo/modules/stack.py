@@ -425,7 +425,10 @@ class HfzooStack:
         self_mask, cross_mask = self._masks(
             inputs_embeds, attention_mask, self_cache, position_ids, encoder_hidden_states, encoder_attention_mask
         )
-        padding_mask = token_padding_mask(attention_mask, seq_length)  # for token mixers and expert routing
+        # for token mixers and expert routing; read from the 4-D mask `generate` prepares for a static cache
+        padding_mask = token_padding_mask(attention_mask, seq_length, past_length)
+        if padding_mask is not None:  # a 4-D mask may be broadcast over the batch
+            padding_mask = padding_mask.expand(inputs_embeds.shape[0], -1)
         memories = None
         if self.transparent_attention is not None:
             if encoder_layer_outputs is None:
@@ -500,19 +503,33 @@ class HfzooStack:
             position_inputs["position_bias"] = self.relative_attention_bias(query_positions, key_positions)
         return position_inputs
 
-    def _masks(
+    def self_attention_mask(
         self,
         inputs_embeds: torch.Tensor,
         attention_mask: torch.Tensor | None,
         self_cache: Cache | None,
-        position_ids: torch.LongTensor,
-        encoder_hidden_states: torch.Tensor | None,
-        encoder_attention_mask: torch.Tensor | None,
-    ) -> tuple:
-        """The backend-specific self-attention mask (causal or bidirectional) and cross-attention mask (or None).
+        position_ids: torch.LongTensor | None = None,
+    ):
+        """The backend-specific self-attention mask of the stack: causal or bidirectional, with the mixer's pattern.
 
-        The self-attention mask is intersected with the token mixer's own pattern when its `TOKEN_MIXERS` entry
-        has a `mask_overlay` (a local window).
+        Built by `transformers.masking_utils` over the cache's keys (all the slots of a static cache, the empty
+        ones masked) and intersected with the token mixer's own pattern when its `TOKEN_MIXERS` entry has a
+        `mask_overlay` (a local window). A causal stack whose position scheme adds a score bias gets a mask even
+        where SDPA could rely on `is_causal` alone (the bias travels in the mask). The generative heads hand
+        this to `generate` as their `create_masks_for_generate`, so the 4-D mask it prepares for a static cache
+        is the one the stack would build.
+
+        Args:
+            inputs_embeds: `(batch_size, q_len, ...)`: only its batch size, length, dtype and device are read.
+            attention_mask: `(batch_size, past_len + q_len)` with 1 for tokens and 0 for padding, a prepared
+                4-D mask (returned as is), or None.
+            self_cache: the cache of the stack's token mixers (the self-attention half of an
+                `EncoderDecoderCache`), or None.
+            position_ids: `(batch_size or 1, q_len)` int64, or None.
+
+        Returns:
+            The mask for `config._attn_implementation` (a tensor, a flex `BlockMask`, or None when the backend
+            needs none).
         """
         config = self.config
         overlay = TOKEN_MIXERS[self.token_mixer_name].mask_overlay
@@ -524,18 +541,29 @@ class HfzooStack:
         }
         if self.is_causal:
             # A score bias travels in the mask, so SDPA must get a causal mask instead of its `is_causal` shortcut.
-            self_mask = create_causal_mask(
+            return create_causal_mask(
                 **mask_kwargs,
                 **cache_field(self_cache),
                 position_ids=position_ids,
                 allow_is_causal_skip=config.position_embedding_type not in ATTENTION_SCORE_BIASES,
             )
-        else:
-            self_mask = create_bidirectional_mask(**mask_kwargs, **cache_field(self_cache))
+        return create_bidirectional_mask(**mask_kwargs, **cache_field(self_cache))
+
+    def _masks(
+        self,
+        inputs_embeds: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        self_cache: Cache | None,
+        position_ids: torch.LongTensor,
+        encoder_hidden_states: torch.Tensor | None,
+        encoder_attention_mask: torch.Tensor | None,
+    ) -> tuple:
+        """The backend-specific self-attention mask (`self_attention_mask`) and cross-attention mask (or None)."""
+        self_mask = self.self_attention_mask(inputs_embeds, attention_mask, self_cache, position_ids)
         cross_mask = None
         if self.has_cross_attention:
             cross_mask = create_bidirectional_mask(
-                config=config,
+                config=self.config,
                 inputs_embeds=inputs_embeds,
                 attention_mask=encoder_attention_mask,
                 encoder_hidden_states=encoder_hidden_states,

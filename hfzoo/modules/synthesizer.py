@@ -141,18 +141,25 @@ def synthesizer_shape(config) -> tuple[int, int]:
 
 
 def additive_attention_mask(
-    attention_mask: torch.Tensor | None, q_len: int, kv_len: int, is_causal: bool, dtype: torch.dtype, device
+    attention_mask: torch.Tensor | None,
+    q_len: int,
+    kv_len: int,
+    is_causal: bool,
+    dtype: torch.dtype,
+    device,
+    past_length: int | torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """The backend's self-attention mask as an additive float mask broadcastable to `(batch, heads, q_len, kv_len)`.
 
     Args:
         attention_mask: from `transformers.masking_utils`: an additive float mask (eager), a boolean mask with
             True where attending (SDPA), or None (SDPA relying on its causal kernel, or no masking at all).
-        q_len: queries (the last `q_len` of `kv_len` tokens).
+        q_len: queries (the last `q_len` of `kv_len` tokens, or the `q_len` after `past_length`).
         kv_len: keys.
         is_causal: build the causal mask when `attention_mask` is None.
         dtype: the mask's dtype.
         device: its device.
+        past_length: tokens cached before the queries (`hfzoo.modules.positions.token_positions`), or None.
 
     Returns:
         0 where attending, the dtype's minimum where masked; None when nothing is masked.
@@ -164,7 +171,7 @@ def additive_attention_mask(
         return attention_mask.to(dtype)
     if not is_causal:
         return None
-    query_positions, key_positions = token_positions(q_len, kv_len, device)
+    query_positions, key_positions = token_positions(q_len, kv_len, device, past_length)
     future = key_positions[None, :] > query_positions[:, None]
     return torch.zeros(q_len, kv_len, dtype=dtype, device=device).masked_fill(future, torch.finfo(dtype).min)
 
@@ -274,12 +281,15 @@ class Synthesizer(nn.Module):
             queries, keys = apply_rotary_pos_emb(queries, keys, *position_embeddings)
         if isinstance(cache, EncoderDecoderCache):
             cache = cache.self_attention_cache
+        past_length = None  # tokens cached before this call, for the query positions (see `token_positions`)
         if cache is not None:
             if not self.is_causal:
                 raise ValueError(
                     "a synthesizer in a bidirectional stack got a cache (PEFT prefix tuning?): its "
                     "synthesized rows have no columns for prefix keys"
                 )
+            past_length = cache.get_seq_length(self.layer_idx)
+            past_length = past_length.clone() if isinstance(past_length, torch.Tensor) else past_length
             if keys is not None:
                 keys, values = cache.update(keys, values, self.layer_idx)
             else:  # no keys: the values take the cache's key slot (whose length is the cache's length)
@@ -290,7 +300,7 @@ class Synthesizer(nn.Module):
                 f"sequence of {kv_len} tokens is longer than max_position_embeddings={self.max_length}, the size "
                 f"of the synthesizer's {self.max_length} x {self.max_length} attention matrices"
             )
-        query_positions = token_positions(q_len, kv_len, hidden_states.device)[0]
+        query_positions = token_positions(q_len, kv_len, hidden_states.device, past_length)[0]
         logits = self.synthesis(queries, query_positions, kv_len).float()
         if self.mixing != "none":
             dot = torch.matmul(queries, keys.transpose(2, 3)).float() * self.scaling  # (batch, heads, q, kv)
@@ -299,10 +309,14 @@ class Synthesizer(nn.Module):
                 logits, dot = alpha * logits, (1 - alpha) * dot
             logits = logits + dot
         if self.relative_attention_bias is not None:
-            position_bias = self.relative_attention_bias(*token_positions(q_len, kv_len, hidden_states.device))
+            position_bias = self.relative_attention_bias(
+                *token_positions(q_len, kv_len, hidden_states.device, past_length)
+            )
         if position_bias is not None:
             logits = logits + position_bias.float()
-        mask = additive_attention_mask(attention_mask, q_len, kv_len, self.is_causal, logits.dtype, logits.device)
+        mask = additive_attention_mask(
+            attention_mask, q_len, kv_len, self.is_causal, logits.dtype, logits.device, past_length
+        )
         if mask is not None:
             logits = logits + mask
         # (batch or 1, heads, q_len, kv_len): random logits with no mask are the same for every sequence

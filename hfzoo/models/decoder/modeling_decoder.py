@@ -9,12 +9,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers.cache_utils import Cache
-from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutputWithPast, MoeCausalLMOutputWithPast
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from ...modeling_utils import (
+    HfzooGenerationMixin,
     HfzooPreTrainedModel,
     MoeSequenceClassifierOutputWithPast,
     sequence_classification_loss,
@@ -96,7 +96,7 @@ class HfzooDecoderModel(HfzooStack, HfzooDecoderPreTrainedModel):
         return BaseModelOutputWithPast(last_hidden_state=outputs.last_hidden_state, **self._carried(outputs))
 
 
-class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
+class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, HfzooGenerationMixin):
     """Decoder with a language-modelling head: next-token prediction (causal LM), `generate()` ready.
 
     The head `lm_head` (`hfzoo.modules.embeddings.build_vocab_projection`) shares its weights with
@@ -123,6 +123,10 @@ class HfzooDecoderForCausalLM(HfzooDecoderPreTrainedModel, GenerationMixin):
         self.model = HfzooDecoderModel(config)
         self.lm_head = build_vocab_projection(config, bias=False, tied=config.tie_word_embeddings)
         self.post_init()
+
+    def _generating_stack(self):
+        """The stack `generate` extends the cache of: `self.model`."""
+        return self.model
 
     @property
     def _tied_weights_keys(self) -> dict[str, str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import (
     BaseModelOutput,
     Seq2SeqMoEModelOutput,
@@ -23,6 +22,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from ...compat import cache_field, output_cache
 from ...modeling_utils import (
+    HfzooGenerationMixin,
     HfzooPreTrainedModel,
     Seq2SeqMoELMOutput,
     Seq2SeqMoESequenceClassifierOutput,
@@ -289,7 +289,7 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
         return outputs
 
 
-class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedModel, GenerationMixin):
+class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedModel, HfzooGenerationMixin):
     """Encoder-decoder with a language-modelling head: T5-style text-to-text (Raffel et al. 2020).
 
     `labels` are shifted right behind `decoder_start_token_id` to make the decoder inputs when none
@@ -311,6 +311,10 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
         self.model = HfzooEncoderDecoderModel(config)
         self.lm_head = build_vocab_projection(config, bias=False, tied=config.tie_word_embeddings)
         self.post_init()
+
+    def _generating_stack(self):
+        """The stack `generate` extends the cache of: `self.model.decoder`."""
+        return self.model.decoder
 
     @property
     def _tied_weights_keys(self) -> dict[str, str]:

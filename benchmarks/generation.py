@@ -1,0 +1,133 @@
+"""Greedy generation speed: hfzoo's decoder vs transformers' `GPT2LMHeadModel` with the same weights.
+
+The hfzoo model is the `gpt2` parity preset (at `--size small` a CPU-sized one, at `base` the preset's own 768-wide
+12 layers), transformers' model its conversion (`hfzoo.convert.hfzoo_to_gpt2`: the same weights, the same logits).
+Each is timed in two set-ups:
+
+- `dynamic eager`: `generate` with the default dynamic cache, no compilation;
+- `static compiled`: `generation_config.cache_implementation = "static"` and
+  `model.forward = torch.compile(model.forward, mode=...)` (transformers' recipe for fast generation): on CUDA
+  `mode="reduce-overhead"` (CUDA graphs), on CPU the default mode (inductor's C++ code; there are no CUDA graphs).
+
+For each batch size (`--batch_sizes`, default 1 and 8), a random prompt of `--prompt_len` tokens, `--new_tokens`
+greedy tokens (`min_new_tokens` too, no end-of-sequence); two untimed calls first (they compile), then
+`--repeats` timed calls; the table gives the median generated tokens per second (batch x new tokens / time) with
+the spread, and whether the tokens equal those of hfzoo's dynamic-cache eager run.
+
+Usage (prints a markdown table):
+
+    python benchmarks/generation.py                                   # CPU, small size
+    python benchmarks/generation.py --device cuda --size base --new_tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import transformers
+
+import hfzoo  # noqa: F401  (registers the Auto classes)
+from hfzoo.convert import hfzoo_to_gpt2
+from hfzoo.models.presets import build_config
+
+SIZES = {
+    "small": "vocab_size=8192,hidden_size=256,num_hidden_layers=4,num_attention_heads=4,intermediate_size=1024",
+    "base": None,
+}
+SETUPS = ("dynamic eager", "static compiled")
+
+
+def build_models(size: str, device: torch.device) -> dict[str, torch.nn.Module]:
+    """The hfzoo `gpt2` preset at `size` and its `GPT2LMHeadModel` conversion, in eval mode on `device`.
+
+    Returns:
+        `{"hfzoo": ..., "transformers": ...}`.
+    """
+    torch.manual_seed(0)
+    config = build_config("gpt2", SIZES[size])
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device).eval()
+    return {"hfzoo": model, "transformers": hfzoo_to_gpt2(model, attn_implementation="sdpa").to(device).eval()}
+
+
+def time_generation(model, prompt: torch.Tensor, new_tokens: int, repeats: int) -> tuple[list[float], torch.Tensor]:
+    """Two untimed `generate` calls (compilation), then `repeats` timed ones.
+
+    Returns:
+        `(seconds of each timed call, the generated tokens)`.
+    """
+    options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
+    options["pad_token_id"] = 0
+    synchronize = torch.cuda.synchronize if prompt.device.type == "cuda" else (lambda: None)
+    with torch.no_grad():
+        for _ in range(2):
+            tokens = model.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
+        times = []
+        for _ in range(repeats):
+            synchronize()
+            start = time.perf_counter()
+            tokens = model.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
+            synchronize()
+            times.append(time.perf_counter() - start)
+    return times, tokens
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Run every (implementation, set-up, batch size) case and print the markdown table.
+
+    Args:
+        argv: command-line arguments (default: `sys.argv[1:]`).
+
+    Returns:
+        One dict per case: `implementation`, `setup`, `batch_size`, `tokens_per_s`, `low`, `high`, `same_tokens`.
+    """
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--size", choices=tuple(SIZES), default="small")
+    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--prompt_len", type=int, default=32)
+    parser.add_argument("--new_tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    rows = []
+    for batch_size in args.batch_sizes:
+        prompt = torch.randint(5, 8192 if args.size == "small" else 50257, (batch_size, args.prompt_len))
+        prompt = prompt.to(device)
+        reference = None
+        for setup in SETUPS:
+            for name, model in build_models(args.size, device).items():
+                torch._dynamo.reset()
+                if setup == "static compiled":
+                    model.generation_config.cache_implementation = "static"
+                    model.forward = torch.compile(model.forward, mode=mode)
+                times, tokens = time_generation(model, prompt, args.new_tokens, args.repeats)
+                if reference is None:
+                    reference = tokens
+                rate = [batch_size * args.new_tokens / t for t in times]
+                rows.append(
+                    dict(
+                        implementation=name,
+                        setup=setup,
+                        batch_size=batch_size,
+                        tokens_per_s=statistics.median(rate),
+                        low=min(rate),
+                        high=max(rate),
+                        same_tokens=bool(torch.equal(tokens, reference)),
+                    )
+                )
+                print(rows[-1], flush=True)
+    print("\n| batch | implementation | set-up | tokens/s (min-max) | tokens = hfzoo dynamic eager |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        spread = f"{row['tokens_per_s']:.0f} ({row['low']:.0f}-{row['high']:.0f})"
+        same = "yes" if row["same_tokens"] else "no"
+        print(f"| {row['batch_size']} | {row['implementation']} | {row['setup']} | {spread} | {same} |")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
