@@ -4,11 +4,14 @@ For each family, an hfzoo model is built from a parity preset (`gpt2`, `bert`, `
 sizes below, and transformers' own model (`GPT2LMHeadModel`, `BertForMaskedLM`,
 `T5ForConditionalGeneration`) from the converted config (`hfzoo.convert.*_config_from_hfzoo`), so both
 have the same architecture and parameter count. Implementations: `hfzoo` (eager), `hfzoo-compiled`
-(`torch.nn.Module.compile` of the whole model, as the recipes' `--torch_compile --torch_compile_scope model`;
-benchmarks/compile_time.py compares it with the default regional compilation), `transformers` (eager, the attention of
-`--attn_implementation`, SDPA by default) and `transformers-compiled`. Each (size, family, precision,
-implementation) case runs in a fresh process: `--warmup_steps` (which include compilation) then `--steps`
-timed training steps (forward with labels, backward, AdamW step) on random tokens, fp32 or bf16 autocast;
+(compiled as the recipes' `--torch_compile` does: `--compile_scope regions`, the default, compiles each block of
+the repeated layer list in place and reuses its graph, `hfzoo.training.compilation.compile_repeated_blocks`;
+`--compile_scope model` compiles the whole model), `transformers` (eager, the attention of
+`--attn_implementation`, SDPA by default) and `transformers-compiled` (compiled the same way: its `GPT2Block`,
+`BertLayer` or `T5Block` lists). Each (size, family, precision, implementation) case runs in a fresh process:
+`--warmup_steps` (which include compilation; the first step's wall seconds are reported as `first step s`) then
+`--steps` timed training steps (forward with labels and no KV cache, backward, AdamW step) on random tokens,
+fp32 or bf16 autocast;
 then the loss on a held-out random batch (`eval loss`: compiled and eager runs of one implementation should
 agree). The cases are repeated `--repeats` times, interleaved (A B C D A B C D ...), so that a change in the
 machine's load hits every case alike; the table gives the median tokens/s (input tokens per second) with
@@ -85,6 +88,7 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
     from hfzoo import convert
     from hfzoo.models.flops import count_training_flops
     from hfzoo.models.presets import build_config
+    from hfzoo.training.compilation import compile_repeated_blocks, no_cache_kwargs
     from hfzoo.training.throughput import resolve_peak_tflops
 
     device = torch.device(args.device)
@@ -100,7 +104,9 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
         model = model_class._from_config(reference_config, attn_implementation=args.attn_implementation)
     model.to(device).train()
     if implementation.endswith("-compiled"):
-        model.compile(mode=args.compile_mode)
+        options = {"mode": args.compile_mode} if args.compile_mode else {}
+        if args.compile_scope == "model" or not compile_repeated_blocks(model, **options):
+            model.compile(**options)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     g = torch.Generator().manual_seed(args.seed)
     target_len = args.seq_len // 4
@@ -114,10 +120,11 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
 
     batch, eval_batch = random_batch(), random_batch()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    no_cache = no_cache_kwargs(model)  # training builds no KV cache (as the recipes)
 
     def step() -> None:
         with autocast:
-            loss = model(**batch).loss
+            loss = model(**batch, **no_cache).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -126,9 +133,13 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    for _ in range(args.warmup_steps):
+    first_step_s = math.nan
+    for warmup in range(args.warmup_steps):
+        start = time.perf_counter()
         step()
-    synchronize()
+        synchronize()
+        if warmup == 0:
+            first_step_s = time.perf_counter() - start
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
@@ -137,7 +148,7 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
     synchronize()
     elapsed = time.perf_counter() - start
     with torch.no_grad(), autocast:
-        eval_loss = float(model(**eval_batch).loss)
+        eval_loss = float(model(**eval_batch, **no_cache).loss)
     decoder_len = target_len if family == "encoder-decoder" else None
     flops = count_training_flops(config, args.seq_len, decoder_len).total  # one sequence, forward + backward
     peak = resolve_peak_tflops(device, "bf16" if precision == "bf16" else "no", args.peak_tflops)
@@ -150,6 +161,7 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
         "peak_mib": memory,
         "params": sum(p.numel() for p in model.parameters()),
         "eval_loss": eval_loss,
+        "first_step_s": first_step_s,
     }
 
 
@@ -174,6 +186,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--attn_implementation", default="sdpa", choices=["eager", "sdpa", "flash_attention_2"])
     parser.add_argument("--compile_mode", default=None, help="torch.compile mode (default: torch's default)")
+    parser.add_argument(
+        "--compile_scope",
+        default="regions",
+        choices=["regions", "model"],
+        help="compiled cases: each repeated layer compiled once (regions, as --torch_compile) or the whole model",
+    )
     parser.add_argument("--peak_tflops", type=float, default=None, help="peak TFLOP/s of the device for the MFU")
     parser.add_argument("--case", nargs=4, metavar=("SIZE", "FAMILY", "IMPL", "PRECISION"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -190,6 +208,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"--seed={args.seed}",
         f"--attn_implementation={args.attn_implementation}",
         *([f"--compile_mode={args.compile_mode}"] if args.compile_mode else []),
+        f"--compile_scope={args.compile_scope}",
         *([f"--peak_tflops={args.peak_tflops}"] if args.peak_tflops else []),
     ]
     cases = list(itertools.product(args.sizes, args.families, args.precisions, args.implementations))
@@ -210,14 +229,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(
         f"\n{args.device}, batch {args.batch_size} x {args.seq_len} tokens, {args.steps} timed steps after "
         f"{args.warmup_steps} warm-up, AdamW, attention {args.attn_implementation}, compile mode "
-        f"{args.compile_mode or 'default'}, {args.repeats} interleaved repetitions (median, min-max); "
+        f"{args.compile_mode or 'default'} ({args.compile_scope}), {args.repeats} interleaved repetitions (median, min-max); "
         f"peak: {first['peak_source']}\n"
     )
     print(
         "| size | family (preset) | precision | params | implementation | tok/s median | min-max | vs transformers "
-        "| MFU | eval loss | peak MiB |"
+        "| MFU | eval loss | peak MiB | first step s |"
     )
-    print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for size, family, precision, implementation in cases:
         runs = results[(size, family, precision, implementation)]
@@ -238,12 +257,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "eval_loss": statistics.median(r["eval_loss"] for r in runs),
             "peak_mib": statistics.median(r["peak_mib"] for r in runs),
             "params": runs[0]["params"],
+            "first_step_s": statistics.median(r["first_step_s"] for r in runs),
         }
         rows.append(row)
         print(
             f"| {size} | {family} ({FAMILIES[family][0]}) | {precision} | {row['params'] / 1e6:.2f}M "
             f"| {implementation} | {median:,.0f} | {low:,.0f}-{high:,.0f} | {ratio:.2f} | {100 * mfu:.1f}% "
-            f"| {row['eval_loss']:.4f} | {row['peak_mib']:,.0f} |"
+            f"| {row['eval_loss']:.4f} | {row['peak_mib']:,.0f} | {row['first_step_s']:.1f} |"
         )
     for size, family, precision in itertools.product(args.sizes, args.families, args.precisions):
         params = {r["params"] for r in rows if (r["size"], r["family"], r["precision"]) == (size, family, precision)}

@@ -70,12 +70,17 @@ def update_cached_window(
         reach: how many positions before the new ones to read.
 
     Returns:
-        `(keys, values)`, each `(batch_size, reach + q_len, width)`: zero where the position is before 0.
+        `(keys, values)`, each `(batch_size, reach + q_len, width)`: zero where the position is before 0 (a static
+        cache); from a dynamic cache `(batch_size, min(reach, past_length) + q_len, width)`, the positions so far.
     """
     q_len = keys.shape[2]
     past_length = cache.get_seq_length(layer_idx)
-    # Before the update, which increments a static cache's length tensor in place.
-    past_length = past_length.clone() if isinstance(past_length, torch.Tensor) else past_length
+    if isinstance(past_length, torch.Tensor):
+        # Before the update, which increments a static cache's length tensor in place.
+        past_length = past_length.clone()
+    else:
+        # A dynamic cache's length is known here: read no positions before the sequence's start (the old window).
+        reach = min(reach, past_length)
     all_keys, all_values = cache.update(keys, values, layer_idx)
     positions = torch.arange(-reach, q_len, device=keys.device) + past_length  # (reach + q_len,)
     before_start = (positions < 0)[None, :, None]
@@ -233,7 +238,8 @@ class DepthwiseConvolution(nn.Module):
             # The cache keeps every input of this layer, (batch, 1, past + q_len, hidden); the new outputs read
             # the last q_len + k - 1 of them, zero before the start of the sequence.
             empty = inputs.new_zeros(batch_size, 1, q_len, 0)
-            padded, _ = update_cached_window(cache, inputs[:, None], empty, self.layer_idx, width - 1)
+            window, _ = update_cached_window(cache, inputs[:, None], empty, self.layer_idx, width - 1)
+            padded = F.pad(window, (0, 0, q_len + width - 1 - window.shape[1], 0))
         else:
             padded = F.pad(inputs, (0, 0, self.padding_left, width - 1 - self.padding_left))
         output = self.convolve(padded, inputs)
