@@ -421,6 +421,11 @@ class RelativeScoreBias:
         """
         table = self.table if self.table is None or dtype is None else self.table.to(dtype)
         slopes, clip = self.slopes, self.max_distance
+        # Their sizes come from the config: static for torch.compile, so that no recompilation for a new length
+        # makes them symbolic (inductor's CPU FlexAttention kernel mis-names symbolic sizes of captured tensors).
+        for captured in (table, slopes):
+            if captured is not None and not torch.compiler.is_compiling():  # (marking is refused while tracing)
+                torch._dynamo.mark_static(captured)
         query_offset, query_stride, key_stride = self.query_offset, self.query_stride, self.key_stride
 
         def add_relative_bias(score, batch_idx, head_idx, q_idx, kv_idx):

@@ -221,6 +221,24 @@ def test_flex_model_matches_eager_forward(family, scheme):
     assert (flex - eager).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize(
+    "family, overrides",
+    [
+        # pooled queries and keys: the score_mod's strides (1, 2, 4)
+        ("encoder", {**T5_SMALL, "layer_stack": "funnel", "num_hidden_layers": 3, "funnel_block_sizes": [1, 1, 1]}),
+        # the decoder cell's 2H-head attention: the shared bias repeated over heads
+        ("decoder", {"layer_type": "evolved_transformer", "position_embedding_type": "alibi"}),
+    ],
+    ids=["funnel-t5", "evolved-alibi"],
+)
+def test_flex_matches_eager_in_other_layer_stacks(family, overrides):
+    batch = make_batch(family)
+    with torch.no_grad():
+        eager = valid_logits(family, batch, run(build(family, overrides, "eager"), batch).logits)
+        flex = valid_logits(family, batch, run(build(family, overrides, "flex_attention"), batch).logits)
+    assert (flex - eager).abs().max() < 1e-5
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("scheme", ["t5", "alibi"])
 def test_flex_model_matches_eager_gradients(family, scheme, flex_reference_backward):
