@@ -7,8 +7,10 @@ and calls the backend named by `config._attn_implementation` ("eager", "sdpa", "
 
 Position schemes that act inside attention (`hfzoo/modules/positions.py`) enter self-attention here:
 rotary rotates the new queries and keys before the cache stores the keys; an additive score bias
-(T5's relative bias, ALiBi) is folded into the additive mask, so eager and SDPA both apply it; Shaw's
-relative representations run `shaw_attention_forward` (eager). Cross-attention uses no positions.
+(T5's relative bias, ALiBi) is folded into the additive mask, so eager and SDPA both apply it, or, with the
+`flex_attention` backend, arrives as a `RelativeScoreBias` that `flex_score_bias_attention_forward` adds in
+a FlexAttention `score_mod` (no `(q_len, kv_len)` bias tensor); Shaw's relative representations run
+`shaw_attention_forward` (eager). Cross-attention uses no positions.
 """
 
 from __future__ import annotations
@@ -16,9 +18,24 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.integrations import flex_attention as transformers_flex
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import is_torch_flex_attn_available
 
-from .positions import apply_rotary_pos_emb, build_layer_score_bias, build_relative_positions, token_positions
+from .positions import (
+    FLEX_SCORE_BIAS_BACKENDS,
+    RelativeScoreBias,
+    apply_rotary_pos_emb,
+    build_layer_score_bias,
+    build_relative_positions,
+    score_bias,
+    token_positions,
+)
+
+if is_torch_flex_attn_available():
+    from torch.nn.attention.flex_attention import BlockMask
+else:  # pragma: no cover - torch without FlexAttention (before 2.5)
+    BlockMask = None
 
 
 def eager_attention_forward(
@@ -104,6 +121,84 @@ def shaw_attention_forward(
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     output = torch.matmul(weights, value) + torch.einsum("bhqk,qkd->bhqd", weights, relative_values.to(weights.dtype))
     return output.transpose(1, 2).contiguous(), weights  # (batch, q_len, heads, head_dim)
+
+
+def flex_score_bias_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: BlockMask | torch.Tensor | None,
+    scaling: float,
+    position_bias: RelativeScoreBias,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Scaled dot-product attention with a relative score bias, on FlexAttention (PyTorch, `flex_attention`).
+
+    `softmax(Q K^T * scaling + bias + mask) V` as `eager_attention_forward` with the dense bias, but the bias is
+    added per score by a `score_mod` (`RelativeScoreBias.score_mod`: T5's bucketed bias or ALiBi as functions of
+    `kv_idx - q_idx` and the cache length) and the mask is transformers' `BlockMask`, so no `(q_len, kv_len)`
+    tensor is built and the fused kernel runs (FlexAttention: PyTorch blog "FlexAttention: The Flexibility of
+    PyTorch with the Performance of FlashAttention", 2024; `torch.nn.attention.flex_attention` docs).
+    FlexAttention is called through transformers' `compile_friendly_flex_attention` (compiled once, as
+    transformers' own flex path; not compiled again inside a compiled model). Gradients flow to the queries,
+    keys, values and the bias table. A query whose keys are all masked (a padding row) gets a zero output,
+    where eager averages the values: such rows are padding and never read by a real position.
+
+    Args:
+        module: the calling attention module (for `training`).
+        query: `(batch_size, num_heads, q_len, head_dim)`.
+        key: `(batch_size, num_heads, kv_len, head_dim)`.
+        value: `(batch_size, num_heads, kv_len, head_dim)`.
+        attention_mask: the `BlockMask` `transformers.masking_utils` builds for `flex_attention`, an additive
+            float mask broadcastable to `(batch_size, 1, q_len, kv_len)` (a prepared 4-D mask), or None.
+        scaling: multiplier of the scores.
+        position_bias: the score bias, `num_heads` heads (`hfzoo.modules.positions.RelativeScoreBias`).
+        dropout: must be 0 (FlexAttention has no dropout on the attention weights).
+        **kwargs: `kernel_options` (FlexAttention's); other backend options are ignored.
+
+    Returns:
+        `(attn_output, None)`: `(batch_size, q_len, num_heads, head_dim)` in the queries' dtype; FlexAttention
+        returns no attention probabilities.
+
+    Raises:
+        ValueError: `dropout > 0`; a bias whose number of heads is not the queries'.
+        NotImplementedError: (from PyTorch 2.13) a backward pass on the CPU: FlexAttention's CPU path is
+            forward-only, so train on CUDA or use eager / SDPA on the CPU.
+    """
+    if dropout > 0:
+        raise ValueError(
+            "flex_attention has no attention dropout: set attention_probs_dropout_prob=0, run in eval mode, or use "
+            "attn_implementation='sdpa' / 'eager'"
+        )
+    if position_bias.num_heads != query.shape[1]:
+        raise ValueError(f"a score bias of {position_bias.num_heads} heads for {query.shape[1]} attention heads")
+    block_mask = attention_mask if isinstance(attention_mask, BlockMask) else None
+    bias_mod = position_bias.score_mod(query.dtype)
+    score_mod = bias_mod
+    if attention_mask is not None and block_mask is None:  # a prepared additive mask: added per score as well
+        additive = attention_mask[..., : key.shape[-2]]
+        if additive.dtype == torch.bool:  # True = attend
+            minimum = torch.finfo(query.dtype).min
+            additive = torch.zeros_like(additive, dtype=query.dtype).masked_fill(~additive, minimum)
+        additive = additive.to(query.dtype)
+
+        def score_mod(score, batch_idx, head_idx, q_idx, kv_idx):
+            row = batch_idx if additive.shape[0] > 1 else 0
+            return bias_mod(score, batch_idx, head_idx, q_idx, kv_idx) + additive[row, 0, q_idx, kv_idx]
+
+    output = transformers_flex.compile_friendly_flex_attention(
+        query,
+        key,
+        value,
+        score_mod=score_mod,
+        block_mask=block_mask,
+        scale=scaling,
+        kernel_options=kwargs.get("kernel_options"),
+        training=module.training,
+    )
+    return output.transpose(1, 2).contiguous(), None  # (batch, q_len, heads, head_dim)
 
 
 def add_bias_to_mask(
@@ -232,7 +327,7 @@ class HfzooAttention(nn.Module):
         cache: Cache | None = None,
         key_value_states: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        position_bias: torch.Tensor | None = None,
+        position_bias: torch.Tensor | RelativeScoreBias | None = None,
         padding_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -277,7 +372,7 @@ class HfzooAttention(nn.Module):
         cache: Cache | None = None,
         key_value_states: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        position_bias: torch.Tensor | None = None,
+        position_bias: torch.Tensor | RelativeScoreBias | None = None,
         padding_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -297,7 +392,8 @@ class HfzooAttention(nn.Module):
             position_embeddings: rotary `(cos, sin)`, each `(batch_size or 1, q_len, head_dim)`, from the
                 stack's `RotaryEmbedding` (self-attention only; ignored by cross-attention).
             position_bias: additive score bias `(batch_size or 1, num_heads, q_len, kv_len)` shared by the
-                stack's layers (T5 shared bias, ALiBi; ignored by cross-attention).
+                stack's layers (T5 shared bias, ALiBi; ignored by cross-attention), or, with `flex_attention`,
+                the same bias as a `hfzoo.modules.positions.RelativeScoreBias` (`score_bias` picks the form).
             padding_mask: `(batch_size, q_len)` bool, False at padding, or None; the stack's `attention_mask`
                 already masks padding, so only `restrict_attention_mask` reads it (a subclass's pattern).
             **kwargs: forwarded to the attention backend.
@@ -308,7 +404,8 @@ class HfzooAttention(nn.Module):
 
         Raises:
             ValueError: a cross-attention module called without `key_value_states`; self-attention given
-                both `key_value_states` and a cache.
+                both `key_value_states` and a cache; a dense `position_bias` tensor with `flex_attention`;
+                attention dropout with a score bias on `flex_attention` (`flex_score_bias_attention_forward`).
         """
         batch_size, q_len, _ = hidden_states.shape
         past_length = None  # tokens cached before this call (self-attention with a cache), for the query positions
@@ -341,21 +438,33 @@ class HfzooAttention(nn.Module):
                 key, value = self_cache.update(key, value, self.layer_idx)
             attention_mask = self.restrict_attention_mask(attention_mask, query, key, padding_mask)
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
+        kv_len = key.shape[-2]
         if self.is_cross_attention:
             position_bias = None
-        elif self.relative_attention_bias is not None:
-            position_bias = self.relative_attention_bias(
-                *token_positions(q_len, key.shape[-2], query.device, past_length)
+        elif self.relative_attention_bias is not None:  # the queries follow the cached tokens
+            query_offset = kv_len - q_len if past_length is None else past_length
+            position_bias = score_bias(
+                self.relative_attention_bias, self.config, q_len, kv_len, query_offset, device=query.device
             )
-        if self.relative_positions is not None:
+        if isinstance(position_bias, RelativeScoreBias):
+            output, weights = flex_score_bias_attention_forward(
+                self, query, key, value, attention_mask, self.scaling, position_bias, dropout, **kwargs
+            )
+        elif self.relative_positions is not None:
             relative_keys, relative_values = self.relative_positions(
-                *token_positions(q_len, key.shape[-2], query.device, past_length)
+                *token_positions(q_len, kv_len, query.device, past_length)
             )
             output, weights = shaw_attention_forward(
                 self, query, key, value, attention_mask, self.scaling, relative_keys, relative_values, dropout
             )
         else:
             if position_bias is not None:
+                if self.config._attn_implementation in FLEX_SCORE_BIAS_BACKENDS:
+                    raise ValueError(
+                        "flex_attention adds a score bias in its score_mod: give it as a "
+                        "hfzoo.modules.positions.RelativeScoreBias (hfzoo.modules.positions.score_bias), not as a "
+                        f"dense {tuple(position_bias.shape)} tensor"
+                    )
                 attention_mask = add_bias_to_mask(attention_mask, position_bias, query.dtype)
             attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
             output, weights = attention(

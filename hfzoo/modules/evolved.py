@@ -41,6 +41,7 @@ from .attention import HfzooAttention
 from .convolutions import depthwise_convolution, update_cached_window
 from .feed_forward import FeedForward
 from .norms import build_norm
+from .positions import repeat_score_bias_heads
 
 #: The widths of the decoder cell's causal convolutions: its output at t reads inputs t - 16 ... t.
 DECODER_RECEPTIVE_FIELD = (11 - 1) + (7 - 1)
@@ -235,8 +236,7 @@ class EvolvedTransformerLayer(GradientCheckpointingLayer):
         cross = {"key_value_states": encoder_hidden_states}
         if self.is_causal:
             h = self.wide_attn_norm(x)
-            bias = kwargs.get("position_bias")
-            wide_kwargs = {**kwargs, "position_bias": None if bias is None else torch.cat([bias, bias], dim=1)}
+            wide_kwargs = {**kwargs, "position_bias": repeat_score_bias_heads(kwargs.get("position_bias"), 2)}
             x = x + attend(self.wide_attn, h, attention_mask, **wide_kwargs)
             if self.wide_cross_attn is not None:
                 x = x + attend(self.wide_cross_attn, h, encoder_attention_mask, **cross, **kwargs)

@@ -24,7 +24,12 @@ from transformers.masking_utils import create_bidirectional_mask
 
 from .attention import HfzooAttention
 from .mixers import TOKEN_MIXERS
-from .positions import RELATIVE_POSITION_REPRESENTATIONS, ROTARY_POSITION_EMBEDDINGS, has_per_layer_score_bias
+from .positions import (
+    RELATIVE_POSITION_REPRESENTATIONS,
+    ROTARY_POSITION_EMBEDDINGS,
+    has_per_layer_score_bias,
+    score_bias,
+)
 
 #: Window and stride of the pooling between blocks (Dai et al. 2020 §2.2: stride 2).
 POOLING_STRIDE = 2
@@ -147,10 +152,16 @@ class FunnelLayerStack(nn.Module):
             config=self.config, inputs_embeds=queries, attention_mask=kv_valid.long(), **mask_kwargs
         )
         kwargs["padding_mask"] = valid
-        if stack.relative_attention_bias is not None:
-            query_positions = torch.arange(queries.shape[1], device=queries.device) * query_stride
-            key_positions = torch.arange(kv.shape[1], device=kv.device) * (key_stride or query_stride)
-            kwargs["position_bias"] = stack.relative_attention_bias(query_positions, key_positions)
+        if stack.relative_attention_bias is not None:  # queries at query_stride * i, keys at key_stride * j
+            kwargs["position_bias"] = score_bias(
+                stack.relative_attention_bias,
+                self.config,
+                queries.shape[1],
+                kv.shape[1],
+                query_stride=query_stride,
+                key_stride=key_stride or query_stride,
+                device=queries.device,
+            )
         if keys is not None:
             kwargs["key_value_states"] = keys
         return kwargs

@@ -7,7 +7,10 @@ Each scheme hooks in at one of three points (registries at the bottom of this fi
 - the queries and keys (`ROTARY_POSITION_EMBEDDINGS`: `rotary`), rotated in `HfzooAttention` before the
   KV cache stores the keys;
 - the attention scores: `ATTENTION_SCORE_BIASES` (`relative_attention_bias`, `alibi`) give an additive
-  `(1, num_heads, q_len, kv_len)` bias that any backend taking an additive mask can use (eager, SDPA);
+  `(1, num_heads, q_len, kv_len)` bias that any backend taking an additive mask can use (eager, SDPA), or,
+  for FlexAttention (`flex_attention`), a `RelativeScoreBias`: the same bias as a function of the relative
+  position (T5's table clipped at its max distance, ALiBi's slopes) added by a `score_mod`, so no
+  `(q_len, kv_len)` bias is materialized (`score_bias` picks the form from the backend);
   `RELATIVE_POSITION_REPRESENTATIONS` (`shaw`) also add position vectors to the values, which needs the
   attention probabilities, so it runs in hfzoo's eager attention only.
 
@@ -19,7 +22,9 @@ either side; rotary reads `position_ids`, as Llama does.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -224,6 +229,39 @@ class RelativeAttentionBias(nn.Embedding):
         bucket = relative_position_bucket(relative, self.bidirectional, self.num_embeddings, self.max_distance)
         return super().forward(bucket).permute(2, 0, 1).unsqueeze(0)  # (q, kv, heads) -> (1, heads, q, kv)
 
+    def relative_score_bias(
+        self,
+        query_offset: int | torch.Tensor = 0,
+        query_stride: int = 1,
+        key_stride: int = 1,
+        device: torch.device | None = None,
+    ) -> RelativeScoreBias:
+        """The bias as a `RelativeScoreBias` for FlexAttention: this table at `r = -max_distance .. max_distance`.
+
+        Every `|r| >= max_distance` falls in the last bucket of its direction (the config keeps `max_distance`
+        above the exact buckets), so the clipped table gives the same numbers as `forward` at every distance.
+        Computed by `forward` (one query at position 0), so gradients reach `weight` and ZeRO-3 gathers it.
+
+        Args:
+            query_offset: position of query 0 relative to key 0 (int, or 0-d int64 tensor).
+            query_stride: positions between consecutive queries.
+            key_stride: positions between consecutive keys.
+            device: device of the positions (default: the weight's).
+
+        Returns:
+            A `RelativeScoreBias` with `table` `(num_heads, 2 * max_distance + 1)` in the weight's dtype.
+        """
+        device = self.weight.device if device is None else device
+        relative = torch.arange(-self.max_distance, self.max_distance + 1, device=device)
+        table = self(torch.zeros(1, dtype=torch.long, device=device), relative)[0, :, 0, :].contiguous()
+        return RelativeScoreBias(
+            table=table,
+            max_distance=self.max_distance,
+            query_offset=query_offset,
+            query_stride=query_stride,
+            key_stride=key_stride,
+        )
+
     def extra_repr(self) -> str:
         """Show the table size, direction and maximum distance in `print(model)`."""
         return f"{super().extra_repr()}, bidirectional={self.bidirectional}, max_distance={self.max_distance}"
@@ -279,6 +317,31 @@ class AlibiBias(nn.Module):
         slopes = alibi_slopes(self.num_heads).to(distance.device)
         return -(slopes[:, None, None] * distance).unsqueeze(0)
 
+    def relative_score_bias(
+        self,
+        query_offset: int | torch.Tensor = 0,
+        query_stride: int = 1,
+        key_stride: int = 1,
+        device: torch.device | None = None,
+    ) -> RelativeScoreBias:
+        """The bias as a `RelativeScoreBias` for FlexAttention: `score - m_h * |r|` with the slopes `m_h`.
+
+        Args:
+            query_offset: position of query 0 relative to key 0 (int, or 0-d int64 tensor).
+            query_stride: positions between consecutive queries.
+            key_stride: positions between consecutive keys.
+            device: device of the slopes (default the CPU).
+
+        Returns:
+            A `RelativeScoreBias` with `slopes` float32 `(num_heads,)`.
+        """
+        return RelativeScoreBias(
+            slopes=alibi_slopes(self.num_heads).to(device),
+            query_offset=query_offset,
+            query_stride=query_stride,
+            key_stride=key_stride,
+        )
+
 
 class ShawRelativePositions(nn.Module):
     """Relative position representations (Shaw et al. 2018, §3, eqs. 3-5), with clipped distances.
@@ -305,6 +368,172 @@ class ShawRelativePositions(nn.Module):
         k = self.max_relative_positions
         index = (key_positions[None, :] - query_positions[:, None]).clamp(-k, k) + k  # (q_len, kv_len)
         return self.key_embeddings(index), self.value_embeddings(index)
+
+
+@dataclass(frozen=True)
+class RelativeScoreBias:
+    """A score bias that depends on `r = key_position - query_position` only, in a form FlexAttention can add.
+
+    The form the score biases of `ATTENTION_SCORE_BIASES` (T5's bucketed bias, Raffel et al. 2020 §2.1; ALiBi,
+    Press et al. 2022 §3) take for FlexAttention (PyTorch's `torch.nn.attention.flex_attention`; "FlexAttention:
+    The Flexibility of PyTorch with the Performance of FlashAttention", PyTorch blog, 2024): instead of the
+    `(1, num_heads, q_len, kv_len)` tensor the eager and SDPA backends add to the scores, `score_mod` computes
+    the bias of each score from the indices FlexAttention gives it,
+    ```
+    r = kv_idx * key_stride - (q_idx * query_stride + query_offset)
+    bias[h](r) = table[h, clamp(r, -max_distance, max_distance) + max_distance] - slopes[h] * |r|
+    ```
+    (either term may be absent): T5's bias is a table over the relative positions up to its
+    `max_distance` (beyond it every distance shares the last bucket, so clipping `r` changes nothing); ALiBi's
+    is a slope per head. Both tensors have a size fixed by the config, never by the sequence length. With a
+    KV cache, query `i` is at position `past_len + i` (`query_offset = past_len`); a funnel's pooled queries and
+    keys are `query_stride` / `key_stride` positions apart.
+
+    Gradients reach `table` through `score_mod` (FlexAttention differentiates the tensors a score_mod
+    captures), and from it the learned weight of `RelativeAttentionBias`.
+
+    Args:
+        table: `(num_heads, 2 * max_distance + 1)` float, the bias at `r = -max_distance .. max_distance`, or None.
+        slopes: `(num_heads,)` float32, the bias per unit of distance (subtracted), or None.
+        max_distance: the largest `|r|` `table` holds (0 without a table).
+        query_offset: position of query 0 relative to key 0 (int, or a 0-d int64 tensor for a static cache).
+        query_stride: positions between consecutive queries.
+        key_stride: positions between consecutive keys.
+
+    Raises:
+        ValueError: neither `table` nor `slopes` given.
+    """
+
+    table: torch.Tensor | None = None
+    slopes: torch.Tensor | None = None
+    max_distance: int = 0
+    query_offset: int | torch.Tensor = 0
+    query_stride: int = 1
+    key_stride: int = 1
+
+    def __post_init__(self) -> None:
+        if self.table is None and self.slopes is None:
+            raise ValueError("a RelativeScoreBias needs a table, slopes or both")
+
+    @property
+    def num_heads(self) -> int:
+        """The number of heads the bias is defined for."""
+        return (self.table if self.table is not None else self.slopes).shape[0]
+
+    def score_mod(self, dtype: torch.dtype | None = None):
+        """A FlexAttention `score_mod` adding the bias: `(score, batch_idx, head_idx, q_idx, kv_idx) -> score`.
+
+        Args:
+            dtype: the dtype `table` is cast to first (the queries' dtype, as eager casts the dense bias), or None.
+
+        Returns:
+            A function of FlexAttention's score_mod signature (`score` a scalar tensor, the indices int32 scalar
+            tensors) returning `score + bias[head_idx](r)` (see the class docstring).
+        """
+        table = self.table if self.table is None or dtype is None else self.table.to(dtype)
+        slopes, clip = self.slopes, self.max_distance
+        # Their sizes come from the config: static for torch.compile, so that no recompilation for a new length
+        # makes them symbolic (inductor's CPU FlexAttention kernel mis-names symbolic sizes of captured tensors).
+        for captured in (table, slopes):
+            if captured is not None and not torch.compiler.is_compiling():  # (marking is refused while tracing)
+                torch._dynamo.mark_static(captured)
+        query_offset, query_stride, key_stride = self.query_offset, self.query_stride, self.key_stride
+
+        def add_relative_bias(score, batch_idx, head_idx, q_idx, kv_idx):
+            relative = kv_idx * key_stride - (q_idx * query_stride + query_offset)
+            if table is not None:
+                score = score + table[head_idx, relative.clamp(-clip, clip) + clip]
+            if slopes is not None:
+                score = score - slopes[head_idx] * relative.abs()
+            return score
+
+        return add_relative_bias
+
+    def dense(self, q_len: int, kv_len: int) -> torch.Tensor:
+        """The same bias as a `(1, num_heads, q_len, kv_len)` tensor (what eager adds; for checks and fallbacks).
+
+        Args:
+            q_len: number of queries.
+            kv_len: number of keys.
+
+        Returns:
+            `(1, num_heads, q_len, kv_len)` float (the table's dtype, float32 for slopes alone).
+        """
+        device = (self.table if self.table is not None else self.slopes).device
+        q_idx = torch.arange(q_len, device=device)[:, None]
+        kv_idx = torch.arange(kv_len, device=device)[None, :]
+        relative = kv_idx * self.key_stride - (q_idx * self.query_stride + self.query_offset)  # (q_len, kv_len)
+        bias = torch.zeros((), device=device)
+        if self.table is not None:
+            bias = self.table[:, relative.clamp(-self.max_distance, self.max_distance) + self.max_distance]
+        if self.slopes is not None:
+            bias = bias - self.slopes[:, None, None] * relative.abs()
+        return bias.unsqueeze(0)
+
+    def repeat_heads(self, times: int) -> RelativeScoreBias:
+        """The bias for `times * num_heads` heads: each tensor repeated along heads (`torch.cat([bias] * times, 1)`)."""
+        return dataclasses.replace(
+            self,
+            table=None if self.table is None else self.table.repeat(times, 1),
+            slopes=None if self.slopes is None else self.slopes.repeat(times),
+        )
+
+
+def score_bias(
+    bias: nn.Module,
+    config,
+    q_len: int,
+    kv_len: int,
+    query_offset: int | torch.Tensor = 0,
+    query_stride: int = 1,
+    key_stride: int = 1,
+    device: torch.device | None = None,
+) -> torch.Tensor | RelativeScoreBias:
+    """A score-bias module's bias in the form the attention backend of `config` applies.
+
+    Query `i` is at position `query_offset + query_stride * i`, key `j` at `key_stride * j` (the stack's queries
+    follow `past_len` cached keys: `query_offset = past_len`). FlexAttention (`config._attn_implementation` in
+    `FLEX_SCORE_BIAS_BACKENDS`) adds the bias in a `score_mod` and gets the module's `relative_score_bias`;
+    every other backend (eager, SDPA) gets the dense `(1, num_heads, q_len, kv_len)` bias, folded into its
+    additive mask. A learned bias comes out of the module's `forward` either way (DeepSpeed ZeRO-3 gathers its
+    weight there).
+
+    Args:
+        bias: an `ATTENTION_SCORE_BIASES` module.
+        config: the model's config (`_attn_implementation`).
+        q_len: number of queries.
+        kv_len: number of keys (cached keys included).
+        query_offset: position of query 0 relative to key 0 (int, or 0-d int64 tensor).
+        query_stride: positions between consecutive queries.
+        key_stride: positions between consecutive keys.
+        device: device of the positions (the queries' device; default the CPU).
+
+    Returns:
+        `(1, num_heads, q_len, kv_len)` tensor, or a `RelativeScoreBias` for `flex_attention`.
+    """
+    if config._attn_implementation in FLEX_SCORE_BIAS_BACKENDS:
+        return bias.relative_score_bias(query_offset, query_stride, key_stride, device)
+    query_positions = torch.arange(q_len, device=device) * query_stride + query_offset
+    key_positions = torch.arange(kv_len, device=device) * key_stride
+    return bias(query_positions, key_positions)
+
+
+def repeat_score_bias_heads(bias: torch.Tensor | RelativeScoreBias | None, times: int):
+    """A shared score bias for an attention with `times` as many heads (each head's bias repeated, in order).
+
+    Args:
+        bias: `(batch_size or 1, num_heads, q_len, kv_len)`, a `RelativeScoreBias`, or None.
+        times: how many copies of the heads.
+
+    Returns:
+        `(batch_size or 1, times * num_heads, q_len, kv_len)`, a `RelativeScoreBias` of `times * num_heads`
+        heads, or None.
+    """
+    if bias is None:
+        return None
+    if isinstance(bias, RelativeScoreBias):
+        return bias.repeat_heads(times)
+    return torch.cat([bias] * times, dim=1)
 
 
 def build_position_embedding(config) -> nn.Module | None:
@@ -410,7 +639,9 @@ ROTARY_POSITION_EMBEDDINGS = {
 
 # Additive attention-score biases: classes `(config, bidirectional) -> module` whose static method
 # `shared_across_layers(config)` says whether the stack computes the bias once for all its layers
-# (`build_stack_score_bias`) or each layer's self-attention owns one (`build_layer_score_bias`).
+# (`build_stack_score_bias`) or each layer's self-attention owns one (`build_layer_score_bias`), and whose method
+# `relative_score_bias(query_offset, query_stride, key_stride, device)` gives the same bias as a `RelativeScoreBias`
+# for FlexAttention's score_mod (`score_bias`): the bias must depend on `key_position - query_position` only.
 ATTENTION_SCORE_BIASES = {
     "relative_attention_bias": RelativeAttentionBias,
     "alibi": AlibiBias,
@@ -443,16 +674,20 @@ POSITION_SCHEME_FIELDS = {
     "rotary": ("rope_theta",),
 }
 
+# The backends that take a score bias as a `RelativeScoreBias` (added by a FlexAttention score_mod) rather than
+# as a dense tensor in the additive mask (`score_bias`).
+FLEX_SCORE_BIAS_BACKENDS = ("flex_attention",)
+
 # The attention backends (`config._attn_implementation`) each scheme supports. Score biases travel in the
-# additive float mask, which flash-attention and transformers' flex-attention path do not take; Shaw's value
-# term needs the attention probabilities, which only the eager path exposes.
+# additive float mask (eager, SDPA) or in a FlexAttention score_mod (`RelativeScoreBias`); flash-attention takes
+# neither. Shaw's value term needs the attention probabilities, which only the eager path exposes.
 _ALL_BACKENDS = ("eager", "sdpa", "flash_attention", "flex_attention")
 POSITION_ATTENTION_BACKENDS = {
     "none": _ALL_BACKENDS,
     "learned": _ALL_BACKENDS,
     "sinusoidal": _ALL_BACKENDS,
     "rotary": _ALL_BACKENDS,
-    "relative_attention_bias": ("eager", "sdpa"),
-    "alibi": ("eager", "sdpa"),
+    "relative_attention_bias": ("eager", "sdpa", "flex_attention"),
+    "alibi": ("eager", "sdpa", "flex_attention"),
     "shaw": ("eager",),
 }

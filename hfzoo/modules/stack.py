@@ -56,6 +56,7 @@ from .positions import (
     ROTARY_POSITION_EMBEDDINGS,
     build_position_embedding,
     build_stack_score_bias,
+    score_bias,
 )
 from .universal import UniversalTransformerLayerStack
 
@@ -492,15 +493,21 @@ class HfzooStack:
         """Rotary angles (`position_embeddings`) and a shared score bias (`position_bias`), computed once per call.
 
         Every layer's token mixer receives them (cross-attention ignores them). The bias covers `kv_length`
-        keys: `past_length + seq_length`, or all the slots of a static cache (the empty ones are masked).
+        keys: `past_length + seq_length`, or all the slots of a static cache (the empty ones are masked); it is
+        a dense tensor, or a `RelativeScoreBias` for `flex_attention` (`hfzoo.modules.positions.score_bias`).
         """
         position_inputs = {}
         if self.rotary_emb is not None:
             position_inputs["position_embeddings"] = self.rotary_emb(position_ids)
-        if self.relative_attention_bias is not None:
-            key_positions = torch.arange(kv_length, device=position_ids.device)
-            query_positions = torch.arange(seq_length, device=position_ids.device) + past_length
-            position_inputs["position_bias"] = self.relative_attention_bias(query_positions, key_positions)
+        if self.relative_attention_bias is not None:  # queries at past_length + i, keys at j
+            position_inputs["position_bias"] = score_bias(
+                self.relative_attention_bias,
+                self.config,
+                seq_length,
+                kv_length,
+                query_offset=past_length,
+                device=position_ids.device,
+            )
         return position_inputs
 
     def self_attention_mask(

@@ -330,9 +330,13 @@ def test_backends_follow_the_position_scheme():
     assert HfzooDecoderForCausalLM(shaw.config).config._attn_implementation == "eager"  # default falls back
     with pytest.raises(ValueError, match="scaled_dot_product_attention"):
         shaw.set_attn_implementation("sdpa")
-    alibi = tiny(HfzooDecoderConfig, HfzooDecoderForCausalLM, attn="sdpa", position_embedding_type="alibi")
     with pytest.raises(ValueError, match="flex_attention"):
-        alibi.set_attn_implementation("flex_attention")
+        shaw.set_attn_implementation("flex_attention")
+    alibi = tiny(HfzooDecoderConfig, HfzooDecoderForCausalLM, attn="sdpa", position_embedding_type="alibi")
+    with pytest.raises(ValueError, match="Flash Attention 2"):
+        alibi.set_attn_implementation("flash_attention_2")
+    alibi.set_attn_implementation("flex_attention")  # the score bias as a FlexAttention score_mod
+    assert alibi.config._attn_implementation == "flex_attention"
     assert tiny(HfzooDecoderConfig, HfzooDecoderForCausalLM, attn="sdpa", position_embedding_type="rotary")
 
 
