@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(
         f"\n{args.device}, batch {args.batch_size} x {args.seq_len} tokens, {args.steps} timed steps after "
         f"{args.warmup_steps} warm-up, AdamW, attention {args.attn_implementation}, compile mode "
-        f"{args.compile_mode or 'default'} ({args.compile_scope}), {args.repeats} interleaved repetitions (median, min-max); "
+        f"{args.compile_mode or 'default'} ({args.compile_scope}), {args.repeats} interleaved repetitions "
+        "(median, min-max); "
         f"peak: {first['peak_source']}\n"
     )
     print(
