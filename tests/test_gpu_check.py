@@ -1,0 +1,36 @@
+"""`benchmarks/gpu_check.py` runs every section at a tiny size on the CPU and reports one row per measurement."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from helpers.paths import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_gpu_check_runs_every_section_on_the_cpu(tmp_path, data_dir):
+    out = tmp_path / "check.json"
+    command = [sys.executable, str(REPO_ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--tiny",
+               "--recipe_steps", "4", "--data_dir", str(data_dir), "--output_json", str(out)]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["section"] for r in rows} == {"training", "recipe", "deepspeed", "generation", "flex"}
+    assert "| section | measurement | hfzoo | reference | ratio | unit | note |" in proc.stdout
+    for row in rows:  # a tiny model may add no resident memory the CPU's ru_maxrss can see
+        assert math.isfinite(row["hfzoo"]) and (row["hfzoo"] > 0 or row["unit"] == "MiB"), row
+    cases = {r["case"]: r for r in rows}
+    for kind in ("eager", "compiled"):
+        assert cases[f"tokens/s, {kind}"]["reference"] > 0  # transformers' rate beside hfzoo's
+    assert cases["compile time (first step minus eager's)"]["hfzoo"] > 0
+    # DeepSpeed trains the same model: its held-out loss after the same steps is the plain run's, up to rounding
+    plain = cases["eval loss after 4 steps, plain"]["hfzoo"]
+    for stage in (2, 3):
+        assert cases[f"eval loss after 4 steps, ZeRO-{stage}"]["hfzoo"] == pytest.approx(plain, rel=1e-2)
+    assert all(r["note"] == "same tokens as eager" for r in rows if r["case"].endswith(("eager", "compiled"))
+               and r["section"] == "generation")  # fmt: skip
