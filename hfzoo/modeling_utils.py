@@ -617,6 +617,10 @@ class HfzooGenerationMixin(GenerationMixin):
         early_initialize_static_cache(self, kwargs.get("cache"), input_ids.shape[0])
         return super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
 
+    # `generate` checks its keyword arguments against this method's parameters (then the model's `forward`'s):
+    # report transformers' own, as before this override, so the check stays the same.
+    prepare_inputs_for_generation.__signature__ = inspect.signature(GenerationMixin.prepare_inputs_for_generation)
+
 
 def _align_cpu_tensors(model: nn.Module, alignment: int = 64) -> None:
     """Move the CPU parameters and buffers that do not start on an `alignment`-byte boundary into fresh memory.
