@@ -581,7 +581,7 @@ class HfzooGenerationMixin(GenerationMixin):
         config,
         inputs_embeds: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        cache: Cache | None,
+        cache: Cache | None = None,
         position_ids: torch.Tensor | None = None,
         **kwargs,
     ):
@@ -593,13 +593,16 @@ class HfzooGenerationMixin(GenerationMixin):
             config: the model's config (unused: the stack's is the same).
             inputs_embeds: `(batch_size, q_len, 0)`: the step's batch size, length, dtype and device.
             attention_mask: `(batch_size, past_len + q_len)` decoder padding mask, or None.
-            cache: the generation cache (an `EncoderDecoderCache` for the encoder-decoder).
+            cache: the generation cache (an `EncoderDecoderCache` for the encoder-decoder); transformers before
+                5.24 passes it as `past_key_values` (`LEGACY_CACHE_NAME`).
             position_ids: `(batch_size, q_len)` int64, or None.
             **kwargs: other arguments transformers passes (token types, `is_first_iteration`), unused.
 
         Returns:
             The backend-specific mask, as the stack would build it from the same inputs.
         """
+        if cache is None:
+            cache = kwargs.get(LEGACY_CACHE_NAME)
         self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         return self._generating_stack().self_attention_mask(inputs_embeds, attention_mask, self_cache, position_ids)
 
