@@ -18,32 +18,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo.testing
+from helpers.variant_checks import FAMILIES as ALL_FAMILIES
+from helpers.variant_checks import TINY as VARIANT_TINY
 from torch._dynamo.backends.common import aot_autograd
 from transformers import EncoderDecoderCache, StaticCache
 
-from hfzoo import (
-    HfzooDecoderConfig,
-    HfzooDecoderForCausalLM,
-    HfzooEncoderDecoderConfig,
-    HfzooEncoderDecoderForConditionalGeneration,
-)
-
-TINY = dict(
-    vocab_size=97,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=64,
-    pad_token_id=0,
-    eos_token_id=1,
-    hidden_dropout_prob=0.0,
-    attention_probs_dropout_prob=0.0,
-)
-FAMILIES = {
-    "decoder": (HfzooDecoderConfig, HfzooDecoderForCausalLM),
-    "encoder-decoder": (HfzooEncoderDecoderConfig, HfzooEncoderDecoderForConditionalGeneration),
-}
+TINY = {**VARIANT_TINY, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+FAMILIES = {name: ALL_FAMILIES[name] for name in ("decoder", "encoder-decoder")}  # the generative families
 
 
 def tiny(family: str, **overrides):

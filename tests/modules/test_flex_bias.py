@@ -16,18 +16,14 @@ import warnings
 
 import pytest
 import torch
-from helpers.variant_checks import TINY, make_batch, run, valid_logits
+from helpers.variant_checks import FAMILIES, TINY, make_batch, run, valid_logits
 from torch.nn.attention import flex_attention as torch_flex
 from torch.nn.attention.flex_attention import create_block_mask
 from transformers.integrations import flex_attention as transformers_flex
 
 from hfzoo import (
     HfzooDecoderConfig,
-    HfzooDecoderForCausalLM,
     HfzooEncoderConfig,
-    HfzooEncoderDecoderConfig,
-    HfzooEncoderDecoderForConditionalGeneration,
-    HfzooEncoderForMaskedLM,
 )
 from hfzoo.compat import output_cache
 from hfzoo.modules.attention import add_bias_to_mask, eager_attention_forward, flex_score_bias_attention_forward
@@ -40,11 +36,6 @@ from hfzoo.modules.positions import (
     score_bias,
 )
 
-FAMILIES = {
-    "decoder": (HfzooDecoderConfig, HfzooDecoderForCausalLM),
-    "encoder": (HfzooEncoderConfig, HfzooEncoderForMaskedLM),
-    "encoder-decoder": (HfzooEncoderDecoderConfig, HfzooEncoderDecoderForConditionalGeneration),
-}
 #: Few buckets and a short max distance, so the 11-token batches reach the logarithmic and the last bucket.
 T5_SMALL = {
     "position_embedding_type": "relative_attention_bias",
