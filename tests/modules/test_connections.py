@@ -140,6 +140,21 @@ def test_gradient_checkpointing_gives_the_same_gradients(family):
         torch.testing.assert_close(grads[1][name], grads[0][name], msg=name)
 
 
+@pytest.mark.parametrize("family", ["decoder", "encoder-decoder"])
+@torch.no_grad()
+def test_greedy_tokens_are_the_same_with_a_dynamic_a_static_and_no_cache(family):
+    """The cache stores the mixed values and the skips act per position: every cache gives the uncached tokens."""
+    model = build_model(family, {"value_residual": True, "unet_skips": True, "num_hidden_layers": 3})
+    for name, parameter in model.named_parameters():
+        if "value_residual" in name or "unet_skips" in name:
+            randomize(parameter, seed=3)
+    ids = torch.randint(2, TINY["vocab_size"], (2, 6), generator=torch.Generator().manual_seed(0))
+    uncached = model.generate(ids, max_new_tokens=6, do_sample=False, use_cache=False)
+    for cache in ("dynamic", "static"):
+        tokens = model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation=cache)
+        assert torch.equal(tokens, uncached), cache
+
+
 def test_weights_count_and_start_as_modded_nanogpt():
     """2 weights per later token mixer (0.5, 0.5) and 1 per skip (1.0), in each stack of the encoder-decoder."""
     base = build_model("encoder-decoder", {"num_hidden_layers": 3, "num_decoder_layers": 5})
