@@ -29,7 +29,7 @@ from .modules.positions import (
     check_position_config,
     has_per_layer_score_bias,
 )
-from .modules.stack import BLOCK_SHARING, LAYER_STACKS, LAYER_TYPES, StackLayout
+from .modules.stack import BLOCK_SHARING, LAYER_STACKS, LAYER_TYPES, StackLayout, check_layer_connections
 
 
 @strict
@@ -249,6 +249,17 @@ class HfzooConfig(PreTrainedConfig):
         memory_query_norm: normalisation of the memory queries, a key of `hfzoo.modules.memory.MEMORY_QUERY_NORMS`
             (`batch_norm`: Lample et al. §3.2, over real tokens; `layer_norm`: per sub-key, Narang et al.'s
             Mesh TensorFlow).
+        value_residual: value residual learning (ResFormer; Zhou et al. 2024, "Value Residual Learning For
+            Alleviating Attention Concentration in Transformers", §3): in every stack, each token mixer after the
+            first uses `lambda_1 V_n + lambda_2 V_1`, V_1 the first token mixer's values, with two learned scalars
+            per mixer initialised at 0.5 (`hfzoo.modules.connections.ValueResidual`). The encoder-decoder mixes
+            within each self-attention stack; cross-attention's values (the encoder output) are left as they
+            are. Refused with a layer stack other than `standard`, a token mixer without values
+            (`TokenMixer.values`), `layer_type="evolved_transformer"` or fewer than 2 token mixers.
+        unet_skips: U-Net skips (Ronneberger et al. 2015; modded-nanogpt, Jordan et al. 2024): in every stack the
+            output of layer i < L//2 is added, times a learned scalar initialised at 1, to the input of layer
+            L-1-i; with an odd L the middle layer takes none (`hfzoo.modules.connections.UNetSkips`). Refused with
+            a layer stack other than `standard` and with fewer than 2 layers.
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
@@ -353,6 +364,9 @@ class HfzooConfig(PreTrainedConfig):
     memory_top_k: int = 32
     memory_key_dim: int = 256
     memory_query_norm: str = "batch_norm"
+    # --- connections across a stack's layers (hfzoo/modules/connections.py)
+    value_residual: bool = False
+    unet_skips: bool = False
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:
@@ -502,6 +516,7 @@ class HfzooConfig(PreTrainedConfig):
                     f"{layout.name} has no KV cache; set use_cache=False"
                 )
             self._validate_token_mixer(layout)
+            check_layer_connections(self, layout)
             if has_mixer:
                 used_mixers.add(layout.token_mixer)
             used_stacks.add(layout.layer_stack)

@@ -16,7 +16,11 @@ any hfzoo family; `FlopsCount.per_token` divides by the tokens the model process
   2022 ("Chinchilla", App. F) count it too. The factorized embedding's input projection (E -> hidden) and
   the adaptive input embeddings' cluster projections (each applied to every token) are matrix products and
   are counted; a layer shared by block sharing counts once per application. Not counted: lookups (token,
-  position and relative-bias tables) and elementwise work (norms, activations, softmax, residuals).
+  position and relative-bias tables) and elementwise work (norms, activations, softmax, residuals; also the
+  connections across a stack's layers, `hfzoo.modules.connections`: value residual learning's
+  `lambda_1 V_n + lambda_2 V_1`, 3 FLOPs per value element forward, and the U-Net skips' weighted additions, 2
+  per hidden element forward, which leave the count unchanged; their parameters, 2 per token mixer after the
+  first and 1 per skip, are no matrix-product weights).
 - **Attention, 12 d_attn per (query, key) pair** (PaLM App. B: 12 L H Q T per token for self-attention
   over T keys). The scores `Q K^T` and the weighted values `P V` each cost 2 d_attn FLOPs per pair forward
   (`d_attn = num_attention_heads * head_dim`), three times that with backward. As in PaLM, causal masking

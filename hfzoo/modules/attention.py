@@ -396,7 +396,9 @@ class HfzooAttention(nn.Module):
                 the same bias as a `hfzoo.modules.positions.RelativeScoreBias` (`score_bias` picks the form).
             padding_mask: `(batch_size, q_len)` bool, False at padding, or None; the stack's `attention_mask`
                 already masks padding, so only `restrict_attention_mask` reads it (a subclass's pattern).
-            **kwargs: forwarded to the attention backend.
+            **kwargs: forwarded to the attention backend, except `value_residual`: a callable mapping this
+                self-attention's new values `(batch_size, num_heads, q_len, head_dim)` to the values it uses
+                (`hfzoo.modules.connections.ValueResidual`; ignored by cross-attention).
 
         Returns:
             `(head_outputs, attn_weights)`: `(batch_size, q_len, num_heads, head_dim)` and the attention
@@ -407,6 +409,8 @@ class HfzooAttention(nn.Module):
                 both `key_value_states` and a cache; a dense `position_bias` tensor with `flex_attention`;
                 attention dropout with a score bias on `flex_attention` (`flex_score_bias_attention_forward`).
         """
+        # ResFormer (Zhou et al. 2024): mixes the stack's first values into self-attention's (connections.py)
+        value_residual = kwargs.pop("value_residual", None)
         batch_size, q_len, _ = hidden_states.shape
         past_length = None  # tokens cached before this call (self-attention with a cache), for the query positions
         # (batch, q_len, hidden) -> (batch, heads, q_len, head_dim)
@@ -428,6 +432,8 @@ class HfzooAttention(nn.Module):
             key, value = self._project_key_value(key_value_states)
         else:
             key, value = self._project_key_value(hidden_states)
+            if value_residual is not None:  # before the cache stores them: the cache holds the mixed values
+                value = value_residual(value)
             if position_embeddings is not None:
                 query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
             self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache

@@ -92,6 +92,9 @@ class TokenMixer:
         cross_attention: the class of the cross-attention that follows the mixer in a cross-attending stack,
             built as `cross_attention(config, layer_idx, is_causal=False, is_cross_attention=True)`; None:
             `HfzooAttention`.
+        values: the mixer projects values per head through `HfzooAttention.attend`'s self-attention path,
+            which mixes in the stack's first values when given `value_residual` (`config.value_residual`, ResFormer,
+            `hfzoo.modules.connections.ValueResidual`); False: value residual learning is refused with it.
     """
 
     module: type[nn.Module]
@@ -107,6 +110,7 @@ class TokenMixer:
     mask_overlay: Callable[[Any], Callable] | None = None
     feed_forward: bool = False
     cross_attention: type[nn.Module] | None = None
+    values: bool = False
 
     def runs_in(self, model_type: str, is_causal: bool) -> bool:
         """Whether the mixer is defined in a stack of direction `is_causal` of the family `model_type`."""
@@ -131,7 +135,7 @@ def build_token_mixer(config, name: str, layer_idx: int, is_causal: bool) -> nn.
 
 # Token mixers, selected by `config.token_mixer` (and the encoder-decoder's `decoder_token_mixer`).
 TOKEN_MIXERS = {
-    "self_attention": TokenMixer(HfzooAttention),  # Vaswani et al. 2017 §3.2
+    "self_attention": TokenMixer(HfzooAttention, values=True),  # Vaswani et al. 2017 §3.2
     "fourier": TokenMixer(  # FNet, Lee-Thorp et al. 2022
         FourierMixer,
         causal=False,
@@ -155,6 +159,7 @@ TOKEN_MIXERS = {
         config_fields=("attention_window",),
         check_config=check_attention_window,
         mask_overlay=window_overlay,
+        values=True,
     ),
     "bigbird": TokenMixer(  # Zaheer et al. 2020 (ITC)
         BigBirdAttention,
@@ -164,6 +169,7 @@ TOKEN_MIXERS = {
         config_fields=("bigbird_block_size", "bigbird_num_random_blocks", "bigbird_num_global_blocks"),
         check_config=check_bigbird_config,
         reason="its global and random blocks lie anywhere in the sequence, so a token would see later ones",
+        values=True,
     ),
     # Wu et al. 2019 §3 / §4 (hfzoo/modules/convolutions.py); KV cache = the layer's past convolution inputs
     "lightweight_convolution": TokenMixer(
@@ -187,5 +193,7 @@ TOKEN_MIXERS = {
         check_config=check_synthesizer_config,
     ),
     # Weighted Transformer, Ahmed et al. 2017 §3: branches with their own feed-forward; cross-attention branched too
-    "branched_attention": TokenMixer(BranchedAttention, feed_forward=True, cross_attention=BranchedAttention),
+    "branched_attention": TokenMixer(
+        BranchedAttention, feed_forward=True, cross_attention=BranchedAttention, values=True
+    ),
 }

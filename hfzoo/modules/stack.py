@@ -27,12 +27,18 @@ adaptive computation time (Universal Transformer, `hfzoo.modules.universal`); `f
 between blocks (Funnel Transformer, `hfzoo.modules.funnel`). An entry's module says which layers the stack
 builds (`layer_plan`: the Universal Transformer builds its block once per recurrent step, tied like block
 sharing, so each step owns its KV-cache layers) and runs them (`forward(stack, hidden_states, inputs)`).
+
+Connections across a stack's layers (`hfzoo.modules.connections`): value residual learning
+(`config.value_residual`, ResFormer, Zhou et al. 2024) and U-Net skips (`config.unet_skips`, modded-nanogpt),
+applied by the standard layer stack; where they are defined is in the `LAYER_STACKS` and `TOKEN_MIXERS` entries,
+checked by `check_layer_connections` when the config is built.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -44,6 +50,7 @@ from transformers.utils import logging
 
 from ..compat import cache_field
 from .attention import TransparentAttention
+from .connections import UNetSkips, ValueResidual
 from .embeddings import build_token_embedding
 from .evolved import EvolvedTransformerLayer
 from .experts import is_moe_layer, token_padding_mask
@@ -225,7 +232,9 @@ class HfzooStack:
     `config.layer_type` in `LAYER_TYPES`, e.g. the Evolved Transformer's cells),
     `norm` (the final norm when the norm placement has one, else an identity) and `transparent_attention`
     (`hfzoo.modules.attention.TransparentAttention`, in the cross-attending stack with
-    `config.transparent_attention`, else None). Flags: `is_causal`, `has_cross_attention`, `shares_layers`
+    `config.transparent_attention`, else None), `value_residual` (`hfzoo.modules.connections.ValueResidual` with
+    `config.value_residual`, else None) and `unet_skips` (`hfzoo.modules.connections.UNetSkips` with
+    `config.unet_skips`, else None). Flags: `is_causal`, `has_cross_attention`, `shares_layers`
     (`config.block_sharing` covers this stack) and `returns_layer_outputs` (the encoder side with
     `config.transparent_attention`: its output carries `layer_outputs`); `token_mixer_name` (the stack's
     `TOKEN_MIXERS` key, whose `mask_overlay` the self-attention mask takes).
@@ -303,6 +312,9 @@ class HfzooStack:
         if config.transparent_attention and layout.has_cross_attention:
             encoder = next(other for other in config.stack_layouts() if not other.has_cross_attention)
             self.transparent_attention = TransparentAttention(config, len(encoder.sublayers(config)) + 1, mixer_idx)
+        # Connections across the layers (hfzoo.modules.connections), applied by the standard layer stack.
+        self.value_residual = ValueResidual(mixer_idx) if getattr(config, "value_residual", False) else None
+        self.unet_skips = UNetSkips(len(layers)) if getattr(config, "unet_skips", False) else None
 
     @property
     def _tied_weights_keys(self) -> dict[str, str]:
@@ -656,16 +668,31 @@ class StandardLayerStack(nn.Module):
 
         With `inputs.cross_attention_memories`, each layer's cross-attention reads its own combination of the
         encoder outputs (transparent attention); with `inputs.layer_outputs`, the outputs of every layer but the
-        last are appended to it.
+        last are appended to it. With `stack.value_residual`, each token mixer gets it as `value_residual`
+        (bound to this pass's first values and its index); with `stack.unet_skips`, the outputs of the first
+        `L // 2` layers are kept and added, weighted, to the inputs of their mirrors L-1-i
+        (`hfzoo.modules.connections`).
         """
         memories, outputs = inputs.cross_attention_memories, inputs.layer_outputs
+        num_layers = len(stack.layers)
+        skips = []  # U-Net: outputs of the first half's layers, in order
+        first_values = {}  # value residual: the first token mixer's values of this forward pass
         for i, layer in enumerate(stack.layers):
             layer_kwargs = inputs.layer_kwargs
             cross_attn = getattr(layer, "cross_attn", None)
             if memories is not None and cross_attn is not None:
                 layer_kwargs = {**layer_kwargs, "encoder_hidden_states": memories[:, cross_attn.layer_idx]}
+            self_attn = getattr(layer, "self_attn", None)
+            if stack.value_residual is not None and self_attn is not None:
+                mix = partial(stack.value_residual, first_values, self_attn.layer_idx)
+                layer_kwargs = {**layer_kwargs, "value_residual": mix}
+            source = UNetSkips.mirror(num_layers, i) if stack.unet_skips is not None else None
+            if source is not None:
+                hidden_states = stack.unet_skips(hidden_states, skips[source], source)
             hidden_states = layer(hidden_states, **layer_kwargs)
-            if outputs is not None and i < len(stack.layers) - 1:
+            if stack.unet_skips is not None and i < num_layers // 2:
+                skips.append(hidden_states)
+            if outputs is not None and i < num_layers - 1:
                 outputs.append(hidden_states)
         return hidden_states, None
 
@@ -687,6 +714,9 @@ class LayerStack:
             field; or None.
         extra_output: the name under which the module's second output (`forward`'s `extra`) is recorded for
             the heads' auxiliary losses (`HfzooPreTrainedModel._can_record_outputs`), or None.
+        layer_connections: the module applies value residual learning and U-Net skips (`config.value_residual`,
+            `config.unet_skips`, `hfzoo.modules.connections`); if False they are refused with `reason`.
+        reason: why the connections are undefined for this layer stack (ends the config's refusal).
     """
 
     module: type[nn.Module]
@@ -696,17 +726,21 @@ class LayerStack:
     config_fields: tuple[str, ...] = ()
     check_config: Callable[[Any, list[StackLayout]], None] | None = None
     extra_output: str | None = None
+    layer_connections: bool = False
+    reason: str = ""
 
 
 #: `config.layer_stack` (and the encoder-decoder's `decoder_layer_stack`) -> how a stack applies its layers.
 LAYER_STACKS = {
-    "standard": LayerStack(StandardLayerStack),  # Vaswani et al. 2017
+    "standard": LayerStack(StandardLayerStack, layer_connections=True),  # Vaswani et al. 2017
     # Dehghani et al. 2019: one block applied recurrently, ACT halting (Graves 2016); tensor2tensor's reference
     "universal": LayerStack(
         UniversalTransformerLayerStack,
         config_fields=UniversalTransformerLayerStack.config_fields,
         check_config=UniversalTransformerLayerStack.check_config,
         extra_output="ponder_cost",
+        reason="it applies one block recurrently, each position halting after its own number of steps, so "
+        "there is no fixed first layer whose values to share nor a fixed depth to mirror the layers around",
     ),
     # Dai et al. 2020: pooling between blocks (stride 2), up-sampling for per-token outputs; no causal form
     "funnel": LayerStack(
@@ -714,6 +748,8 @@ LAYER_STACKS = {
         causal=False,
         config_fields=FunnelLayerStack.config_fields,
         check_config=FunnelLayerStack.check_config,
+        reason="it pools the sequence between blocks, so the first layer's values and the first half's outputs "
+        "are longer than the later layers they would be added to",
     ),
 }
 
@@ -734,3 +770,63 @@ LAYER_TYPES = {
     "transformer": HfzooLayer,  # token mixer, (cross-attention,) feed-forward; `sublayer_pattern`
     "evolved_transformer": EvolvedTransformerLayer,  # So et al. 2019's searched encoder / decoder cells
 }
+
+
+def check_layer_connections(config, layout: StackLayout) -> None:
+    """Refuse value residual learning / U-Net skips (`hfzoo.modules.connections`) where a stack does not define them.
+
+    Called by the config validation for each stack, after its layer stack and token mixer are checked.
+    Value residual learning needs the standard layer stack (a `LAYER_STACKS` entry with `layer_connections`),
+    Transformer layers (`layer_type="transformer"`: the Evolved Transformer's cells have several branches per
+    layer), a token mixer with values (`TokenMixer.values`) and at least two token mixers (the first gives its
+    values, the others mix them in). U-Net skips need the standard layer stack and at least two layers. Block
+    sharing keeps both: the first application gives the values and the weights belong to the stack.
+
+    Args:
+        config: an hfzoo config.
+        layout: one of its `StackLayout`s.
+
+    Raises:
+        ValueError: a non-boolean value, or a switch set where the stack does not define it (naming the field, the
+            value and what is allowed).
+    """
+    for field in ("value_residual", "unet_skips"):
+        if not isinstance(getattr(config, field), bool):
+            raise ValueError(f"{field} must be True or False, got {getattr(config, field)!r}")
+    entry = LAYER_STACKS[layout.layer_stack]
+    switches = [field for field in ("value_residual", "unet_skips") if getattr(config, field)]
+    if switches and not entry.layer_connections:
+        allowed = [name for name, other in LAYER_STACKS.items() if other.layer_connections]
+        raise ValueError(
+            f"{switches[0]}=True is not defined for {layout.layer_stack_field}={layout.layer_stack!r} "
+            f"({entry.reason}); use {layout.layer_stack_field} in {allowed} or {switches[0]}=False"
+        )
+    sublayers = layout.sublayers(config)
+    if config.value_residual:
+        if LAYER_TYPES[config.layer_type] is not HfzooLayer:
+            raise ValueError(
+                f"value_residual=True is not defined for layer_type={config.layer_type!r} (its cells have several "
+                "branches per layer, not one token mixer's values); use layer_type='transformer' or "
+                "value_residual=False"
+            )
+        if not TOKEN_MIXERS[layout.token_mixer].values:
+            allowed = [name for name, mixer in TOKEN_MIXERS.items() if mixer.values]
+            raise ValueError(
+                f"value_residual=True mixes the first token mixer's values into the later ones', but "
+                f"{layout.token_mixer_field}={layout.token_mixer!r} has no per-head values to mix; choose "
+                f"{layout.token_mixer_field} in {allowed} or value_residual=False"
+            )
+        mixers = sum("s" in layer for layer in sublayers)
+        if mixers < 2:
+            raise ValueError(
+                f"value_residual=True needs at least 2 token mixers in the {layout.name} (the first gives its values "
+                f"to the later ones), but {layout.num_layers_field}={layout.num_layers} with "
+                f"sublayer_pattern={config.sublayer_pattern!r} gives it {mixers}; use more layers or "
+                "value_residual=False"
+            )
+    if config.unet_skips and len(sublayers) < 2:
+        raise ValueError(
+            f"unet_skips=True connects layer i of the first half to layer L-1-i of the second, but the {layout.name} "
+            f"has {len(sublayers)} layer ({layout.num_layers_field}={layout.num_layers}); use at least 2 layers or "
+            "unet_skips=False"
+        )

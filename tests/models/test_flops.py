@@ -196,3 +196,14 @@ def test_sublayer_patterns_count_their_sublayers(family):
         assert weights_per_token(config, stack) == mixers * (4 * 16 * 16 + cross) + feed_forwards * 2 * 16 * 32
         lengths = (T, DECODER_T) if config.is_encoder_decoder else (T,)
         assert measured_flops(config, *lengths) == count_training_flops(config, *lengths).total
+
+
+@pytest.mark.parametrize("family", ["decoder-tiny", "encoder-tiny", "encoder-decoder-tiny"])
+def test_value_residual_and_unet_skips_add_no_matrix_products(family):
+    """ResFormer's value mixing and the U-Net skips are elementwise: the count and FlopCounterMode stay the plain model's."""
+    fields = {**SMALL, "num_hidden_layers": 3}
+    plain = build_config(family, fields)
+    config = build_config(family, {**fields, "value_residual": True, "unet_skips": True})
+    lengths = (T, DECODER_T) if config.is_encoder_decoder else (T,)
+    assert count_training_flops(config, *lengths) == count_training_flops(plain, *lengths)
+    assert measured_flops(config, *lengths) == count_training_flops(config, *lengths).total

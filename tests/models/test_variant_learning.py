@@ -97,6 +97,15 @@ LEARNING_VARIANTS: list[tuple[dict, tuple[str, ...]]] = [
     ({"layer_stack": "funnel", "decoder_layer_stack": "standard"}, ("encoder-decoder",)),
     ({"token_mixer": "branched_attention"}, ALL),
     ({"memory_layers": [-1], "memory_num_keys": 32, "memory_top_k": 8, "memory_key_dim": 32}, ALL),
+    # connections across the layers (hfzoo/modules/connections.py): value residual learning (ResFormer, Zhou et
+    # al. 2024) and U-Net skips (modded-nanogpt), alone and together in 4-layer stacks (two skips)
+    ({"value_residual": True}, ALL),
+    ({"unet_skips": True}, ALL),
+    ({"value_residual": True, "unet_skips": True, "num_hidden_layers": 4}, ("decoder", "encoder")),
+    (
+        {"value_residual": True, "unet_skips": True, "num_hidden_layers": 4, "num_decoder_layers": 4},
+        ("encoder-decoder",),
+    ),
 ]
 # Rows whose causal LM needs more steps to get past the add-one unigram model: after 200 steps weighted
 # (branched) attention and the product key memory end within 1% of it (4.17 and 4.17 against 4.15 on an AMD

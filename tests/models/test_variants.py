@@ -301,6 +301,17 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
     # ---- depth and token types
     ({"num_decoder_layers": 3}, ("encoder-decoder",), BOTH),
     ({"type_vocab_size": 0}, ("encoder",), BOTH),
+    # ---- connections across a stack's layers (hfzoo/modules/connections.py): value residual learning (ResFormer,
+    # Zhou et al. 2024) and U-Net skips (modded-nanogpt); an odd depth leaves the middle layer without a skip
+    ({"value_residual": True}, ALL, BOTH),
+    ({"value_residual": True, "token_mixer": "sliding_window", "attention_window": 4}, ALL, BOTH),
+    ({"value_residual": True, "block_sharing": "all"}, ALL, BOTH),
+    ({"unet_skips": True}, ALL, BOTH),
+    (
+        {"unet_skips": True, "value_residual": True, "num_hidden_layers": 3, "position_embedding_type": "rotary"},
+        ALL,
+        BOTH,
+    ),
 ]
 
 
