@@ -154,3 +154,18 @@ def test_a_survivor_names_the_processes_that_do_not_answer_and_the_checkpoint(mo
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     message = faults.lost_peer_message(_Process(0, 3), RuntimeError(GLOO_RESET), lambda: [])
     assert "lost the peer at 10.0.0.2:16779; no checkpoint was written; restart every node" in message
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_multi_node_template_trains_on_two_nodes(tmp_path, small_jsonl_xz, tokenizer_dir):
+    """`accelerate_configs/multi_node_template.yaml` as shipped (ZeRO-2, bf16, torchrun per node), with only the
+    per-run flags given on the command line: two nodes train on different data and the validation loss falls."""
+    port = free_port()
+    argv = recipe_args(small_jsonl_xz, tokenizer_dir, "run", GLOBAL_BATCH // 2, "--max_train_steps", "8")
+    commands = [node_command("multi_node_template.yaml", r, port, argv) for r in (0, 1)]
+    logs = run_nodes(commands, tmp_path, tmp_path / "logs")
+    check_two_processes("".join(logs), "DEEPSPEED")
+    assert "world size 2 (distributed_type DEEPSPEED, mixed_precision bf16)" in logs[0]
+    results = json.loads((tmp_path / "run" / "all_results.json").read_text())
+    assert results["eval_loss"] < results["init_eval_loss"]
