@@ -251,6 +251,14 @@ def lost_peer_message(accelerator, err: BaseException, checkpoints: Callable[[],
     when the store is gone too, the peer address gloo reports; then the last complete checkpoint and
     `--resume_from_checkpoint latest`. Starts with `error: process R: a collective operation failed or timed out`
     and ends with the backend's first line (e.g. gloo's `Connection closed by peer [ADDRESS]:PORT`).
+
+    Args:
+        accelerator: the run's `Accelerator` (`process_index`, `num_processes`).
+        err: the collective's exception.
+        checkpoints: returns the run's complete checkpoint folders, oldest first; None: none named.
+
+    Returns:
+        The message, one line.
     """
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     lost = lost_peers(accelerator.process_index, accelerator.num_processes)
