@@ -231,6 +231,28 @@ PRESETS: dict[str, dict[str, Any]] = {
         "mlp_bias": True,
         "tie_word_embeddings": True,
     },
+    # GPT-3 XL (Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1: 24 layers, d_model 2048,
+    # 16 heads of 128, context 2048; "1.3B"), with GPT-2's vocabulary and architecture as the paper describes
+    # (§2.1; its alternating sparse attention is not reproduced): 1315.7M parameters
+    # (tests/models/test_param_counts.py). The ~1B size of the scaling table in docs/distributed.md.
+    "gpt3-xl": {
+        "model_type": "hfzoo_decoder",
+        "vocab_size": 50257,
+        "hidden_size": 2048,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "intermediate_size": 8192,
+        "max_position_embeddings": 2048,
+        "hidden_act": "gelu_new",
+        "activation_dropout": 0.0,
+        "layer_norm_eps": 1e-5,
+        "norm_type": "layer_norm",
+        "norm_position": "pre",
+        "position_embedding_type": "learned",
+        "attention_bias": True,
+        "mlp_bias": True,
+        "tie_word_embeddings": True,
+    },
     # The baseline of Narang et al. 2021 ("Do Transformer Modifications Transfer...", §2 and Table 1): a
     # T5-base-sized encoder-decoder as Mesh TensorFlow builds it: 12 + 12 pre-LN layers, ReLU, d_kv 64,
     # no biases, T5's bucketed relative attention bias shared across layers, unscaled attention scores

@@ -76,6 +76,8 @@ def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool =
         raise ValueError("mixed_precision fp16 (from the accelerate config) needs a GPU; on CPU use bf16 or no")
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
         reconcile_deepspeed_config(accelerator.state.deepspeed_plugin.deepspeed_config, args, accelerator.num_processes)
+    if accelerator.num_processes > 1:
+        faults.record_peers(accelerator)  # so that a lost process is named by rank, node and host
     return accelerator
 
 

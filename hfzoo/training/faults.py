@@ -8,6 +8,7 @@
   `first_nonfinite_parameter` keeps non-finite weights out of checkpoints.
 - `handle_training_faults`: the context manager around the training loop that turns these faults (and
   failed collectives) into a one-line message and an exit code, and always destroys the process group.
+- `record_peers` / `lost_peers`: which process (rank, node, host) a failed collective lost, for that message.
 
 Exit codes: 0 success, 1 error (including a failed checkpoint save or collective), 2 bad arguments,
 `EXIT_PREEMPTED` = 75 (stopped by a signal after writing a checkpoint; sysexits' EX_TEMPFAIL: run
@@ -21,9 +22,12 @@ import contextlib
 import logging
 import math
 import os
+import re
 import signal
+import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -160,6 +164,120 @@ def collective_timeout(seconds: float) -> timedelta:
     default (`InitProcessGroupKwargs.to_kwargs` drops default values, and the backends' defaults differ).
     """
     return timedelta(seconds=seconds, milliseconds=1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Lost peers
+# ---------------------------------------------------------------------------------------------------
+
+#: Each process's `{"rank", "node", "host"}`, by rank, recorded at start-up (`record_peers`).
+_PEERS: list[dict] = []
+#: How long a survivor waits for the others to answer after a failed collective (`lost_peers`), seconds.
+PEER_ANSWER_SECONDS = 5.0
+
+
+def record_peers(accelerator) -> list[dict]:
+    """Record every process's rank, node and host name, so that a failed collective can name the one it lost.
+
+    The node is torchrun's `GROUP_RANK` (`accelerate launch --machine_rank`, Slurm's node id), None when the
+    launcher sets none. One all-gather over the CPU group; every process must call it (it is a collective).
+
+    Args:
+        accelerator: the run's `Accelerator`.
+
+    Returns:
+        One `{"rank": int, "node": int | None, "host": str}` per process, in rank order.
+    """
+    node = os.environ.get("GROUP_RANK")
+    mine = {"rank": accelerator.process_index, "node": int(node) if node else None, "host": socket.gethostname()}
+    if accelerator.num_processes == 1 or not dist.is_initialized():
+        peers = [mine]
+    else:
+        peers = [None] * accelerator.num_processes
+        dist.all_gather_object(peers, mine, group=_control_group(accelerator))
+    _PEERS[:] = peers
+    return peers
+
+
+def describe_process(rank: int) -> str:
+    """`"process R (node N, host H)"` from the peers recorded by `record_peers` (`"process R"` if unknown)."""
+    peer = _PEERS[rank] if rank < len(_PEERS) else None
+    if peer is None:
+        return f"process {rank}"
+    node = f"node {peer['node']}, " if peer.get("node") is not None else ""
+    return f"process {rank} ({node}host {peer['host']})"
+
+
+def lost_peers(rank: int, world_size: int, wait: float = PEER_ANSWER_SECONDS) -> list[int] | None:
+    """After a failed collective, the ranks that do not answer within `wait` seconds (dead or stuck).
+
+    Every surviving process writes a key into the launcher's rendezvous store (torchrun's TCP store at
+    `MASTER_ADDR:MASTER_PORT`, which outlives the process group) and waits for the others' keys. The
+    processes whose key does not appear are the lost ones.
+
+    Args:
+        rank: this process's rank.
+        world_size: the number of processes.
+        wait: seconds to wait for the others.
+
+    Returns:
+        The ranks that did not answer (sorted), or None when the store cannot be reached (its host is gone).
+    """
+    try:
+        address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+        socket.create_connection(address, timeout=wait).close()  # gone: no TCPStore retries and C++ traces
+        store = dist.TCPStore(
+            *address,
+            is_master=False,
+            timeout=timedelta(seconds=wait),
+            wait_for_workers=False,
+        )
+        prefix = f"hfzoo_alive/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        store.set(f"{prefix}{rank}", "1")
+        missing = [r for r in range(world_size) if r != rank]
+        deadline = time.monotonic() + wait
+        while missing and time.monotonic() < deadline:
+            missing = [r for r in missing if not store.check([f"{prefix}{r}"])]
+            time.sleep(0.1)
+        return missing
+    except Exception:  # no launcher store, or its host is the lost one
+        return None
+
+
+def lost_peer_message(accelerator, err: BaseException, checkpoints: Callable[[], list[Path]] | None) -> str:
+    """The one-line message of a survivor whose collective failed: which process it lost and how to go on.
+
+    Names the processes that did not answer (`lost_peers`), with their node and host (`record_peers`), or,
+    when the store is gone too, the peer address gloo reports; then the last complete checkpoint and
+    `--resume_from_checkpoint latest`. Starts with `error: process R: a collective operation failed or timed out`
+    and ends with the backend's first line (e.g. gloo's `Connection closed by peer [ADDRESS]:PORT`).
+
+    Args:
+        accelerator: the run's `Accelerator` (`process_index`, `num_processes`).
+        err: the collective's exception.
+        checkpoints: returns the run's complete checkpoint folders, oldest first; None: none named.
+
+    Returns:
+        The message, one line.
+    """
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    lost = lost_peers(accelerator.process_index, accelerator.num_processes)
+    if lost:
+        names = ", ".join(describe_process(r) for r in lost)
+        who = f"lost {names}, which did not answer within {PEER_ANSWER_SECONDS:g} s"
+    else:
+        address = re.search(r"\[([^\]]+)\]:(\d+)", first)
+        who = f"lost the peer at {address.group(1)}:{address.group(2)}" if address else "lost a peer"
+    done = checkpoints() if checkpoints is not None else []
+    resume = (
+        f"restart every node with --resume_from_checkpoint latest (last complete checkpoint: {done[-1]})"
+        if done
+        else "no checkpoint was written; restart every node (with --checkpointing_steps N to keep progress)"
+    )
+    return (
+        f"error: process {accelerator.process_index}: a collective operation failed or timed out "
+        f"(another process failed or stopped responding; see its output): {who}; {resume}; {first}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -347,8 +465,9 @@ def handle_training_faults(accelerator, checkpoints: Callable[[], list[Path]] | 
     - `TrainingPreempted`: the main process prints the message; every process exits with `EXIT_PREEMPTED`.
     - `NonFiniteError`: `error: ...`, exit `EXIT_NONFINITE`.
     - `CheckpointError` (a save that failed, e.g. a full disk): `error: ...`, exit 1.
-    - a failed or timed-out collective in a multi-process run (another process failed or hangs):
-      `error: process R: ...`, exit 1, instead of a traceback per process.
+    - a failed or timed-out collective in a multi-process run (another process or node failed or hangs):
+      `error: process R: ...` naming the lost process, its node and host, and the checkpoint to resume from
+      (`lost_peer_message`), exit 1, instead of a traceback per process.
 
     Whatever happens, the signal handlers are restored and the process group is destroyed. A process of
     a multi-process run that stops on any exception then ends with `os._exit` (after flushing its
@@ -384,11 +503,7 @@ def handle_training_faults(accelerator, checkpoints: Callable[[], list[Path]] | 
         if not multi:
             raise
         if isinstance(err, RuntimeError) and _is_collective_failure(err):
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            message = (
-                f"error: process {accelerator.process_index}: a collective operation failed or timed out "
-                f"(another process failed or stopped responding; see its output): {first}"
-            )
+            message = lost_peer_message(accelerator, err, checkpoints)
         else:
             traceback.print_exc()
     finally:

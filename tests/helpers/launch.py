@@ -67,3 +67,98 @@ def check_two_processes(log: str, distributed_type: str) -> None:
     assert set(rows) == {"0", "1"}, log[-3000:]
     assert json.loads(rows["0"]) != json.loads(rows["1"])
     assert len(json.loads(rows["0"])) == GLOBAL_BATCH // 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Several nodes simulated on this machine: one launcher per "node", one process each, over 127.0.0.1
+# ---------------------------------------------------------------------------------------------------------
+
+CHAOS_SCRIPT = REPO_ROOT / "scripts" / "chaos_pretrain.py"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for `--main_process_port` / `--master_port`)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_command(config: str, node_rank: int, port: int, argv: list[str], script: list[str] | None = None) -> list[str]:
+    """`accelerate launch` of node `node_rank` of 2 (one process per node, main node at 127.0.0.1:`port`).
+
+    `script` replaces `recipes/pretrain.py` (e.g. the chaos child with a fault injected).
+    """
+    multinode = ["--deepspeed_multinode_launcher", "standard"] if config.startswith("deepspeed") else []
+    return [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(REPO_ROOT / "accelerate_configs" / config),
+        "--num_machines", "2", "--machine_rank", str(node_rank), "--num_processes", "2",
+        "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), *multinode,
+        *(script or [str(REPO_ROOT / "recipes" / "pretrain.py")]), *argv,
+    ]  # fmt: skip
+
+
+def torchrun_node_command(node_rank: int, port: int, argv: list[str]) -> list[str]:
+    """`torchrun` of node `node_rank` of 2 (one process per node), the recipe run without an accelerate config."""
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "2", "--node_rank", str(node_rank), "--nproc_per_node", "1",
+        "--master_addr", "127.0.0.1", "--master_port", str(port),
+        str(REPO_ROOT / "recipes" / "pretrain.py"), *argv,
+    ]  # fmt: skip
+
+
+def start_nodes(commands: list[list[str]], cwd: Path, logs: Path) -> list[subprocess.Popen]:
+    """Start one launcher per node, each in a session of its own (a "machine"), stderr to `logs/node<R>.log`."""
+    logs.mkdir(parents=True, exist_ok=True)
+    return [
+        subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=launch_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=(logs / f"node{rank}.log").open("w"),
+            start_new_session=True,
+        )
+        for rank, command in enumerate(commands)
+    ]
+
+
+def run_nodes(commands: list[list[str]], cwd: Path, logs: Path, timeout: float = 600) -> list[str]:
+    """Run one launcher per node to the end; every one must succeed. Returns their stderr logs."""
+    procs = start_nodes(commands, cwd, logs)
+    try:
+        for rank, proc in enumerate(procs):
+            proc.wait(timeout=timeout)
+            text = (logs / f"node{rank}.log").read_text()
+            assert proc.returncode == 0, f"node {rank} failed:\n{text[-4000:]}"
+    finally:
+        for proc in procs:
+            kill_node(proc)
+    return [(logs / f"node{rank}.log").read_text() for rank in range(len(procs))]
+
+
+def kill_node(proc: subprocess.Popen) -> None:
+    """SIGKILL a node: its launcher's process group and every descendant (torchrun puts its workers in
+    sessions of their own), as when the machine fails. Nothing happens if it already ended."""
+    import signal
+
+    import psutil
+
+    try:
+        launcher = psutil.Process(proc.pid)
+        family = [*launcher.children(recursive=True), launcher]
+    except psutil.NoSuchProcess:
+        family = []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for process in family:
+        try:
+            process.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(timeout=60)

@@ -165,3 +165,25 @@ def test_print_table(capsys):
     with capsys.disabled():
         print("\n" + "\n".join(lines))
     assert len(lines) == len(ROWS) + 1
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt3-xl"])
+def test_gpt_presets_have_the_closed_form_parameter_count(name):
+    """GPT-2 small and GPT-3 XL (the sizes of docs/distributed.md's scaling table): V h + P h + L (12 h^2 + 13 h)
+    + 2 h (embeddings tied, biases everywhere; Radford et al. 2019, Brown et al. 2020 Table 2.1), and GPT-2 equals
+    transformers' `GPT2LMHeadModel(GPT2Config())`; GPT-3 XL is the paper's "1.3B"."""
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+    from hfzoo.models.presets import build_config
+
+    config = build_config(name)
+    with torch.device("meta"):
+        count = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    h, layers, vocab, positions = (config.hidden_size, config.num_hidden_layers, config.vocab_size,
+                                   config.max_position_embeddings)  # fmt: skip
+    assert count == vocab * h + positions * h + layers * (12 * h * h + 13 * h) + 2 * h
+    if name == "gpt2":
+        with torch.device("meta"):
+            assert count == sum(p.numel() for p in GPT2LMHeadModel(GPT2Config()).parameters()) == 124_439_808
+    else:
+        assert round(count / 1e9, 1) == 1.3
