@@ -92,6 +92,10 @@ class TokenMixer:
         cross_attention: the class of the cross-attention that follows the mixer in a cross-attending stack,
             built as `cross_attention(config, layer_idx, is_causal=False, is_cross_attention=True)`; None:
             `HfzooAttention`.
+        score_options: the config fields acting on queries, keys and attention scores that the mixer applies
+            (`SCORE_OPTIONS`: `qk_norm`, QK-norm; `attn_logit_softcapping`, Gemma 2's score cap), as
+            `HfzooAttention.attend` does; the config refuses the others at a non-default value in a stack using
+            the mixer (a mixer without queries and keys has none).
     """
 
     module: type[nn.Module]
@@ -107,6 +111,7 @@ class TokenMixer:
     mask_overlay: Callable[[Any], Callable] | None = None
     feed_forward: bool = False
     cross_attention: type[nn.Module] | None = None
+    score_options: tuple[str, ...] = ()
 
     def runs_in(self, model_type: str, is_causal: bool) -> bool:
         """Whether the mixer is defined in a stack of direction `is_causal` of the family `model_type`."""
@@ -129,9 +134,13 @@ def build_token_mixer(config, name: str, layer_idx: int, is_causal: bool) -> nn.
     return TOKEN_MIXERS[name].module(config, layer_idx, is_causal=is_causal)
 
 
+#: The config fields that act on queries, keys and scores (`TokenMixer.score_options`) and their defaults (off).
+SCORE_OPTIONS = {"qk_norm": None, "attn_logit_softcapping": None}
+_ATTEND = tuple(SCORE_OPTIONS)  # mixers whose scores come from `HfzooAttention.attend`
+
 # Token mixers, selected by `config.token_mixer` (and the encoder-decoder's `decoder_token_mixer`).
 TOKEN_MIXERS = {
-    "self_attention": TokenMixer(HfzooAttention),  # Vaswani et al. 2017 §3.2
+    "self_attention": TokenMixer(HfzooAttention, score_options=_ATTEND),  # Vaswani et al. 2017 §3.2
     "fourier": TokenMixer(  # FNet, Lee-Thorp et al. 2022
         FourierMixer,
         causal=False,
@@ -155,6 +164,7 @@ TOKEN_MIXERS = {
         config_fields=("attention_window",),
         check_config=check_attention_window,
         mask_overlay=window_overlay,
+        score_options=_ATTEND,
     ),
     "bigbird": TokenMixer(  # Zaheer et al. 2020 (ITC)
         BigBirdAttention,
@@ -164,6 +174,7 @@ TOKEN_MIXERS = {
         config_fields=("bigbird_block_size", "bigbird_num_random_blocks", "bigbird_num_global_blocks"),
         check_config=check_bigbird_config,
         reason="its global and random blocks lie anywhere in the sequence, so a token would see later ones",
+        score_options=_ATTEND,
     ),
     # Wu et al. 2019 §3 / §4 (hfzoo/modules/convolutions.py); KV cache = the layer's past convolution inputs
     "lightweight_convolution": TokenMixer(
@@ -187,5 +198,7 @@ TOKEN_MIXERS = {
         check_config=check_synthesizer_config,
     ),
     # Weighted Transformer, Ahmed et al. 2017 §3: branches with their own feed-forward; cross-attention branched too
-    "branched_attention": TokenMixer(BranchedAttention, feed_forward=True, cross_attention=BranchedAttention),
+    "branched_attention": TokenMixer(
+        BranchedAttention, feed_forward=True, cross_attention=BranchedAttention, score_options=_ATTEND
+    ),
 }
