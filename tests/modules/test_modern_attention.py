@@ -22,6 +22,7 @@ from hfzoo import HfzooDecoderConfig, HfzooEncoderConfig, HfzooEncoderDecoderCon
 from hfzoo.modules.attention import HfzooAttention
 from hfzoo.modules.embeddings import chunked_linear_cross_entropy
 from hfzoo.modules.feed_forward import ACTIVATIONS, FeedForward
+from hfzoo.modules.mixers import TOKEN_MIXERS
 from hfzoo.modules.positions import RotaryEmbedding, apply_rotary_pos_emb
 
 HEADS, HEAD_DIM = 4, 8
@@ -256,3 +257,11 @@ def test_squared_relu_feed_forward(gated):
 def test_bad_configurations_are_refused(config_class, overrides, match):
     with pytest.raises(StrictDataclassClassValidationError, match=match):
         config_class(**{**TINY, **overrides})
+
+
+@pytest.mark.parametrize("option, value", [("qk_norm", "rms_norm"), ("attn_logit_softcapping", 50.0)])
+@pytest.mark.parametrize("mixer", [name for name, entry in TOKEN_MIXERS.items() if not entry.score_options])
+def test_mixers_without_queries_and_keys_refuse_the_score_options(mixer, option, value):
+    """Each mixer whose entry does not list an option refuses it, naming the option, the mixer and who applies it."""
+    with pytest.raises(StrictDataclassClassValidationError, match=f"{option}=.* token_mixer='{mixer}' does not apply"):
+        HfzooEncoderConfig(**{**TINY, "token_mixer": mixer, option: value})
