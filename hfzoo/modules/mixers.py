@@ -24,6 +24,8 @@ The contract of a mixer class (`HfzooAttention` is the reference):
   a later one (the variant matrix checks both).
 - `residual_branch_projections() -> (value_path, outputs)`: the `nn.Linear`s that DeepNorm and Fixup
   initialise (`hfzoo.modules.layer.residual_branch_projections`).
+- a mixer that computes attention scores through `HfzooAttention.attend` gets QK-norm and attention
+  soft-capping from it; its entry says so in `score_options` (the config refuses them for the others).
 - static methods `mixer_weights(config) -> int` (matrix-product weights one token passes through in one
   mixer sublayer) and `attention_pairs(config, seq_len) -> int` ((query, key) pairs of scores over a
   sequence of `seq_len` tokens): the mixer's compute, read by `hfzoo.models.flops`; a mixer without them
