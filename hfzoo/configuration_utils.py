@@ -20,8 +20,8 @@ from .modules.embeddings import check_adaptive_config
 from .modules.experts import ROUTERS
 from .modules.feed_forward import ACTIVATIONS
 from .modules.layer import FEED_FORWARD_BLOCKS, NORM_POSITIONS, RESIDUAL_GATES, SUBLAYERS
-from .modules.mixers import TOKEN_MIXERS
-from .modules.norms import NORM_CLASSES
+from .modules.mixers import SCORE_OPTIONS, TOKEN_MIXERS
+from .modules.norms import NORM_CLASSES, check_qk_norm_config
 from .modules.positions import (
     ATTENTION_POSITION_EMBEDDING_TYPES,
     POSITION_EMBEDDING_TYPES,
@@ -29,6 +29,7 @@ from .modules.positions import (
     check_position_config,
     has_per_layer_score_bias,
 )
+from .modules.softcapping import check_softcapping_config
 from .modules.stack import BLOCK_SHARING, LAYER_STACKS, LAYER_TYPES, StackLayout, check_layer_connections
 
 
@@ -45,7 +46,7 @@ class HfzooConfig(PreTrainedConfig):
         intermediate_size: feed-forward inner width d_ff.
         hidden_act: feed-forward activation, a key of `hfzoo.modules.feed_forward.ACTIVATIONS`
             (transformers' `ACT2FN` plus `elu`, `selu`, `softplus`): e.g. relu, gelu, gelu_new, silu/swish,
-            elu, selu, sigmoid, softplus, linear.
+            elu, selu, sigmoid, softplus, linear, relu2 (squared ReLU, So et al. 2021 "Primer" §4).
         max_position_embeddings: longest sequence (tokens) the position scheme supports (and the length n
             that Linformer's sequence projections compress).
         position_embedding_type: one of `hfzoo.modules.positions.POSITION_EMBEDDING_TYPES`
@@ -260,6 +261,21 @@ class HfzooConfig(PreTrainedConfig):
             output of layer i < L//2 is added, times a learned scalar initialised at 1, to the input of layer
             L-1-i; with an odd L the middle layer takes none (`hfzoo.modules.connections.UNetSkips`). Refused with
             a layer stack other than `standard` and with fewer than 2 layers.
+        qk_norm: QK-norm, a key of `hfzoo.modules.norms.QK_NORMS` or None (off): `rms_norm` (OLMo 2, Walsh et al.
+            2024) or `layer_norm` (Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion Parameters",
+            §3.1) of each head's queries and keys over `head_dim` before their dot product, in every
+            `HfzooAttention` (self- and cross-attention); rotary then rotates the normalised vectors, the KV cache
+            stores normalised keys, score biases (T5, ALiBi) are added unchanged. Refused with a token mixer
+            without queries and keys (`hfzoo.modules.mixers.TokenMixer.score_options`).
+        qk_norm_learnable_scale: QK-norm with a learned `(head_dim,)` scale per norm (True, OLMo 2) or none
+            (False). Only with `qk_norm`.
+        attn_logit_softcapping: cap c > 0 of the attention scores, `c * tanh(s / c)` (Gemma 2 Team 2024 §2; Gemma 2
+            uses 50.0), or None (off); eager, flex_attention and flash_attention apply it, SDPA cannot (the model
+            falls back to eager; an explicit `attn_implementation="sdpa"` is refused). See
+            `hfzoo.modules.softcapping`.
+        final_logit_softcapping: cap c > 0 of the LM heads' vocabulary logits, `c * tanh(z / c)` (Gemma 2 §2; Gemma
+            2 uses 30.0), in the logits, the chunked training loss and generation; None: off. Not with heads
+            returning log-probabilities (`num_softmaxes > 1`, the adaptive softmax) or tied adaptive inputs.
         pad_token_id, bos_token_id, eos_token_id: special token ids (or None).
 
     Raises:
@@ -367,6 +383,11 @@ class HfzooConfig(PreTrainedConfig):
     # --- connections across a stack's layers (hfzoo/modules/connections.py)
     value_residual: bool = False
     unet_skips: bool = False
+    # --- modern attention and output: QK-norm (Dehghani et al. 2023), logit soft-capping (Gemma 2)
+    qk_norm: str | None = None
+    qk_norm_learnable_scale: bool = True
+    attn_logit_softcapping: float | int | None = None
+    final_logit_softcapping: float | int | None = None
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None and self.num_attention_heads > 0:
@@ -415,6 +436,8 @@ class HfzooConfig(PreTrainedConfig):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name}={value} is outside the vocabulary [0, {self.vocab_size})")
+        check_qk_norm_config(self)  # QK-norm and logit soft-capping: the values; the mixers in _validate_token_mixer
+        check_softcapping_config(self)
         self._validate_embeddings()
         self._validate_stacks()
         self._validate_ffn_norms()
@@ -575,6 +598,13 @@ class HfzooConfig(PreTrainedConfig):
             raise ValueError(
                 f"use_cache=True, but {field}={name!r} has no KV cache (incremental decoding); set use_cache=False"
             )
+        for option, default in SCORE_OPTIONS.items():  # QK-norm, attention soft-capping: mixers with queries and keys
+            if getattr(self, option) != default and option not in mixer.score_options:
+                allowed = [other for other, entry in TOKEN_MIXERS.items() if option in entry.score_options]
+                raise ValueError(
+                    f"{option}={getattr(self, option)!r} acts on attention queries, keys and scores, which "
+                    f"{field}={name!r} does not apply; use {option}={default!r} or a token mixer among {allowed}"
+                )
         if not mixer.attention_positions and self.position_embedding_type in ATTENTION_POSITION_EMBEDDING_TYPES:
             allowed = [kind for kind in POSITION_EMBEDDING_TYPES if kind not in ATTENTION_POSITION_EMBEDDING_TYPES]
             raise ValueError(

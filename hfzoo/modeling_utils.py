@@ -41,6 +41,7 @@ from .modules.experts import HfzooRouter, router_aux_losses, token_padding_mask
 from .modules.layer import HfzooLayer, Residual
 from .modules.mixers import TOKEN_MIXERS
 from .modules.positions import POSITION_ATTENTION_BACKENDS
+from .modules.softcapping import supports_attention_softcapping
 from .modules.stack import LAYER_STACKS, LAYER_TYPES
 from .modules.universal import UniversalTransformerLayerStack
 
@@ -210,8 +211,12 @@ class HfzooPreTrainedModel(PreTrainedModel):
         return loaded
 
     def _supports_backend(self, backend: str) -> bool:
-        """Whether the position scheme and every stack's token mixer support the attention `backend`."""
+        """Whether the position scheme, every stack's token mixer and the score soft-capping support `backend`."""
         if backend not in POSITION_ATTENTION_BACKENDS[self.config.position_embedding_type]:
+            return False
+        if getattr(self.config, "attn_logit_softcapping", None) is not None and not supports_attention_softcapping(
+            backend
+        ):  # SDPA cannot apply a tanh to the scores: transformers falls back to eager (as for Gemma 2)
             return False
         mixers = [TOKEN_MIXERS[layout.token_mixer] for layout in self.config.stack_layouts()]
         return all(mixer.attention_backends is None or backend in mixer.attention_backends for mixer in mixers)

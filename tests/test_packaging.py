@@ -42,7 +42,7 @@ CLEAN_SCRIPT = textwrap.dedent(
     """
     import importlib.util, json, sys
 
-    job = json.loads(sys.argv[1])
+    job = json.loads(open(sys.argv[1]).read())  # the job file (clean_env.run_clean)
     result = {"absent": [m for m in job["training_only"] if importlib.util.find_spec(m) is None]}
     import hfzoo
     result["hfzoo_file"] = hfzoo.__file__

@@ -11,6 +11,12 @@ rotary rotates the new queries and keys before the cache stores the keys; an add
 `flex_attention` backend, arrives as a `RelativeScoreBias` that `flex_score_bias_attention_forward` adds in
 a FlexAttention `score_mod` (no `(q_len, kv_len)` bias tensor); Shaw's relative representations run
 `shaw_attention_forward` (eager). Cross-attention uses no positions.
+
+Two switches act on the queries, keys and scores of every `HfzooAttention` (self- and cross-attention):
+QK-norm (`config.qk_norm`, `hfzoo.modules.norms.QK_NORMS`) normalises each head's new queries and keys over
+`head_dim` right after their projections, so rotary rotates normalised vectors and the cache stores normalised
+keys; `config.attn_logit_softcapping` caps the scaled scores `Q K^T * scaling` at `cap * tanh(. / cap)` before
+the score bias and the mask are added (`hfzoo.modules.softcapping`; eager, FlexAttention, flash-attention).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from transformers.integrations import flex_attention as transformers_flex
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torch_flex_attn_available
 
+from .norms import build_qk_norm
 from .positions import (
     FLEX_SCORE_BIAS_BACKENDS,
     RelativeScoreBias,
@@ -31,6 +38,7 @@ from .positions import (
     score_bias,
     token_positions,
 )
+from .softcapping import soft_cap, supports_attention_softcapping
 
 if is_torch_flex_attn_available():
     from torch.nn.attention.flex_attention import BlockMask
@@ -47,11 +55,13 @@ def eager_attention_forward(
     scaling: float,
     dropout: float = 0.0,
     position_bias: torch.Tensor | None = None,
+    softcap: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention, written out (Vaswani et al. 2017, §3.2.1, eq. 1).
 
-    `softmax(Q K^T * scaling + position_bias + mask) V`, softmax in float32.
+    `softmax(soft_cap(Q K^T * scaling) + position_bias + mask) V`, softmax in float32; `soft_cap` is
+    `softcap * tanh(. / softcap)` (Gemma 2 §2) with `softcap`, the identity without.
 
     Args:
         module: the calling attention module (for `training`).
@@ -64,6 +74,7 @@ def eager_attention_forward(
         scaling: multiplier of the scores, usually `head_dim ** -0.5`.
         dropout: dropout probability on the attention weights (applied only in training).
         position_bias: optional additive score bias `(batch_size or 1, num_heads, q_len, kv_len)`.
+        softcap: the attention logit cap (`config.attn_logit_softcapping`), or None.
         **kwargs: ignored backend options.
 
     Returns:
@@ -71,6 +82,7 @@ def eager_attention_forward(
         `(batch_size, num_heads, q_len, kv_len)`.
     """
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (batch, heads, q_len, kv_len)
+    scores = soft_cap(scores, softcap)
     if position_bias is not None:
         scores = scores + position_bias
     if attention_mask is not None:
@@ -91,6 +103,7 @@ def shaw_attention_forward(
     relative_keys: torch.Tensor,
     relative_values: torch.Tensor,
     dropout: float = 0.0,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention with relative position representations (Shaw et al. 2018, §3.1, eqs. 3-5), written out.
 
@@ -107,6 +120,7 @@ def shaw_attention_forward(
         relative_keys: `a^K`, `(q_len, kv_len, head_dim)`, shared across heads.
         relative_values: `a^V`, `(q_len, kv_len, head_dim)`, shared across heads.
         dropout: dropout probability on the attention weights (applied only in training).
+        softcap: the attention logit cap applied to the scaled scores (Gemma 2 §2), or None.
 
     Returns:
         `(attn_output, attn_weights)`: `(batch_size, q_len, num_heads, head_dim)` and
@@ -114,7 +128,7 @@ def shaw_attention_forward(
     """
     scores = torch.matmul(query, key.transpose(2, 3))  # (batch, heads, q_len, kv_len)
     scores = scores + torch.einsum("bhqd,qkd->bhqk", query, relative_keys.to(query.dtype))
-    scores = scores * scaling
+    scores = soft_cap(scores * scaling, softcap)
     if attention_mask is not None:
         scores = scores + attention_mask[:, :, :, : key.shape[-2]]
     weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
@@ -132,6 +146,7 @@ def flex_score_bias_attention_forward(
     scaling: float,
     position_bias: RelativeScoreBias,
     dropout: float = 0.0,
+    softcap: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Scaled dot-product attention with a relative score bias, on FlexAttention (PyTorch, `flex_attention`).
@@ -156,6 +171,8 @@ def flex_score_bias_attention_forward(
         scaling: multiplier of the scores.
         position_bias: the score bias, `num_heads` heads (`hfzoo.modules.positions.RelativeScoreBias`).
         dropout: must be 0 (FlexAttention has no dropout on the attention weights).
+        softcap: the attention logit cap, applied in the `score_mod` to the scaled score before the bias (as
+            `eager_attention_forward`), or None.
         **kwargs: `kernel_options` (FlexAttention's); other backend options are ignored.
 
     Returns:
@@ -176,6 +193,12 @@ def flex_score_bias_attention_forward(
         raise ValueError(f"a score bias of {position_bias.num_heads} heads for {query.shape[1]} attention heads")
     block_mask = attention_mask if isinstance(attention_mask, BlockMask) else None
     bias_mod = position_bias.score_mod(query.dtype)
+    if softcap is not None:
+        relative_mod = bias_mod
+
+        def bias_mod(score, batch_idx, head_idx, q_idx, kv_idx):
+            return relative_mod(soft_cap(score, softcap), batch_idx, head_idx, q_idx, kv_idx)
+
     score_mod = bias_mod
     if attention_mask is not None and block_mask is None:  # a prepared additive mask: added per score as well
         additive = attention_mask[..., : key.shape[-2]]
@@ -237,6 +260,8 @@ class HfzooAttention(nn.Module):
     `scale_attention_scores` (scores times `head_dim ** -0.5`, or unscaled as T5) and
     `position_embedding_type`: self-attention owns a `relative_attention_bias` (a score bias the scheme
     keeps per layer, e.g. T5's with `share_relative_attention_bias=False`) or `relative_positions` (Shaw).
+    With `qk_norm` it owns `q_norm` and `k_norm` (QK-norm over `head_dim`, `hfzoo.modules.norms.QK_NORMS`);
+    `attn_logit_softcapping` caps its scores (`hfzoo.modules.softcapping`).
     The projections are named `q_proj`, `k_proj`, `v_proj`, `o_proj` (PEFT's usual `target_modules`).
 
     Args:
@@ -268,6 +293,8 @@ class HfzooAttention(nn.Module):
         self.o_proj = nn.Linear(inner, config.hidden_size, bias=config.attention_bias)
         if not config.scale_attention_scores:
             self.q_proj.init_std_scale = self.head_dim**-0.5  # read by HfzooPreTrainedModel._init_weights
+        # QK-norm (config.qk_norm): one norm over head_dim for the queries, one for the keys, shared by the heads.
+        self.q_norm, self.k_norm = build_qk_norm(config), build_qk_norm(config)
         # Per-layer position modules of self-attention (shared ones live on the stack and arrive as arguments);
         # which ones a layer owns is decided in `hfzoo.modules.positions`.
         self.relative_attention_bias = self.relative_positions = None
@@ -314,6 +341,11 @@ class HfzooAttention(nn.Module):
         Read by `hfzoo.models.flops` (12 d_attn training FLOPs per pair; causal masking not discounted, as PaLM).
         """
         return seq_len * seq_len
+
+    @staticmethod
+    def _qk_norm(norm: nn.Module | None, states: torch.Tensor) -> torch.Tensor:
+        """QK-norm of queries or keys `(batch_size, num_heads, seq_len, head_dim)` over `head_dim` (None: unchanged)."""
+        return states if norm is None else norm(states)
 
     def _project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (*states.shape[:-1], self.num_heads, self.head_dim)
@@ -407,7 +439,8 @@ class HfzooAttention(nn.Module):
         Raises:
             ValueError: a cross-attention module called without `key_value_states`; self-attention given
                 both `key_value_states` and a cache; a dense `position_bias` tensor with `flex_attention`;
-                attention dropout with a score bias on `flex_attention` (`flex_score_bias_attention_forward`).
+                attention dropout with a score bias on `flex_attention` (`flex_score_bias_attention_forward`);
+                `attn_logit_softcapping` with a backend that cannot apply it (SDPA; `hfzoo.modules.softcapping`).
         """
         # ResFormer (Zhou et al. 2024): mixes the stack's first values into self-attention's (connections.py)
         value_residual = kwargs.pop("value_residual", None)
@@ -415,6 +448,7 @@ class HfzooAttention(nn.Module):
         past_length = None  # tokens cached before this call (self-attention with a cache), for the query positions
         # (batch, q_len, hidden) -> (batch, heads, q_len, head_dim)
         query = self.q_proj(hidden_states).view(batch_size, q_len, self.num_heads, self.head_dim).transpose(1, 2)
+        query = self._qk_norm(self.q_norm, query)
         if self.is_cross_attention:
             if key_value_states is None:
                 raise ValueError("cross-attention needs key_value_states (the encoder outputs)")
@@ -423,6 +457,7 @@ class HfzooAttention(nn.Module):
                 key, value = cross_cache.layers[self.layer_idx].keys, cross_cache.layers[self.layer_idx].values
             else:
                 key, value = self._project_key_value(key_value_states)
+                key = self._qk_norm(self.k_norm, key)  # the cross cache stores normalised keys
                 if cross_cache is not None:
                     key, value = cross_cache.update(key, value, self.layer_idx)
                     cache.is_updated[self.layer_idx] = True
@@ -430,10 +465,12 @@ class HfzooAttention(nn.Module):
             if cache is not None:
                 raise ValueError("self-attention from pooled queries (key_value_states) takes no cache")
             key, value = self._project_key_value(key_value_states)
+            key = self._qk_norm(self.k_norm, key)
         else:
             key, value = self._project_key_value(hidden_states)
             if value_residual is not None:  # before the cache stores them: the cache holds the mixed values
                 value = value_residual(value)
+            key = self._qk_norm(self.k_norm, key)  # before rotary and the cache: the cache stores normalised keys
             if position_embeddings is not None:
                 query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
             self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
@@ -444,6 +481,13 @@ class HfzooAttention(nn.Module):
                 key, value = self_cache.update(key, value, self.layer_idx)
             attention_mask = self.restrict_attention_mask(attention_mask, query, key, padding_mask)
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
+        softcap = getattr(self.config, "attn_logit_softcapping", None)
+        if softcap is not None and not supports_attention_softcapping(self.config._attn_implementation):
+            raise ValueError(
+                f"attn_logit_softcapping={softcap!r} needs an attention backend that applies a tanh to the scores "
+                f"(eager, flex_attention, flash_attention); the '{self.config._attn_implementation}' backend cannot"
+            )
+        cap = {} if softcap is None else {"softcap": softcap}  # transformers' keyword (eager, flex, flash)
         kv_len = key.shape[-2]
         if self.is_cross_attention:
             position_bias = None
@@ -454,14 +498,14 @@ class HfzooAttention(nn.Module):
             )
         if isinstance(position_bias, RelativeScoreBias):
             output, weights = flex_score_bias_attention_forward(
-                self, query, key, value, attention_mask, self.scaling, position_bias, dropout, **kwargs
+                self, query, key, value, attention_mask, self.scaling, position_bias, dropout, **cap, **kwargs
             )
         elif self.relative_positions is not None:
             relative_keys, relative_values = self.relative_positions(
                 *token_positions(q_len, kv_len, query.device, past_length)
             )
             output, weights = shaw_attention_forward(
-                self, query, key, value, attention_mask, self.scaling, relative_keys, relative_values, dropout
+                self, query, key, value, attention_mask, self.scaling, relative_keys, relative_values, dropout, softcap
             )
         else:
             if position_bias is not None:
@@ -474,7 +518,7 @@ class HfzooAttention(nn.Module):
                 attention_mask = add_bias_to_mask(attention_mask, position_bias, query.dtype)
             attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
             output, weights = attention(
-                self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
+                self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **cap, **kwargs
             )
         return output, weights  # (batch, q_len, heads, head_dim)
 

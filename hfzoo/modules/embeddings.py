@@ -36,6 +36,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
+from .softcapping import soft_cap
+
 #: Bytes of float32 logits one chunk of `chunked_linear_cross_entropy` may hold (32 MiB: 128 tokens of a
 #: 50,257-token vocabulary); the chunk is the largest power of two of tokens within it.
 LOSS_CHUNK_BYTES = 32 * 2**20
@@ -139,6 +141,8 @@ class VocabProjection(nn.Linear):
         h_k = tanh(h W_h + b_h)[k]                    W_h: (hidden_size, K * hidden_size)     (mos_latent)
         log P(y | h) = logsumexp_k( log pi_k + log_softmax(logits(h_k))_y )
     ```
+    With `config.final_logit_softcapping` = c the logits are `c * tanh(logits / c)` (Gemma 2 Team 2024 §2;
+    `hfzoo.modules.softcapping`), in the returned logits and in the chunked loss alike.
     With `config.scale_lm_head_input` the hidden states are first multiplied by `hidden_size ** -0.5`,
     as T5 v1.0 (Raffel et al. 2020, Mesh TensorFlow) does before its tied output embedding, whose
     entries are initialised with standard deviation 1 (transformers' T5: `scale_decoder_outputs`).
@@ -183,6 +187,7 @@ class VocabProjection(nn.Linear):
         self.embed_proj = TransposedLinear(config.embedding_size, config.hidden_size) if factorized else None
         self.num_softmaxes = config.num_softmaxes
         self.input_scale = config.hidden_size**-0.5 if config.scale_lm_head_input else None
+        self.logit_softcap = getattr(config, "final_logit_softcapping", None)  # refused with a mixture (log-probs)
         if self.num_softmaxes > 1:
             self.mos_prior = nn.Linear(config.hidden_size, self.num_softmaxes, bias=False)
             self.mos_latent = nn.Linear(config.hidden_size, self.num_softmaxes * config.hidden_size)
@@ -219,7 +224,7 @@ class VocabProjection(nn.Linear):
         if labels is not None:
             return self._summed_cross_entropy(hidden_states, labels)
         if self.mos_prior is None:
-            return self._logits(hidden_states)
+            return soft_cap(self._logits(hidden_states), self.logit_softcap)
         return self._mixture_log_probs(hidden_states).to(hidden_states.dtype)
 
     def _summed_cross_entropy(self, hidden_states: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -233,7 +238,9 @@ class VocabProjection(nn.Linear):
         if self.mos_prior is None:
             if self.embed_proj is not None:
                 hidden_states = self.embed_proj(hidden_states)  # (tokens, embedding_size)
-            return chunked_linear_cross_entropy(hidden_states, self.weight, labels, self.bias)
+            return chunked_linear_cross_entropy(
+                hidden_states, self.weight, labels, self.bias, softcap=self.logit_softcap
+            )
         # A mixture of softmaxes has no single matrix product to fuse: each chunk of tokens is a
         # checkpointed call, so only one chunk's K mixture components exist at a time, in forward and backward.
         chunk = _chunk_tokens(self.num_softmaxes * self.out_features)
@@ -262,14 +269,15 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
     The forward pass computes, per chunk, the float32 logits, the loss and, when gradients are needed, the
     gradient of the loss with respect to the logits (`softmax - one_hot`, in place of the logits), then the
-    chunk's gradients of `hidden`, `weight` and `bias`; only these (and no logits) are kept for the backward
+    chunk's gradients of `hidden`, `weight` and `bias` (with a soft cap c, the logits are `c tanh(z / c)` and the
+    gradient of `z` is the capped logits' times `1 - tanh^2`); only these (and no logits) are kept for the backward
     pass, which scales them in place by the incoming gradient and hands them over (so a second backward
     through the same graph is refused). The matrix products run in `compute_dtype` (the autocast dtype, as
     `nn.Linear` would), the softmax, the loss and the weight and bias gradients in float32.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, chunk, compute_dtype, grad_enabled):  # noqa: D102
+    def forward(ctx, hidden, weight, bias, labels, chunk, compute_dtype, grad_enabled, softcap=None):  # noqa: D102
         needs_hidden, needs_weight, needs_bias = (grad_enabled and needed for needed in ctx.needs_input_grad[:3])
         needs_bias = needs_bias and bias is not None
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
@@ -284,6 +292,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             chunk_hidden = hidden[start : start + chunk]  # (c, in_features)
             chunk_labels = labels[start : start + chunk]  # (c,)
             logits = nn.functional.linear(chunk_hidden, weight, bias).float()  # (c, vocab_size) float32
+            if softcap is not None:  # Gemma 2's final logit soft-capping; tanh kept for the chain rule
+                capped_tanh = torch.tanh(logits.div_(softcap))
+                logits = capped_tanh * softcap
             valid = chunk_labels != -100
             targets = chunk_labels.masked_fill(~valid, 0)[:, None]  # (c, 1)
             log_normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)  # (c, 1)
@@ -294,6 +305,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             grad_logits = logits.sub_(log_normalizer).exp_()  # softmax, in place of the logits
             grad_logits.scatter_add_(1, targets, -valid[:, None].to(grad_logits.dtype))  # - one_hot(label)
             grad_logits.mul_(valid[:, None])  # ignored positions contribute nothing
+            if softcap is not None:  # d(c tanh(z / c)) / dz = 1 - tanh(z / c)^2
+                grad_logits.mul_(1 - capped_tanh.square_())
             if needs_bias:
                 grad_bias += grad_logits.sum(0)
             grad_logits = grad_logits.to(compute_dtype)
@@ -320,7 +333,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             None if grad is None else grad.mul_(grad_output.to(grad.dtype)).to(dtype)
             for grad, dtype in zip(grads, ctx.dtypes)
         ]
-        return (*scaled, None, None, None, None)
+        return (*scaled, None, None, None, None, None)
 
 
 def chunked_linear_cross_entropy(
@@ -329,6 +342,7 @@ def chunked_linear_cross_entropy(
     labels: torch.Tensor,
     bias: torch.Tensor | None = None,
     chunk_size: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Summed cross-entropy of the scores `hidden_states @ weight.T + bias` without holding them whole.
 
@@ -349,6 +363,8 @@ def chunked_linear_cross_entropy(
         labels: `(num_tokens,)` int64 targets, -100 = ignored.
         bias: `(vocab_size,)` or None.
         chunk_size: tokens per chunk; default: as many as `LOSS_CHUNK_BYTES` of float32 scores hold.
+        softcap: cap c of the scores, `c * tanh(scores / c)` (Gemma 2 §2, `final_logit_softcapping`), applied
+            in float32 before the softmax; None: uncapped.
 
     Returns:
         A float32 scalar: the sum of `-log softmax(scores)[label]` over non-ignored positions (nats).
@@ -361,7 +377,7 @@ def chunked_linear_cross_entropy(
     with torch.autocast(device_type, enabled=False):
         # Inside `apply` grad mode is off: say here whether the caller records gradients at all.
         return _ChunkedLinearCrossEntropy.apply(
-            hidden_states, weight, bias, labels, chunk, compute_dtype, torch.is_grad_enabled()
+            hidden_states, weight, bias, labels, chunk, compute_dtype, torch.is_grad_enabled(), softcap
         )
 
 

@@ -10,7 +10,9 @@ gated (gated_mlp=True):   down_proj(act(gate_proj(x)) * up_proj(x))
 The paper's GLU variants are `gated_mlp=True` with `hidden_act` "sigmoid" (GLU), "relu" (ReGLU),
 "gelu" (GeGLU; T5 v1.1 uses "gelu_new"), "silu" (SwiGLU) or "linear" (LiGLU, no activation).
 Activations are the keys of `ACTIVATIONS` at the bottom of this file: transformers' `ACT2FN` plus the
-paper's activations it lacks (elu, selu, softplus). The mixture-of-experts feed-forward is in `experts.py`.
+paper's activations it lacks (elu, selu, softplus). Squared ReLU (So et al. 2021, "Primer: Searching for
+Efficient Transformers for Language Modeling", §4: `relu(x)^2`) is `ACT2FN`'s "relu2", dense or gated.
+The mixture-of-experts feed-forward is in `experts.py`.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class FeedForward(nn.Module):
 # feed-forward width (48 MiB per layer for GPT-2 at 1,024 tokens in float32).
 ACTIVATIONS = ClassInstantier(
     {
-        **ACT2CLS,
+        **ACT2CLS,  # includes "relu2", squared ReLU (So et al. 2021, Primer §4; modded-nanogpt)
         "gelu_new": GELUTanh,
         "elu": nn.ELU,  # Clevert et al. 2016
         "selu": nn.SELU,  # Klambauer et al. 2017

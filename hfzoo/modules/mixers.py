@@ -24,6 +24,8 @@ The contract of a mixer class (`HfzooAttention` is the reference):
   a later one (the variant matrix checks both).
 - `residual_branch_projections() -> (value_path, outputs)`: the `nn.Linear`s that DeepNorm and Fixup
   initialise (`hfzoo.modules.layer.residual_branch_projections`).
+- a mixer that computes attention scores through `HfzooAttention.attend` gets QK-norm and attention
+  soft-capping from it; its entry says so in `score_options` (the config refuses them for the others).
 - static methods `mixer_weights(config) -> int` (matrix-product weights one token passes through in one
   mixer sublayer) and `attention_pairs(config, seq_len) -> int` ((query, key) pairs of scores over a
   sequence of `seq_len` tokens): the mixer's compute, read by `hfzoo.models.flops`; a mixer without them
@@ -95,6 +97,10 @@ class TokenMixer:
         values: the mixer projects values per head through `HfzooAttention.attend`'s self-attention path,
             which mixes in the stack's first values when given `value_residual` (`config.value_residual`, ResFormer,
             `hfzoo.modules.connections.ValueResidual`); False: value residual learning is refused with it.
+        score_options: the config fields acting on queries, keys and attention scores that the mixer applies
+            (`SCORE_OPTIONS`: `qk_norm`, QK-norm; `attn_logit_softcapping`, Gemma 2's score cap), as
+            `HfzooAttention.attend` does; the config refuses the others at a non-default value in a stack using
+            the mixer (a mixer without queries and keys has none).
     """
 
     module: type[nn.Module]
@@ -111,6 +117,7 @@ class TokenMixer:
     feed_forward: bool = False
     cross_attention: type[nn.Module] | None = None
     values: bool = False
+    score_options: tuple[str, ...] = ()
 
     def runs_in(self, model_type: str, is_causal: bool) -> bool:
         """Whether the mixer is defined in a stack of direction `is_causal` of the family `model_type`."""
@@ -133,9 +140,13 @@ def build_token_mixer(config, name: str, layer_idx: int, is_causal: bool) -> nn.
     return TOKEN_MIXERS[name].module(config, layer_idx, is_causal=is_causal)
 
 
+#: The config fields that act on queries, keys and scores (`TokenMixer.score_options`) and their defaults (off).
+SCORE_OPTIONS = {"qk_norm": None, "attn_logit_softcapping": None}
+_ATTEND = tuple(SCORE_OPTIONS)  # mixers whose scores come from `HfzooAttention.attend`
+
 # Token mixers, selected by `config.token_mixer` (and the encoder-decoder's `decoder_token_mixer`).
 TOKEN_MIXERS = {
-    "self_attention": TokenMixer(HfzooAttention, values=True),  # Vaswani et al. 2017 §3.2
+    "self_attention": TokenMixer(HfzooAttention, values=True, score_options=_ATTEND),  # Vaswani et al. 2017 §3.2
     "fourier": TokenMixer(  # FNet, Lee-Thorp et al. 2022
         FourierMixer,
         causal=False,
@@ -160,6 +171,7 @@ TOKEN_MIXERS = {
         check_config=check_attention_window,
         mask_overlay=window_overlay,
         values=True,
+        score_options=_ATTEND,
     ),
     "bigbird": TokenMixer(  # Zaheer et al. 2020 (ITC)
         BigBirdAttention,
@@ -170,6 +182,7 @@ TOKEN_MIXERS = {
         check_config=check_bigbird_config,
         reason="its global and random blocks lie anywhere in the sequence, so a token would see later ones",
         values=True,
+        score_options=_ATTEND,
     ),
     # Wu et al. 2019 §3 / §4 (hfzoo/modules/convolutions.py); KV cache = the layer's past convolution inputs
     "lightweight_convolution": TokenMixer(
@@ -194,6 +207,6 @@ TOKEN_MIXERS = {
     ),
     # Weighted Transformer, Ahmed et al. 2017 §3: branches with their own feed-forward; cross-attention branched too
     "branched_attention": TokenMixer(
-        BranchedAttention, feed_forward=True, cross_attention=BranchedAttention, values=True
+        BranchedAttention, feed_forward=True, cross_attention=BranchedAttention, values=True, score_options=_ATTEND
     ),
 }

@@ -40,9 +40,15 @@ def purelib(python: Path) -> Path:
 
 
 def run_clean(python: Path, script_text: str, job: dict, workdir: Path, timeout: int = 300) -> dict:
-    """Run `script_text` with `json.dumps(job)` as its argument in the clean interpreter; return its RESULT."""
+    """Run `script_text` in the clean interpreter with the path of a file holding `json.dumps(job)` as its argument.
+
+    The job travels in a file: the whole variant table's job is longer than one command-line argument may be
+    (Linux's 128 KiB `MAX_ARG_STRLEN`). Returns the script's RESULT.
+    """
     script = workdir / "clean_env_script.py"
     script.write_text(script_text)
+    job_file = workdir / "clean_env_job.json"
+    job_file.write_text(json.dumps(job))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") and k != "VIRTUAL_ENV"}
     env.update(
         HF_HOME=str(workdir / "hf_home"),  # fresh transformers_modules cache
@@ -52,7 +58,7 @@ def run_clean(python: Path, script_text: str, job: dict, workdir: Path, timeout:
     )
     assert REPO_ROOT not in workdir.resolve().parents
     proc = subprocess.run(
-        [str(python), "-s", str(script), json.dumps(job)],
+        [str(python), "-s", str(script), str(job_file)],
         cwd=workdir,
         env=env,
         stdin=subprocess.DEVNULL,  # a prompt (trust_remote_code) must fail, never wait

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from helpers import clean_env
 
-# Runs in the clean interpreter: argv[1] is a JSON job; prints one JSON line; writes outputs to a file.
+# Runs in the clean interpreter: argv[1] is the path of a JSON job; prints one JSON line; writes outputs to a file.
 # A job: {"models": [entry, ...], "inputs": file, "outputs": file, "threads": int, "keep_going": bool,
 # "tokenizer_dir"/"text" (optional)}. An entry: {"auto": Auto class name, "dir": folder, "inputs": [names] or
 # {argument: tensor name}, "key": output name (default: auto), "code_dir": an exported folder whose remote
@@ -28,7 +28,7 @@ CLEAN_ENV_SCRIPT = textwrap.dedent(
     """
     import json, sys, traceback
 
-    job = json.loads(sys.argv[1])
+    job = json.loads(open(sys.argv[1]).read())  # the job file (clean_env.run_clean)
     result = {"errors": {}}
     try:
         import hfzoo  # noqa: F401

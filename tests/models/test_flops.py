@@ -206,4 +206,23 @@ def test_value_residual_and_unet_skips_add_no_matrix_products(family):
     config = build_config(family, {**fields, "value_residual": True, "unet_skips": True})
     lengths = (T, DECODER_T) if config.is_encoder_decoder else (T,)
     assert count_training_flops(config, *lengths) == count_training_flops(plain, *lengths)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"qk_norm": "rms_norm"},
+        {"qk_norm": "layer_norm", "qk_norm_learnable_scale": False, "position_embedding_type": "rotary"},
+        {"attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0},
+        {"hidden_act": "relu2", "gated_mlp": True},
+    ],
+    ids=["qk_norm", "qk_norm-rotary", "softcapping", "relu2-gated"],
+)
+@pytest.mark.parametrize("family", ["decoder-tiny", "encoder-tiny", "encoder-decoder-tiny"])
+def test_elementwise_modifications_add_no_counted_flops(family, overrides):
+    """QK-norm, soft-capping and squared ReLU add elementwise work only: the count and FlopCounterMode are unchanged."""
+    config = build_config(family, {**SMALL, **overrides})
+    lengths = (T, DECODER_T) if config.is_encoder_decoder else (T,)
+    baseline = build_config(family, {**SMALL, "gated_mlp": overrides.get("gated_mlp", False)})  # GLU: one more matrix
+    assert count_training_flops(config, *lengths).total == count_training_flops(baseline, *lengths).total
     assert measured_flops(config, *lengths) == count_training_flops(config, *lengths).total

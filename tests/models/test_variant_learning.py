@@ -106,6 +106,13 @@ LEARNING_VARIANTS: list[tuple[dict, tuple[str, ...]]] = [
         {"value_residual": True, "unet_skips": True, "num_hidden_layers": 4, "num_decoder_layers": 4},
         ("encoder-decoder",),
     ),
+    # modifications in use today: QK-norm (Dehghani et al. 2023; OLMo 2's RMSNorm), Gemma 2's soft-capping with caps
+    # that bind at this size (attention 5, logits 10; Gemma 2 uses 50 and 30), squared ReLU (So et al. 2021)
+    ({"qk_norm": "rms_norm"}, ALL),
+    ({"qk_norm": "layer_norm", "qk_norm_learnable_scale": False, "position_embedding_type": "rotary"}, ALL),
+    ({"attn_logit_softcapping": 5.0, "final_logit_softcapping": 10.0}, ALL),
+    ({"hidden_act": "relu2"}, ALL),
+    ({"gated_mlp": True, "hidden_act": "relu2"}, ALL),
 ]
 # Rows whose causal LM needs more steps to get past the add-one unigram model: after 200 steps weighted
 # (branched) attention and the product key memory end within 1% of it (4.17 and 4.17 against 4.15 on an AMD

@@ -29,7 +29,7 @@ from hfzoo.modules.layer import NORM_POSITIONS, RESIDUAL_GATES, sandwich_pattern
 from hfzoo.modules.linformer import LINFORMER_SHARING
 from hfzoo.modules.memory import MEMORY_QUERY_NORMS
 from hfzoo.modules.mixers import TOKEN_MIXERS
-from hfzoo.modules.norms import NORM_CLASSES
+from hfzoo.modules.norms import NORM_CLASSES, QK_NORMS
 from hfzoo.modules.positions import POSITION_ATTENTION_BACKENDS, POSITION_EMBEDDING_TYPES
 from hfzoo.modules.stack import BLOCK_SHARING, LAYER_STACKS, LAYER_TYPES
 from hfzoo.modules.synthesizer import SYNTHESIZER_MIXINGS, SYNTHESIZERS
@@ -89,6 +89,56 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
     # ---- attention shape
     ({"head_dim": 12}, ALL, BOTH),
     ({"attention_bias": False}, ALL, BOTH),
+    # ---- modifications in use today: QK-norm (Dehghani et al. 2023; OLMo 2) with every position scheme and with
+    # sliding-window attention, attention / final logit soft-capping (Gemma 2; no SDPA for the attention cap),
+    # squared ReLU (So et al. 2021, Primer), dense and gated
+    *[({"qk_norm": kind}, ALL, BOTH) for kind in QK_NORMS],
+    ({"qk_norm": "rms_norm", "qk_norm_learnable_scale": False, "position_embedding_type": "rotary"}, ALL, BOTH),
+    (
+        {
+            "qk_norm": "layer_norm",
+            "qk_norm_learnable_scale": False,
+            "position_embedding_type": "relative_attention_bias",
+        },
+        ALL,
+        BOTH,
+    ),
+    ({"qk_norm": "rms_norm", "position_embedding_type": "alibi"}, ALL, BOTH),
+    ({"qk_norm": "layer_norm", "position_embedding_type": "shaw", "max_relative_positions": 2}, ALL, ("eager",)),
+    ({"qk_norm": "rms_norm", "token_mixer": "sliding_window", "attention_window": 4}, ALL, BOTH),
+    (
+        {
+            "attn_logit_softcapping": 1.0,
+            "token_mixer": "sliding_window",
+            "attention_window": 4,
+            "position_embedding_type": "alibi",
+        },
+        ALL,
+        ("eager",),
+    ),
+    ({"attn_logit_softcapping": 0.5}, ALL, ("eager",)),
+    ({"attn_logit_softcapping": 1.0, "qk_norm": "rms_norm", "position_embedding_type": "rotary"}, ALL, ("eager",)),
+    ({"attn_logit_softcapping": 1.0, "position_embedding_type": "relative_attention_bias"}, ALL, ("eager",)),
+    ({"attn_logit_softcapping": 1.0, "position_embedding_type": "shaw"}, ALL, ("eager",)),
+    ({"final_logit_softcapping": 0.5}, ALL, BOTH),
+    ({"final_logit_softcapping": 30.0, "embedding_size": 16}, ALL, BOTH),
+    ({"final_logit_softcapping": 0.5, "attn_logit_softcapping": 0.5}, ALL, ("eager",)),
+    ({"qk_norm": "rms_norm", "attn_logit_softcapping": 1.0, "token_mixer": "branched_attention"}, ALL, ("eager",)),
+    (
+        {
+            "qk_norm": "rms_norm",
+            "attn_logit_softcapping": 1.0,
+            "token_mixer": "bigbird",
+            "bigbird_block_size": 2,
+            "bigbird_num_random_blocks": 1,
+        },
+        ("encoder",),
+        ("eager",),
+    ),
+    ({"qk_norm": "rms_norm", "layer_type": "evolved_transformer"}, ALL, BOTH),
+    ({"final_logit_softcapping": 1.0, "adaptive_input_cutoffs": [20, 50], "tie_word_embeddings": False}, ALL, BOTH),
+    ({"hidden_act": "relu2"}, ALL, BOTH),
+    ({"gated_mlp": True, "hidden_act": "relu2"}, ALL, BOTH),
     # ---- embeddings
     ({"tie_word_embeddings": False}, ALL, BOTH),
     ({"embedding_size": 16}, ALL, BOTH),
@@ -459,9 +509,18 @@ def test_every_registered_choice_has_a_row():
         (("layer_stack", "decoder_layer_stack"), LAYER_STACKS),
         (("residual_gating",), RESIDUAL_GATES),
         (("memory_query_norm",), MEMORY_QUERY_NORMS),
+        (("qk_norm",), QK_NORMS),
     ):
         missing = [c for c in choices if not any((field, str(c)) in covered for field in fields)]
         assert not missing, f"{' / '.join(fields)} values without a VARIANTS row: {missing}"
+
+
+def test_every_mixer_applying_score_options_has_a_row_with_them():
+    """A token mixer whose entry applies QK-norm / soft-capping (`score_options`) is run with each of them."""
+    for name, entry in TOKEN_MIXERS.items():
+        for option in entry.score_options:
+            rows = [o for o, _, _ in VARIANTS if option in o and o.get("token_mixer", "self_attention") == name]
+            assert rows, f"token_mixer={name!r} applies {option} but no VARIANTS row sets both"
 
 
 def test_every_sublayer_order_has_a_row():
