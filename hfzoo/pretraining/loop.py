@@ -56,7 +56,7 @@ from ..training.optimization import create_optimizer, create_scheduler
 from ..training.plots import plot_training_curves
 from ..training.streaming import DeviceLoader, StreamingTrainLoader, stream_blocks
 from ..training.throughput import Throughput, pretraining_flops_per_token, resolve_peak_tflops
-from .arguments import parse_pretrain_args
+from .arguments import muon_settings, parse_pretrain_args
 from .evaluation import evaluate_lm, unigram_perplexity
 
 logger = get_logger(__name__)
@@ -257,12 +257,18 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     )
 
     fused = args.optim == "adamw_torch_fused" and accelerator.distributed_type != DistributedType.DEEPSPEED
+    if args.optim == "muon" and accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+        raise ValueError(
+            f"--optim muon is not supported under {accelerator.distributed_type.value}: Muon orthogonalises "
+            "whole matrices, which DeepSpeed and FSDP shard; use DDP or one process"
+        )
     optimizer = create_optimizer(
         model,
         learning_rate=args.learning_rate,
         weight_decay=args.weight_decay,
         betas=(args.adam_beta1, args.adam_beta2),
         fused=fused,
+        muon=muon_settings(args),
     )
     if args.streaming:
         max_train_steps = num_train_epochs = args.max_train_steps  # every pass over the stream makes a step
