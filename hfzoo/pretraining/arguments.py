@@ -16,7 +16,9 @@ import yaml
 from ..training.arguments import (
     SCHEDULERS,
     OneLineErrorParser,
+    add_muon_arguments,
     add_speed_arguments,
+    check_muon_arguments,
     checkpointing_steps,
     non_negative_int,
     positive_float,
@@ -24,7 +26,6 @@ from ..training.arguments import (
     scheduler_kwargs,
 )
 from ..training.objectives import OBJECTIVES
-from ..training.optimization import MUON_ADJUST_LR_FNS, MuonSettings
 
 
 class _ExtendAction(argparse.Action):
@@ -247,74 +248,6 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     return p
 
 
-#: `--muon_*` flag -> its `MuonSettings` field; None in the namespace means "not given" (the field's default).
-MUON_FLAGS = {
-    "muon_learning_rate": "learning_rate",
-    "muon_momentum": "momentum",
-    "muon_weight_decay": "weight_decay",
-    "muon_ns_steps": "ns_steps",
-    "muon_adjust_lr_fn": "adjust_lr_fn",
-}
-
-
-def add_muon_arguments(group) -> None:
-    """Add the `--muon_*` flags (the settings of `--optim muon`, `hfzoo.training.optimization.MuonSettings`)."""
-    group.add_argument(
-        "--muon_learning_rate",
-        type=positive_float,
-        default=None,
-        help=f"--optim muon: peak Muon learning rate (default {MuonSettings.learning_rate}; the schedule scales "
-        "it like --learning_rate).",
-    )
-    group.add_argument(
-        "--muon_momentum",
-        type=float,
-        default=None,
-        help=f"--optim muon: momentum in [0, 1) (default {MuonSettings.momentum}; Nesterov).",
-    )
-    group.add_argument(
-        "--muon_weight_decay",
-        type=float,
-        default=None,
-        help=f"--optim muon: decoupled weight decay of the Muon matrices, >= 0 (default {MuonSettings.weight_decay}).",
-    )
-    group.add_argument(
-        "--muon_ns_steps",
-        type=positive_int,
-        default=None,
-        help=f"--optim muon: Newton-Schulz iterations, 1 to 99 (default {MuonSettings.ns_steps}).",
-    )
-    group.add_argument(
-        "--muon_adjust_lr_fn",
-        choices=MUON_ADJUST_LR_FNS,
-        default=None,
-        help="--optim muon: per-matrix learning-rate scale: original (sqrt(max(1, out/in)), Jordan et al.) or "
-        "match_rms_adamw (0.2 sqrt(max(out, in)), Liu et al. 2025) (default original).",
-    )
-
-
-def _check_muon_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    given = [flag for flag in MUON_FLAGS if getattr(args, flag) is not None]
-    if args.optim != "muon":
-        if given:
-            parser.error(f"--{given[0]} {getattr(args, given[0])} needs --optim muon (got --optim {args.optim})")
-        return
-    if args.muon_momentum is not None and not 0 <= args.muon_momentum < 1:
-        parser.error(f"--muon_momentum must be in [0, 1), got {args.muon_momentum}")
-    if args.muon_weight_decay is not None and args.muon_weight_decay < 0:
-        parser.error(f"--muon_weight_decay must be >= 0, got {args.muon_weight_decay}")
-    if args.muon_ns_steps is not None and args.muon_ns_steps >= 100:
-        parser.error(f"--muon_ns_steps must be at most 99, got {args.muon_ns_steps}")
-
-
-def muon_settings(args: argparse.Namespace) -> MuonSettings | None:
-    """The `MuonSettings` of parsed arguments with `--optim muon` (defaults for flags not given), else None."""
-    if args.optim != "muon":
-        return None
-    given = {field: getattr(args, flag) for flag, field in MUON_FLAGS.items() if getattr(args, flag) is not None}
-    return MuonSettings(**given)
-
-
 def load_yaml_config(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
     """Read a YAML file of argument values and check its keys.
 
@@ -394,5 +327,5 @@ def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--streaming needs --max_train_steps (a stream's length is unknown)")
     if args.max_grad_norm < 0:
         parser.error(f"--max_grad_norm must be >= 0, got {args.max_grad_norm}")
-    _check_muon_arguments(args, parser)
+    check_muon_arguments(args, parser)
     return args

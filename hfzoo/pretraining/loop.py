@@ -40,6 +40,7 @@ from ..integrity import check_weight_files
 from ..models.presets import PRESETS, build_config, parse_overrides
 from ..training import faults
 from ..training.accelerator import create_accelerator
+from ..training.arguments import muon_settings
 from ..training.checkpointing import (
     _check_resume_topology,
     _resolve_resume,
@@ -56,7 +57,7 @@ from ..training.optimization import create_optimizer, create_scheduler
 from ..training.plots import plot_training_curves
 from ..training.streaming import DeviceLoader, StreamingTrainLoader, stream_blocks
 from ..training.throughput import Throughput, pretraining_flops_per_token, resolve_peak_tflops
-from .arguments import muon_settings, parse_pretrain_args
+from .arguments import parse_pretrain_args
 from .evaluation import evaluate_lm, unigram_perplexity
 
 logger = get_logger(__name__)

@@ -8,8 +8,8 @@ import yaml
 from transformers import AutoModelForSeq2SeqLM
 
 from hfzoo.pretraining import parse_pretrain_args
-from hfzoo.pretraining.arguments import muon_settings
 from hfzoo.study.runner import build_variant_config, load_settings, pretrain_argv
+from hfzoo.training.arguments import muon_settings
 from hfzoo.training.optimization import MuonWithAdamW, create_optimizer
 
 DEFAULT_STUDY = Path(__file__).resolve().parents[2] / "recipes" / "studies" / "narang_small.yaml"
