@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 import torch
+from helpers.launch import GLOBAL_BATCH, STEPS, check_two_processes, launch, launch_command, launch_env, recipe_args
 from helpers.pretraining import base_args, run_main_expecting_error
 from safetensors.torch import load_file
 
@@ -93,3 +95,25 @@ def test_muon_run_learns_and_resumes_exactly(tmp_path, small_jsonl_xz, tokenizer
     assert resumed_results["eval_loss"] == results["eval_loss"]
     steps = [r["step"] for r in json.loads((resumed / "train_history.json").read_text())["log_history"]]
     assert min(steps) > 8  # it really resumed
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_one_process_and_deepspeed_is_refused(tmp_path, small_jsonl_xz, tokenizer_dir):
+    """Under DDP every process holds whole matrices and the averaged gradient, so Muon steps as in one process."""
+    single = tmp_path / "single"
+    main(recipe_args(small_jsonl_xz, tokenizer_dir, single, GLOBAL_BATCH, "--optim", "muon"))
+    log = launch("ddp.yaml", recipe_args(small_jsonl_xz, tokenizer_dir, "run", GLOBAL_BATCH // 2, "--optim", "muon"),
+                 tmp_path)  # fmt: skip
+    check_two_processes(log, "MULTI_CPU")
+    want, got = (
+        {r["step"]: r["train_loss"] for r in json.loads((d / "train_history.json").read_text())["log_history"]}
+        for d in (single, tmp_path / "run")
+    )
+    assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+    for step in want:
+        assert got[step] == pytest.approx(want[step], rel=1e-3), f"step {step}"
+    argv = recipe_args(small_jsonl_xz, tokenizer_dir, "zero", GLOBAL_BATCH // 2, "--optim", "muon")
+    proc = subprocess.run(launch_command("deepspeed_zero2.yaml", argv), cwd=tmp_path, env=launch_env(),
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode != 0
+    assert "--optim muon is not supported under DEEPSPEED" in proc.stderr
