@@ -6,7 +6,8 @@ Arguments follow transformers' `examples/pytorch/text-classification/run_glue_no
 `--max_train_steps`, `--seed`, `--output_dir`, `--with_tracking`, `--push_to_hub`, ...) plus
 `--data_dir` (a folder in the GLUE layout), `--max_train_samples`, `--mixed_precision` and the PEFT
 options (`--peft lora|prefix|none`, `--lora_r`, `--lora_alpha`, `--lora_dropout`, `--target_modules`,
-`--num_virtual_tokens`, `--prefix_projection`, `--prefix_hidden_size`). Every input is checked
+`--num_virtual_tokens`, `--prefix_projection`, `--prefix_hidden_size`) and `--optim adamw_torch|muon`
+(Muon, with `--muon_*` settings, for full finetuning only: `--peft none`). Every input is checked
 before the model is loaded; errors are one line.
 
 Training shows a tqdm progress bar, logs every `--logging_steps`, evaluates after every epoch and
@@ -44,8 +45,11 @@ from ..training.accelerator import create_accelerator
 from ..training.arguments import (
     SCHEDULERS,
     OneLineErrorParser,
+    add_muon_arguments,
     add_speed_arguments,
+    check_muon_arguments,
     checkpointing_steps,
+    muon_settings,
     non_negative_int,
     positive_float,
     positive_int,
@@ -89,6 +93,14 @@ def build_glue_parser() -> argparse.ArgumentParser:
     p.add_argument("--per_device_eval_batch_size", type=positive_int, default=128)
     p.add_argument("--learning_rate", type=positive_float, default=5e-5)
     p.add_argument("--weight_decay", type=float, default=0.0)
+    p.add_argument(
+        "--optim",
+        choices=("adamw_torch", "muon"),
+        default="adamw_torch",
+        help="adamw_torch: AdamW for every parameter; muon (with --peft none only): torch.optim.Muon for the "
+        "nn.Linear weights of an hfzoo model's hidden layers, AdamW for embeddings, head, norms and biases",
+    )
+    add_muon_arguments(p)
     p.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (0 or less: none)")
     p.add_argument("--num_train_epochs", type=positive_int, default=3)
     p.add_argument("--max_train_steps", type=positive_int, default=None, help="overrides --num_train_epochs")
@@ -144,11 +156,17 @@ def parse_glue_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse and check the arguments (the task name, data sources, dropout ranges).
 
     Raises:
-        SystemExit: an argparse error (one line).
+        SystemExit: an argparse error (one line), a bad `--muon_*` value, a `--muon_*` flag without
+            `--optim muon`, or `--optim muon` with PEFT (`--peft` other than `none`).
         ValueError: an unknown task; `--lora_dropout` outside [0, 1).
     """
-    args = build_glue_parser().parse_args(argv)
+    parser = build_glue_parser()
+    args = parser.parse_args(argv)
     get_glue_task(args.task_name)
+    check_muon_arguments(args, parser)
+    if args.optim == "muon" and args.peft != "none":
+        # LoRA's low-rank factors and prefix tuning's prefixes are not the hidden layers' weight matrices Muon is for.
+        parser.error(f"--optim muon needs --peft none (full finetuning), got --peft {args.peft}")
     if not 0.0 <= args.lora_dropout < 1.0:
         raise ValueError(f"--lora_dropout must be in [0, 1), got {args.lora_dropout}")
     return args
@@ -323,7 +341,9 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
         split: DataLoader(encoded[split], collate_fn=collator, batch_size=args.per_device_eval_batch_size)
         for split in _eval_splits(encoded)
     }
-    optimizer = create_optimizer(model, learning_rate=args.learning_rate, weight_decay=args.weight_decay)
+    optimizer = create_optimizer(
+        model, learning_rate=args.learning_rate, weight_decay=args.weight_decay, muon=muon_settings(args)
+    )
     steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
     scheduler = create_scheduler(

@@ -16,7 +16,9 @@ import yaml
 from ..training.arguments import (
     SCHEDULERS,
     OneLineErrorParser,
+    add_muon_arguments,
     add_speed_arguments,
+    check_muon_arguments,
     checkpointing_steps,
     non_negative_int,
     positive_float,
@@ -161,11 +163,15 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     train.add_argument("--adam_beta2", type=float, default=0.999)
     train.add_argument(
         "--optim",
-        choices=("adamw_torch_fused", "adamw_torch"),
+        choices=("adamw_torch_fused", "adamw_torch", "muon"),
         default="adamw_torch_fused",
         help="torch AdamW, fused (one kernel for all parameters; transformers' default) or foreach. "
-        "Under DeepSpeed the foreach form is used: DeepSpeed steps the optimizer on its own partitions.",
+        "Under DeepSpeed the foreach form is used: DeepSpeed steps the optimizer on its own partitions. "
+        "muon: torch.optim.Muon (Jordan et al. 2024) for the nn.Linear weights of the hidden layers, AdamW "
+        "(--learning_rate, --weight_decay, --adam_beta*) for embeddings, output layer, norms, biases and "
+        "the rest; not with DeepSpeed or FSDP.",
     )
+    add_muon_arguments(train)
     train.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping (0 disables).")
     train.add_argument(
         "--lr_scheduler_type",
@@ -321,4 +327,5 @@ def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--streaming needs --max_train_steps (a stream's length is unknown)")
     if args.max_grad_norm < 0:
         parser.error(f"--max_grad_norm must be >= 0, got {args.max_grad_norm}")
+    check_muon_arguments(args, parser)
     return args

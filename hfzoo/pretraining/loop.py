@@ -40,6 +40,7 @@ from ..integrity import check_weight_files
 from ..models.presets import PRESETS, build_config, parse_overrides
 from ..training import faults
 from ..training.accelerator import create_accelerator
+from ..training.arguments import muon_settings
 from ..training.checkpointing import (
     _check_resume_topology,
     _resolve_resume,
@@ -257,12 +258,18 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     )
 
     fused = args.optim == "adamw_torch_fused" and accelerator.distributed_type != DistributedType.DEEPSPEED
+    if args.optim == "muon" and accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+        raise ValueError(
+            f"--optim muon is not supported under {accelerator.distributed_type.value}: Muon orthogonalises "
+            "whole matrices, which DeepSpeed and FSDP shard; use DDP or one process"
+        )
     optimizer = create_optimizer(
         model,
         learning_rate=args.learning_rate,
         weight_decay=args.weight_decay,
         betas=(args.adam_beta1, args.adam_beta2),
         fused=fused,
+        muon=muon_settings(args),
     )
     if args.streaming:
         max_train_steps = num_train_epochs = args.max_train_steps  # every pass over the stream makes a step

@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from .optimization import MUON_ADJUST_LR_FNS, MuonSettings
+
 SCHEDULERS = (
     "linear",
     "cosine",
@@ -152,3 +154,77 @@ class OneLineErrorParser(argparse.ArgumentParser):
     def error(self, message: str):
         """Print `prog: error: message` to stderr and exit with status 2."""
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+#: `--muon_*` flag -> its `MuonSettings` field; None in the namespace means "not given" (the field's default).
+MUON_FLAGS = {
+    "muon_learning_rate": "learning_rate",
+    "muon_momentum": "momentum",
+    "muon_weight_decay": "weight_decay",
+    "muon_ns_steps": "ns_steps",
+    "muon_adjust_lr_fn": "adjust_lr_fn",
+}
+
+
+def add_muon_arguments(group) -> None:
+    """Add the `--muon_*` flags (the settings of `--optim muon`, `hfzoo.training.optimization.MuonSettings`)."""
+    group.add_argument(
+        "--muon_learning_rate",
+        type=positive_float,
+        default=None,
+        help=f"--optim muon: peak Muon learning rate (default {MuonSettings.learning_rate}; the schedule scales "
+        "it like --learning_rate).",
+    )
+    group.add_argument(
+        "--muon_momentum",
+        type=float,
+        default=None,
+        help=f"--optim muon: momentum in [0, 1) (default {MuonSettings.momentum}; Nesterov).",
+    )
+    group.add_argument(
+        "--muon_weight_decay",
+        type=float,
+        default=None,
+        help=f"--optim muon: decoupled weight decay of the Muon matrices, >= 0 (default {MuonSettings.weight_decay}).",
+    )
+    group.add_argument(
+        "--muon_ns_steps",
+        type=positive_int,
+        default=None,
+        help=f"--optim muon: Newton-Schulz iterations, 1 to 99 (default {MuonSettings.ns_steps}).",
+    )
+    group.add_argument(
+        "--muon_adjust_lr_fn",
+        choices=MUON_ADJUST_LR_FNS,
+        default=None,
+        help="--optim muon: per-matrix learning-rate scale: original (sqrt(max(1, out/in)), Jordan et al.) or "
+        "match_rms_adamw (0.2 sqrt(max(out, in)), Liu et al. 2025) (default original).",
+    )
+
+
+def check_muon_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Refuse (`parser.error`, one line naming the flag) a `--muon_*` flag without `--optim muon`, or a bad value.
+
+    Args:
+        args: the parsed namespace (`optim` and the `add_muon_arguments` flags).
+        parser: the parser whose `error` reports the problem.
+    """
+    given = [flag for flag in MUON_FLAGS if getattr(args, flag) is not None]
+    if args.optim != "muon":
+        if given:
+            parser.error(f"--{given[0]} {getattr(args, given[0])} needs --optim muon (got --optim {args.optim})")
+        return
+    if args.muon_momentum is not None and not 0 <= args.muon_momentum < 1:
+        parser.error(f"--muon_momentum must be in [0, 1), got {args.muon_momentum}")
+    if args.muon_weight_decay is not None and args.muon_weight_decay < 0:
+        parser.error(f"--muon_weight_decay must be >= 0, got {args.muon_weight_decay}")
+    if args.muon_ns_steps is not None and args.muon_ns_steps >= 100:
+        parser.error(f"--muon_ns_steps must be at most 99, got {args.muon_ns_steps}")
+
+
+def muon_settings(args: argparse.Namespace) -> MuonSettings | None:
+    """The `MuonSettings` of parsed arguments with `--optim muon` (defaults for flags not given), else None."""
+    if args.optim != "muon":
+        return None
+    given = {field: getattr(args, flag) for flag, field in MUON_FLAGS.items() if getattr(args, flag) is not None}
+    return MuonSettings(**given)
