@@ -447,6 +447,10 @@ _TIME_TITLES = {
 }
 
 
+def _sig(value: float) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{value:.3g}"
+
+
 def _signed(value: float) -> str:
     return "–" if value is None or not math.isfinite(value) else f"{value:+.1f}"
 
@@ -500,12 +504,12 @@ def _time_lines(accounting: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {run['variant']} | {run['seed']} | {run['run_seconds']:.1f} | "
             + " | ".join(_percent(run["fractions"].get(p, math.nan)) for p in parts)
-            + f" | {_num(run['train_tflops'], 4)} |"
+            + f" | {_sig(run['train_tflops'])} |"
         )
     lines.append(
         f"| All runs | | {study['run_seconds']:.1f} | "
         + " | ".join(_percent(study["fractions"].get(p, math.nan)) for p in parts)
-        + f" | {_num(study['train_tflops'], 4)} |"
+        + f" | {_sig(study['train_tflops'])} |"
     )
     prep = accounting["preparation"]
     done = [f"tokenizer {prep['tokenizer_seconds']:.1f} s"] if "tokenizer_seconds" in prep else []

@@ -744,3 +744,18 @@ def test_parallel_runs_auto_resolves_here_and_bad_values_are_refused(inputs, tmp
         message = capsys.readouterr().err.strip()
         assert "\n" not in message and "argument --parallel_runs: expected a positive integer or 'auto'" in message
     assert not (tmp_path / "out").exists()
+
+
+def test_the_gpu_study_file_has_the_default_protocol_and_rows(data_dir, monkeypatch):
+    """`narang_gpu.yaml`: the default study's rows, seeds, data, objective and finetuning; only the scale differs."""
+    from hfzoo.study.runner import check_settings
+
+    monkeypatch.chdir(REPO_ROOT)
+    small, gpu = load_settings(DEFAULT_STUDY), load_settings(REPO_ROOT / "recipes" / "studies" / "narang_gpu.yaml")
+    scale = {"config_overrides", "train_batch_tokens", "max_train_steps", "learning_rate", "num_warmup_steps"}
+    differ = {k for k in vars(small) if getattr(small, k) != getattr(gpu, k)}
+    assert differ == scale, differ
+    assert gpu.max_train_steps % 8 == 0 and gpu.num_warmup_steps < gpu.max_train_steps
+    if not Path(gpu.paper_table).is_file():
+        pytest.skip(f"reference table not found at {gpu.paper_table}")
+    check_settings(gpu)  # every row scales to the wider base; the data, GLUE and paper files exist
