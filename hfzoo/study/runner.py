@@ -17,13 +17,19 @@ present, and a flag of the same name overrides it. For each (variant, seed) the 
    `--peft none`) on a fixed training subset per task (the same examples for every run), and records each
    task's official dev metric(s);
 3. writes the run's record (`runs/<variant>/seed_<seed>/result.json`: parameters, FLOPs per token and in
-   total, steps/s, losses, GLUE scores) atomically, then rewrites the study's `results.json`, `results.md`
-   and plots (`hfzoo.study.report`).
+   total, steps/s, losses, GLUE scores, where its wall time went: `time_breakdown`) atomically, then
+   rewrites the study's `results.json`, `results.md` and plots (`hfzoo.study.report`).
+
+Before the runs, the study prepares once what they share: the tokenizer, the pretraining data tokenized and
+packed (`ensure_pretraining_data`, into `datasets`' cache, which every run then loads) and the GLUE subsets.
+After the variants, a "No pretraining" row (`protocol.NO_PRETRAINING`) finetunes the vanilla model from its
+seeded random initialisation, once per seed: the downstream baseline the variants' gains are measured from.
 
 Restarting the same command continues a killed study: finished runs are never repeated (their record
 exists), a finished pretraining stage or GLUE task of an unfinished run is reused, and unfinished stages
 start again from scratch (deterministic: same seed, same result). Several study processes on one output
-folder (`--parallel_runs N` starts N of them; or one per GPU: `CUDA_VISIBLE_DEVICES=i hfzoo-study ...`)
+folder (`--parallel_runs N` starts N of them, `--parallel_runs auto` as many as fit: `resolve_parallel_runs`;
+or one per GPU: `CUDA_VISIBLE_DEVICES=i hfzoo-study ...`)
 share the runs through per-run lock files. `--launcher "accelerate launch --config_file CONFIG"` runs every
 stage in a child process started that way (DDP or DeepSpeed per run; `--num_processes` must then match the
 config).
