@@ -479,8 +479,11 @@ def train(run: PretrainingRun) -> dict[str, float]:
     eval_seed = args.seed if args.eval_seed is None else args.eval_seed  # the validation set's corruption/masks
     init_metrics = None
     eval_history: list[dict[str, float]] = []  # validation metrics by step, for train_history.json and the plot
+    eval_seconds = 0.0  # wall time of the validation passes (at initialization, during and after training)
     if run.resume_path is None:
+        eval_start = time.perf_counter()
         init_metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=eval_seed)
+        eval_seconds += time.perf_counter() - eval_start
         eval_history.append({"step": 0, **init_metrics})
         logger.info(f"validation loss at initialization: {init_metrics['eval_loss']:.4f}")
     else:
@@ -554,6 +557,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
                     "train_loss": float(window_loss) / (window_steps - window_skipped or math.nan),
                     "learning_rate": run.lr_scheduler.get_last_lr()[0],
                     **run.throughput.metrics(window_tokens, window_tokens * run.flops_per_token, elapsed),
+                    "step_seconds": elapsed,  # the optimizer steps since the last record (pauses left out)
                     "tokens_seen": tokens_seen,
                     "step": completed_steps,
                     "epoch": epoch,
@@ -576,7 +580,9 @@ def train(run: PretrainingRun) -> dict[str, float]:
                 save_checkpoint(run, completed_steps, tokens_seen)
                 last_saved = completed_steps
             if args.eval_steps and completed_steps % args.eval_steps == 0 and completed_steps < run.max_train_steps:
+                eval_start = time.perf_counter()
                 metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=eval_seed)
+                eval_seconds += time.perf_counter() - eval_start
                 eval_history.append({"step": completed_steps, **metrics})
                 logger.info(f"step {completed_steps}: {metrics}")
                 if args.with_tracking:
@@ -606,7 +612,9 @@ def train(run: PretrainingRun) -> dict[str, float]:
     trained_tokens = tokens_seen - tokens_at_start
     speed = run.throughput.metrics(trained_tokens, trained_tokens * run.flops_per_token, step_seconds)
 
+    eval_start = time.perf_counter()
     metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=eval_seed)
+    eval_seconds += time.perf_counter() - eval_start
     eval_history.append({"step": completed_steps, **metrics})
     logger.info(f"validation: eval_loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}")
     results: dict[str, Any] = {
@@ -614,6 +622,10 @@ def train(run: PretrainingRun) -> dict[str, float]:
         **metrics,
         "train_loss": history[-1]["train_loss"] if history else None,
         "train_runtime": train_runtime,
+        # Wall seconds of this session's optimizer steps (the sum of the log records' `step_seconds`) and of
+        # its validation passes (at initialization, every --eval_steps, and the final one).
+        "train_step_seconds": step_seconds,
+        "eval_seconds": eval_seconds,
         "train_steps": completed_steps,
         "train_tokens_seen": tokens_seen,
         "train_tokens_per_second": trained_tokens / train_runtime if train_runtime > 0 else None,

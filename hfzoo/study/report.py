@@ -24,7 +24,7 @@ from scipy import stats
 
 from ..models.narang import PaperRow, load_paper_table
 from ..training.plots import plot_curves_by_name, plot_labelled_scatter
-from .protocol import BASELINE, EARLY_FRACTION, SELECTION_KEYS
+from .protocol import BASELINE, EARLY_FRACTION, NO_PRETRAINING, SELECTION_KEYS, study_plan
 
 __all__ = ["VariantSummary", "spearman_with_interval", "summarize", "write_report"]
 
@@ -351,6 +351,178 @@ def _table(
     return lines
 
 
+def downstream_gains(
+    summaries: dict[str, VariantSummary], baseline_records: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """The "No pretraining" row and every variant's downstream gain over it.
+
+    Args:
+        summaries: the pretrained variants (`summarize`).
+        baseline_records: the "No pretraining" runs' records.
+
+    Returns:
+        `{"no_pretraining": {"seeds", "glue_average", "glue_average_std", "glue": {task: mean}},
+        "gains": {variant: {"glue_average": gain, "glue": {task: gain}}}}` (score points, variant mean minus
+        the no-pretraining mean), or None without "No pretraining" runs.
+    """
+    if not baseline_records:
+        return None
+    average, std = _mean_std([r["glue_average"] for r in baseline_records])
+    tasks = list(baseline_records[0]["glue"])
+    base = {t: _mean_std([r["glue"][t]["score"] for r in baseline_records])[0] for t in tasks}
+    gains = {
+        name: {
+            "glue_average": s.glue_average - average,
+            "glue": {t: s.glue.get(t, math.nan) - base[t] for t in tasks},
+        }
+        for name, s in summaries.items()
+    }
+    return {
+        "no_pretraining": {
+            "seeds": [r["seed"] for r in baseline_records],
+            "glue_average": average,
+            "glue_average_std": std,
+            "glue": base,
+        },
+        "gains": gains,
+    }
+
+
+def _timing_value(record: dict[str, Any], *keys: str) -> float:
+    value: Any = record.get("timing", {})
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.nan
+
+
+def time_accounting(records: list[dict[str, Any]], preparation: dict[str, Any] | None) -> dict[str, Any]:
+    """Where the study's wall time went: per run and over all runs (summed run wall times).
+
+    Args:
+        records: the finished runs (each `timing` with `run_seconds` and `seconds` per part; see
+            `hfzoo.study.runner.time_breakdown`).
+        preparation: `preparation.json` (the study's tokenizer and tokenized data), or None.
+
+    Returns:
+        `{"runs": [{"variant", "seed", "run_seconds", "fractions", "train_tflops"}],
+        "study": {"run_seconds", "seconds": {part: sum}, "fractions": {part: share}, "train_tflops"},
+        "preparation": {...}}`; the study's TFLOP/s is the pretrained runs' FLOPs over their summed
+        training-step seconds.
+    """
+    runs, totals, run_seconds = [], {}, 0.0
+    flops, step_seconds = 0.0, 0.0
+    for r in records:
+        if "seconds" not in r.get("timing", {}):
+            continue
+        seconds = r["timing"]["seconds"]
+        runs.append({
+            "variant": r["variant"],
+            "seed": r["seed"],
+            "run_seconds": r["timing"]["run_seconds"],
+            "fractions": r["timing"]["fractions"],
+            "train_tflops": _timing_value(r, "train_tflops"),
+        })  # fmt: skip
+        run_seconds += r["timing"]["run_seconds"]
+        for part, value in seconds.items():
+            totals[part] = totals.get(part, 0.0) + value
+        if seconds.get("train_steps", 0.0) > 0:
+            flops += r["total_flops"]
+            step_seconds += seconds["train_steps"]
+    study = {
+        "run_seconds": run_seconds,
+        "seconds": totals,
+        "fractions": {k: v / run_seconds for k, v in totals.items()} if run_seconds > 0 else {},
+        "train_tflops": flops / step_seconds / 1e12 if step_seconds > 0 else math.nan,
+    }
+    return {"runs": runs, "study": study, "preparation": preparation or {}}
+
+
+#: Column titles of the time table, by part of `hfzoo.study.runner.TIME_PARTS`.
+_TIME_TITLES = {
+    "train_steps": "training steps",
+    "pretrain_evaluation": "validation",
+    "pretrain_other": "pretraining set-up & saving",
+    "finetuning": "GLUE finetuning",
+    "other": "other",
+}
+
+
+def _sig(value: float) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{value:.3g}"
+
+
+def _signed(value: float) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{value:+.1f}"
+
+
+def _percent(value: float) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{100 * value:.1f}%"
+
+
+def _downstream_lines(settings, downstream: dict[str, Any]) -> list[str]:
+    tasks = list(settings.glue_tasks)
+    titles = [TASK_TITLES.get(t, t) for t in tasks]
+    base = downstream["no_pretraining"]
+    lines = [
+        "## Downstream: gain over no pretraining",
+        "",
+        f'"{NO_PRETRAINING}": the vanilla model finetuned from its random initialisation (same seeds, same '
+        "finetuning budget). A variant's gain is its mean score minus that row's, in score points; the row has "
+        "no pretraining loss and is not part of the comparison with the paper.",
+        "",
+        "| Model | GLUE avg | gain | " + " | ".join(titles) + " |",
+        "|---|---:|---:|" + "---:|" * len(tasks),
+        f"| {NO_PRETRAINING} | {_pm(base['glue_average'], base['glue_average_std'], 1)} | – | "
+        + " | ".join(_num(base["glue"][t], 1) for t in tasks)
+        + " |",
+    ]
+    for name, gain in downstream["gains"].items():
+        lines.append(
+            f"| {name} | {_num(base['glue_average'] + gain['glue_average'], 1)} | {_signed(gain['glue_average'])} | "
+            + " | ".join(_signed(gain["glue"][t]) for t in tasks)
+            + " |"
+        )
+    return [*lines, ""]
+
+
+def _time_lines(accounting: dict[str, Any]) -> list[str]:
+    study = accounting["study"]
+    if not accounting["runs"]:
+        return []
+    parts = list(_TIME_TITLES)
+    lines = [
+        "## Where the time went",
+        "",
+        "Share of each run's wall time (from its start to its record) spent in each part, and the training "
+        "throughput: the run's pretraining FLOPs (Ops) over the wall time of its training steps. "
+        '"All runs" sums the runs\' wall times (processes running at once each count their own).',
+        "",
+        "| Run | seed | wall s | " + " | ".join(_TIME_TITLES[p] for p in parts) + " | TFLOP/s |",
+        "|---|---:|---:|" + "---:|" * (len(parts) + 1),
+    ]
+    for run in accounting["runs"]:
+        lines.append(
+            f"| {run['variant']} | {run['seed']} | {run['run_seconds']:.1f} | "
+            + " | ".join(_percent(run["fractions"].get(p, math.nan)) for p in parts)
+            + f" | {_sig(run['train_tflops'])} |"
+        )
+    lines.append(
+        f"| All runs | | {study['run_seconds']:.1f} | "
+        + " | ".join(_percent(study["fractions"].get(p, math.nan)) for p in parts)
+        + f" | {_sig(study['train_tflops'])} |"
+    )
+    prep = accounting["preparation"]
+    done = [f"tokenizer {prep['tokenizer_seconds']:.1f} s"] if "tokenizer_seconds" in prep else []
+    if "data" in prep:
+        done.append(
+            f"tokenized data {prep['data']['seconds']:.1f} s ({prep['data']['train_blocks']:,} training and "
+            f"{prep['data']['validation_blocks']:,} validation blocks)"
+        )
+    if done:
+        lines += ["", "Prepared once for the whole study, before the runs: " + "; ".join(done) + "."]
+    return [*lines, ""]
+
+
 def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Write `results.json`, `results.md`, `loss_curves.png`, `final_loss_vs_paper.png` and `quality_vs_cost.png`.
 
@@ -366,11 +538,18 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
     """
     output_dir = Path(output_dir)
     paper = load_paper_table(settings.paper_table) if settings.paper_table else {}
-    summaries = summarize(records)
+    pretrained = [r for r in records if r["variant"] != NO_PRETRAINING]
+    summaries = summarize(pretrained)  # the "No pretraining" row has no losses: not in Table 1's comparison
+    downstream = downstream_gains(summaries, [r for r in records if r["variant"] == NO_PRETRAINING])
+    try:
+        preparation = json.loads((output_dir / "preparation.json").read_text())
+    except (OSError, ValueError):
+        preparation = None
+    accounting = time_accounting(records, preparation)
     marks = significance(summaries, paper)
     correlations = agreement(summaries, paper) if paper else {}
     spread = seed_spread(summaries)
-    planned = [(v, s) for v in settings.variants for s in settings.seeds]
+    planned = study_plan(settings)
     done = {(r["variant"], r["seed"]) for r in records}
     missing = [f"{v} (seed {s})" for v, s in planned if (v, s) not in done]
 
@@ -384,6 +563,8 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
                 "summary": {n: dataclasses.asdict(s) for n, s in summaries.items()},
                 "agreement": correlations,
                 "seed_spread": spread,
+                "downstream": downstream,
+                "timing": accounting,
                 "unfinished": missing,
             },
             indent=2,
@@ -395,7 +576,8 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
     lines = [
         "# Narang et al. 2021, Table 1, at small scale",
         "",
-        f"{len(records)} of {len(planned)} runs finished ({len(summaries)} variants, seeds {list(settings.seeds)}). "
+        f"{len(records)} of {len(planned)} runs finished ({len(summaries)} variants"
+        f"{' and the no-pretraining row' if downstream else ''}, seeds {list(settings.seeds)}). "
         f"Every run: span-corruption pretraining for {settings.max_train_steps:,} steps of "
         f"{settings.train_batch_tokens:,} input tokens ({tokens:,} in total), early loss at step "
         f"{settings.max_train_steps // EARLY_FRACTION:,} (1/{EARLY_FRACTION} of training), then full finetuning on "
@@ -436,6 +618,9 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
             f"({_num(spread['gap_in_std'], 1)} standard deviations).",
             "",
         ]
+    if downstream is not None:
+        lines += _downstream_lines(settings, downstream)
+    lines += _time_lines(accounting)
     if missing:
         lines += ["## Unfinished runs", "", ", ".join(missing), ""]
     lines += [

@@ -17,13 +17,19 @@ present, and a flag of the same name overrides it. For each (variant, seed) the 
    `--peft none`) on a fixed training subset per task (the same examples for every run), and records each
    task's official dev metric(s);
 3. writes the run's record (`runs/<variant>/seed_<seed>/result.json`: parameters, FLOPs per token and in
-   total, steps/s, losses, GLUE scores) atomically, then rewrites the study's `results.json`, `results.md`
-   and plots (`hfzoo.study.report`).
+   total, steps/s, losses, GLUE scores, where its wall time went: `time_breakdown`) atomically, then
+   rewrites the study's `results.json`, `results.md` and plots (`hfzoo.study.report`).
+
+Before the runs, the study prepares once what they share: the tokenizer, the pretraining data tokenized and
+packed (`ensure_pretraining_data`, into `datasets`' cache, which every run then loads) and the GLUE subsets.
+After the variants, a "No pretraining" row (`protocol.NO_PRETRAINING`) finetunes the vanilla model from its
+seeded random initialisation, once per seed: the downstream baseline the variants' gains are measured from.
 
 Restarting the same command continues a killed study: finished runs are never repeated (their record
 exists), a finished pretraining stage or GLUE task of an unfinished run is reused, and unfinished stages
 start again from scratch (deterministic: same seed, same result). Several study processes on one output
-folder (`--parallel_runs N` starts N of them; or one per GPU: `CUDA_VISIBLE_DEVICES=i hfzoo-study ...`)
+folder (`--parallel_runs N` starts N of them, `--parallel_runs auto` as many as fit: `resolve_parallel_runs`;
+or one per GPU: `CUDA_VISIBLE_DEVICES=i hfzoo-study ...`)
 share the runs through per-run lock files. `--launcher "accelerate launch --config_file CONFIG"` runs every
 stage in a child process started that way (DDP or DeepSpeed per run; `--num_processes` must then match the
 config).
@@ -65,6 +71,8 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedConfig
 
 from ..data.collators import compute_input_and_target_lengths
 from ..data.glue import get_glue_task
+from ..data.loading import load_raw_datasets
+from ..data.packing import tokenize_and_pack
 from ..finetuning import parse_glue_args
 from ..integrity import file_sha256
 from ..models.flops import count_training_flops
@@ -73,12 +81,15 @@ from ..models.presets import PRESETS, build_config, parse_overrides
 from ..pretraining import parse_pretrain_args, train_tokenizer
 from ..training.arguments import OneLineErrorParser
 from ..training.faults import EXIT_PREEMPTED
-from .protocol import EARLY_FRACTION, SELECTION_KEYS
+from .parallel import ParallelPlan, available_ram_bytes, cpu_cores, estimate_run_bytes, plan_parallel_runs
+from .protocol import BASELINE, EARLY_FRACTION, NO_PRETRAINING, SELECTION_KEYS, study_plan
 
 __all__ = ["EARLY_FRACTION", "StudySettings", "load_settings", "main", "run_study"]
 
 STUDY_FILE = "study.json"
 RECORD_FILE = "result.json"
+#: Wall times of the study's one-time preparation (tokenizer, tokenized data), beside `study.json`.
+PREPARATION_FILE = "preparation.json"
 
 
 @dataclasses.dataclass
@@ -260,10 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--parallel_runs",
-        type=int,
+        type=parallel_runs_value,
         default=1,
         help="study processes this command runs at once on --output_dir (itself and N-1 child processes); "
-        "each takes the runs no other holds. On one GPU, several keep it busy with models this small",
+        "each takes the runs no other holds. On one GPU, several keep it busy with models this small. "
+        "'auto': as many as the GPU's free memory (or, on the CPU, the cores and RAM) allow, each with "
+        "OMP_NUM_THREADS = cores / processes (hfzoo.study.parallel)",
     )
     p.add_argument(
         "--report_only",
@@ -278,6 +291,23 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             g.add_argument(f"--{name}", default=None, help=None)
     return p
+
+
+def parallel_runs_value(text: str) -> int | str:
+    """`--parallel_runs`: a positive integer or `auto`.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else (argparse names the flag).
+    """
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value}")
+    return value
 
 
 def load_settings(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> StudySettings:
@@ -812,9 +842,72 @@ def ensure_tokenizer(settings: StudySettings, output_dir: Path) -> str:
     if not files and settings.dataset_config_name:
         argv += ["--dataset_config_name", settings.dataset_config_name]
     print(f"=== study tokenizer: hfzoo-train-tokenizer {shlex.join(argv)}", flush=True)
+    start = time.perf_counter()
     train_tokenizer(argv)
     os.replace(tmp, folder)
+    record = _read_json(output_dir / PREPARATION_FILE) or {}
+    record["tokenizer_seconds"] = time.perf_counter() - start
+    _write_json(output_dir / PREPARATION_FILE, record)
     return str(folder)
+
+
+def ensure_pretraining_data(settings: StudySettings, output_dir: Path, tokenizer_dir: str, num_processes: int = 1):
+    """Tokenize and pack the pretraining data once per study, before any run, into `datasets`' cache.
+
+    The study's runs all read the same data with the same tokenizer and block size, so they all ask
+    `datasets` for the same maps: this does them once (`tokenize_and_pack`, exactly as the pretraining recipe
+    calls it for the study's arguments), and every run, every other study process on the folder and every
+    rerun then loads the blocks from `datasets`' cache (its fingerprints are those of the data files, the
+    tokenizer and the block size; the cache lives under `HF_DATASETS_CACHE`) instead of tokenizing again.
+    Called under the study lock, so that parallel study processes do not tokenize the same data at once.
+    With `pretrain_args: {streaming: true}` there is nothing to prepare (the stream is read by each run).
+
+    Returns:
+        `{"train_blocks", "validation_blocks", "seconds"}` (wall seconds of this call; a cache hit is fast),
+        or None when streaming.
+    """
+    scratch = Path("/nonexistent-study-check")
+    args = parse_pretrain_args(
+        pretrain_argv(settings, tokenizer_dir, scratch / "config.json", 0, scratch, num_processes)
+    )
+    if args.streaming:
+        return None
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    from ..training.objectives import get_objective
+
+    objective = get_objective(args.objective)
+    _, raw_block_size = objective.build_collator(args, tokenizer, args.block_size)
+    print(f"=== study data: tokenized once into datasets' cache (blocks of {raw_block_size} tokens)", flush=True)
+    raw = load_raw_datasets(
+        train_file=args.train_file,
+        validation_file=args.validation_file,
+        dataset_name=args.dataset_name,
+        dataset_config_name=args.dataset_config_name,
+        text_column_name=args.text_column_name,
+        validation_split_percentage=args.validation_split_percentage,
+        check_files=False,  # check_settings did
+    )
+    packed = tokenize_and_pack(
+        raw,
+        tokenizer,
+        args.text_column_name,
+        raw_block_size,
+        num_proc=args.preprocessing_num_workers,
+        clean=not args.no_clean_text,
+        load_from_cache_file=not args.overwrite_cache,
+        with_labels=objective.labels_in_blocks,
+    )
+    seconds = time.perf_counter() - start
+    prepared = {
+        "train_blocks": len(packed["train"]),
+        "validation_blocks": len(packed["validation"]),
+        "seconds": seconds,
+    }
+    record = _read_json(output_dir / PREPARATION_FILE) or {}
+    record.setdefault("data", prepared)  # the first preparation of the folder (later ones load the cache)
+    _write_json(output_dir / PREPARATION_FILE, record)
+    return prepared
 
 
 def ensure_glue_subsets(settings: StudySettings, output_dir: Path) -> dict[str, Path | None]:
@@ -926,6 +1019,8 @@ def execute_run(
         `init_loss`, `early_loss`, `final_loss`, `eval_losses` (`[step, loss]`), `glue` (per task: `score`
         and `metrics`), `glue_average`, and `timing` (wall-clock figures, which differ between repeats).
     """
+    if variant == NO_PRETRAINING:
+        return _execute_without_pretraining(settings, seed, folder, tokenizer_dir, subsets, launcher, num_processes)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = build_variant_config(settings, variant, _tokenizer_fields(tokenizer))
     folder.mkdir(parents=True, exist_ok=True)
@@ -944,6 +1039,9 @@ def execute_run(
         history = _read_json(pretrain_dir / "train_history.json")
         if results is None or history is None:
             raise RuntimeError(f"pretraining wrote no all_results.json / train_history.json in {pretrain_dir}")
+        # this session's share of the stage: the optimizer steps and the validation passes the loop timed
+        timing["train_step_seconds"] = results.get("train_step_seconds", math.nan)
+        timing["pretrain_eval_seconds"] = results.get("eval_seconds", math.nan)
     early_step = settings.max_train_steps // EARLY_FRACTION
     losses = {int(r["step"]): float(r["eval_loss"]) for r in history["eval_history"]}
     if early_step not in losses:
@@ -952,35 +1050,16 @@ def execute_run(
     throughput = [r["tokens_per_second"] for r in history["log_history"] if "tokens_per_second" in r]
     timing["steps_per_second"] = _median(throughput) / tokens_per_step if throughput else math.nan
     timing["pretrain_train_runtime"] = results["train_runtime"]
-
-    glue: dict[str, Any] = {}
-    glue_seconds = 0.0
-    for task in settings.glue_tasks:
-        task_dir = folder / "glue" / task
-        task_results = _read_json(task_dir / "all_results.json")
-        if task_results is None:
-            shutil.rmtree(task_dir, ignore_errors=True)
-            start = time.perf_counter()
-            run_stage(
-                "hfzoo.finetuning",
-                glue_argv(settings, task, pretrain_dir, subsets[task], seed, task_dir, num_processes),
-                launcher,
-            )
-            glue_seconds += time.perf_counter() - start
-            task_results = _read_json(task_dir / "all_results.json")
-            if task_results is None:
-                raise RuntimeError(f"GLUE {task} wrote no all_results.json in {task_dir}")
-        score, metrics = _glue_task_score(task, task_results)
-        glue[task] = {"score": score, "metrics": metrics, "train_examples": task_results["train_examples"]}
-        timing[f"glue_{task}_train_seconds"] = task_results["train_seconds"]
-    if glue_seconds:
-        timing["glue_seconds"] = glue_seconds
+    glue, glue_seconds = _finetune(settings, folder, pretrain_dir, seed, subsets, launcher, num_processes, timing)
 
     target_length = compute_input_and_target_lengths(
         settings.block_size, settings.noise_density, settings.mean_noise_span_length
     )[1]
     flops = count_training_flops(config, settings.block_size, target_length)
     sequences_per_step = settings.train_batch_tokens // settings.block_size
+    total_flops = flops.total * sequences_per_step * results["train_steps"]
+    step_seconds = results.get("train_step_seconds")  # the pretraining's own (also when the stage was reused)
+    timing["train_tflops"] = total_flops / step_seconds / 1e12 if step_seconds else math.nan
     return {
         "variant": variant,
         "seed": seed,
@@ -988,7 +1067,7 @@ def execute_run(
         "parameters": count_parameters(config),
         "flops_per_token": flops.per_token,
         "flops_per_step": flops.total * sequences_per_step,
-        "total_flops": flops.total * sequences_per_step * results["train_steps"],
+        "total_flops": total_flops,
         "train_steps": results["train_steps"],
         "train_tokens": results["train_tokens_seen"],
         "early_step": early_step,
@@ -1000,6 +1079,136 @@ def execute_run(
         "glue_average": sum(t["score"] for t in glue.values()) / len(glue) if glue else math.nan,
         "timing": timing,
     }
+
+
+def _finetune(
+    settings: StudySettings,
+    folder: Path,
+    model_dir: Path,
+    seed: int,
+    subsets: dict[str, Path | None],
+    launcher: str | None,
+    num_processes: int,
+    timing: dict[str, float],
+) -> tuple[dict[str, Any], float]:
+    """Finetune `model_dir` on every GLUE task (finished tasks reused); `(per-task results, wall seconds)`."""
+    glue: dict[str, Any] = {}
+    glue_seconds = 0.0
+    for task in settings.glue_tasks:
+        task_dir = folder / "glue" / task
+        task_results = _read_json(task_dir / "all_results.json")
+        if task_results is None:
+            shutil.rmtree(task_dir, ignore_errors=True)
+            start = time.perf_counter()
+            run_stage(
+                "hfzoo.finetuning",
+                glue_argv(settings, task, model_dir, subsets[task], seed, task_dir, num_processes),
+                launcher,
+            )
+            glue_seconds += time.perf_counter() - start
+            task_results = _read_json(task_dir / "all_results.json")
+            if task_results is None:
+                raise RuntimeError(f"GLUE {task} wrote no all_results.json in {task_dir}")
+        score, metrics = _glue_task_score(task, task_results)
+        glue[task] = {"score": score, "metrics": metrics, "train_examples": task_results["train_examples"]}
+        timing[f"glue_{task}_train_seconds"] = task_results["train_seconds"]
+    if glue_seconds:
+        timing["glue_seconds"] = glue_seconds
+    return glue, glue_seconds
+
+
+def _execute_without_pretraining(
+    settings: StudySettings,
+    seed: int,
+    folder: Path,
+    tokenizer_dir: str,
+    subsets: dict[str, Path | None],
+    launcher: str | None,
+    num_processes: int,
+) -> dict[str, Any]:
+    """The "No pretraining" row: the vanilla model, randomly initialised with `seed`, finetuned on every task.
+
+    The model is built as the pretraining recipe builds it (`set_seed(seed)`, then `from_config` with the
+    study's attention implementation) and saved untrained to `init/`; the GLUE recipe finetunes it with the
+    variants' budget. The record has no losses (NaN) and no pretraining steps, tokens or FLOPs.
+    """
+    from accelerate.utils import set_seed
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = build_variant_config(settings, BASELINE, _tokenizer_fields(tokenizer))
+    folder.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(folder)
+    timing: dict[str, float] = {}
+    init_dir = folder / "init"
+    if not (init_dir / "config.json").is_file():
+        start = time.perf_counter()
+        tmp = folder / "init.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        set_seed(seed)
+        model = AutoModelForSeq2SeqLM.from_config(config, attn_implementation=settings.attn_implementation)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, init_dir)
+        timing["init_seconds"] = time.perf_counter() - start
+    glue, _ = _finetune(settings, folder, init_dir, seed, subsets, launcher, num_processes, timing)
+    return {
+        "variant": NO_PRETRAINING,
+        "seed": seed,
+        "config_changes": {},
+        "parameters": count_parameters(config),
+        "flops_per_token": 0.0,
+        "flops_per_step": 0.0,
+        "total_flops": 0.0,
+        "train_steps": 0,
+        "train_tokens": 0,
+        "early_step": 0,
+        "init_loss": math.nan,
+        "early_loss": math.nan,
+        "final_loss": math.nan,
+        "eval_losses": [],
+        "glue": glue,
+        "glue_average": sum(t["score"] for t in glue.values()) / len(glue) if glue else math.nan,
+        "timing": timing,
+    }
+
+
+#: Parts of a run's wall time in `timing["seconds"]` (and `timing["fractions"]`), in the order they happen.
+TIME_PARTS = ("train_steps", "pretrain_evaluation", "pretrain_other", "finetuning", "other")
+
+
+def time_breakdown(timing: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Split a run's wall time (`run_seconds`) into its parts, as seconds and as fractions of the whole.
+
+    Parts (`TIME_PARTS`): `train_steps` (the pretraining loop's optimizer steps, `train_step_seconds`),
+    `pretrain_evaluation` (its validation passes), `pretrain_other` (the rest of the pretraining stage:
+    process start under a launcher, data loading, model build, compile, checkpoint and final save),
+    `finetuning` (the GLUE stages: their data, training, evaluation and saves) and `other` (the run's own
+    work: configs, tokenizer, parameter count, the record). Stages reused from an earlier session count zero
+    (their time is not in this session's wall time). The parts sum to `run_seconds` exactly.
+
+    Args:
+        timing: a record's `timing` with `run_seconds` and whichever of `pretrain_seconds`,
+            `train_step_seconds`, `pretrain_eval_seconds`, `glue_seconds` this session measured.
+
+    Returns:
+        `{"seconds": {part: s}, "fractions": {part: s / run_seconds}}`.
+    """
+    total = timing["run_seconds"]
+
+    def get(key: str) -> float:
+        value = timing.get(key, 0.0)
+        return 0.0 if value is None or not math.isfinite(value) else float(value)
+
+    pretrain = get("pretrain_seconds")
+    steps, evaluation = get("train_step_seconds"), get("pretrain_eval_seconds")
+    seconds = {
+        "train_steps": steps,
+        "pretrain_evaluation": evaluation,
+        "pretrain_other": pretrain - steps - evaluation,
+        "finetuning": get("glue_seconds"),
+        "other": total - pretrain - get("glue_seconds"),
+    }
+    return {"seconds": seconds, "fractions": {k: v / total if total > 0 else math.nan for k, v in seconds.items()}}
 
 
 def _row_changes(settings: StudySettings, variant: str, tokenizer) -> dict[str, Any]:
@@ -1017,7 +1226,7 @@ def run_study(
     launcher: str | None = None,
     num_processes: int = 1,
     report_only: bool = False,
-    parallel_runs: int = 1,
+    parallel_runs: int | str = 1,
     child_argv: list[str] | None = None,
 ) -> list[dict]:
     """Run (or continue) a study and write its report; see the module docstring.
@@ -1030,8 +1239,10 @@ def run_study(
         num_processes: processes per run started by `launcher`.
         report_only: only rewrite the report from finished runs.
         parallel_runs: study processes working on `output_dir` at once: this one and `parallel_runs - 1`
-            children (`python -m hfzoo.study` + `child_argv`), started once the tokenizer and the
-            GLUE subsets exist; the final report is written after all of them have ended.
+            children (`python -m hfzoo.study` + `child_argv`), started once the tokenizer, the tokenized
+            data and the GLUE subsets exist; the final report is written after all of them have ended.
+            "auto": sized by `resolve_parallel_runs` (free device memory, cores), which also sets
+            `OMP_NUM_THREADS` for every process.
         child_argv: the children's arguments (required when `parallel_runs > 1`).
 
     Returns:
@@ -1043,14 +1254,15 @@ def run_study(
         StudyInterrupted: a stage was stopped by SIGTERM/SIGINT; no further run is started.
     """
     output_dir = Path(output_dir)
-    if parallel_runs < 1:
-        raise ValueError(f"--parallel_runs must be positive, got {parallel_runs}")
-    if parallel_runs > 1 and child_argv is None:
+    if parallel_runs != "auto" and (isinstance(parallel_runs, bool) or not isinstance(parallel_runs, int)
+                                    or parallel_runs < 1):  # fmt: skip
+        raise ValueError(f"--parallel_runs must be positive (or 'auto'), got {parallel_runs}")
+    if parallel_runs != 1 and child_argv is None:
         raise ValueError("parallel_runs > 1 needs child_argv (the arguments of the other study processes)")
     given, settings = settings, resolve_paths(settings)  # study.json keeps the paths as given; the runs get these
-    check_settings(settings, num_processes)
+    checked = check_settings(settings, num_processes)
     output_dir.mkdir(parents=True, exist_ok=True)
-    plan = [(variant, seed) for variant in settings.variants for seed in settings.seeds]
+    plan = study_plan(settings)
     if report_only:
         if _read_json(output_dir / STUDY_FILE) is None:
             raise ValueError(f"--output_dir {output_dir}: no study to report on ({STUDY_FILE} missing)")
@@ -1059,7 +1271,15 @@ def run_study(
     with _lock(output_dir / ".study.lock", blocking=True):
         prepare_output_dir(output_dir, given, overwrite)
         tokenizer_dir = ensure_tokenizer(settings, output_dir)
+        ensure_pretraining_data(settings, output_dir, tokenizer_dir, num_processes)
         subsets = ensure_glue_subsets(settings, output_dir)
+    if parallel_runs == "auto":
+        left = sum(1 for v, s in plan if _read_json(run_dir(output_dir, v, s) / RECORD_FILE) is None)
+        sized = resolve_parallel_runs(settings, num_processes, checked["tokenizer_fields"], runs=left)
+        print(f"=== --parallel_runs auto: {sized.reason}", flush=True)
+        parallel_runs = sized.processes
+        os.environ["OMP_NUM_THREADS"] = str(sized.threads)  # the child study processes inherit it
+        torch.set_num_threads(sized.threads)
     helpers = [_start_study_process(child_argv) for _ in range(parallel_runs - 1)] if parallel_runs > 1 else []
     try:
         failed = _run_plan(settings, output_dir, plan, tokenizer_dir, subsets, launcher, num_processes)
@@ -1081,6 +1301,49 @@ def run_study(
     if failed:
         raise RuntimeError(f"{len(failed)} run(s) failed: " + " | ".join(failed))
     return records
+
+
+def resolve_parallel_runs(
+    settings: StudySettings, num_processes: int, tokenizer_fields: dict[str, Any], runs: int | None = None
+) -> ParallelPlan:
+    """`--parallel_runs auto` on this machine: `hfzoo.study.parallel.plan_parallel_runs` for the study's largest model.
+
+    The per-run peak memory is estimated (`estimate_run_bytes`: the largest variant's parameters, the
+    per-device batch, the input and target lengths), not measured; the free memory is the GPU's
+    (`torch.cuda.mem_get_info`) when CUDA is available, else the available RAM; the cores are this process's.
+
+    Args:
+        settings: the study settings (paths resolved).
+        num_processes: processes per run (`--num_processes`; the per-device batch is divided by it).
+        tokenizer_fields: `vocab_size` and special token ids (`check_settings`' planned ones).
+        runs: runs left to do (caps the processes), or None.
+
+    Returns:
+        The plan.
+    """
+    target_length = compute_input_and_target_lengths(
+        settings.block_size, settings.noise_density, settings.mean_noise_span_length
+    )[1]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    per_run = 0
+    for variant in settings.variants or [BASELINE]:
+        config = build_variant_config(settings, variant, tokenizer_fields)
+        per_run = max(per_run, estimate_run_bytes(
+            count_parameters(config),
+            batch_size=sequences_per_device(settings, num_processes),
+            input_length=settings.block_size,
+            target_length=target_length,
+            hidden_size=config.hidden_size,
+            num_heads=config.num_attention_heads,
+            encoder_layers=config.num_hidden_layers,
+            decoder_layers=getattr(config, "num_decoder_layers", None) or config.num_hidden_layers,
+            vocab_size=config.vocab_size,
+            half_precision=settings.mixed_precision in ("bf16", "fp16"),
+            device=device,
+        ))  # fmt: skip
+    free = torch.cuda.mem_get_info()[0] if device == "cuda" else available_ram_bytes()
+    return plan_parallel_runs(device=device, per_run_bytes=per_run, free_memory_bytes=free, cpu_cores=cpu_cores(),
+                              runs=runs)  # fmt: skip
 
 
 def _start_study_process(argv: list[str]) -> subprocess.Popen:
@@ -1137,6 +1400,7 @@ def _run_plan(
                 )
                 continue
             record["timing"]["run_seconds"] = time.perf_counter() - start
+            record["timing"].update(time_breakdown(record["timing"]))
             _write_json(folder / RECORD_FILE, record)
             (folder / "error.txt").unlink(missing_ok=True)
         _write_report_locked(output_dir, settings, plan)

@@ -29,6 +29,7 @@ from hfzoo.data.glue import GLUE_TASKS
 from hfzoo.data.loading import clean_text
 from hfzoo.integrity import file_sha256
 from hfzoo.models.narang import TABLE_1_ROWS
+from hfzoo.study.protocol import NO_PRETRAINING
 from hfzoo.study.report import GLU_VARIANTS, spearman_with_interval
 from hfzoo.study.runner import load_settings, main, prepare_output_dir, run_dir
 from hfzoo.tokenization import train_bpe_tokenizer
@@ -36,6 +37,8 @@ from hfzoo.tokenization import train_bpe_tokenizer
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STUDY = REPO_ROOT / "recipes" / "studies" / "narang_small.yaml"
 VARIANTS = ["Vanilla Transformer", "SwiGLU"]
+#: The runs of the tiny study: every variant and seed, then the "No pretraining" row once per seed.
+PLANNED = [(v, s) for v in VARIANTS for s in (0, 1)] + [(NO_PRETRAINING, s) for s in (0, 1)]
 DELETE = object()  # a `tiny_study` change that removes the key
 PAPER_ROWS = """Model\tParams\tOps\tStep/s\tEarly loss\tFinal loss\tSGLUE\tXSum\tWebQ\tWMT EnDe
 Vanilla Transformer\t223M\t11.1T\t3.50\t2.182 ± 0.005\t1.838\t70.97\t17.78\t23.02\t26.62
@@ -108,6 +111,7 @@ def tiny_study(inputs: dict[str, str], path: Path, **changes) -> Path:
 def without_timing(results: dict) -> dict:
     """`results.json` without the wall-clock figures (which differ between two runs of the same study)."""
     results = copy.deepcopy(results)
+    results.pop("timing", None)
     for record in results["runs"]:
         record.pop("timing")
     for summary in results["summary"].values():
@@ -138,7 +142,7 @@ def uninterrupted(inputs, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("study_a")
     study = tiny_study(inputs, root / "study.yaml")
     records = main(["--study", str(study), "--output_dir", str(root / "out")])
-    assert [(r["variant"], r["seed"]) for r in records] == [(v, s) for v in VARIANTS for s in (0, 1)]
+    assert [(r["variant"], r["seed"]) for r in records] == PLANNED
     return root / "out"
 
 
@@ -174,8 +178,8 @@ def test_killed_study_restarts_and_finishes_with_the_same_results(signal_name, i
 
 def test_outputs_of_a_study(uninterrupted):
     results = read_results(uninterrupted)
-    assert results["unfinished"] == [] and len(results["runs"]) == 4
-    for record in results["runs"]:
+    assert results["unfinished"] == [] and len(results["runs"]) == 6
+    for record in results["runs"][:4]:
         folder = run_dir(uninterrupted, record["variant"], record["seed"])
         for name in (
             "config.json",
@@ -287,8 +291,8 @@ def test_parallel_runs_share_the_study_and_give_the_same_results(inputs, uninter
     """`--parallel_runs 2`: this process and a child split the runs, each run once, same results."""
     study = tiny_study(inputs, tmp_path / "study.yaml")
     main(["--study", str(study), "--output_dir", str(tmp_path / "out"), "--parallel_runs", "2"])
-    started = re.findall(r"=== run \d+/4: (.+), seed (\d) \(.*, study process (\d+)\)", capfd.readouterr().out)
-    assert sorted((v, int(s)) for v, s, _ in started) == sorted((v, s) for v in VARIANTS for s in (0, 1))
+    started = re.findall(r"=== run \d+/6: (.+), seed (\d) \(.*, study process (\d+)\)", capfd.readouterr().out)
+    assert sorted((v, int(s)) for v, s, _ in started) == sorted(PLANNED)
     assert len({pid for _, _, pid in started}) == 2  # both processes ran some of the runs
     assert without_timing(read_results(tmp_path / "out")) == without_timing(read_results(uninterrupted))
 
@@ -327,7 +331,6 @@ def expect_refusal(argv: list[str], capsys) -> str:
         ({"train_batch_tokens": 100}, [], "train_batch_tokens=100 is not a multiple of block_size"),
         ({"glue_args": {"lora_dropout": 2}}, [], "the GLUE arguments are refused"),
         ({"lr_scheduler_type": "sometimes"}, [], "the pretraining arguments are refused"),
-        ({}, ["--parallel_runs", "0"], "--parallel_runs must be positive, got 0"),
     ],
     ids=[
         "unknown-variant",
@@ -345,7 +348,6 @@ def expect_refusal(argv: list[str], capsys) -> str:
         "batch-arithmetic",
         "bad-glue-args",
         "bad-pretrain-args",
-        "zero-parallel-runs",
     ],
 )
 def test_bad_input_is_refused_before_anything_is_trained(changes, flags, expected, inputs, tmp_path, capsys):
@@ -565,3 +567,195 @@ def test_eval_seed_fixes_the_validation_corruption(inputs, tmp_path):
     default = init_loss("--seed", "3")
     assert init_loss("--seed", "3", "--eval_seed", "3") == default  # default: --seed
     assert init_loss("--seed", "3", "--eval_seed", "4") != default  # other corruption of the same blocks
+
+
+# ------------------------------------------------------------------ busy machine: data once, time, baselines
+
+
+def test_the_data_is_tokenized_once_per_study(inputs, tmp_path, monkeypatch):
+    """The study tokenizes and packs the books once, before its runs; no run, later process or rerun tokenizes."""
+    from transformers import PreTrainedTokenizerBase
+
+    from hfzoo.study import runner
+
+    relative = copy_inputs(inputs, tmp_path)  # a fresh path: nothing of it is in datasets' cache yet
+    study = tiny_study(
+        {k: str(tmp_path / v) for k, v in relative.items()},
+        tmp_path / "study.yaml",
+        variants=["Vanilla Transformer"],
+        glue_tasks=["rte"],
+    )
+    calls, per_stage = [], []
+    original_call, original_stage = PreTrainedTokenizerBase.__call__, runner.run_stage
+
+    def counting_call(self, *args, **kwargs):
+        if kwargs.get("return_attention_mask") is False:  # the packing's tokenize_function (GLUE keeps masks)
+            calls.append(1)
+        return original_call(self, *args, **kwargs)
+
+    def counting_stage(module, argv, launcher):
+        before = len(calls)
+        original_stage(module, argv, launcher)
+        per_stage.append((module, len(calls) - before))
+
+    monkeypatch.setattr(PreTrainedTokenizerBase, "__call__", counting_call)
+    monkeypatch.setattr(runner, "run_stage", counting_stage)
+    out = tmp_path / "out"
+    main(["--study", str(study), "--output_dir", str(out)])
+    prepared = len(calls)
+    assert prepared > 0  # the study's preparation tokenized the data ...
+    pretraining = [n for module, n in per_stage if module == "hfzoo.pretraining"]
+    assert pretraining == [0, 0]  # ... and both runs' pretraining loaded it from the cache
+    preparation = json.loads((out / "preparation.json").read_text())["data"]
+    assert preparation["train_blocks"] > 0 and preparation["validation_blocks"] > 0
+
+    # a later study process on the folder (another seed), and a rerun of the finished study: no tokenization
+    main(["--study", str(study), "--output_dir", str(out), "--seeds", "2"])
+    main(["--study", str(study), "--output_dir", str(out)])
+    assert len(calls) == prepared
+    assert [module for module, _ in per_stage].count("hfzoo.pretraining") == 3
+
+
+def test_time_accounting_of_runs_and_study(uninterrupted):
+    """Each run's wall time splits into parts that sum to it; training time is the loop's summed step times."""
+    results = read_results(uninterrupted)
+    parts = ("train_steps", "pretrain_evaluation", "pretrain_other", "finetuning", "other")
+    for record in results["runs"]:
+        timing = record["timing"]
+        assert set(timing["seconds"]) == set(parts)
+        assert sum(timing["seconds"].values()) == pytest.approx(timing["run_seconds"], rel=1e-9)
+        assert all(0.0 <= f <= 1.0 for f in timing["fractions"].values()), timing["fractions"]
+        assert sum(timing["fractions"].values()) == pytest.approx(1.0)
+        assert timing["seconds"]["finetuning"] > 0
+        if record["variant"] == NO_PRETRAINING:
+            assert timing["seconds"]["train_steps"] == 0 and "train_tflops" not in timing
+            continue
+        history = json.loads(
+            (run_dir(uninterrupted, record["variant"], record["seed"]) / "pretrain" / "train_history.json").read_text()
+        )
+        measured = sum(r["step_seconds"] for r in history["log_history"])
+        assert timing["seconds"]["train_steps"] > 0
+        assert timing["seconds"]["train_steps"] == pytest.approx(measured, rel=0.02, abs=0.05)
+        assert timing["seconds"]["pretrain_evaluation"] > 0
+        assert timing["train_tflops"] == pytest.approx(record["total_flops"] / timing["train_step_seconds"] / 1e12)
+    study = results["timing"]["study"]
+    assert study["run_seconds"] == pytest.approx(sum(r["timing"]["run_seconds"] for r in results["runs"]))
+    for part in parts:
+        assert study["seconds"][part] == pytest.approx(sum(r["timing"]["seconds"][part] for r in results["runs"]))
+    assert sum(study["fractions"].values()) == pytest.approx(1.0)
+    pretrained = [r for r in results["runs"] if r["variant"] != NO_PRETRAINING]
+    assert study["train_tflops"] == pytest.approx(
+        sum(r["total_flops"] for r in pretrained) / sum(r["timing"]["train_step_seconds"] for r in pretrained) / 1e12
+    )
+    report = (uninterrupted / "results.md").read_text()
+    section = report[report.index("## Where the time went") :]
+    rows = parse_markdown_table(section)
+    assert [r["Run"] for r in rows] == [v for v, _ in PLANNED] + ["All runs"]
+    assert rows[-1]["training steps"] == f"{100 * study['fractions']['train_steps']:.1f}%"
+
+
+def test_the_no_pretraining_row(uninterrupted):
+    """The vanilla model finetuned from its seeded random initialisation: in the results and the downstream table,
+    with every variant's gain over it, and outside the loss comparison with the paper."""
+    import torch
+    from accelerate.utils import set_seed
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    results = read_results(uninterrupted)
+    rows = [r for r in results["runs"] if r["variant"] == NO_PRETRAINING]
+    assert [r["seed"] for r in rows] == [0, 1]
+    for record in rows:
+        folder = run_dir(uninterrupted, NO_PRETRAINING, record["seed"])
+        assert record["train_steps"] == 0 and record["total_flops"] == 0 and math.isnan(record["final_loss"])
+        assert not (folder / "pretrain").exists() and set(record["glue"]) == {"sst2", "rte"}
+        # never trained: its weights are those the seed initialises, not the vanilla run's pretrained ones
+        config = AutoConfig.from_pretrained(folder / "init")
+        set_seed(record["seed"])
+        fresh = AutoModelForSeq2SeqLM.from_config(config, attn_implementation="eager").state_dict()
+        saved = load_file(folder / "init" / "model.safetensors")
+        assert saved and all(torch.equal(saved[k], fresh[k]) for k in saved)
+        pretrained = load_file(run_dir(uninterrupted, VARIANTS[0], record["seed"]) / "pretrain" / "model.safetensors")
+        assert any(not torch.equal(saved[k], pretrained[k]) for k in saved)
+        argv = json.loads((folder / "glue" / "rte" / "all_results.json").read_text())
+        assert argv["train_examples"] == 12
+    assert NO_PRETRAINING not in results["summary"]
+    downstream = results["downstream"]
+    base = statistics_mean([r["glue_average"] for r in rows])
+    assert downstream["no_pretraining"]["glue_average"] == pytest.approx(base)
+    for variant in VARIANTS:
+        gain = downstream["gains"][variant]["glue_average"]
+        assert gain == pytest.approx(results["summary"][variant]["glue_average"] - base)
+    report = (uninterrupted / "results.md").read_text()
+    table = parse_markdown_table(report[report.index("## Downstream: gain over no pretraining") :])
+    assert [r["Model"] for r in table] == [NO_PRETRAINING, *VARIANTS]
+    assert table[2]["gain"] == f"{downstream['gains']['SwiGLU']['glue_average']:+.1f}"
+    main_table = parse_markdown_table(report)
+    assert NO_PRETRAINING not in [r["Model"] for r in main_table]
+
+
+def statistics_mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def test_parallel_runs_auto_sizing():
+    """`auto` sizes from free memory, the per-run estimate and the cores (numbers injected: no GPU here)."""
+    from hfzoo.study.parallel import CUDA_PROCESS_BYTES, estimate_run_bytes, plan_parallel_runs
+
+    gib = 2**30
+    # one H100 with 80 GiB free, 16 cores: memory allows 57 runs of 1.25 GiB; the cores cap it at 16
+    plan = plan_parallel_runs(device="cuda", per_run_bytes=int(1.25 * gib), free_memory_bytes=80 * gib, cpu_cores=16)
+    assert (plan.processes, plan.threads) == (16, 1) and "CPU cores" in plan.reason
+    # 10 GiB free: floor(0.9 x 10 / 1.25) = 7 processes, 16 // 7 = 2 threads each
+    plan = plan_parallel_runs(device="cuda", per_run_bytes=int(1.25 * gib), free_memory_bytes=10 * gib, cpu_cores=16)
+    assert (plan.processes, plan.threads) == (7, 2) and "memory" in plan.reason
+    # CPU: one single-threaded process per core while the RAM allows, at least one
+    plan = plan_parallel_runs(device="cpu", per_run_bytes=gib, free_memory_bytes=64 * gib, cpu_cores=2)
+    assert (plan.processes, plan.threads) == (2, 1)
+    assert plan_parallel_runs(device="cpu", per_run_bytes=2 * gib, free_memory_bytes=gib, cpu_cores=8).processes == 1
+    plan = plan_parallel_runs(device="cpu", per_run_bytes=gib, free_memory_bytes=64 * gib, cpu_cores=8, runs=3)
+    assert (plan.processes, plan.threads) == (3, 2) and "runs left" in plan.reason  # no more processes than runs
+    with pytest.raises(ValueError, match="per_run_bytes and cpu_cores must be positive"):
+        plan_parallel_runs(device="cpu", per_run_bytes=0, free_memory_bytes=gib, cpu_cores=2)
+    # the estimate: Korthikanti et al.'s s b h (34 + 5 a s / h) bytes per 16-bit layer, 16 bytes per parameter,
+    # 3 fp32 copies of the logits, and the fixed per-process cost
+    b, s_in, s_out, h, a, v = 16, 128, 30, 128, 2, 4096
+    layers = 4 * s_in * b * h * (34 + 5 * a * s_in / h) + 4 * s_out * b * h * (34 + 5 * a * s_out / h)
+    expected = CUDA_PROCESS_BYTES + 16 * 2_370_000 + layers + 12 * b * s_out * v
+    kwargs = dict(batch_size=b, input_length=s_in, target_length=s_out, hidden_size=h, num_heads=a, encoder_layers=4,
+                  decoder_layers=4, vocab_size=v, device="cuda")  # fmt: skip
+    assert estimate_run_bytes(2_370_000, half_precision=True, **kwargs) == int(expected)
+    assert estimate_run_bytes(2_370_000, half_precision=False, **kwargs) == int(expected + layers)
+
+
+def test_parallel_runs_auto_resolves_here_and_bad_values_are_refused(inputs, tmp_path, capsys):
+    from hfzoo.study.parallel import cpu_cores
+    from hfzoo.study.runner import check_settings, resolve_parallel_runs, resolve_paths
+
+    settings = resolve_paths(load_settings(tiny_study(inputs, tmp_path / "study.yaml")))
+    plan = resolve_parallel_runs(settings, 1, check_settings(settings)["tokenizer_fields"])
+    assert plan.device == "cpu" and 1 <= plan.processes <= cpu_cores() and plan.threads >= 1
+    assert plan.processes * plan.threads <= cpu_cores()
+    study = str(tmp_path / "study.yaml")
+    for value in ("0", "many", "-2"):
+        with pytest.raises(SystemExit) as exc:
+            main(["--study", study, "--output_dir", str(tmp_path / "out"), "--parallel_runs", value])
+        assert exc.value.code == 2
+        message = capsys.readouterr().err.strip()
+        assert "\n" not in message and "argument --parallel_runs: expected a positive integer or 'auto'" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_gpu_study_file_has_the_default_protocol_and_rows(data_dir, monkeypatch):
+    """`narang_gpu.yaml`: the default study's rows, seeds, data, objective and finetuning; only the scale differs."""
+    from hfzoo.study.runner import check_settings
+
+    monkeypatch.chdir(REPO_ROOT)
+    small, gpu = load_settings(DEFAULT_STUDY), load_settings(REPO_ROOT / "recipes" / "studies" / "narang_gpu.yaml")
+    scale = {"config_overrides", "train_batch_tokens", "max_train_steps", "learning_rate", "num_warmup_steps"}
+    differ = {k for k in vars(small) if getattr(small, k) != getattr(gpu, k)}
+    assert differ == scale, differ
+    assert gpu.max_train_steps % 8 == 0 and gpu.num_warmup_steps < gpu.max_train_steps
+    if not Path(gpu.paper_table).is_file():
+        pytest.skip(f"reference table not found at {gpu.paper_table}")
+    check_settings(gpu)  # every row scales to the wider base; the data, GLUE and paper files exist
