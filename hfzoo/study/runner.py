@@ -990,8 +990,14 @@ def count_parameters(config: PreTrainedConfig) -> int:
 
 
 def _glue_task_score(task: str, results: dict[str, Any]) -> tuple[float, dict[str, float]]:
-    """A task's score as GLUE reports it: the mean of its official metrics, x 100."""
+    """A task's score as GLUE reports it: the mean of its official metrics, x 100.
+
+    A constant prediction (common for a model finetuned from random initialization) has no correlation with
+    the labels: scipy's Pearson and Spearman correlations are then undefined (NaN), and the score counts them
+    as 0, as scikit-learn's `matthews_corrcoef` (CoLA) does for a constant prediction.
+    """
     metrics = {m: float(results[f"eval_{m}"]) for m in get_glue_task(task).metrics}
+    metrics = {m: 0.0 if math.isnan(v) and m in ("pearson", "spearmanr") else v for m, v in metrics.items()}
     return 100.0 * sum(metrics.values()) / len(metrics), metrics
 
 

@@ -759,3 +759,19 @@ def test_the_gpu_study_file_has_the_default_protocol_and_rows(data_dir, monkeypa
     if not Path(gpu.paper_table).is_file():
         pytest.skip(f"reference table not found at {gpu.paper_table}")
     check_settings(gpu)  # every row scales to the wider base; the data, GLUE and paper files exist
+
+
+def test_a_constant_prediction_scores_zero_correlation_not_nan():
+    """STS-B's Pearson/Spearman of a constant prediction is NaN in scipy; the task score counts it as 0."""
+    from hfzoo.metrics import load_glue_metric
+    from hfzoo.study.runner import _glue_task_score
+
+    metric = load_glue_metric("stsb")
+    with np.errstate(all="ignore"), pytest.warns(stats.ConstantInputWarning):
+        constant = metric.compute(predictions=[2.5] * 8, references=[0.0, 1, 2, 3, 4, 5, 1.5, 2.5])
+    assert math.isnan(constant["pearson"])
+    score, metrics = _glue_task_score("stsb", {f"eval_{k}": v for k, v in constant.items()})
+    assert score == 0.0 and metrics == {"pearson": 0.0, "spearmanr": 0.0}
+    varied = metric.compute(predictions=[0.1, 1, 2.2, 3, 3.9, 5, 1.4, 2.4], references=[0.0, 1, 2, 3, 4, 5, 1.5, 2.5])
+    score, _ = _glue_task_score("stsb", {f"eval_{k}": v for k, v in varied.items()})
+    assert score == pytest.approx(50 * (varied["pearson"] + varied["spearmanr"])) and score > 90
