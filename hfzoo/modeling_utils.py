@@ -136,10 +136,10 @@ def forward_contract(forward: Callable) -> Callable:
 def layer_wrap_classes(model: nn.Module) -> list[str]:
     """The names of the layer classes (`LAYER_TYPES`) among `model`'s modules: its units for FSDP2 and `device_map`.
 
-    Each layer is a unit of FSDP2's transformer auto-wrapping (Zhao et al. 2023, "PyTorch FSDP", §3.2.1):
-    its parameters are gathered for its forward and backward and freed after. The Evolved Transformer's
-    cells (`EvolvedTransformerLayer`) and the funnel's up-sampling layers (`HfzooLayer`) may sit in one model,
-    so every layer class present is named. Layers that share parameters (block sharing, the Universal
+    Each layer is a unit of FSDP2's transformer auto-wrapping (Zhao et al. 2023, "PyTorch FSDP", arXiv:2304.11277):
+    its parameters are gathered for its forward and backward and freed after. Only the classes present are
+    named (`HfzooLayer`, or the Evolved Transformer's `EvolvedTransformerLayer`), since accelerate refuses a
+    name no module has. Layers that share parameters (block sharing, the Universal
     Transformer's steps: ties made by `tie_weights`) cannot be separate units, since one parameter would be
     sharded twice (the stacks' `layer_sources` or shared parameter objects tell): then the list is
     empty and the model is sharded as one unit.
@@ -232,8 +232,10 @@ class HfzooPreTrainedModel(PreTrainedModel):
         class named in `_no_split_modules` as one unit and refuses a name that no module of the model has, so the
         list names the layer classes this model holds rather than every layer type.
         """
-        self._no_split_modules = layer_wrap_classes(self)
+        units = layer_wrap_classes(self)
+        self._no_split_modules = units
         super().post_init()
+        self._no_split_modules = set(units)  # not the union with the submodels' (a stack of untied layers)
 
     def __init_subclass__(cls, **kwargs):
         """Give the `forward` a subclass defines the keyword contract of every hfzoo model (`forward_contract`)."""
