@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration, FullyShardedDataParallelPlugin, PartialState
 from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
+from torch.distributed.fsdp import CPUOffloadPolicy
 
 from . import faults
 from .runtime import disable_cudnn_sdpa, tune_glibc_malloc
@@ -92,13 +93,19 @@ def _enable_fsdp_on_cpu(accelerator: Accelerator) -> None:
     (as accelerate builds it on a GPU). Only FSDP2 (`fsdp_version: 2`) is supported there.
 
     Raises:
-        ValueError: the accelerate config asks for FSDP1 (`fsdp_version: 1`).
+        ValueError: the accelerate config asks for FSDP1 (`fsdp_version: 1`) or for offloading
+            (`fsdp_offload_params: true`, which needs a GPU to offload from).
     """
     plugin = FullyShardedDataParallelPlugin()
     if plugin.fsdp_version != 2:
         raise ValueError(
             f"fsdp_version {plugin.fsdp_version} on a machine without a GPU: only FSDP2 runs on CPU "
             "(use accelerate_configs/fsdp2.yaml)"
+        )
+    if isinstance(plugin.cpu_offload, CPUOffloadPolicy):
+        raise ValueError(
+            "fsdp_offload_params: true needs a GPU (without one the parameters are already in CPU memory); "
+            "use accelerate_configs/fsdp2.yaml"
         )
     if accelerator.mixed_precision != "no":
         plugin.set_mixed_precision(accelerator.mixed_precision)

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from hfzoo.pretraining.consolidate import consolidate_checkpoint
 from hfzoo.pretraining.loop import main
+from hfzoo.training.accelerator import _enable_fsdp_on_cpu
 from hfzoo.training.checkpointing import TRAINING_STATE, UNIVERSAL_DIR, _check_resume_topology, write_manifest
 
 HALF = STEPS // 2
@@ -173,3 +174,20 @@ def test_a_deepspeed_checkpoint_in_a_ddp_run_is_refused_before_training(
     assert "written by 2 process(es) with DeepSpeed ZeRO-2, global batch 8; this run has 1 process(es) with " in message
     assert "cannot change its engine" in message and "\n" not in message
     assert not (tmp_path / "b" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [({"FSDP_VERSION": "2", "FSDP_OFFLOAD_PARAMS": "true"}, "fsdp_offload_params: true needs a GPU"),
+     ({"FSDP_VERSION": "1"}, "fsdp_version 1 on a machine without a GPU: only FSDP2 runs on CPU")],
+    ids=["offload", "fsdp1"],
+)  # fmt: skip
+def test_fsdp_settings_that_cannot_run_on_a_cpu_are_refused(env, expected, monkeypatch):
+    for name, value in {
+        "ACCELERATE_USE_FSDP": "true",
+        "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
+        **env,
+    }.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=expected):
+        _enable_fsdp_on_cpu(SimpleNamespace(mixed_precision="no"))
