@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedType
 from safetensors import SafetensorError
@@ -39,7 +40,6 @@ from .faults import (
 )
 
 if TYPE_CHECKING:
-    import torch
     from accelerate import Accelerator
 
 logger = logging.getLogger(__name__)
@@ -443,6 +443,26 @@ def _to_universal(resume_path: Path, target: Path) -> None:
     ds_to_universal.main(convert)
 
 
+def _unshare_step_counts(accelerator: Accelerator) -> None:
+    """Give each optimizer state its own `step` tensor after a DeepSpeed universal load.
+
+    ZeRO-3's universal load stores one `step` tensor in the state of every parameter group; AdamW increments
+    its group's `step` in place, so a shared tensor would count each optimizer step once per group (and skew
+    the bias correction, Kingma & Ba 2015, Algorithm 1).
+    """
+    for wrapped in accelerator._optimizers:
+        optimizer = wrapped
+        while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
+            optimizer = optimizer.optimizer  # accelerate's wrapper -> DeepSpeed's ZeRO optimizer -> torch's
+        seen: set[int] = set()
+        for state in getattr(optimizer, "state", {}).values():
+            step = state.get("step") if isinstance(state, dict) else None
+            if isinstance(step, torch.Tensor):
+                if id(step) in seen:
+                    state["step"] = step.clone()
+                seen.add(id(step))
+
+
 def _rescale_schedulers(accelerator: Accelerator, saved_processes: int) -> None:
     """Map the schedulers' step counts from the checkpoint's world to this one.
 
@@ -606,6 +626,8 @@ def load_checkpoint(
         accelerator.load_state(str(source))
         for group, kept in zip(groups, hyperparameters, strict=True):
             group.update(kept)
+        if universal:
+            _unshare_step_counts(accelerator)
         if resharded:
             _rescale_schedulers(accelerator, saved_processes)
             logger.info(f"resharded {path} from {saved_processes} to {accelerator.num_processes} process(es)")

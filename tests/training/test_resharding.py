@@ -98,10 +98,12 @@ def test_resume_on_another_number_of_processes_continues_the_uninterrupted_run(
     assert not (tmp_path / "run" / UNIVERSAL_DIR).exists()  # the converted DeepSpeed checkpoint is removed
     got, want = losses(tmp_path / "run"), losses(reference)
     assert sorted(got) == list(range(HALF + 1, STEPS + 1))  # the step and with it the data position
-    for step in got:  # the first step checks weights, data and learning rate; the later ones the optimizer state
-        assert got[step] == pytest.approx(want[step], rel=1e-3), f"step {step}"
+    # The first step checks weights, data and learning rate; the later ones the optimizer state. 1e-5: a ZeRO-3
+    # universal load whose parameter groups shared one Adam step counter drifted by 2e-4 within 8 steps.
+    for step in got:
+        assert got[step] == pytest.approx(want[step], rel=1e-5), f"step {step}"
     final = [json.loads((d / "all_results.json").read_text())["eval_loss"] for d in (tmp_path / "run", reference)]
-    assert final[0] == pytest.approx(final[1], rel=1e-3)
+    assert final[0] == pytest.approx(final[1], rel=1e-5)
 
 
 def _checkpoint(tmp_path: Path, **state) -> Path:
