@@ -13,6 +13,7 @@ import pytest
 import torch
 from accelerate.utils import DistributedType
 from helpers.launch import GLOBAL_BATCH, STEPS, check_two_processes, launch, recipe_args
+from helpers.pretraining import TINY_OVERRIDES
 from transformers import AutoModelForCausalLM
 
 from hfzoo.pretraining.consolidate import consolidate_checkpoint
@@ -79,6 +80,26 @@ def test_fsdp2_two_processes_match_single_process_and_save_a_loadable_model(
     results = main([*argv, "--model_name_or_path", str(out)])
     engine_loss = json.loads((out / "all_results.json").read_text())["eval_loss"]
     assert results["init_eval_loss"] == pytest.approx(engine_loss, rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("variant", ["layer_type=evolved_transformer", "layer_stack=universal,num_recurrent_steps=2"],
+                         ids=["evolved-layers", "universal-one-unit"])  # fmt: skip
+def test_fsdp2_variants_match_single_process(variant, tmp_path, small_jsonl_xz, tokenizer_dir):
+    """The Evolved Transformer's cells as units, and a Universal Transformer (tied steps) as one unit."""
+
+    def argv(output_dir, per_device):
+        args = recipe_args(small_jsonl_xz, tokenizer_dir, output_dir, per_device, "--max_train_steps", "6")
+        args[args.index(TINY_OVERRIDES)] = f"{TINY_OVERRIDES},{variant}"
+        return args
+
+    check_two_processes(launch("fsdp2.yaml", argv("sharded", GLOBAL_BATCH // 2), tmp_path), "FSDP")
+    main(argv(tmp_path / "single", GLOBAL_BATCH))
+    got, want = losses(tmp_path / "sharded"), losses(tmp_path / "single")
+    assert sorted(got) == sorted(want) == list(range(1, 7))
+    for step in want:
+        assert got[step] == pytest.approx(want[step], rel=1e-5), f"step {step}"
 
 
 @pytest.mark.slow
