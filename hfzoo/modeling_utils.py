@@ -134,6 +134,41 @@ def forward_contract(forward: Callable) -> Callable:
     return accept_legacy_cache_name(forward) if "cache" in parameters else forward
 
 
+def layer_wrap_classes(model: nn.Module) -> list[str]:
+    """The names of the layer classes (`LAYER_TYPES`) among `model`'s modules: its units for FSDP2 and `device_map`.
+
+    Each layer is a unit of FSDP2's transformer auto-wrapping (Zhao et al. 2023, "PyTorch FSDP", arXiv:2304.11277):
+    its parameters are gathered for its forward and backward and freed after. Only the classes present are
+    named (`HfzooLayer`, or the Evolved Transformer's `EvolvedTransformerLayer`), since accelerate refuses a
+    name no module has. Layers that share parameters (block sharing, the Universal
+    Transformer's steps: ties made by `tie_weights`) cannot be separate units, since one parameter would be
+    sharded twice (the stacks' `layer_sources` or shared parameter objects tell): then the list is
+    empty and the model is sharded as one unit.
+
+    Args:
+        model: a built model.
+
+    Returns:
+        Class names, sorted; `[]` when a parameter of a layer is also used by another module.
+    """
+    layer_types = tuple(LAYER_TYPES.values())
+    layers = {
+        name: type(m).__name__ for name, m in model.named_modules(remove_duplicate=False) if isinstance(m, layer_types)
+    }
+    units: dict[int, set[str | None]] = {}  # parameter -> the layers using it (None: a module outside every layer)
+    for name, param in model.named_parameters(remove_duplicate=False):
+        prefixes = [prefix for prefix in layers if name.startswith(prefix + ".")]
+        units.setdefault(id(param), set()).add(max(prefixes, key=len) if prefixes else None)
+    shared = any(len(used_by) > 1 and used_by & set(layers) for used_by in units.values())
+    # Before `tie_weights` runs, the stacks' `layer_sources` tell which layers will share parameters.
+    tied = any(
+        any(source != i for i, source in enumerate(getattr(m, "layer_sources", None) or [])) for m in model.modules()
+    )
+    if shared or tied:
+        return []
+    return sorted(set(layers.values()))
+
+
 class HfzooPreTrainedModel(PreTrainedModel):
     """Base class of every hfzoo model: weight initialisation, backends, gradient checkpointing.
 
@@ -178,7 +213,7 @@ class HfzooPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     accepts_loss_kwargs = True
     supports_gradient_checkpointing = True
-    _no_split_modules = [cls.__name__ for cls in LAYER_TYPES.values()]
+    _no_split_modules = [cls.__name__ for cls in LAYER_TYPES.values()]  # per model: `post_init`
     _skip_keys_device_placement = [CACHE_NAME]
     _supports_attention_backend = True
     _forward_kwargs_read: frozenset[str] = frozenset()  # keywords `forward` reads from its **kwargs (see above)
@@ -188,6 +223,20 @@ class HfzooPreTrainedModel(PreTrainedModel):
         "router_logits": OutputRecorder(HfzooRouter, index=0),
         "ponder_cost": OutputRecorder(UniversalTransformerLayerStack, index=1),
     }
+
+    def post_init(self):
+        """Transformers' `post_init`, after setting `_no_split_modules` to the model's FSDP2 units.
+
+        The units are `layer_wrap_classes(self)`.
+
+        accelerate's FSDP2 auto-wrapping (`fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP`) shards each module of a
+        class named in `_no_split_modules` as one unit and refuses a name that no module of the model has, so the
+        list names the layer classes this model holds rather than every layer type.
+        """
+        units = layer_wrap_classes(self)
+        self._no_split_modules = units
+        super().post_init()
+        self._no_split_modules = set(units)  # not the union with the submodels' (a stack of untied layers)
 
     def __init_subclass__(cls, **kwargs):
         """Give the `forward` a subclass defines the keyword contract of every hfzoo model (`forward_contract`)."""

@@ -1,8 +1,9 @@
-"""Turn a training checkpoint (DeepSpeed ZeRO-1/2/3, DDP or single process) into a `save_pretrained` folder.
+"""Turn a training checkpoint (DeepSpeed ZeRO-1/2/3, FSDP2, DDP or single process) into a `save_pretrained` folder.
 
 `checkpoints/step_N` folders written by `hfzoo.pretraining.loop.save_checkpoint` hold the model config,
 the tokenizer, `training_state.json` and accelerate's state: for DeepSpeed, each process's ZeRO partition
-of the fp32 weights and optimizer state (`pytorch_model/`), otherwise `model.safetensors`.
+of the fp32 weights and optimizer state (`pytorch_model/`); for FSDP2, `torch.distributed.checkpoint` shards
+(`pytorch_model_fsdp_0/`, merged with `dcp_to_torch_save`); otherwise `model.safetensors`.
 `consolidate_checkpoint` gathers the full fp32 weights (DeepSpeed's `zero_to_fp32`, on the CPU, with
 no process group) and writes config, consolidated `model.safetensors` and tokenizer, which
 `AutoModelFor...from_pretrained` loads without DeepSpeed.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 
 import torch
@@ -22,6 +24,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM,
 
 import hfzoo  # noqa: F401  (registers the hfzoo model types with the Auto classes)
 
+#: The sharded model folder accelerate writes under FSDP with `SHARDED_STATE_DICT` (`torch.distributed.checkpoint`).
+FSDP_MODEL_DIR = "pytorch_model_fsdp_0"
 _AUTO_CLASSES = {"clm": AutoModelForCausalLM, "mlm": AutoModelForMaskedLM, "span": AutoModelForSeq2SeqLM}
 
 
@@ -35,17 +39,25 @@ def load_checkpoint_state_dict(checkpoint_dir: str | Path) -> dict[str, torch.Te
         `{parameter name: float32 tensor}` (contiguous, not sharing memory).
 
     Raises:
-        FileNotFoundError: the folder holds neither a DeepSpeed checkpoint nor `model.safetensors`.
+        FileNotFoundError: the folder holds neither a DeepSpeed or FSDP2 checkpoint nor `model.safetensors`.
     """
     path = Path(checkpoint_dir)
     if (path / "latest").is_file():
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         state_dict = get_fp32_state_dict_from_zero_checkpoint(str(path))
+    elif (path / FSDP_MODEL_DIR / ".metadata").is_file():  # FSDP2: torch.distributed.checkpoint shards
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory() as scratch:
+            dcp_to_torch_save(path / FSDP_MODEL_DIR, Path(scratch) / "model.pt")
+            state_dict = torch.load(Path(scratch) / "model.pt", weights_only=True)["model"]
     elif (path / "model.safetensors").is_file():
         state_dict = load_file(path / "model.safetensors")
     else:
-        raise FileNotFoundError(f"{path}: neither a DeepSpeed checkpoint ('latest') nor model.safetensors")
+        raise FileNotFoundError(
+            f"{path}: neither a DeepSpeed checkpoint ('latest'), an FSDP one ({FSDP_MODEL_DIR}/) nor model.safetensors"
+        )
     return {name: tensor.detach().float().contiguous().clone() for name, tensor in state_dict.items()}
 
 

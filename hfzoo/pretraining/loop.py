@@ -47,6 +47,7 @@ from ..training.checkpointing import (
     check_resume_config,
     checkpoint_folder,
     complete_checkpoints,
+    enable_universal_checkpoint_loading,
     load_checkpoint,
     prepare_output_dir,
     save_checkpoint,
@@ -86,6 +87,7 @@ class PretrainingRun:
     nonfinite_guard: faults.NonFiniteGuard | None = None
     flops_per_token: float = 0.0  # training FLOPs per text token (`hfzoo.training.throughput`)
     throughput: Throughput | None = None  # turns tokens and seconds into TFLOP/s and MFU
+    resharded_from: int | None = None  # the resumed checkpoint's number of processes, when not this run's
 
 
 def _load_tokenizer(name: str, argument: str):
@@ -205,9 +207,12 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     config = build_model_config(args, tokenizer)
     if args.model_name_or_path is not None and os.path.isdir(args.model_name_or_path):
         check_weight_files(args.model_name_or_path)  # before the data: names a truncated or corrupt file
+    resharded_from = None  # the checkpoint's number of processes, when it differs from this run's
     if resume_path is not None:
         check_resume_config(resume_path, config)
-        _check_resume_topology(resume_path, accelerator)
+        resharded_from = _check_resume_topology(resume_path, accelerator, args)
+        if resharded_from is not None and accelerator.distributed_type == DistributedType.DEEPSPEED:
+            enable_universal_checkpoint_loading(accelerator)
     block_size = _check_block_size(args, config)
     objective = get_objective(args.objective)
     collator, raw_block_size = objective.build_collator(args, tokenizer, block_size)
@@ -330,6 +335,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         block_size=block_size,
         raw_block_size=raw_block_size,
         train_collator=None if args.streaming else collator,
+        resharded_from=resharded_from,
         nonfinite_guard=faults.NonFiniteGuard(
             args.max_nonfinite_steps,
             check_grad_norm=accelerator.mixed_precision != "fp16",
@@ -487,7 +493,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
         eval_history.append({"step": 0, **init_metrics})
         logger.info(f"validation loss at initialization: {init_metrics['eval_loss']:.4f}")
     else:
-        state = load_checkpoint(accelerator, run.resume_path)
+        state = load_checkpoint(accelerator, run.resume_path, run.resharded_from, Path(args.output_dir))
         run.nonfinite_guard.load_state_dict(state)
         completed_steps, tokens_seen = state["step"], state["tokens_seen"]
         logger.info(f"Resumed from {run.resume_path} at step {completed_steps}")

@@ -1,4 +1,4 @@
-"""The `Accelerator` of every recipe (pretraining and GLUE): one process, DDP or DeepSpeed, on CPU or GPU.
+"""The `Accelerator` of every recipe (pretraining and GLUE): one process, DDP, DeepSpeed or FSDP2, on CPU or GPU.
 
 `create_accelerator(args)` applies the process-wide runtime settings (`hfzoo.training.runtime`), builds
 the `Accelerator` for whatever `accelerate launch` started, refuses launches that would silently run
@@ -12,8 +12,9 @@ import os
 from typing import Any
 
 import torch
-from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate import Accelerator, DataLoaderConfiguration, FullyShardedDataParallelPlugin, PartialState
 from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
+from torch.distributed.fsdp import CPUOffloadPolicy
 
 from . import faults
 from .runtime import disable_cudnn_sdpa, tune_glibc_malloc
@@ -24,7 +25,8 @@ def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool =
 
     On a machine without a GPU, several processes need help to form a process group: DDP runs with
     `cpu=True` (accelerate's `MULTI_CPU`, gloo backend) and DeepSpeed with an explicit gloo process
-    group. A launch that started several processes (`WORLD_SIZE` > 1) but produced a world of one
+    group. FSDP2 (accelerate's `fsdp_version: 2`) runs as `MULTI_CPU` switched to FSDP (`_enable_fsdp_on_cpu`).
+    A launch that started several processes (`WORLD_SIZE` > 1) but produced a world of one
     process is refused, so a "distributed" run never silently runs alone. Under DeepSpeed, the
     config's `"auto"` batch, accumulation and clipping values are filled from `args`
     (`reconcile_deepspeed_config`). Samplers are seedable, so that a resumed run draws the same
@@ -52,12 +54,13 @@ def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool =
     if args.mixed_precision == "fp16" and not on_gpu:
         raise ValueError("--mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
     use_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes")
+    use_fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true", "yes")
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     backend = "gloo" if use_deepspeed and not on_gpu else None  # None: accelerate's choice
     timeout = faults.collective_timeout(args.ddp_timeout) if getattr(args, "ddp_timeout", None) else None
     kwargs_handlers = [InitProcessGroupKwargs(backend=backend, timeout=timeout)] if backend or timeout else []
     accelerator = Accelerator(
-        cpu=not on_gpu and not use_deepspeed,
+        cpu=not on_gpu and not use_deepspeed,  # FSDP on CPU: MULTI_CPU, then `_enable_fsdp_on_cpu`
         mixed_precision=args.mixed_precision,
         gradient_accumulation_plugin=GradientAccumulationPlugin(
             num_steps=args.gradient_accumulation_steps, sync_with_dataloader=sync_with_dataloader
@@ -67,6 +70,8 @@ def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool =
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
         kwargs_handlers=kwargs_handlers,
     )
+    if use_fsdp and accelerator.distributed_type == DistributedType.MULTI_CPU:
+        _enable_fsdp_on_cpu(accelerator)
     if launched > 1 and accelerator.num_processes == 1:
         raise ValueError(
             f"the launcher started WORLD_SIZE={launched} processes but this one runs alone "
@@ -79,6 +84,37 @@ def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool =
     if accelerator.num_processes > 1:
         faults.record_peers(accelerator)  # so that a lost process is named by rank, node and host
     return accelerator
+
+
+def _enable_fsdp_on_cpu(accelerator: Accelerator) -> None:
+    """Turn a multi-process CPU `Accelerator` (gloo) into an FSDP one with the launcher's FSDP settings.
+
+    accelerate selects FSDP only on accelerator devices; `torch.distributed.fsdp.fully_shard` itself runs
+    on CPU tensors over gloo, so on a machine without a GPU the state is switched to FSDP after the process
+    group is formed, with the `FullyShardedDataParallelPlugin` the launcher's `FSDP_*` variables describe
+    (as accelerate builds it on a GPU). Only FSDP2 (`fsdp_version: 2`) is supported there.
+
+    Raises:
+        ValueError: the accelerate config asks for FSDP1 (`fsdp_version: 1`) or for offloading
+            (`fsdp_offload_params: true`, which needs a GPU to offload from).
+    """
+    plugin = FullyShardedDataParallelPlugin()
+    if plugin.fsdp_version != 2:
+        raise ValueError(
+            f"fsdp_version {plugin.fsdp_version} on a machine without a GPU: only FSDP2 runs on CPU "
+            "(use accelerate_configs/fsdp2.yaml)"
+        )
+    if isinstance(plugin.cpu_offload, CPUOffloadPolicy):
+        raise ValueError(
+            "fsdp_offload_params: true needs a GPU (without one the parameters are already in CPU memory); "
+            "use accelerate_configs/fsdp2.yaml"
+        )
+    if accelerator.mixed_precision != "no":
+        plugin.set_mixed_precision(accelerator.mixed_precision)
+    # AcceleratorState copies PartialState's fields each time it is created (e.g. during `prepare`): set both.
+    PartialState().distributed_type = DistributedType.FSDP
+    accelerator.state.distributed_type = DistributedType.FSDP
+    accelerator.state.fsdp_plugin = plugin
 
 
 def size_buckets_from_model(ds_config: dict[str, Any]) -> None:

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedType
 from safetensors import SafetensorError
@@ -39,7 +40,6 @@ from .faults import (
 )
 
 if TYPE_CHECKING:
-    import torch
     from accelerate import Accelerator
 
 logger = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ TRAINING_STATE = "training_state.json"
 MANIFEST = "manifest.json"
 #: Config fields that may differ between a checkpoint and the run resuming from it.
 _RESUME_IGNORED_CONFIG_KEYS = {"architectures", "transformers_version", "_name_or_path", "dtype", "torch_dtype"}
+#: Optimizer parameter-group entries a checkpoint restores (the others are the run's: weight decay, betas, eps).
+_LOADED_GROUP_KEYS = {"params", "lr", "initial_lr", "step"}
 _STEP_FOLDER = re.compile(r"step_(\d+)(\.tmp)?")
 
 
@@ -302,18 +304,181 @@ def check_resume_config(resume_path: Path, config) -> None:
         raise ValueError(f"--resume_from_checkpoint {resume_path}: saved with a different model config ({shown})")
 
 
-def _check_resume_topology(resume_path: Path, accelerator: Accelerator) -> None:
-    """DeepSpeed checkpoints hold one ZeRO partition per process: resume them with the same world and backend."""
+#: `training_state.json`'s `distributed_type` -> the engine whose files the checkpoint holds (other values: "plain",
+#: accelerate's own `model.safetensors` + `optimizer.bin`, written by one process, DDP or MULTI_CPU).
+_ENGINES = {DistributedType.DEEPSPEED.value: "DeepSpeed", DistributedType.FSDP.value: "FSDP"}
+#: The folder (under `--output_dir`) where a DeepSpeed checkpoint is converted to a universal one for a new world size.
+UNIVERSAL_DIR = "universal_checkpoint"
+
+
+def _engine(distributed_type: str | None) -> str:
+    return _ENGINES.get(distributed_type or "", "plain")
+
+
+def _topology(processes: int | None, distributed_type: str | None, zero_stage: int | None, global_batch) -> str:
+    """E.g. `2 process(es) with DeepSpeed ZeRO-3, global batch 8` (for messages)."""
+    engine = _engine(distributed_type)
+    engine = f"DeepSpeed ZeRO-{zero_stage}" if engine == "DeepSpeed" and zero_stage else engine
+    engine = "DDP / one process" if engine == "plain" else engine
+    batch = f", global batch {global_batch}" if global_batch else ""
+    return f"{processes} process(es) with {engine}{batch}"
+
+
+def _run_topology(accelerator: Accelerator, args: argparse.Namespace) -> dict[str, Any]:
+    """What `training_state.json` records of the run's world: processes, engine, ZeRO stage, global batch."""
+    zero_stage = None
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        zero_stage = accelerator.state.deepspeed_plugin.zero_stage
+    per_device = getattr(args, "per_device_train_batch_size", None)
+    accumulation = getattr(args, "gradient_accumulation_steps", None)
+    global_batch = per_device * accumulation * accelerator.num_processes if per_device and accumulation else None
+    return {
+        "num_processes": accelerator.num_processes,
+        "distributed_type": accelerator.distributed_type.value,
+        "zero_stage": zero_stage,
+        "global_batch": global_batch,
+    }
+
+
+def _check_resume_topology(
+    resume_path: Path, accelerator: Accelerator, args: argparse.Namespace | None = None
+) -> int | None:
+    """Check that a checkpoint can be resumed by this run's world; say whether it must be resharded.
+
+    A checkpoint written by N processes resumes in a run of M processes of the same engine: DeepSpeed
+    (ZeRO partitions, resharded through DeepSpeed's universal checkpoint by `load_checkpoint`),
+    FSDP2 (`torch.distributed.checkpoint` folders, which reshard on load) or plain (DDP / one process:
+    whole weights and optimizer state). The data position is the step count, which maps to the same samples
+    only when the global batch (processes x per-device batch x accumulation) is unchanged, so a changed global
+    batch is refused, as is a changed engine or ZeRO stage and, when the world size changes, a streaming run
+    (each process holds its own position in its shard of the stream).
+
+    Args:
+        resume_path: the checkpoint folder.
+        accelerator: this run's `Accelerator`.
+        args: the recipe's arguments (`per_device_train_batch_size`, `gradient_accumulation_steps`,
+            `streaming`); None skips the global-batch check.
+
+    Returns:
+        The checkpoint's number of processes when it differs from this run's (the load must reshard), else None.
+
+    Raises:
+        ValueError: the combination cannot be resumed: one line naming both topologies and the way out.
+    """
     state = json.loads((resume_path / TRAINING_STATE).read_text())
     saved_type, saved_processes = state.get("distributed_type"), state.get("num_processes")
-    if saved_type != DistributedType.DEEPSPEED.value and accelerator.distributed_type != DistributedType.DEEPSPEED:
-        return
-    if saved_type != accelerator.distributed_type.value or saved_processes != accelerator.num_processes:
+    saved_batch = state.get("global_batch")
+    run = _run_topology(accelerator, args) if args is not None else _run_topology(accelerator, argparse.Namespace())
+    there = _topology(saved_processes, saved_type, state.get("zero_stage"), saved_batch)
+    here = _topology(run["num_processes"], run["distributed_type"], run["zero_stage"], run["global_batch"])
+    prefix = f"--resume_from_checkpoint {resume_path}: written by {there}; this run has {here}"
+    consolidate = "consolidate it with recipes/consolidate_checkpoint.py and start from --model_name_or_path"
+    if _engine(saved_type) != _engine(run["distributed_type"]):
         raise ValueError(
-            f"--resume_from_checkpoint {resume_path}: written by {saved_processes} process(es) with {saved_type}; "
-            f"this run has {accelerator.num_processes} with {accelerator.distributed_type.value} "
-            "(convert it with recipes/consolidate_checkpoint.py and start from --model_name_or_path)"
+            f"{prefix}: a checkpoint cannot change its engine (resume with the engine that wrote it, "
+            f"or {consolidate}; the optimizer state and data position are then lost)"
         )
+    saved_stage = state.get("zero_stage")
+    if saved_stage is not None and run["zero_stage"] is not None and saved_stage != run["zero_stage"]:
+        raise ValueError(f"{prefix}: a checkpoint cannot change its ZeRO stage (use the stage that wrote it)")
+    if saved_processes == run["num_processes"]:
+        return None
+    if saved_batch is None:
+        raise ValueError(
+            f"{prefix}: it does not record its global batch (written by an older hfzoo), so it resumes only "
+            f"with {saved_processes} process(es) ({consolidate})"
+        )
+    if run["global_batch"] is not None and saved_batch != run["global_batch"]:
+        per_process = saved_batch / (run["num_processes"] * getattr(args, "gradient_accumulation_steps", 1))
+        hint = (
+            f"--per_device_train_batch_size {int(per_process)} with --gradient_accumulation_steps "
+            f"{args.gradient_accumulation_steps}"
+            if per_process.is_integer()
+            else "--per_device_train_batch_size and --gradient_accumulation_steps"
+        )
+        raise ValueError(
+            f"{prefix}: the data position is the step count, so the global batch must stay {saved_batch} (set {hint})"
+        )
+    if getattr(args, "streaming", False):
+        raise ValueError(
+            f"{prefix}: a streaming run's data position is per process and cannot move to another number of "
+            f"processes (resume with {saved_processes}, or {consolidate})"
+        )
+    return saved_processes
+
+
+def enable_universal_checkpoint_loading(accelerator: Accelerator) -> None:
+    """Make DeepSpeed load universal checkpoints (`"checkpoint": {"load_universal": true}`); before `prepare`.
+
+    Used when a DeepSpeed checkpoint is resumed by another number of processes (`load_checkpoint`).
+    """
+    ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+    ds_config.setdefault("checkpoint", {})["load_universal"] = True
+
+
+def _to_universal(resume_path: Path, target: Path) -> None:
+    """Write `target`: the checkpoint's accelerate files, and its DeepSpeed folder as a universal checkpoint.
+
+    DeepSpeed's `ds_to_universal` (Lian et al. 2024, "Universal Checkpointing", arXiv:2406.18820) gathers
+    each parameter's fp32 weights and optimizer moments from the ZeRO partitions into one file per parameter
+    and state, which an engine of any data-parallel size partitions anew on load.
+    """
+    from deepspeed.checkpoint import ds_to_universal
+
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    for item in resume_path.iterdir():
+        if item.is_file() and item.name != MANIFEST:
+            shutil.copy2(item, target / item.name)
+    convert = argparse.Namespace(
+        input_folder=str(resume_path / "pytorch_model"),
+        output_folder=str(target / "pytorch_model"),
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        inject_missing_state=True,
+    )
+    ds_to_universal.main(convert)
+
+
+def _unshare_step_counts(accelerator: Accelerator) -> None:
+    """Give each optimizer state its own `step` tensor after a DeepSpeed universal load.
+
+    ZeRO-3's universal load stores one `step` tensor in the state of every parameter group; AdamW increments
+    its group's `step` in place, so a shared tensor would count each optimizer step once per group (and skew
+    the bias correction, Kingma & Ba 2015, Algorithm 1).
+    """
+    for wrapped in accelerator._optimizers:
+        optimizer = wrapped
+        while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
+            optimizer = optimizer.optimizer  # accelerate's wrapper -> DeepSpeed's ZeRO optimizer -> torch's
+        seen: set[int] = set()
+        for state in getattr(optimizer, "state", {}).values():
+            step = state.get("step") if isinstance(state, dict) else None
+            if isinstance(step, torch.Tensor):
+                if id(step) in seen:
+                    state["step"] = step.clone()
+                seen.add(id(step))
+
+
+def _rescale_schedulers(accelerator: Accelerator, saved_processes: int) -> None:
+    """Map the schedulers' step counts from the checkpoint's world to this one.
+
+    accelerate steps a scheduler once per process per optimizer step (`AcceleratedScheduler`), so after
+    `s` optimizer steps its `last_epoch` is `s x processes`; the run's schedule is built for its own number.
+    """
+    for wrapped in accelerator._schedulers:
+        scheduler = getattr(wrapped, "scheduler", wrapped)
+        steps, remainder = divmod(scheduler.last_epoch, saved_processes)
+        if remainder:
+            raise CheckpointError(
+                f"scheduler at step {scheduler.last_epoch}, not a multiple of the checkpoint's {saved_processes} "
+                "processes: cannot map it to this run's"
+            )
+        scheduler.last_epoch = steps * accelerator.num_processes
+        scheduler._step_count = scheduler.last_epoch + 1
 
 
 def _attempt(action) -> str | None:
@@ -395,8 +560,7 @@ def save_checkpoint(
             "tokens_seen": tokens_seen,
             "max_train_steps": run.max_train_steps,
             "objective": args.objective,
-            "num_processes": accelerator.num_processes,
-            "distributed_type": accelerator.distributed_type.value,
+            **_run_topology(accelerator, args),
             **(extra_state or {}),
         }
         (tmp / TRAINING_STATE).write_text(json.dumps(state))
@@ -418,8 +582,18 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(accelerator: Accelerator, path: Path) -> dict[str, Any]:
+def load_checkpoint(
+    accelerator: Accelerator, path: Path, saved_processes: int | None = None, work_dir: Path | None = None
+) -> dict[str, Any]:
     """Restore model, optimizer, scheduler, RNG and sampler states from a (verified) checkpoint folder.
+
+    With `saved_processes` (from `_check_resume_topology`: the checkpoint was written by another number of
+    processes), the state is resharded: a DeepSpeed checkpoint is first converted to a universal checkpoint
+    under `work_dir/universal_checkpoint/` (by the main process; removed after the load), which DeepSpeed
+    partitions for this world (`enable_universal_checkpoint_loading` must have been called before
+    `prepare`); FSDP2's `torch.distributed.checkpoint` folders reshard on load; and the schedulers' step
+    counts are mapped to this world (`_rescale_schedulers`). Random states are per process: a process
+    without one in the checkpoint keeps the run's seed.
 
     Returns:
         Its `training_state.json` (`step`, `tokens_seen`, ...).
@@ -427,9 +601,36 @@ def load_checkpoint(accelerator: Accelerator, path: Path) -> dict[str, Any]:
     Raises:
         CheckpointError: a file cannot be read (truncated or corrupt), naming the folder or the file.
     """
+    source = path
+    resharded = saved_processes is not None and saved_processes != accelerator.num_processes
+    universal = resharded and accelerator.distributed_type == DistributedType.DEEPSPEED
     try:
         check_weight_files(path)
-        accelerator.load_state(str(path))
+        if universal:
+            source = Path(work_dir if work_dir is not None else path.parent) / UNIVERSAL_DIR / path.name
+            error = None
+            if accelerator.is_main_process:
+                try:
+                    _to_universal(path, source)
+                except Exception as err:  # noqa: BLE001 (DeepSpeed's converter asserts): reported on every process
+                    error = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+            errors = gather_messages(accelerator, error)
+            if errors:
+                raise CheckpointError(
+                    f"--resume_from_checkpoint {path}: cannot convert it to a universal checkpoint ({errors[0]})"
+                )
+        # DeepSpeed's ZeRO-3 universal load gives every parameter group the hyperparameters of the first
+        # (weight decay included); the run's own groups (decay / no decay) are put back after it.
+        groups = [g for opt in accelerator._optimizers for g in opt.param_groups] if universal else []
+        hyperparameters = [{k: v for k, v in g.items() if k not in _LOADED_GROUP_KEYS} for g in groups]
+        accelerator.load_state(str(source))
+        for group, kept in zip(groups, hyperparameters, strict=True):
+            group.update(kept)
+        if universal:
+            _unshare_step_counts(accelerator)
+        if resharded:
+            _rescale_schedulers(accelerator, saved_processes)
+            logger.info(f"resharded {path} from {saved_processes} to {accelerator.num_processes} process(es)")
         return json.loads((path / TRAINING_STATE).read_text())
     except WeightFileError as err:
         raise CheckpointError(f"--resume_from_checkpoint {path}: {err}") from None
@@ -441,3 +642,8 @@ def load_checkpoint(accelerator: Accelerator, path: Path) -> dict[str, Any]:
             f"--resume_from_checkpoint {path}: cannot load it, a file is truncated or corrupt "
             f"({type(err).__name__}: {first})"
         ) from None
+    finally:
+        if universal:
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                shutil.rmtree(source.parent, ignore_errors=True)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 logger = logging.getLogger(__name__)
 
@@ -430,8 +431,8 @@ class NonFiniteGuard:
 def first_nonfinite_parameter(accelerator, model: torch.nn.Module) -> str | None:
     """The name of a parameter holding a NaN or infinity, on any process, or None when all are finite.
 
-    Under DeepSpeed ZeRO-3 each process checks its own partition (`ds_tensor`). One host sync, plus one
-    all-reduce when there are several processes.
+    Under DeepSpeed ZeRO-3 (`ds_tensor`) and FSDP2 (`DTensor`) each process checks its own shard. One host
+    sync, plus one all-reduce when there are several processes.
 
     Args:
         accelerator: the run's `Accelerator`.
@@ -441,6 +442,7 @@ def first_nonfinite_parameter(accelerator, model: torch.nn.Module) -> str | None
         A parameter name (this process's first bad one, or `"(a parameter on another process)"`), or None.
     """
     named = [(n, getattr(p, "ds_tensor", p)) for n, p in accelerator.unwrap_model(model).named_parameters()]
+    named = [(n, t.to_local() if isinstance(t, DTensor) else t) for n, t in named]  # FSDP2: this process's shard
     named = [(n, t) for n, t in named if t.numel() > 0]
     bad_name = None
     if named:

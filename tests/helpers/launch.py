@@ -40,9 +40,11 @@ def recipe_args(train_file, tokenizer_dir, output_dir, per_device, *extra):
     ]  # fmt: skip
 
 
-def launch_command(config: str, argv: list[str]) -> list[str]:
+def launch_command(config: str, argv: list[str], num_processes: int | None = None) -> list[str]:
+    """`accelerate launch` of the pretraining recipe; `num_processes` overrides the config's."""
+    processes = ["--num_processes", str(num_processes)] if num_processes is not None else []
     return [
-        sys.executable, "-m", "accelerate.commands.launch",
+        sys.executable, "-m", "accelerate.commands.launch", *processes,
         "--config_file", str(REPO_ROOT / "accelerate_configs" / config),
         str(REPO_ROOT / "recipes" / "pretrain.py"), *argv,
     ]  # fmt: skip
@@ -52,9 +54,14 @@ def launch_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1"}  # 2 processes share the 2 cores
 
 
-def launch(config: str, argv: list[str], cwd: Path) -> str:
+def launch(config: str, argv: list[str], cwd: Path, num_processes: int | None = None) -> str:
     proc = subprocess.run(
-        launch_command(config, argv), cwd=cwd, env=launch_env(), capture_output=True, text=True, timeout=600
+        launch_command(config, argv, num_processes),
+        cwd=cwd,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stderr

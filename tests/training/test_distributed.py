@@ -59,6 +59,7 @@ def assert_same_losses(run: Path, reference: Path, rel: float) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_ddp_two_processes_match_single_process_and_log_to_tensorboard(
     tmp_path, small_jsonl_xz, tokenizer_dir, single_process_run
 ):
@@ -77,6 +78,7 @@ def test_ddp_two_processes_match_single_process_and_log_to_tensorboard(
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_zero2_two_processes_match_single_process(zero2_run, single_process_run):
     out, log = zero2_run
     check_two_processes(log, "DEEPSPEED")
@@ -84,6 +86,7 @@ def test_zero2_two_processes_match_single_process(zero2_run, single_process_run)
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_zero3_matches_single_process_and_consolidates(tmp_path, small_jsonl_xz, tokenizer_dir, single_process_run):
     from hfzoo.pretraining.consolidate import consolidate_checkpoint
 
@@ -109,6 +112,7 @@ def test_zero3_matches_single_process_and_consolidates(tmp_path, small_jsonl_xz,
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_zero2_sigkill_mid_training_then_resume_reproduces_the_uninterrupted_losses(
     tmp_path, small_jsonl_xz, tokenizer_dir, zero2_run
 ):
@@ -306,6 +310,7 @@ def test_fp16_on_cpu_and_resume_of_another_model_config_fail_before_training(
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_lora_adapter_and_full_weights_saved_from_zero3_are_complete(tmp_path):
     pytest.importorskip("peft")
     cmd = [

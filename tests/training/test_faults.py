@@ -145,6 +145,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("config", ["ddp.yaml", "deepspeed_zero2.yaml"])
 def test_sigterm_to_accelerate_launch_checkpoints_every_process(config, tmp_path, small_jsonl_xz, tokenizer_dir):
     """SIGTERM to the launcher (torchrun forwards it to both processes): every process finishes the same step,
@@ -179,6 +180,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("fault", ["raise", "hang"])
 def test_a_failing_or_stuck_process_ends_the_others_with_a_message(fault, tmp_path, small_jsonl_xz, tokenizer_dir):
     """Two processes started without a launcher that would kill the survivors: process 1 raises (or stops

@@ -144,6 +144,7 @@ def test_streaming_needs_max_train_steps(books_jsonl, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_two_process_streamed_run_reads_disjoint_shards_and_resumes_exactly(books_jsonl, tokenizer_dir, tmp_path):
     """DDP over gloo: each process trains on its shard; a checkpoint holds both positions; resuming gives the same weights."""
     argv = [*recipe_args(books_jsonl, tokenizer_dir, tmp_path / "full", GLOBAL_BATCH // 2, "--streaming",
