@@ -200,6 +200,12 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     else:
         datasets.utils.logging.set_verbosity_error()
         transformers.utils.logging.set_verbosity_error()
+    # before the data and the model: the engine is known once the accelerator exists
+    if args.optim == "muon" and accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+        raise ValueError(
+            f"--optim muon is not supported under {accelerator.distributed_type.value}: Muon orthogonalises "
+            "whole matrices, which DeepSpeed and FSDP shard; use DDP or one process"
+        )
     set_seed(args.seed)
     resume_path = _resolve_resume(args, accelerator)
 
@@ -263,11 +269,6 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     )
 
     fused = args.optim == "adamw_torch_fused" and accelerator.distributed_type != DistributedType.DEEPSPEED
-    if args.optim == "muon" and accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP):
-        raise ValueError(
-            f"--optim muon is not supported under {accelerator.distributed_type.value}: Muon orthogonalises "
-            "whole matrices, which DeepSpeed and FSDP shard; use DDP or one process"
-        )
     optimizer = create_optimizer(
         model,
         learning_rate=args.learning_rate,
