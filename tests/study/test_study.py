@@ -839,6 +839,10 @@ def test_a_study_of_todays_modifications_runs_end_to_end(inputs, tmp_path, monke
         ("", "paper"),
         *[(v, "hfzoo") for v in MODERN_VARIANTS[1:]],
     ]
+    assert (
+        "Not in the paper's table (our row only, left out of the agreement with the paper): QK-norm, Muon, "
+        "All together." in (tmp_path / "out" / "results.md").read_text()
+    )
     results = read_results(tmp_path / "out")
     assert set(results["summary"]) >= set(MODERN_VARIANTS)
     agreement = results["agreement"].values()
