@@ -4,13 +4,14 @@
     OMP_NUM_THREADS=1 python benchmarks/study_step_cost.py --study recipes/studies/narang_small.yaml \
         --tokenizer_name outputs/study/tokenizer --variants "Vanilla Transformer" SwiGLU --steps 10
 
-For each variant: the study's model for that Table 1 row (`hfzoo.study.runner.build_variant_config`),
+For each variant: the study's model for that row (`hfzoo.study.runner.build_variant_config`),
 trained for `--steps` optimizer steps (after 2 warm-up steps) on random token ids shaped like the study's
 span-corruption batches (`train_batch_tokens / block_size` sequences of the corrupted input length, targets
-of the target length), AdamW, bf16 autocast when the study uses `mixed_precision: bf16`. Prints the
-process CPU seconds per step (`time.process_time`, which on a machine shared with other jobs is far less
-disturbed than the wall time), the wall seconds per step, the training FLOPs per step
-(`hfzoo.models.flops`) and the CPU time the study's `max_train_steps` would take. With
+of the target length), the optimizer the study's run of that row builds (`create_optimizer` with the run's
+pretraining arguments: AdamW, or Muon + AdamW for the Muon rows), bf16 autocast when the study uses
+`mixed_precision: bf16`. Prints the process CPU seconds per step (`time.process_time`, which on a machine
+shared with other jobs is far less disturbed than the wall time), the wall seconds per step, the training
+FLOPs per step (`hfzoo.models.flops`) and the CPU time the study's `max_train_steps` would take. With
 `OMP_NUM_THREADS=1` the CPU time per step is the single-thread wall time of a step on an otherwise idle
 core. Pretraining only: evaluation, data preparation and GLUE finetuning are not included.
 """
@@ -19,21 +20,34 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hfzoo.data.collators import compute_input_and_target_lengths
 from hfzoo.models.flops import count_training_flops
-from hfzoo.study.runner import _tokenizer_fields, build_variant_config, load_settings
+from hfzoo.pretraining import parse_pretrain_args
+from hfzoo.study.runner import _tokenizer_fields, build_variant_config, load_settings, pretrain_argv
+from hfzoo.training.arguments import muon_settings
+from hfzoo.training.optimization import create_optimizer
 
 
-def step_cost(settings, variant: str, tokenizer, steps: int) -> dict:
+def step_cost(settings, variant: str, tokenizer, tokenizer_name: str, steps: int) -> dict:
     """Time `steps` training steps of `variant`'s model; CPU and wall seconds per step, FLOPs per step."""
     config = build_variant_config(settings, variant, _tokenizer_fields(tokenizer))
     torch.manual_seed(0)
     model = AutoModelForSeq2SeqLM.from_config(config).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
+    scratch = Path("/nonexistent-step-cost")  # the run's arguments, for its optimizer only
+    args = parse_pretrain_args(pretrain_argv(settings, tokenizer_name, scratch / "c.json", 0, scratch, 1, variant))
+    optimizer = create_optimizer(
+        model,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        betas=(args.adam_beta1, args.adam_beta2),
+        fused=False,
+        muon=muon_settings(args),
+    )
     # T5's arithmetic: raw blocks long enough that the corrupted input is `block_size` tokens
     _, target_length = compute_input_and_target_lengths(
         settings.block_size, settings.noise_density, settings.mean_noise_span_length
@@ -68,7 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--study", required=True, help="YAML study file")
     parser.add_argument("--tokenizer_name", required=True, help="the study's tokenizer folder")
-    parser.add_argument("--variants", nargs="+", default=None, help="Table 1 rows (default: the study file's)")
+    parser.add_argument("--variants", nargs="+", default=None, help="rows (default: the study file's)")
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per variant")
     args = parser.parse_args()
     settings = load_settings(args.study)
@@ -78,7 +92,7 @@ def main() -> None:
     print("| variant | params | GFLOP/step | CPU s/step | wall s/step | CPU min per run (pretraining) |")
     print("|---|---:|---:|---:|---:|---:|")
     for variant in args.variants or settings.variants:
-        r = step_cost(settings, variant, tokenizer, args.steps)
+        r = step_cost(settings, variant, tokenizer, args.tokenizer_name, args.steps)
         print(f"| {variant} | {r['params'] / 1e6:.2f}M | {r['flops'] / 1e9:.1f} | {r['cpu']:.3f} | {r['wall']:.3f} "
               f"| {r['cpu'] * settings.max_train_steps / 60:.1f} |", flush=True)  # fmt: skip
 

@@ -589,7 +589,12 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
         "held-out span-corruption losses (nats per target token); GLUE scores are dev-set metrics x 100 "
         '(a task with two metrics: their mean). "Better than vanilla": more than two standard deviations '
         "of the vanilla runs below its loss or above its score; for the paper's rows, the spread its table "
-        "reports (the vanilla early loss's) for both losses.",
+        "reports (the vanilla early loss's) for both losses."
+        + (
+            f" Not in the paper's table (our row only, left out of the agreement with the paper): {', '.join(absent)}."
+            if (absent := [n for n in summaries if n not in paper]) and paper
+            else ""
+        ),
         "",
         *_table(settings, summaries, paper, marks),
         "",

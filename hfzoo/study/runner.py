@@ -5,9 +5,11 @@ r"""Narang et al. 2021's modification study at small scale: pretrain every varia
         --variants "Vanilla Transformer" SwiGLU --seeds 0 1 --max_train_steps 400
 
 (also `python -m hfzoo.study`). A YAML study file names the base model (a preset plus
-`config_overrides`), the variants (Table 1 row names of `hfzoo.models.narang.TABLE_1_ROWS`, resolved
-against the base), the seeds, and the hyperparameters shared by every run; every key of the file must be
-present, and a flag of the same name overrides it. For each (variant, seed) the study
+`config_overrides`), the variants (row names of Narang et al.'s Table 1, `hfzoo.models.narang.TABLE_1_ROWS`,
+or of today's modifications, `hfzoo.models.modern.MODERN_ROWS`, resolved against the base; a row may also
+change the pretraining arguments, `hfzoo.models.modern.ROW_PRETRAIN_ARGS`: the Muon rows), the seeds,
+and the hyperparameters shared by every run; every key of the file must be present, and a flag of the same
+name overrides it. For each (variant, seed) the study
 
 1. pretrains with T5 span corruption through the pretraining recipe (`hfzoo.pretraining.main`,
    the same Accelerate code path as `hfzoo-pretrain`): the same data, tokens and hyperparameters for every
@@ -76,7 +78,8 @@ from ..data.packing import tokenize_and_pack
 from ..finetuning import parse_glue_args
 from ..integrity import file_sha256
 from ..models.flops import count_training_flops
-from ..models.narang import TABLE_1_ROWS, load_paper_table, resolve_row
+from ..models.modern import STUDY_ROWS, row_pretrain_args
+from ..models.narang import load_paper_table, resolve_row
 from ..models.presets import PRESETS, build_config, parse_overrides
 from ..pretraining import parse_pretrain_args, train_tokenizer
 from ..training.arguments import OneLineErrorParser
@@ -99,7 +102,8 @@ class StudySettings:
     Attributes:
         config_name: the base model: a preset (default study: `narang-vanilla`) or a `config.json`.
         config_overrides: base config fields to change (a mapping; `key=value,...` on the command line).
-        variants: Table 1 row names (`hfzoo.models.narang.TABLE_1_ROWS`), resolved against the base.
+        variants: row names of `hfzoo.models.modern.STUDY_ROWS` (Table 1's and today's modifications),
+            resolved against the base.
         seeds: training seeds; every variant runs once per seed.
         tokenizer_name: a tokenizer folder to use, or null to train one for the study (encoder-decoder
             special tokens) on `tokenizer_train_file`.
@@ -386,11 +390,11 @@ def _overrides_and_literals(overrides: dict[str, Any]) -> tuple[dict, dict]:
 
 
 def build_variant_config(settings: StudySettings, variant: str, tokenizer_fields: dict[str, Any]) -> PreTrainedConfig:
-    """The model config of one variant: the base (preset + `config_overrides`) plus the Table 1 row, resolved.
+    """The model config of one variant: the base (preset + `config_overrides`) plus the row, resolved.
 
     Args:
         settings: the study settings.
-        variant: a Table 1 row name.
+        variant: a row name of `hfzoo.models.modern.STUDY_ROWS`.
         tokenizer_fields: `vocab_size` and the special token ids (from the tokenizer).
 
     Returns:
@@ -407,7 +411,7 @@ def build_variant_config(settings: StudySettings, variant: str, tokenizer_fields
     base = build_config(settings.config_name, checked, **literal, **tokenizer_fields)
     if not getattr(base, "is_encoder_decoder", False):
         raise ValueError(f"config_name {settings.config_name!r} is not an encoder-decoder (span corruption needs one)")
-    changes = resolve_row(variant, base.to_dict())
+    changes = resolve_row(variant, base.to_dict(), rows=STUDY_ROWS)
     checked_row, literal_row = _overrides_and_literals(changes)
     overrides = {**checked, **checked_row}
     fields = {**{k: v for k, v in literal.items() if k not in changes}, **literal_row, **tokenizer_fields}
@@ -459,9 +463,19 @@ def _flag_list(flags: dict[str, Any]) -> list[str]:
 
 
 def pretrain_argv(
-    settings: StudySettings, tokenizer: str, config_path: Path, seed: int, output: Path, num_processes: int
+    settings: StudySettings,
+    tokenizer: str,
+    config_path: Path,
+    seed: int,
+    output: Path,
+    num_processes: int,
+    variant: str | None = None,
 ) -> list[str]:
-    """The `hfzoo-pretrain` arguments of one run (span corruption, evaluation every 1/8 of training)."""
+    """The `hfzoo-pretrain` arguments of one run (span corruption, evaluation every 1/8 of training).
+
+    The study's own flags, then its `pretrain_args`, then the row's pretraining arguments
+    (`hfzoo.models.modern.row_pretrain_args(variant)`, e.g. `--optim muon`); a later one wins.
+    """
     early_step = settings.max_train_steps // EARLY_FRACTION
     flags = {
         "objective": "span",
@@ -484,7 +498,8 @@ def pretrain_argv(
         "eval_seed": settings.eval_seed,
         "output_dir": str(output),
     }  # fmt: skip
-    return _flag_list({**flags, **settings.pretrain_args})
+    row = row_pretrain_args(variant) if variant is not None else {}
+    return _flag_list({**flags, **settings.pretrain_args, **row})
 
 
 def glue_batch_size(settings: StudySettings, num_processes: int) -> int:
@@ -552,9 +567,9 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
         raise ValueError("variants: the study has no variants")
     if not settings.seeds:
         raise ValueError("seeds: the study has no seeds (give at least one)")
-    unknown = [v for v in settings.variants if v not in TABLE_1_ROWS]
+    unknown = [v for v in settings.variants if v not in STUDY_ROWS]
     if unknown:
-        raise ValueError(f"variants: unknown {unknown}; known Table 1 rows: {list(TABLE_1_ROWS)}")
+        raise ValueError(f"variants: unknown {unknown}; known rows: {list(STUDY_ROWS)}")
     for key in ("variants", "seeds", "glue_tasks"):
         values = getattr(settings, key)
         if len(set(values)) != len(values):
@@ -617,10 +632,14 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
     for variant in settings.variants:
         build_variant_config(settings, variant, fields)
     scratch = Path("/nonexistent-study-check")
-    pretrain = pretrain_argv(
-        settings, settings.tokenizer_name or str(scratch), scratch / "config.json", 0, scratch, num_processes
-    )
-    _check_recipe_arguments("pretraining", parse_pretrain_args, pretrain)
+    tokenizer_path = settings.tokenizer_name or str(scratch)
+    for variant in settings.variants:  # every row's arguments (a row may change them: the Muon rows)
+        argv = pretrain_argv(settings, tokenizer_path, scratch / "config.json", 0, scratch, num_processes, variant)
+        try:
+            _check_recipe_arguments("pretraining", parse_pretrain_args, argv)
+        except ValueError as err:
+            raise ValueError(f"variant {variant!r}: {err}") from None
+    pretrain = pretrain_argv(settings, tokenizer_path, scratch / "config.json", 0, scratch, num_processes)
     for task in settings.glue_tasks:
         argv = glue_argv(settings, task, scratch, None, 0, scratch, num_processes)
         _check_recipe_arguments("GLUE", parse_glue_args, argv)
@@ -1020,7 +1039,8 @@ def execute_run(
     """Pretrain and finetune one (variant, seed), reusing finished stages; return its record.
 
     Returns:
-        The record (see `docs/study.md`): `variant`, `seed`, `config_changes`, `parameters`,
+        The record (see `docs/study.md`): `variant`, `seed`, `config_changes`, `pretrain_changes` (the
+        row's pretraining arguments, e.g. `{"optim": "muon"}`), `parameters`,
         `flops_per_token`, `flops_per_step`, `total_flops`, `train_steps`, `train_tokens`, `early_step`,
         `init_loss`, `early_loss`, `final_loss`, `eval_losses` (`[step, loss]`), `glue` (per task: `score`
         and `metrics`), `glue_average`, and `timing` (wall-clock figures, which differ between repeats).
@@ -1038,7 +1058,9 @@ def execute_run(
     if results is None or history is None or results.get("train_steps") != settings.max_train_steps:
         shutil.rmtree(pretrain_dir, ignore_errors=True)
         start = time.perf_counter()
-        argv = pretrain_argv(settings, tokenizer_dir, folder / "config.json", seed, pretrain_dir, num_processes)
+        argv = pretrain_argv(
+            settings, tokenizer_dir, folder / "config.json", seed, pretrain_dir, num_processes, variant
+        )
         run_stage("hfzoo.pretraining", argv, launcher)
         timing["pretrain_seconds"] = time.perf_counter() - start
         results = _read_json(pretrain_dir / "all_results.json")
@@ -1070,6 +1092,7 @@ def execute_run(
         "variant": variant,
         "seed": seed,
         "config_changes": _row_changes(settings, variant, tokenizer),
+        "pretrain_changes": row_pretrain_args(variant),
         "parameters": count_parameters(config),
         "flops_per_token": flops.per_token,
         "flops_per_step": flops.total * sequences_per_step,
@@ -1161,6 +1184,7 @@ def _execute_without_pretraining(
         "variant": NO_PRETRAINING,
         "seed": seed,
         "config_changes": {},
+        "pretrain_changes": {},
         "parameters": count_parameters(config),
         "flops_per_token": 0.0,
         "flops_per_step": 0.0,
@@ -1221,7 +1245,7 @@ def _row_changes(settings: StudySettings, variant: str, tokenizer) -> dict[str, 
     """The variant's config changes to the study's base, with `Scaled` values resolved."""
     checked, literal = _overrides_and_literals(settings.config_overrides)
     base = build_config(settings.config_name, checked, **literal, **_tokenizer_fields(tokenizer))
-    return resolve_row(variant, base.to_dict())
+    return resolve_row(variant, base.to_dict(), rows=STUDY_ROWS)
 
 
 def run_study(

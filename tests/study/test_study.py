@@ -311,7 +311,13 @@ def expect_refusal(argv: list[str], capsys) -> str:
         (
             {"variants": ["Vanilla Transformer", "Vanila Transformer"]},
             [],
-            "variants: unknown ['Vanila Transformer']; known Table 1 rows: ['Vanilla Transformer', 'GeLU',",
+            "variants: unknown ['Vanila Transformer']; known rows: ['Vanilla Transformer', 'GeLU',",
+        ),
+        ({"variants": ["QK-norm", "Squared RELU"]}, [], "'U-Net skips', 'Muon', 'All together']"),
+        (  # a study-wide Muon setting with a row that trains with AdamW
+            {"variants": ["Muon", "QK-norm"], "pretrain_args": {"muon_learning_rate": 0.01}},
+            [],
+            "variant 'QK-norm': the pretraining arguments are refused: hfzoo-pretrain: error: --muon_learning_rate 0.01 needs --optim muon",
         ),
         ({}, ["--variants", "SwiGLUE"], "unknown ['SwiGLUE']"),
         ({"glue_tasks": DELETE}, [], "missing keys ['glue_tasks'] (every key of the study file is required)"),
@@ -334,6 +340,8 @@ def expect_refusal(argv: list[str], capsys) -> str:
     ],
     ids=[
         "unknown-variant",
+        "unknown-modern-row",
+        "muon-flag-for-an-adamw-row",
         "unknown-variant-flag",
         "missing-key",
         "unknown-key",
@@ -775,3 +783,82 @@ def test_a_constant_prediction_scores_zero_correlation_not_nan():
     varied = metric.compute(predictions=[0.1, 1, 2.2, 3, 3.9, 5, 1.4, 2.4], references=[0.0, 1, 2, 3, 4, 5, 1.5, 2.5])
     score, _ = _glue_task_score("stsb", {f"eval_{k}": v for k, v in varied.items()})
     assert score == pytest.approx(50 * (varied["pearson"] + varied["spearmanr"])) and score > 90
+
+
+MODERN_STUDY = REPO_ROOT / "recipes" / "studies" / "modern.yaml"
+#: The tiny modern study: the baseline, one config row, the optimizer row, and every switch with Muon.
+MODERN_VARIANTS = ["Vanilla Transformer", "QK-norm", "Muon", "All together"]
+
+
+@pytest.mark.slow
+def test_a_study_of_todays_modifications_runs_end_to_end(inputs, tmp_path, monkeypatch):
+    """Config rows get their switches, the Muon rows train with Muon, and the report lists rows without paper figures."""
+    import hfzoo.pretraining.loop as loop
+    from hfzoo.models.modern import MODERN_ROWS
+    from hfzoo.training.optimization import MuonWithAdamW
+
+    built = []  # (the pretrained model's config, its optimizer), one per pretraining run, in study order
+
+    def recording_create_optimizer(model, **kwargs):
+        optimizer = loop_create_optimizer(model, **kwargs)
+        built.append((model.config, optimizer))
+        return optimizer
+
+    loop_create_optimizer = loop.create_optimizer
+    monkeypatch.setattr(loop, "create_optimizer", recording_create_optimizer)
+    study = tiny_study(inputs, tmp_path / "study.yaml", variants=MODERN_VARIANTS, seeds=[0])
+    records = main(["--study", str(study), "--output_dir", str(tmp_path / "out")])
+    assert [r["variant"] for r in records] == [*MODERN_VARIANTS, NO_PRETRAINING]
+
+    switches = {"qk_norm", "hidden_act", "attn_logit_softcapping", "final_logit_softcapping", "value_residual",
+                "unet_skips"}  # fmt: skip
+    assert set(MODERN_ROWS["All together"]) == switches
+    assert len(built) == len(MODERN_VARIANTS)
+    for record, (config, optimizer) in zip(records, built):
+        row = MODERN_ROWS.get(record["variant"], {})
+        assert record["config_changes"] == row
+        saved = json.loads((run_dir(tmp_path / "out", record["variant"], 0) / "pretrain" / "config.json").read_text())
+        for key in switches:  # the row's value where it sets one, the baseline's elsewhere
+            expected = row.get(key, getattr(built[0][0], key))
+            assert getattr(config, key) == expected and saved[key] == expected, (record["variant"], key)
+        uses_muon = record["variant"] in ("Muon", "All together")
+        assert record["pretrain_changes"] == ({"optim": "muon"} if uses_muon else {})
+        assert isinstance(optimizer, MuonWithAdamW) == uses_muon, record["variant"]
+        if uses_muon:  # Muon stepped: every hidden matrix it owns has a momentum buffer
+            owned = [p for group in optimizer.muon.param_groups for p in group["params"]]
+            assert owned and all("momentum_buffer" in optimizer.muon.state[p] for p in owned)
+        assert record["final_loss"] < record["init_loss"]
+    assert records[-1]["pretrain_changes"] == {}
+    # All together's model has more parameters than vanilla (QK-norm scales, value and skip weights) only
+    assert records[3]["parameters"] > records[0]["parameters"] == records[2]["parameters"]
+
+    # The rows missing from the paper's table get our figures only and stay out of the comparison with it.
+    table = parse_markdown_table((tmp_path / "out" / "results.md").read_text())
+    assert [(r["Model"], r[""]) for r in table] == [
+        ("Vanilla Transformer", "hfzoo"),
+        ("", "paper"),
+        *[(v, "hfzoo") for v in MODERN_VARIANTS[1:]],
+    ]
+    assert (
+        "Not in the paper's table (our row only, left out of the agreement with the paper): QK-norm, Muon, "
+        "All together." in (tmp_path / "out" / "results.md").read_text()
+    )
+    results = read_results(tmp_path / "out")
+    assert set(results["summary"]) >= set(MODERN_VARIANTS)
+    agreement = results["agreement"].values()
+    assert {c["variants"] for c in agreement} == {1} and all(math.isnan(c["rho"]) for c in agreement)  # vanilla only
+
+
+def test_the_modern_study_file_has_the_gpu_protocol_and_todays_rows(data_dir, monkeypatch):
+    """`modern.yaml`: narang_gpu.yaml's scale and protocol; the vanilla row, every modern switch alone, all together."""
+    from hfzoo.models.modern import MODERN_ROWS
+    from hfzoo.study.runner import check_settings
+
+    monkeypatch.chdir(REPO_ROOT)
+    gpu, modern = load_settings(REPO_ROOT / "recipes" / "studies" / "narang_gpu.yaml"), load_settings(MODERN_STUDY)
+    differ = {k for k in vars(gpu) if getattr(gpu, k) != getattr(modern, k)}
+    assert differ == {"variants"}, differ
+    assert modern.variants == ["Vanilla Transformer", *MODERN_ROWS]
+    if not Path(modern.paper_table).is_file():
+        pytest.skip(f"reference table not found at {modern.paper_table}")
+    check_settings(modern)  # every row builds on the base and its pretraining arguments pass the recipe's checks
