@@ -72,8 +72,8 @@ def install_fault(kind: str, step: int, rank: int | None = None, delay: float = 
         checkpointing.write_manifest,
     )
 
-    def load_checkpoint(accelerator, path):
-        state = real_load(accelerator, path)
+    def load_checkpoint(accelerator, path, *args, **kwargs):  # the real one's optional resharding arguments too
+        state = real_load(accelerator, path, *args, **kwargs)
         position["start"] = state["step"]
         return state
 
