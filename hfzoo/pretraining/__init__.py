@@ -17,11 +17,20 @@ _EXPORTS = {
     "build_pretrain_parser": "arguments",
     "cli": "loop",
     "main": "loop",
+    "pack_pretraining_data": "loop",
     "parse_pretrain_args": "arguments",
     "train_tokenizer": "tokenizer:main",
 }
 
-__all__ = ["PretrainingRun", "build_pretrain_parser", "cli", "main", "parse_pretrain_args", "train_tokenizer"]
+__all__ = [
+    "PretrainingRun",
+    "build_pretrain_parser",
+    "cli",
+    "main",
+    "pack_pretraining_data",
+    "parse_pretrain_args",
+    "train_tokenizer",
+]
 
 
 def __getattr__(name: str):

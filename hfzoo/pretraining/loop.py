@@ -230,16 +230,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         train_dataset, eval_dataset = train_dataloader.dataset, eval_dataloader.dataset
     else:
         with accelerator.main_process_first():
-            packed = tokenize_and_pack(
-                _load_raw_datasets(args),
-                tokenizer,
-                args.text_column_name,
-                raw_block_size,
-                num_proc=args.preprocessing_num_workers,
-                clean=not args.no_clean_text,
-                load_from_cache_file=not args.overwrite_cache,
-                with_labels=objective.labels_in_blocks,
-            )
+            packed = pack_pretraining_data(args, tokenizer, objective, raw_block_size)
         train_dataset, eval_dataset = packed["train"], packed["validation"]
         if args.max_train_samples is not None:
             train_dataset = train_dataset.select(range(min(args.max_train_samples, len(train_dataset))))
@@ -344,6 +335,34 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         ),
         flops_per_token=flops_per_token,
         throughput=Throughput(peak, accelerator.num_processes),
+    )
+
+
+def pack_pretraining_data(args: argparse.Namespace, tokenizer, objective, raw_block_size: int):
+    """Load the recipe's training and validation text and tokenize it into blocks, through `datasets`' cache.
+
+    The one call that decides the cache entry (files, tokenizer, block size, cleaning, labels): the recipe and
+    the modification study (which prepares the data once before its runs) both use it, so a run finds the
+    study's blocks in the cache.
+
+    Args:
+        args: the recipe's parsed arguments (`parse_pretrain_args`); not `--streaming`.
+        tokenizer: the run's tokenizer.
+        objective: the `hfzoo.training.objectives` objective (whether blocks carry labels).
+        raw_block_size: tokens per packed block (the objective's input length before corruption).
+
+    Returns:
+        A `datasets.DatasetDict` with `train` and `validation` blocks of `raw_block_size` token ids.
+    """
+    return tokenize_and_pack(
+        _load_raw_datasets(args),
+        tokenizer,
+        args.text_column_name,
+        raw_block_size,
+        num_proc=args.preprocessing_num_workers,
+        clean=not args.no_clean_text,
+        load_from_cache_file=not args.overwrite_cache,
+        with_labels=objective.labels_in_blocks,
     )
 
 

@@ -73,15 +73,13 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedConfig
 
 from ..data.collators import compute_input_and_target_lengths
 from ..data.glue import get_glue_task
-from ..data.loading import load_raw_datasets
-from ..data.packing import tokenize_and_pack
 from ..finetuning import parse_glue_args
 from ..integrity import file_sha256
 from ..models.flops import count_training_flops
 from ..models.modern import STUDY_ROWS, row_pretrain_args
 from ..models.narang import load_paper_table, resolve_row
 from ..models.presets import PRESETS, build_config, parse_overrides
-from ..pretraining import parse_pretrain_args, train_tokenizer
+from ..pretraining import pack_pretraining_data, parse_pretrain_args, train_tokenizer
 from ..training.arguments import OneLineErrorParser
 from ..training.faults import EXIT_PREEMPTED
 from .parallel import ParallelPlan, available_ram_bytes, cpu_cores, estimate_run_bytes, plan_parallel_runs
@@ -874,8 +872,8 @@ def ensure_pretraining_data(settings: StudySettings, output_dir: Path, tokenizer
     """Tokenize and pack the pretraining data once per study, before any run, into `datasets`' cache.
 
     The study's runs all read the same data with the same tokenizer and block size, so they all ask
-    `datasets` for the same maps: this does them once (`tokenize_and_pack`, exactly as the pretraining recipe
-    calls it for the study's arguments), and every run, every other study process on the folder and every
+    `datasets` for the same maps: this does them once (`hfzoo.pretraining.pack_pretraining_data`, the pretraining
+    recipe's own call, with the study's arguments), and every run, every other study process on the folder and every
     rerun then loads the blocks from `datasets`' cache (its fingerprints are those of the data files, the
     tokenizer and the block size; the cache lives under `HF_DATASETS_CACHE`) instead of tokenizing again.
     Called under the study lock, so that parallel study processes do not tokenize the same data at once.
@@ -898,25 +896,7 @@ def ensure_pretraining_data(settings: StudySettings, output_dir: Path, tokenizer
     objective = get_objective(args.objective)
     _, raw_block_size = objective.build_collator(args, tokenizer, args.block_size)
     print(f"=== study data: tokenized once into datasets' cache (blocks of {raw_block_size} tokens)", flush=True)
-    raw = load_raw_datasets(
-        train_file=args.train_file,
-        validation_file=args.validation_file,
-        dataset_name=args.dataset_name,
-        dataset_config_name=args.dataset_config_name,
-        text_column_name=args.text_column_name,
-        validation_split_percentage=args.validation_split_percentage,
-        check_files=False,  # check_settings did
-    )
-    packed = tokenize_and_pack(
-        raw,
-        tokenizer,
-        args.text_column_name,
-        raw_block_size,
-        num_proc=args.preprocessing_num_workers,
-        clean=not args.no_clean_text,
-        load_from_cache_file=not args.overwrite_cache,
-        with_labels=objective.labels_in_blocks,
-    )
+    packed = pack_pretraining_data(args, tokenizer, objective, raw_block_size)  # the recipe's own call
     seconds = time.perf_counter() - start
     prepared = {
         "train_blocks": len(packed["train"]),
