@@ -24,7 +24,7 @@ from scipy import stats
 
 from ..models.narang import PaperRow, load_paper_table
 from ..training.plots import plot_curves_by_name, plot_labelled_scatter
-from .protocol import BASELINE, EARLY_FRACTION, NO_PRETRAINING, SELECTION_KEYS, study_plan
+from .protocol import BASELINE, EARLY_FRACTION, FAMILIES, NO_PRETRAINING, SELECTION_KEYS, study_plan
 
 __all__ = ["VariantSummary", "spearman_with_interval", "summarize", "write_report"]
 
@@ -573,12 +573,13 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
     )
 
     tokens = settings.train_batch_tokens * settings.max_train_steps
+    family = FAMILIES[settings.family]
     lines = [
         "# Narang et al. 2021, Table 1, at small scale",
         "",
         f"{len(records)} of {len(planned)} runs finished ({len(summaries)} variants"
         f"{' and the no-pretraining row' if downstream else ''}, seeds {list(settings.seeds)}). "
-        f"Every run: span-corruption pretraining for {settings.max_train_steps:,} steps of "
+        f"Every run: {family.loss} pretraining of the {family.name} for {settings.max_train_steps:,} steps of "
         f"{settings.train_batch_tokens:,} input tokens ({tokens:,} in total), early loss at step "
         f"{settings.max_train_steps // EARLY_FRACTION:,} (1/{EARLY_FRACTION} of training), then full finetuning on "
         f"{', '.join(TASK_TITLES.get(t, t) for t in settings.glue_tasks)} ({settings.glue_max_train_samples:,} "
@@ -586,7 +587,7 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
         "",
         "Each variant's first row is this study (mean ± standard deviation over seeds), the second the paper's "
         "(Params, Ops: total pretraining FLOPs; Step/s on their TPUs; SGLUE in the GLUE column). Losses are "
-        "held-out span-corruption losses (nats per target token); GLUE scores are dev-set metrics x 100 "
+        f"held-out {family.loss} losses (nats per predicted token); GLUE scores are dev-set metrics x 100 "
         '(a task with two metrics: their mean). "Better than vanilla": more than two standard deviations '
         "of the vanilla runs below its loss or above its score; for the paper's rows, the spread its table "
         "reports (the vanilla early loss's) for both losses."
@@ -641,7 +642,7 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
     plot_curves_by_name(
         {n: s.eval_losses for n, s in summaries.items()},
         output_dir / "loss_curves.png",
-        title="held-out span-corruption loss (mean over seeds)",
+        title=f"held-out {family.loss} loss of the {family.name} (mean over seeds)",
         xlabel="step",
         ylabel="validation loss",
     )

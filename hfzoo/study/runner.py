@@ -11,7 +11,9 @@ change the pretraining arguments, `hfzoo.models.modern.ROW_PRETRAIN_ARGS`: the M
 and the hyperparameters shared by every run; every key of the file must be present, and a flag of the same
 name overrides it. For each (variant, seed) the study
 
-1. pretrains with T5 span corruption through the pretraining recipe (`hfzoo.pretraining.main`,
+1. pretrains with the study's family's objective (`family`: T5 span corruption for the paper's
+   encoder-decoder, causal LM for a decoder, masked LM for an encoder; `protocol.FAMILIES`) through the
+   pretraining recipe (`hfzoo.pretraining.main`,
    the same Accelerate code path as `hfzoo-pretrain`): the same data, tokens and hyperparameters for every
    variant, validation loss at 1/8 of training (the paper's 65,536 of 524,288 steps: "early loss") and at
    the end ("final loss") on the same held-out, identically corrupted blocks (`--eval_seed`);
@@ -69,7 +71,8 @@ from typing import Any
 
 import torch
 import yaml
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedConfig
+from huggingface_hub.errors import StrictDataclassError
+from transformers import CONFIG_MAPPING, AutoTokenizer, PreTrainedConfig
 
 from ..data.collators import compute_input_and_target_lengths
 from ..data.glue import get_glue_task
@@ -80,10 +83,11 @@ from ..models.modern import STUDY_ROWS, row_pretrain_args
 from ..models.narang import load_paper_table, resolve_row
 from ..models.presets import PRESETS, build_config, parse_overrides
 from ..pretraining import pack_pretraining_data, parse_pretrain_args, train_tokenizer
+from ..tokenization import FAMILY_SPECIAL_TOKENS
 from ..training.arguments import OneLineErrorParser
 from ..training.faults import EXIT_PREEMPTED
 from .parallel import ParallelPlan, available_ram_bytes, cpu_cores, estimate_run_bytes, plan_parallel_runs
-from .protocol import BASELINE, EARLY_FRACTION, NO_PRETRAINING, SELECTION_KEYS, study_plan
+from .protocol import BASELINE, EARLY_FRACTION, FAMILIES, NO_PRETRAINING, SELECTION_KEYS, study_plan
 
 __all__ = ["EARLY_FRACTION", "StudySettings", "load_settings", "main", "run_study"]
 
@@ -100,11 +104,15 @@ class StudySettings:
     Attributes:
         config_name: the base model: a preset (default study: `narang-vanilla`) or a `config.json`.
         config_overrides: base config fields to change (a mapping; `key=value,...` on the command line).
+        family: the model family every run pretrains (`protocol.FAMILIES`): `encoder-decoder` (T5 span
+            corruption, the paper's), `decoder` (causal LM) or `encoder` (masked LM). An encoder-decoder base
+            runs in another family as one stack of the same width with the layers of both its stacks
+            (`single_stack_config`); a base of the study's family runs as it is.
         variants: row names of `hfzoo.models.modern.STUDY_ROWS` (Table 1's and today's modifications),
             resolved against the base.
         seeds: training seeds; every variant runs once per seed.
-        tokenizer_name: a tokenizer folder to use, or null to train one for the study (encoder-decoder
-            special tokens) on `tokenizer_train_file`.
+        tokenizer_name: a tokenizer folder to use, or null to train one for the study (the family's special
+            tokens) on `tokenizer_train_file`.
         tokenizer_train_file: files for the study's tokenizer (null: `train_file`).
         tokenizer_vocab_size: its vocabulary size (special tokens and 100 sentinels included).
         tokenizer_max_characters: characters read to train it.
@@ -113,8 +121,8 @@ class StudySettings:
         dataset_name: a hub dataset instead of `train_file`.
         dataset_config_name: its configuration.
         validation_split_percentage: percent of training documents held out when `validation_file` is null.
-        block_size: encoder input tokens per sequence (the span-corrupted input; the paper: 512).
-        train_batch_tokens: encoder input tokens per optimizer step over all processes (the paper: 65,536).
+        block_size: input tokens per sequence (an encoder-decoder's span-corrupted encoder input; the paper: 512).
+        train_batch_tokens: input tokens per optimizer step over all processes (the paper: 65,536).
         gradient_accumulation_steps: micro-batches per optimizer step.
         max_train_steps: optimizer steps of every pretraining run (the paper: 524,288); at least 8.
         learning_rate: peak AdamW learning rate (every variant; the paper's ReZero and Fixup exception, Adam
@@ -123,7 +131,8 @@ class StudySettings:
         lr_scheduler_type: `transformers.get_scheduler` name.
         lr_scheduler_kwargs: the schedule's own arguments (mapping).
         num_warmup_steps: linear warmup steps.
-        noise_density: span corruption: fraction of tokens corrupted (T5: 0.15).
+        noise_density: span corruption: fraction of tokens corrupted (T5: 0.15); masked LM: fraction of tokens
+            selected (BERT: 0.15).
         mean_noise_span_length: span corruption: mean span length (T5: 3).
         max_eval_samples: held-out blocks the losses are measured on.
         per_device_eval_batch_size: evaluation batch size.
@@ -147,6 +156,7 @@ class StudySettings:
 
     config_name: str
     config_overrides: dict
+    family: str
     variants: list
     seeds: list
     tokenizer_name: str | None
@@ -407,8 +417,12 @@ def build_variant_config(settings: StudySettings, variant: str, tokenizer_fields
     if unknown:
         raise ValueError(f"config_overrides: unknown keys {unknown}")
     base = build_config(settings.config_name, checked, **literal, **tokenizer_fields)
-    if not getattr(base, "is_encoder_decoder", False):
-        raise ValueError(f"config_name {settings.config_name!r} is not an encoder-decoder (span corruption needs one)")
+    family = FAMILIES[settings.family]
+    if base.model_type not in (family.model_type, FAMILIES["encoder-decoder"].model_type):
+        raise ValueError(
+            f"config_name {settings.config_name!r} is a {base.model_type} model; family={settings.family!r} "
+            f"needs a {family.model_type} or an encoder-decoder base"
+        )
     changes = resolve_row(variant, base.to_dict(), rows=STUDY_ROWS)
     checked_row, literal_row = _overrides_and_literals(changes)
     overrides = {**checked, **checked_row}
@@ -416,9 +430,72 @@ def build_variant_config(settings: StudySettings, variant: str, tokenizer_fields
     # head_dim stays the base's (the paper keeps d_kv = 64 when a row changes the number of heads)
     overrides.setdefault("head_dim", base.head_dim)
     try:
-        return build_config(settings.config_name, overrides, **fields)
+        config = build_config(settings.config_name, overrides, **fields)
     except ValueError as err:
         raise ValueError(f"variant {variant!r}: {err}") from None
+    if config.model_type == family.model_type:
+        return config
+    try:
+        return single_stack_config(config, family.name, changed=changes)
+    except ValueError as err:
+        raise ValueError(f"variant {variant!r} in the {family.name} family: {err}") from None
+
+
+def single_stack_config(config: PreTrainedConfig, family: str, changed=()) -> PreTrainedConfig:
+    """An encoder-decoder config as a decoder-only or encoder-only model of the same architecture.
+
+    The one stack has the encoder-decoder's width, heads, feed-forward, norms, position scheme and every other
+    shared field, and the layers of both its stacks (`num_hidden_layers + num_decoder_layers`: about the
+    encoder-decoder's parameters, less its cross-attention), so that a row's change (GLU feed-forward, twice
+    the layers, ...) means the same in every family. An encoder gets no segment embeddings
+    (`type_vocab_size=0`), as the encoder-decoder baseline has none.
+
+    Args:
+        config: an hfzoo encoder-decoder config.
+        family: `decoder` or `encoder` (a key of `protocol.FAMILIES`).
+        changed: config fields the study row sets; a field only encoder-decoders have cannot carry over
+            (`num_decoder_layers` aside: it is part of the sum).
+
+    Returns:
+        The family's validated config.
+
+    Raises:
+        ValueError: `changed` names an encoder-decoder-only field (e.g. the Funnel Transformer row's
+            `decoder_layer_stack`), or the family's config refuses a value (e.g. `block_sharing="encoder"`).
+    """
+    target_class = CONFIG_MAPPING[FAMILIES[family].model_type]
+    own_fields = {f.name for f in dataclasses.fields(target_class)}
+    only_encoder_decoder = {f.name for f in dataclasses.fields(type(config))} - own_fields
+    carried = sorted(set(changed) & only_encoder_decoder - {"num_decoder_layers"})  # the depth is summed below
+    if carried:
+        raise ValueError(f"changes {carried}, which only an encoder-decoder has; the row has no {family} form")
+    values = {k: v for k, v in config.to_dict().items() if k not in only_encoder_decoder and k != "model_type"}
+    values["num_hidden_layers"] = config.num_hidden_layers + config.num_decoder_layers
+    values["is_encoder_decoder"] = False
+    if family == "encoder":
+        values["type_vocab_size"] = 0
+    try:
+        return target_class.from_dict(values)
+    except (TypeError, ValueError, StrictDataclassError) as err:
+        raise ValueError(str(err.__cause__ if err.__cause__ is not None else err)) from None
+
+
+def planned_tokenizer_fields(family: str, vocab_size: int) -> dict[str, Any]:
+    """`vocab_size` and the special token ids that the study's tokenizer of `family` will have.
+
+    `hfzoo.tokenization.train_bpe_tokenizer` gives the family's special tokens (`FAMILY_SPECIAL_TOKENS`) the
+    first ids, in their listed order (a token with two roles once), so the configs can be checked before
+    the tokenizer is trained.
+    """
+    roles = FAMILY_SPECIAL_TOKENS[family]["special_tokens"]
+    tokens = list(dict.fromkeys(roles.values()))
+    ids = {role: tokens.index(token) for role, token in roles.items()}
+    return {
+        "vocab_size": vocab_size,
+        "pad_token_id": ids.get("pad_token"),
+        "eos_token_id": ids.get("eos_token"),
+        "bos_token_id": ids.get("bos_token"),
+    }
 
 
 def _slug(name: str) -> str:
@@ -469,14 +546,19 @@ def pretrain_argv(
     num_processes: int,
     variant: str | None = None,
 ) -> list[str]:
-    """The `hfzoo-pretrain` arguments of one run (span corruption, evaluation every 1/8 of training).
+    """The `hfzoo-pretrain` arguments of one run (the family's objective, evaluation every 1/8 of training).
 
     The study's own flags, then its `pretrain_args`, then the row's pretraining arguments
     (`hfzoo.models.modern.row_pretrain_args(variant)`, e.g. `--optim muon`); a later one wins.
     """
     early_step = settings.max_train_steps // EARLY_FRACTION
+    objective = FAMILIES[settings.family].objective
+    corruption = {
+        "span": {"noise_density": settings.noise_density, "mean_noise_span_length": settings.mean_noise_span_length},
+        "mlm": {"mlm_probability": settings.noise_density},
+    }.get(objective, {})
     flags = {
-        "objective": "span",
+        "objective": objective,
         "tokenizer_name": tokenizer,
         "config_name": str(config_path),
         **{key: getattr(settings, key) for key in ("train_file", "validation_file", "dataset_name",
@@ -489,9 +571,9 @@ def pretrain_argv(
         **{key: getattr(settings, key) for key in ("num_warmup_steps", "max_train_steps")},
         "eval_steps": early_step,  # validation loss at 1/8, 2/8, ... of training: the early loss is the first
         "logging_steps": max(1, early_step // 4),
-        **{key: getattr(settings, key) for key in ("max_eval_samples", "per_device_eval_batch_size", "noise_density",
-                                                   "mean_noise_span_length", "mixed_precision",
-                                                   "attn_implementation")},
+        **{key: getattr(settings, key) for key in ("max_eval_samples", "per_device_eval_batch_size")},
+        **corruption,
+        **{key: getattr(settings, key) for key in ("mixed_precision", "attn_implementation")},
         "seed": seed,
         "eval_seed": settings.eval_seed,
         "output_dir": str(output),
@@ -561,6 +643,8 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
     Raises:
         ValueError, FileNotFoundError: the first problem found, naming the key and the value.
     """
+    if settings.family not in FAMILIES:
+        raise ValueError(f"family={settings.family!r}: expected one of {list(FAMILIES)}")
     if not settings.variants:
         raise ValueError("variants: the study has no variants")
     if not settings.seeds:
@@ -620,13 +704,8 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
                 f"tokenizer_name {settings.tokenizer_name}: cannot load ({str(err).splitlines()[0]})"
             ) from None
         fields = _tokenizer_fields(tokenizer)
-    else:  # the ids the encoder-decoder tokenizer gets (<pad> </s> <unk> first), its planned size
-        fields = {
-            "vocab_size": settings.tokenizer_vocab_size,
-            "pad_token_id": 0,
-            "eos_token_id": 1,
-            "bos_token_id": None,
-        }
+    else:  # the ids the study's tokenizer will get, its planned size
+        fields = planned_tokenizer_fields(settings.family, settings.tokenizer_vocab_size)
     for variant in settings.variants:
         build_variant_config(settings, variant, fields)
     scratch = Path("/nonexistent-study-check")
@@ -644,7 +723,11 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
     if settings.tokenizer_name is not None:
         from ..training.objectives import get_objective
 
-        get_objective("span").build_collator(parse_pretrain_args(pretrain), tokenizer, settings.block_size)
+        objective = get_objective(FAMILIES[settings.family].objective)
+        try:
+            objective.build_collator(parse_pretrain_args(pretrain), tokenizer, settings.block_size)
+        except ValueError as err:
+            raise ValueError(f"tokenizer_name {settings.tokenizer_name}: {err}") from None
     return {"tokenizer_fields": fields}
 
 
@@ -778,6 +861,7 @@ def _study_differences(saved: dict[str, Any], settings: StudySettings, data: dic
     `data` (written before data was recorded) holds absolute paths: they compare with the resolved ones.
     """
     old, current = saved.get("settings", {}), _saved_settings(settings)
+    old = {"family": "encoder-decoder", **old}  # recorded before studies had families: the encoder-decoder
     old_data = saved.get("data")
     if old_data is None:
         current.update({k: v for k, v in _saved_settings(resolve_paths(settings)).items() if k in PATH_KEYS})
@@ -836,7 +920,10 @@ def prepare_output_dir(output_dir: Path, settings: StudySettings, overwrite: boo
 
 
 def ensure_tokenizer(settings: StudySettings, output_dir: Path) -> str:
-    """The tokenizer folder of the study: `tokenizer_name`, or one trained once into `output_dir/tokenizer`."""
+    """The tokenizer folder of the study: `tokenizer_name`, or one trained once into `output_dir/tokenizer`.
+
+    A trained tokenizer has the study family's special tokens (`hfzoo.tokenization.FAMILY_SPECIAL_TOKENS`).
+    """
     if settings.tokenizer_name is not None:
         return settings.tokenizer_name
     folder = output_dir / "tokenizer"
@@ -847,7 +934,7 @@ def ensure_tokenizer(settings: StudySettings, output_dir: Path) -> str:
     files = settings.tokenizer_train_file or settings.train_file
     argv = [
         "--model_family",
-        "encoder-decoder",
+        settings.family,
         "--vocab_size",
         str(settings.tokenizer_vocab_size),
         "--max_characters",
@@ -981,11 +1068,34 @@ def run_stage(module: str, argv: list[str], launcher: str | None) -> None:
         raise RuntimeError(f"{shlex.join(command)} exited with status {completed.returncode}")
 
 
+def pretraining_model_class(config: PreTrainedConfig):
+    """The auto class the pretraining recipe builds `config` with (its family's objective's).
+
+    Raises:
+        ValueError: `config` is not of a study family (`protocol.FAMILIES`).
+    """
+    from ..training.objectives import get_objective
+
+    for family in FAMILIES.values():
+        if family.model_type == config.model_type:
+            return get_objective(family.objective).auto_class
+    raise ValueError(f"model_type {config.model_type!r} is not one of {[f.model_type for f in FAMILIES.values()]}")
+
+
 def count_parameters(config: PreTrainedConfig) -> int:
-    """Unique parameters (tied matrices once) of the span-corruption model, built on the meta device."""
+    """Unique parameters (tied matrices once) of the pretraining model (with its LM head), built on the meta device."""
     with torch.device("meta"):
-        model = AutoModelForSeq2SeqLM.from_config(config)
+        model = pretraining_model_class(config).from_config(config)
     return sum(p.numel() for p in model.parameters())
+
+
+def target_length(settings: StudySettings) -> int | None:
+    """Decoder tokens per sequence of an encoder-decoder study (the span-corrupted targets); None otherwise."""
+    if settings.family != "encoder-decoder":
+        return None
+    return compute_input_and_target_lengths(
+        settings.block_size, settings.noise_density, settings.mean_noise_span_length
+    )[1]
 
 
 def _glue_task_score(task: str, results: dict[str, Any]) -> tuple[float, dict[str, float]]:
@@ -1060,10 +1170,7 @@ def execute_run(
     timing["pretrain_train_runtime"] = results["train_runtime"]
     glue, glue_seconds = _finetune(settings, folder, pretrain_dir, seed, subsets, launcher, num_processes, timing)
 
-    target_length = compute_input_and_target_lengths(
-        settings.block_size, settings.noise_density, settings.mean_noise_span_length
-    )[1]
-    flops = count_training_flops(config, settings.block_size, target_length)
+    flops = count_training_flops(config, settings.block_size, target_length(settings))
     sequences_per_step = settings.train_batch_tokens // settings.block_size
     total_flops = flops.total * sequences_per_step * results["train_steps"]
     step_seconds = results.get("train_step_seconds")  # the pretraining's own (also when the stage was reused)
@@ -1154,7 +1261,7 @@ def _execute_without_pretraining(
         tmp = folder / "init.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         set_seed(seed)
-        model = AutoModelForSeq2SeqLM.from_config(config, attn_implementation=settings.attn_implementation)
+        model = pretraining_model_class(config).from_config(config, attn_implementation=settings.attn_implementation)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         os.replace(tmp, init_dir)
@@ -1331,9 +1438,7 @@ def resolve_parallel_runs(
     Returns:
         The plan.
     """
-    target_length = compute_input_and_target_lengths(
-        settings.block_size, settings.noise_density, settings.mean_noise_span_length
-    )[1]
+    targets = target_length(settings)  # None: one stack, whose every token is predicted (or may be)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     per_run = 0
     for variant in settings.variants or [BASELINE]:
@@ -1342,11 +1447,11 @@ def resolve_parallel_runs(
             count_parameters(config),
             batch_size=sequences_per_device(settings, num_processes),
             input_length=settings.block_size,
-            target_length=target_length,
+            target_length=settings.block_size if targets is None else targets,
             hidden_size=config.hidden_size,
             num_heads=config.num_attention_heads,
-            encoder_layers=config.num_hidden_layers,
-            decoder_layers=getattr(config, "num_decoder_layers", None) or config.num_hidden_layers,
+            encoder_layers=0 if targets is None else config.num_hidden_layers,
+            decoder_layers=config.num_hidden_layers if targets is None else config.num_decoder_layers,
             vocab_size=config.vocab_size,
             half_precision=settings.mixed_precision in ("bf16", "fp16"),
             device=device,

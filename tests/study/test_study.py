@@ -337,6 +337,20 @@ def expect_refusal(argv: list[str], capsys) -> str:
         ({"train_batch_tokens": 100}, [], "train_batch_tokens=100 is not a multiple of block_size"),
         ({"glue_args": {"lora_dropout": 2}}, [], "the GLUE arguments are refused"),
         ({"lr_scheduler_type": "sometimes"}, [], "the pretraining arguments are refused"),
+        ({}, ["--family", "gpt"], "family='gpt': expected one of ['encoder-decoder', 'decoder', 'encoder']"),
+        (
+            {"variants": ["Vanilla Transformer", "Funnel Transformer"]},
+            ["--family", "decoder"],
+            "variant 'Funnel Transformer' in the decoder family: changes ['decoder_layer_stack'], which only an "
+            "encoder-decoder has; the row has no decoder form",
+        ),
+        (
+            {"variants": ["Transparent attention"]},
+            ["--family", "encoder"],
+            "variant 'Transparent attention' in the encoder family: transparent_attention=True is defined for the "
+            "encoder-decoder (hfzoo_encoder_decoder) only",
+        ),
+        ({"config_name": "decoder-tiny", "config_overrides": {}}, [], "config_name 'decoder-tiny' is a hfzoo_decoder"),
     ],
     ids=[
         "unknown-variant",
@@ -356,6 +370,10 @@ def expect_refusal(argv: list[str], capsys) -> str:
         "batch-arithmetic",
         "bad-glue-args",
         "bad-pretrain-args",
+        "unknown-family",
+        "encoder-decoder-only-row",
+        "cross-attention-row",
+        "base-of-another-family",
     ],
 )
 def test_bad_input_is_refused_before_anything_is_trained(changes, flags, expected, inputs, tmp_path, capsys):
@@ -762,7 +780,7 @@ def test_the_gpu_study_file_has_the_default_protocol_and_rows(data_dir, monkeypa
     small, gpu = load_settings(DEFAULT_STUDY), load_settings(REPO_ROOT / "recipes" / "studies" / "narang_gpu.yaml")
     scale = {"config_overrides", "train_batch_tokens", "max_train_steps", "learning_rate", "num_warmup_steps"}
     differ = {k for k in vars(small) if getattr(small, k) != getattr(gpu, k)}
-    assert differ == scale, differ
+    assert {"config_overrides", "max_train_steps"} <= differ <= scale, differ  # a larger model trained longer
     assert gpu.max_train_steps % 8 == 0 and gpu.num_warmup_steps < gpu.max_train_steps
     if not Path(gpu.paper_table).is_file():
         pytest.skip(f"reference table not found at {gpu.paper_table}")
@@ -862,3 +880,42 @@ def test_the_modern_study_file_has_the_gpu_protocol_and_todays_rows(data_dir, mo
     if not Path(modern.paper_table).is_file():
         pytest.skip(f"reference table not found at {modern.paper_table}")
     check_settings(modern)  # every row builds on the base and its pretraining arguments pass the recipe's checks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["decoder", "encoder"])
+def test_the_rows_run_in_the_decoder_and_encoder_families(family, inputs, tmp_path):
+    """`--family`: every row pretrains as one stack of the base's width with the layers of both its stacks (causal LM
+    for the decoder, masked LM for the encoder) with the family's own tokenizer, then finetunes; the report says so."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from hfzoo.models.flops import count_training_flops
+    from hfzoo.study.protocol import FAMILIES
+    from hfzoo.tokenization import FAMILY_SPECIAL_TOKENS
+
+    variants = ["Vanilla Transformer", "All together"]
+    study = tiny_study(inputs, tmp_path / "study.yaml", variants=variants, seeds=[0], tokenizer_name=None,
+                       tokenizer_train_file=[inputs["train"]], tokenizer_vocab_size=384, glue_tasks=["sst2"])  # fmt: skip
+    out = tmp_path / "out"
+    records = main(["--study", str(study), "--output_dir", str(out), "--family", family])
+    assert [r["variant"] for r in records] == [*variants, NO_PRETRAINING]
+    assert json.loads((out / "study.json").read_text())["settings"]["family"] == family
+
+    tokenizer = AutoTokenizer.from_pretrained(out / "tokenizer")  # the study's own, with the family's tokens
+    for role, token in FAMILY_SPECIAL_TOKENS[family]["special_tokens"].items():
+        assert getattr(tokenizer, role) == token
+    architecture = {"decoder": "HfzooDecoderForCausalLM", "encoder": "HfzooEncoderForMaskedLM"}[family]
+    for record in records:
+        folder = run_dir(out, record["variant"], 0)
+        model_dir = folder / ("init" if record["variant"] == NO_PRETRAINING else "pretrain")
+        config = AutoConfig.from_pretrained(model_dir)
+        assert config.model_type == FAMILIES[family].model_type and config.num_hidden_layers == 4  # 2 + 2
+        assert config.architectures == [architecture] and config.vocab_size == len(tokenizer)
+        assert 0 <= record["glue"]["sst2"]["score"] <= 100
+        if record["variant"] == NO_PRETRAINING:
+            continue
+        assert record["final_loss"] < record["init_loss"]
+        assert record["flops_per_token"] == count_training_flops(config, 32).per_token  # one stack, 32 tokens
+        if record["variant"] == "All together":
+            assert config.qk_norm == "rms_norm" and config.unet_skips and config.value_residual
+    assert f"Every run: {FAMILIES[family].loss} pretraining of the {family}" in (out / "results.md").read_text()
