@@ -6,8 +6,9 @@
 
 For each variant: the study's model for that row (`hfzoo.study.runner.build_variant_config`),
 trained for `--steps` optimizer steps (after 2 warm-up steps) on random token ids shaped like the study's
-span-corruption batches (`train_batch_tokens / block_size` sequences of the corrupted input length, targets
-of the target length), the optimizer the study's run of that row builds (`create_optimizer` with the run's
+batches (`train_batch_tokens / block_size` sequences of `block_size` input tokens; an encoder-decoder's targets
+of span corruption's target length, a decoder's or encoder's labels as long as the input; `--family` as the
+study's), the optimizer the study's run of that row builds (`create_optimizer` with the run's
 pretraining arguments: AdamW, or Muon + AdamW for the Muon rows), bf16 autocast when the study uses
 `mixed_precision: bf16`. Prints the process CPU seconds per step (`time.process_time`, which on a machine
 shared with other jobs is far less disturbed than the wall time), the wall seconds per step, the training
@@ -23,12 +24,18 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoTokenizer
 
-from hfzoo.data.collators import compute_input_and_target_lengths
 from hfzoo.models.flops import count_training_flops
 from hfzoo.pretraining import parse_pretrain_args
-from hfzoo.study.runner import _tokenizer_fields, build_variant_config, load_settings, pretrain_argv
+from hfzoo.study.runner import (
+    _tokenizer_fields,
+    build_variant_config,
+    load_settings,
+    pretrain_argv,
+    pretraining_model_class,
+    target_length,
+)
 from hfzoo.training.arguments import muon_settings
 from hfzoo.training.optimization import create_optimizer
 
@@ -37,7 +44,7 @@ def step_cost(settings, variant: str, tokenizer, tokenizer_name: str, steps: int
     """Time `steps` training steps of `variant`'s model; CPU and wall seconds per step, FLOPs per step."""
     config = build_variant_config(settings, variant, _tokenizer_fields(tokenizer))
     torch.manual_seed(0)
-    model = AutoModelForSeq2SeqLM.from_config(config).train()
+    model = pretraining_model_class(config).from_config(config).train()
     scratch = Path("/nonexistent-step-cost")  # the run's arguments, for its optimizer only
     args = parse_pretrain_args(pretrain_argv(settings, tokenizer_name, scratch / "c.json", 0, scratch, 1, variant))
     optimizer = create_optimizer(
@@ -48,16 +55,15 @@ def step_cost(settings, variant: str, tokenizer, tokenizer_name: str, steps: int
         fused=False,
         muon=muon_settings(args),
     )
-    # T5's arithmetic: raw blocks long enough that the corrupted input is `block_size` tokens
-    _, target_length = compute_input_and_target_lengths(
-        settings.block_size, settings.noise_density, settings.mean_noise_span_length
-    )
+    # T5's arithmetic for an encoder-decoder: raw blocks long enough that the corrupted input is `block_size`
+    # tokens, targets of the spans' length; one stack predicts (at most) every input position
+    targets = target_length(settings)
     input_length = settings.block_size
     batch = settings.train_batch_tokens // settings.block_size
     generator = torch.Generator().manual_seed(0)
     vocab = min(config.vocab_size, len(tokenizer))
     inputs = torch.randint(3, vocab, (batch, input_length), generator=generator)
-    labels = torch.randint(3, vocab, (batch, target_length), generator=generator)
+    labels = torch.randint(3, vocab, (batch, targets or input_length), generator=generator)
     bf16 = settings.mixed_precision == "bf16"
 
     def train_step() -> None:
@@ -73,7 +79,7 @@ def step_cost(settings, variant: str, tokenizer, tokenizer_name: str, steps: int
     for _ in range(steps):
         train_step()
     cpu, wall = (time.process_time() - cpu) / steps, (time.perf_counter() - wall) / steps
-    flops = count_training_flops(config, input_length, target_length).total * batch
+    flops = count_training_flops(config, input_length, targets).total * batch
     return {"cpu": cpu, "wall": wall, "flops": flops, "params": sum(p.numel() for p in model.parameters())}
 
 
@@ -84,8 +90,9 @@ def main() -> None:
     parser.add_argument("--tokenizer_name", required=True, help="the study's tokenizer folder")
     parser.add_argument("--variants", nargs="+", default=None, help="rows (default: the study file's)")
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per variant")
+    parser.add_argument("--family", default=None, help="encoder-decoder, decoder or encoder (default: the study's)")
     args = parser.parse_args()
-    settings = load_settings(args.study)
+    settings = load_settings(args.study, {"family": args.family})
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name)
     print(f"torch threads: {torch.get_num_threads()}; {settings.max_train_steps} steps of "
           f"{settings.train_batch_tokens} tokens per run")  # fmt: skip
