@@ -241,10 +241,13 @@ def significance(summaries: dict[str, VariantSummary], paper: dict[str, PaperRow
     return marks
 
 
-def agreement(summaries: dict[str, VariantSummary], paper: dict[str, PaperRow]) -> dict[str, dict[str, Any]]:
+def agreement(
+    summaries: dict[str, VariantSummary], paper: dict[str, PaperRow], downstream: bool = True
+) -> dict[str, dict[str, Any]]:
     """Spearman rank correlation (and bootstrap 95% interval) of our columns with the paper's, over variants.
 
-    Columns: early loss, final loss, and downstream (our GLUE average vs the paper's SuperGLUE average).
+    Columns: early loss, final loss, and downstream (our GLUE average vs the paper's SuperGLUE average; left out
+    when `downstream` is False, for a study that finetunes on no task).
 
     Returns:
         `{column: {"rho", "low", "high", "variants"}}`.
@@ -258,6 +261,8 @@ def agreement(summaries: dict[str, VariantSummary], paper: dict[str, PaperRow]) 
             [paper[n].downstream.get("SGLUE", math.nan) for n in common],
         ),
     }
+    if not downstream:
+        del columns["Downstream (GLUE average vs SGLUE)"]
     result = {}
     for column, (ours, theirs) in columns.items():
         rho, low, high = spearman_with_interval(ours, theirs)
@@ -298,7 +303,7 @@ def _table(
         "Step/s",
         "Early loss",
         "Final loss",
-        "GLUE avg / SGLUE",
+        *(["GLUE avg / SGLUE"] if tasks else []),
         *[TASK_TITLES.get(t, t) for t in tasks],
         "Better than vanilla (>2σ)",
     ]
@@ -319,7 +324,7 @@ def _table(
                     _num(s.steps_per_second, 2),
                     _pm(s.early_loss, s.early_loss_std, 3),
                     _pm(s.final_loss, s.final_loss_std, 3),
-                    _pm(s.glue_average, s.glue_average_std, 1),
+                    *([_pm(s.glue_average, s.glue_average_std, 1)] if tasks else []),
                     *[_num(s.glue.get(t, math.nan), 1) for t in tasks],
                     ours_marks,
                 ]
@@ -341,7 +346,7 @@ def _table(
                         _num(row.steps_per_second, 2),
                         _pm(row.early_loss, row.early_loss_std, 3),
                         _num(row.final_loss, 3),
-                        _num(row.downstream.get("SGLUE", math.nan), 2),
+                        *([_num(row.downstream.get("SGLUE", math.nan), 2)] if tasks else []),
                         *([""] * len(tasks)),
                         paper_marks,
                     ]
@@ -547,7 +552,8 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
         preparation = None
     accounting = time_accounting(records, preparation)
     marks = significance(summaries, paper)
-    correlations = agreement(summaries, paper) if paper else {}
+    finetunes = bool(settings.glue_tasks)
+    correlations = agreement(summaries, paper, downstream=finetunes) if paper else {}
     spread = seed_spread(summaries)
     planned = study_plan(settings)
     done = {(r["variant"], r["seed"]) for r in records}
@@ -581,15 +587,23 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
         f"{' and the no-pretraining row' if downstream else ''}, seeds {list(settings.seeds)}). "
         f"Every run: {family.loss} pretraining of the {family.name} for {settings.max_train_steps:,} steps of "
         f"{settings.train_batch_tokens:,} input tokens ({tokens:,} in total), early loss at step "
-        f"{settings.max_train_steps // EARLY_FRACTION:,} (1/{EARLY_FRACTION} of training), then full finetuning on "
-        f"{', '.join(TASK_TITLES.get(t, t) for t in settings.glue_tasks)} ({settings.glue_max_train_samples:,} "
-        f"training examples per task, {settings.glue_num_train_epochs} epoch(s)).",
+        f"{settings.max_train_steps // EARLY_FRACTION:,} (1/{EARLY_FRACTION} of training), "
+        + (
+            f"then full finetuning on {', '.join(TASK_TITLES.get(t, t) for t in settings.glue_tasks)} "
+            f"({settings.glue_max_train_samples:,} training examples per task, {settings.glue_num_train_epochs} "
+            "epoch(s))."
+            if finetunes
+            else "no finetuning (the study lists no GLUE tasks)."
+        ),
         "",
         "Each variant's first row is this study (mean ± standard deviation over seeds), the second the paper's "
-        "(Params, Ops: total pretraining FLOPs; Step/s on their TPUs; SGLUE in the GLUE column). Losses are "
-        f"held-out {family.loss} losses (nats per predicted token); GLUE scores are dev-set metrics x 100 "
-        '(a task with two metrics: their mean). "Better than vanilla": more than two standard deviations '
-        "of the vanilla runs below its loss or above its score; for the paper's rows, the spread its table "
+        "(Params, Ops: total pretraining FLOPs; Step/s on their TPUs"
+        + ("; SGLUE in the GLUE column" if finetunes else "")
+        + f"). Losses are held-out {family.loss} losses (nats per predicted token)"
+        + ("; GLUE scores are dev-set metrics x 100 (a task with two metrics: their mean)" if finetunes else "")
+        + '. "Better than vanilla": more than two standard deviations '
+        f"of the vanilla runs below its loss{' or above its score' if finetunes else ''}; for the paper's rows, "
+        "the spread its table "
         "reports (the vanilla early loss's) for both losses."
         + (
             f" Not in the paper's table (our row only, left out of the agreement with the paper): {', '.join(absent)}."
@@ -664,7 +678,7 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
     panels = []
     for quality, key, std in (
         ("final loss", "final_loss", "final_loss_std"),
-        ("GLUE average", "glue_average", "glue_average_std"),
+        *([("GLUE average", "glue_average", "glue_average_std")] if finetunes else []),
     ):
         for cost, attr, log in (("parameters", "parameters", True), ("FLOPs per run", "total_flops", True)):
             panels.append(

@@ -9,6 +9,7 @@ SIGTERM) in the middle of its second run's pretraining and started again must fi
 from __future__ import annotations
 
 import copy
+import dataclasses
 import fcntl
 import json
 import math
@@ -720,6 +721,25 @@ def test_the_no_pretraining_row(uninterrupted):
     assert NO_PRETRAINING not in [r["Model"] for r in main_table]
 
 
+def test_a_study_without_glue_tasks_pretrains_only(inputs, tmp_path):
+    """`glue_tasks: []`: no finetuning and no "No pretraining" runs; the report has no downstream column or row."""
+    study = tiny_study(inputs, tmp_path / "study.yaml", variants=VARIANTS, seeds=[0, 1], glue_tasks=[])
+    out = tmp_path / "out"
+    records = main(["--study", str(study), "--output_dir", str(out)])
+    assert [(r["variant"], r["seed"]) for r in records] == [(v, s) for v in VARIANTS for s in (0, 1)]
+    assert all(r["glue"] == {} and r["final_loss"] < r["init_loss"] for r in records)
+    assert not any((run_dir(out, v, s) / "glue").exists() for v in VARIANTS for s in (0, 1))
+    results = read_results(out)
+    assert results["downstream"] is None and set(results["agreement"]) == {"Early loss", "Final loss"}
+    report = (out / "results.md").read_text()
+    assert "no finetuning (the study lists no GLUE tasks)." in report and "## Downstream" not in report
+    table = parse_markdown_table(report)
+    assert list(table[0]) == ["Model", "", "Params", "Ops", "Step/s", "Early loss", "Final loss",
+                              "Better than vanilla (>2σ)"]  # fmt: skip
+    vanilla = [r["final_loss"] for r in records[:2]]
+    assert table[0]["Final loss"] == f"{np.mean(vanilla):.3f} ± {np.std(vanilla, ddof=1):.3f}"
+
+
 def statistics_mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
@@ -880,6 +900,23 @@ def test_the_modern_study_file_has_the_gpu_protocol_and_todays_rows(data_dir, mo
     if not Path(modern.paper_table).is_file():
         pytest.skip(f"reference table not found at {modern.paper_table}")
     check_settings(modern)  # every row builds on the base and its pretraining arguments pass the recipe's checks
+
+
+def test_the_small_modern_study_file_has_the_cpu_scale_and_todays_rows(data_dir, monkeypatch):
+    """`modern_small.yaml`: narang_small.yaml's scale and protocol with modern.yaml's rows, pretraining only."""
+    from hfzoo.study.runner import check_settings
+
+    monkeypatch.chdir(REPO_ROOT)
+    small = load_settings(DEFAULT_STUDY)
+    modern = load_settings(MODERN_STUDY)
+    modern_small = load_settings(REPO_ROOT / "recipes" / "studies" / "modern_small.yaml")
+    differ = {k for k in vars(small) if getattr(small, k) != getattr(modern_small, k)}
+    assert differ == {"variants", "glue_tasks"}, differ
+    assert modern_small.variants == modern.variants and modern_small.glue_tasks == []
+    if not Path(modern_small.paper_table).is_file():
+        pytest.skip(f"reference table not found at {modern_small.paper_table}")
+    for family in ("encoder-decoder", "decoder", "encoder"):
+        check_settings(dataclasses.replace(modern_small, family=family))
 
 
 @pytest.mark.slow
