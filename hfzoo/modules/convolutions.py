@@ -100,8 +100,10 @@ def depthwise_convolution(padded: torch.Tensor, kernel: torch.Tensor) -> torch.T
     """A depthwise convolution with head-shared kernels over "valid" positions (Wu et al. 2019, eq. 2).
 
     `output[b, i, c] = sum_j kernel[(b, i,) h(c), j] * padded[b, i + j, c]`, where channel c belongs to head
-    `h(c) = c // (hidden_size // num_heads)`. Written as k shifted multiply-adds (a loop over the kernel
-    taps, not over tokens) accumulated in float32: backward keeps only views of `padded`, not k copies.
+    `h(c) = c // (hidden_size // num_heads)`. A kernel shared over positions (lightweight) is one grouped
+    `F.conv1d` (one group per channel, the head's kernel repeated over its channels). Kernels that differ per
+    position (dynamic) are k shifted multiply-adds (a loop over the kernel taps, not over tokens) accumulated in
+    float32: backward keeps only views of `padded`, not k copies.
 
     Args:
         padded: `(batch_size, q_len + k - 1, hidden_size)`, the inputs zero-padded as the direction requires.
@@ -115,11 +117,12 @@ def depthwise_convolution(padded: torch.Tensor, kernel: torch.Tensor) -> torch.T
     heads, width = kernel.shape[-2:]
     q_len = length - width + 1
     kernel = kernel.to(padded.dtype)
-    if kernel.dim() == 2:
-        kernel = kernel[None, None]  # (1, 1, heads, k)
+    if kernel.dim() == 2:  # (hidden, 1, k): channel c convolved with its head's kernel
+        weight = kernel.repeat_interleave(hidden // heads, dim=0)[:, None, :]
+        return F.conv1d(padded.transpose(1, 2), weight, groups=hidden).transpose(1, 2).to(padded.dtype)
     output = padded.new_zeros(batch_size, q_len, heads, hidden // heads, dtype=torch.float32)
     for j in range(width):
-        # (batch, q_len, heads, hidden // heads) * (batch or 1, q_len or 1, heads, 1)
+        # (batch, q_len, heads, hidden // heads) * (batch, q_len, heads, 1)
         output = output + padded[:, j : j + q_len].view(batch_size, q_len, heads, -1) * kernel[..., j, None]
     return output.view(batch_size, q_len, hidden).to(padded.dtype)
 
