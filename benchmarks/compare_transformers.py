@@ -5,10 +5,12 @@ sizes below, and transformers' own model (`GPT2LMHeadModel`, `BertForMaskedLM`,
 `T5ForConditionalGeneration`) from the converted config (`hfzoo.convert.*_config_from_hfzoo`), so both
 have the same architecture and parameter count. Implementations: `hfzoo` (eager), `hfzoo-compiled`
 (compiled as the recipes' `--torch_compile` does: `--compile_scope regions`, the default, compiles each block of
-the repeated layer list in place and reuses its graph, `hfzoo.training.compilation.compile_repeated_blocks`;
-`--compile_scope model` compiles the whole model), `transformers` (eager, the attention of
-`--attn_implementation`, SDPA by default) and `transformers-compiled` (compiled the same way: its `GPT2Block`,
-`BertLayer` or `T5Block` lists). Each (size, family, precision, implementation) case runs in a fresh process:
+the repeated layer list in place and reuses its graph, and the output layer (with hfzoo's loss in it) as a
+region of its own, `hfzoo.training.compilation.compile_regions`; `--compile_scope model` compiles the whole
+model), `transformers` (eager, the attention of `--attn_implementation`, SDPA by default) and
+`transformers-compiled` (compiled the same way: its `GPT2Block`, `BertLayer` or `T5Block` lists and its
+`lm_head`; its loss is computed outside the head, so it stays eager). Each (size, family, precision,
+implementation) case runs in a fresh process:
 `--warmup_steps` (which include compilation; the first step's wall seconds are reported as `first step s`) then
 `--steps` timed training steps (forward with labels and no KV cache, backward, AdamW step) on random tokens,
 fp32 or bf16 autocast;
@@ -88,7 +90,7 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
     from hfzoo import convert
     from hfzoo.models.flops import count_training_flops
     from hfzoo.models.presets import build_config
-    from hfzoo.training.compilation import compile_repeated_blocks, no_cache_kwargs
+    from hfzoo.training.compilation import compile_regions, no_cache_kwargs
     from hfzoo.training.throughput import resolve_peak_tflops
 
     device = torch.device(args.device)
@@ -105,7 +107,7 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
     model.to(device).train()
     if implementation.endswith("-compiled"):
         options = {"mode": args.compile_mode} if args.compile_mode else {}
-        if args.compile_scope == "model" or not compile_repeated_blocks(model, **options):
+        if args.compile_scope == "model" or not compile_regions(model, **options):
             model.compile(**options)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     g = torch.Generator().manual_seed(args.seed)

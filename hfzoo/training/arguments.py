@@ -99,8 +99,9 @@ def add_speed_arguments(group) -> None:
         default="regions",
         help="What --torch_compile compiles. regions (default): each layer of the repeated layer stacks, compiled "
         "once and reused by every layer of a stack (PyTorch's regional compilation: the first step compiles one "
-        "layer, not all of them; embeddings, head and loss run eagerly). model: the whole model as one graph "
-        "(compiles for longer, can fuse across layers and into the loss).",
+        "layer, not all of them), and the output layer with the loss as a region of its own; the embeddings and "
+        "the final norm run eagerly. model: the whole model as one graph (compiles for longer, can fuse across "
+        "layers).",
     )
     group.add_argument(
         "--torch_compile_mode",

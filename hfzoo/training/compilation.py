@@ -6,8 +6,11 @@ https://pytorch.org/tutorials/recipes/regional_compilation.html): each block of 
 (`HfzooStack.layers`: a `torch.nn.ModuleList` of one class, as accelerate's `is_repeated_blocks` finds them)
 is compiled, and since the blocks run the same code on parameters of the same shapes, dynamo traces and
 optimizes one layer and every other layer reuses that graph. Compiling takes the time of one layer instead
-of all of them; the embeddings, the final norm, the head and the loss run eagerly. `--torch_compile_scope
-model` compiles the whole model as one graph instead (slower to compile; it can fuse across layers).
+of all of them. The output layer is compiled as a region of its own (`compile_output_layer`): an hfzoo head
+computes the training loss there (the chunked linear cross-entropy), where the scores over the vocabulary
+make it the largest non-repeated part of a step; the embeddings and the final norm run eagerly.
+`--torch_compile_scope model` compiles the whole model as one graph instead (slower to compile; it can fuse
+across layers).
 
 Both compile in place (`torch.nn.Module.compile`, through accelerate's in-place `compile_regions_fsdp2` for
 the blocks) rather than wrapping modules in `torch.compile`'s `OptimizedModule`: the module tree is kept, so
@@ -45,6 +48,8 @@ __all__ = [
     "COMPILE_BLOCKERS",
     "compile_blocker",
     "compile_model",
+    "compile_output_layer",
+    "compile_regions",
     "compile_repeated_blocks",
     "compile_requested",
     "no_cache_kwargs",
@@ -113,11 +118,56 @@ def compile_repeated_blocks(model: torch.nn.Module, **compile_kwargs) -> list[st
     return compiled
 
 
+def compile_output_layer(model: torch.nn.Module, **compile_kwargs) -> str | None:
+    """Compile in place the output layer of `model` (`get_output_embeddings()`), a region of its own.
+
+    An hfzoo language-modelling head computes its training loss inside this module
+    (`hfzoo.modules.embeddings.chunked_linear_cross_entropy`: the scores, their float32 log-softmax and the
+    gradients, chunk by chunk), so compiling it fuses the loss's elementwise work with the output projection:
+    the largest part of a small model's step outside the repeated layers (e.g. the vocabulary of 8,192 at
+    hidden size 256). Its weight may be tied to the input embedding: compiling in place keeps the tie.
+
+    Args:
+        model: an hfzoo or transformers model with an output layer, or a `PeftModel` around one.
+        **compile_kwargs: `torch.compile` options (`backend`, `mode`, ...).
+
+    Returns:
+        The output layer's qualified name (`"lm_head"`), or None when the model has none (nothing compiled).
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if head is None:
+        return None
+    head.compile(**compile_kwargs)
+    return next(name for name, module in model.named_modules() if module is head)
+
+
+def compile_regions(model: torch.nn.Module, **compile_kwargs) -> list[str]:
+    """Regional compilation of `model` in place: its repeated layer lists and its output layer.
+
+    `compile_repeated_blocks` (one graph for all the blocks of a list) and `compile_output_layer` (the head and,
+    in an hfzoo head, the training loss); what `--torch_compile` does by default.
+
+    Args:
+        model: any module (an hfzoo model, a `PeftModel` around one).
+        **compile_kwargs: `torch.compile` options (`backend`, `mode`, ...).
+
+    Returns:
+        The compiled lists' qualified names, then the output layer's; empty when the model has no repeated
+        layers (nothing compiled: compile the whole model instead).
+    """
+    regions = compile_repeated_blocks(model, **compile_kwargs)
+    if regions and (head := compile_output_layer(model, **compile_kwargs)) is not None:
+        regions.append(head)
+    return regions
+
+
 def compile_model(model: torch.nn.Module, args: argparse.Namespace, accelerator: Accelerator) -> bool:
     """Compile `model` in place, by its repeated layers or whole, when the run asks for it and the model allows it.
 
     Source: PyTorch's regional compilation recipe (https://pytorch.org/tutorials/recipes/regional_compilation.html),
-    through accelerate's in-place block compilation (`compile_repeated_blocks`). State-dict keys and
+    through accelerate's in-place block compilation (`compile_regions`: the repeated layers, then the output
+    layer). State-dict keys and
     `save_pretrained` output stay those of the eager model in both scopes.
 
     Args:
@@ -151,9 +201,9 @@ def compile_model(model: torch.nn.Module, args: argparse.Namespace, accelerator:
     if getattr(args, "torch_compile_mode", None):
         options["mode"] = args.torch_compile_mode
     if scope == "regions":
-        regions = compile_repeated_blocks(model, **options)
+        regions = compile_regions(model, **options)
         if regions:
-            logger.info(f"--torch_compile: the blocks of {', '.join(regions)} compiled ({options})")
+            logger.info(f"--torch_compile: {', '.join(regions)} compiled as regions ({options})")
             return True
         logger.info("--torch_compile: no repeated layers to compile regionally, compiling the whole model")
     model.compile(**options)
