@@ -29,6 +29,7 @@ Which parameters are tied is declared, never done by hand: the models list the p
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -193,6 +194,25 @@ class VocabProjection(nn.Linear):
             self.mos_latent = nn.Linear(config.hidden_size, self.num_softmaxes * config.hidden_size)
         else:
             self.mos_prior = self.mos_latent = None
+        self.chunk_fn = None  # a compiled `chunk_loss_and_grad` (`compile_loss`), or None: the eager function
+
+    def compile_loss(self, **compile_kwargs) -> bool:
+        """Compile the elementwise work of the training loss (`chunk_loss_and_grad`) for this module's calls.
+
+        The loss's matrix products and its loop over chunks stay eager, so the compiled graph is one chunk's
+        softmax and gradient (recompiled once for a shorter last chunk), whatever the number of tokens.
+        Used by `--torch_compile`'s regional compilation (`hfzoo.training.compilation.compile_output_layer`).
+
+        Args:
+            **compile_kwargs: `torch.compile` options (`backend`, `mode`, ...).
+
+        Returns:
+            True when compiled; False for a mixture of softmaxes, whose loss has no such chunk function.
+        """
+        if self.mos_prior is not None:
+            return False
+        self.chunk_fn = torch.compile(chunk_loss_and_grad, **compile_kwargs)
+        return True
 
     def _logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if self.embed_proj is not None:
@@ -239,7 +259,7 @@ class VocabProjection(nn.Linear):
             if self.embed_proj is not None:
                 hidden_states = self.embed_proj(hidden_states)  # (tokens, embedding_size)
             return chunked_linear_cross_entropy(
-                hidden_states, self.weight, labels, self.bias, softcap=self.logit_softcap
+                hidden_states, self.weight, labels, self.bias, softcap=self.logit_softcap, chunk_fn=self.chunk_fn
             )
         # A mixture of softmaxes has no single matrix product to fuse: each chunk of tokens is a
         # checkpointed call, so only one chunk's K mixture components exist at a time, in forward and backward.
@@ -264,6 +284,53 @@ def _chunk_tokens(floats_per_token: int) -> int:
     return 1 << (tokens.bit_length() - 1)
 
 
+def chunk_loss_and_grad(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    softcap: float | None,
+    needs_grad: bool,
+    needs_bias: bool,
+    compute_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One chunk of `chunked_linear_cross_entropy` after its matrix product: the loss and the scores' gradient.
+
+    The elementwise work of a chunk (float32 cast, soft cap, log-sum-exp, softmax minus one-hot), a function of
+    its own so that `VocabProjection.compile_loss` can compile it (one fused pass instead of several over the
+    float32 scores) while the matrix products stay outside. Its input is not modified.
+
+    Args:
+        logits: `(c, vocab_size)` scores of the chunk's c tokens in any float dtype (the matrix product's);
+            everything below is computed in float32.
+        labels: `(c,)` int64 targets, -100 = ignored.
+        softcap: cap c of the scores, `c * tanh(scores / c)` (Gemma 2 §2), or None.
+        needs_grad: compute the gradient of the loss with respect to the (uncapped) scores.
+        needs_bias: also return its sum over tokens (the output bias's gradient).
+        compute_dtype: dtype of the returned gradient (the matrix products' dtype).
+
+    Returns:
+        `(loss, grad_logits, grad_bias)`: the float32 scalar summed loss over non-ignored tokens (nats);
+        `(c, vocab_size)` `softmax - one_hot` (zero rows for ignored tokens) in `compute_dtype`, or None;
+        `(vocab_size,)` float32 column sums of that gradient, or None.
+    """
+    logits, capped_tanh = logits.float(), None
+    if softcap is not None:  # Gemma 2's final logit soft-capping; tanh kept for the chain rule
+        capped_tanh = torch.tanh(logits / softcap)
+        logits = capped_tanh * softcap
+    valid = labels != -100
+    targets = labels.masked_fill(~valid, 0)[:, None]  # (c, 1)
+    log_normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)  # (c, 1)
+    loss = (log_normalizer - logits.gather(1, targets)).squeeze(1).masked_fill(~valid, 0.0).sum()
+    if not needs_grad:
+        return loss, None, None
+    grad_logits = (logits - log_normalizer).exp_()  # softmax
+    grad_logits.scatter_add_(1, targets, -valid[:, None].to(grad_logits.dtype))  # - one_hot(label)
+    grad_logits.mul_(valid[:, None])  # ignored positions contribute nothing
+    if capped_tanh is not None:  # d(c tanh(z / c)) / dz = 1 - tanh(z / c)^2
+        grad_logits.mul_(1 - capped_tanh.square_())
+    grad_bias = grad_logits.sum(0) if needs_bias else None
+    return loss, grad_logits.to(compute_dtype), grad_bias
+
+
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of `hidden @ weight.T + bias` against `labels`, one chunk of tokens at a time.
 
@@ -277,7 +344,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, chunk, compute_dtype, grad_enabled, softcap=None):  # noqa: D102
+    def forward(  # noqa: D102
+        ctx, hidden, weight, bias, labels, chunk, compute_dtype, grad_enabled, softcap=None, chunk_fn=None
+    ):
         needs_hidden, needs_weight, needs_bias = (grad_enabled and needed for needed in ctx.needs_input_grad[:3])
         needs_bias = needs_bias and bias is not None
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
@@ -291,25 +360,16 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk):
             chunk_hidden = hidden[start : start + chunk]  # (c, in_features)
             chunk_labels = labels[start : start + chunk]  # (c,)
-            logits = nn.functional.linear(chunk_hidden, weight, bias).float()  # (c, vocab_size) float32
-            if softcap is not None:  # Gemma 2's final logit soft-capping; tanh kept for the chain rule
-                capped_tanh = torch.tanh(logits.div_(softcap))
-                logits = capped_tanh * softcap
-            valid = chunk_labels != -100
-            targets = chunk_labels.masked_fill(~valid, 0)[:, None]  # (c, 1)
-            log_normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)  # (c, 1)
-            losses = log_normalizer - logits.gather(1, targets)  # (c, 1)
-            total += losses.squeeze(1).masked_fill(~valid, 0.0).sum()
-            if not (needs_hidden or needs_weight or needs_bias):
+            logits = nn.functional.linear(chunk_hidden, weight, bias)  # (c, vocab_size) in compute_dtype
+            loss, grad_logits, chunk_grad_bias = (chunk_fn or chunk_loss_and_grad)(
+                logits, chunk_labels, softcap, needs_hidden or needs_weight or needs_bias, needs_bias, compute_dtype
+            )
+            del logits
+            total += loss
+            if grad_logits is None:
                 continue
-            grad_logits = logits.sub_(log_normalizer).exp_()  # softmax, in place of the logits
-            grad_logits.scatter_add_(1, targets, -valid[:, None].to(grad_logits.dtype))  # - one_hot(label)
-            grad_logits.mul_(valid[:, None])  # ignored positions contribute nothing
-            if softcap is not None:  # d(c tanh(z / c)) / dz = 1 - tanh(z / c)^2
-                grad_logits.mul_(1 - capped_tanh.square_())
             if needs_bias:
-                grad_bias += grad_logits.sum(0)
-            grad_logits = grad_logits.to(compute_dtype)
+                grad_bias += chunk_grad_bias
             if needs_hidden:
                 grad_hidden[start : start + chunk] = grad_logits @ weight
             if needs_weight and compute_dtype == torch.float32:
@@ -333,7 +393,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             None if grad is None else grad.mul_(grad_output.to(grad.dtype)).to(dtype)
             for grad, dtype in zip(grads, ctx.dtypes)
         ]
-        return (*scaled, None, None, None, None, None)
+        return (*scaled, None, None, None, None, None, None)
 
 
 def chunked_linear_cross_entropy(
@@ -343,6 +403,7 @@ def chunked_linear_cross_entropy(
     bias: torch.Tensor | None = None,
     chunk_size: int | None = None,
     softcap: float | None = None,
+    chunk_fn: Callable | None = None,
 ) -> torch.Tensor:
     """Summed cross-entropy of the scores `hidden_states @ weight.T + bias` without holding them whole.
 
@@ -365,6 +426,8 @@ def chunked_linear_cross_entropy(
         chunk_size: tokens per chunk; default: as many as `LOSS_CHUNK_BYTES` of float32 scores hold.
         softcap: cap c of the scores, `c * tanh(scores / c)` (Gemma 2 §2, `final_logit_softcapping`), applied
             in float32 before the softmax; None: uncapped.
+        chunk_fn: what computes a chunk's loss and gradient from its scores: `chunk_loss_and_grad` (None) or a
+            compiled form of it (`VocabProjection.compile_loss`).
 
     Returns:
         A float32 scalar: the sum of `-log softmax(scores)[label]` over non-ignored positions (nats).
@@ -377,7 +440,7 @@ def chunked_linear_cross_entropy(
     with torch.autocast(device_type, enabled=False):
         # Inside `apply` grad mode is off: say here whether the caller records gradients at all.
         return _ChunkedLinearCrossEntropy.apply(
-            hidden_states, weight, bias, labels, chunk, compute_dtype, torch.is_grad_enabled(), softcap
+            hidden_states, weight, bias, labels, chunk, compute_dtype, torch.is_grad_enabled(), softcap, chunk_fn
         )
 
 

@@ -6,9 +6,10 @@ https://pytorch.org/tutorials/recipes/regional_compilation.html): each block of 
 (`HfzooStack.layers`: a `torch.nn.ModuleList` of one class, as accelerate's `is_repeated_blocks` finds them)
 is compiled, and since the blocks run the same code on parameters of the same shapes, dynamo traces and
 optimizes one layer and every other layer reuses that graph. Compiling takes the time of one layer instead
-of all of them. The output layer is compiled as a region of its own (`compile_output_layer`): an hfzoo head
-computes the training loss there (the chunked linear cross-entropy), where the scores over the vocabulary
-make it the largest non-repeated part of a step; the embeddings and the final norm run eagerly.
+of all of them. The training loss is compiled as a region of its own (`compile_output_layer`): an hfzoo head
+computes it chunk by chunk, and the elementwise work over the scores of the vocabulary makes it the largest
+non-repeated part of a small model's step; the embeddings, the final norm and the head's matrix products run
+eagerly.
 `--torch_compile_scope model` compiles the whole model as one graph instead (slower to compile; it can fuse
 across layers).
 
@@ -119,42 +120,43 @@ def compile_repeated_blocks(model: torch.nn.Module, **compile_kwargs) -> list[st
 
 
 def compile_output_layer(model: torch.nn.Module, **compile_kwargs) -> str | None:
-    """Compile in place the output layer of `model` (`get_output_embeddings()`), a region of its own.
+    """Compile the training loss of `model`'s output layer (`get_output_embeddings()`), a region of its own.
 
-    An hfzoo language-modelling head computes its training loss inside this module
-    (`hfzoo.modules.embeddings.chunked_linear_cross_entropy`: the scores, their float32 log-softmax and the
-    gradients, chunk by chunk), so compiling it fuses the loss's elementwise work with the output projection:
-    the largest part of a small model's step outside the repeated layers (e.g. the vocabulary of 8,192 at
-    hidden size 256). Its weight may be tied to the input embedding: compiling in place keeps the tie.
+    An hfzoo language-modelling head computes its training loss inside that module, chunk by chunk
+    (`hfzoo.modules.embeddings.chunked_linear_cross_entropy`); its `compile_loss` compiles the elementwise work
+    of one chunk (the float32 log-softmax, the loss and the scores' gradient: several passes over the scores
+    when eager, one when compiled), the largest part of a small model's step outside the repeated layers (e.g.
+    a vocabulary of 8,192 at hidden size 256). The matrix products and the loop over chunks stay eager, so the
+    graph does not grow with the number of tokens. Other output layers (a plain `nn.Linear`, whose loss is
+    computed outside it) are left as they are.
 
     Args:
-        model: an hfzoo or transformers model with an output layer, or a `PeftModel` around one.
+        model: an hfzoo or transformers model, or a `PeftModel` around one.
         **compile_kwargs: `torch.compile` options (`backend`, `mode`, ...).
 
     Returns:
-        The output layer's qualified name (`"lm_head"`), or None when the model has none (nothing compiled).
+        The output layer's qualified name (`"lm_head"`) when its loss was compiled, else None.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
-    if head is None:
+    if head is None or not hasattr(head, "compile_loss") or not head.compile_loss(**compile_kwargs):
         return None
-    head.compile(**compile_kwargs)
     return next(name for name, module in model.named_modules() if module is head)
 
 
 def compile_regions(model: torch.nn.Module, **compile_kwargs) -> list[str]:
     """Regional compilation of `model` in place: its repeated layer lists and its output layer.
 
-    `compile_repeated_blocks` (one graph for all the blocks of a list) and `compile_output_layer` (the head and,
-    in an hfzoo head, the training loss); what `--torch_compile` does by default.
+    `compile_repeated_blocks` (one graph for all the blocks of a list) and `compile_output_layer` (an hfzoo
+    head's training loss); what `--torch_compile` does by default.
 
     Args:
         model: any module (an hfzoo model, a `PeftModel` around one).
         **compile_kwargs: `torch.compile` options (`backend`, `mode`, ...).
 
     Returns:
-        The compiled lists' qualified names, then the output layer's; empty when the model has no repeated
-        layers (nothing compiled: compile the whole model instead).
+        The compiled lists' qualified names, then the output layer's when its loss was compiled; empty when the
+        model has no repeated layers (nothing compiled: compile the whole model instead).
     """
     regions = compile_repeated_blocks(model, **compile_kwargs)
     if regions and (head := compile_output_layer(model, **compile_kwargs)) is not None:

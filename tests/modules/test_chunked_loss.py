@@ -50,6 +50,24 @@ def test_loss_and_gradients_equal_plain_cross_entropy(chunk_size, with_bias):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_compiled_chunk_function_gives_the_eager_loss_and_gradients(softcap):
+    """`VocabProjection.compile_loss`'s compiled `chunk_loss_and_grad` (a shorter last chunk included) equals the
+    eager function: loss and every gradient, with ignored labels and a soft cap."""
+    hidden, weight, bias, labels = _problem()
+    compiled = torch.compile(embeddings.chunk_loss_and_grad, backend="inductor")
+    for chunk_fn in (None, compiled):  # 37 tokens in chunks of 16: two of 16, one of 5
+        loss = chunked_linear_cross_entropy(hidden, weight, labels, bias, chunk_size=16, softcap=softcap,
+                                            chunk_fn=chunk_fn)  # fmt: skip
+        results = (loss, *_grads(loss * 0.37, hidden, weight, bias))
+        if chunk_fn is None:
+            eager = results
+    for got, want in zip(results, eager):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    head = VocabProjection(HfzooDecoderConfig(**TINY), bias=False, tied=False)
+    assert head.chunk_fn is None and head.compile_loss(backend="eager") and head.chunk_fn is not None
+
+
 def test_bf16_autocast_matches_linear_under_autocast():
     hidden, weight, bias, labels = _problem(tokens=64, vocab=500)
     with torch.autocast("cpu", dtype=torch.bfloat16):
