@@ -5,11 +5,11 @@ sizes below, and transformers' own model (`GPT2LMHeadModel`, `BertForMaskedLM`,
 `T5ForConditionalGeneration`) from the converted config (`hfzoo.convert.*_config_from_hfzoo`), so both
 have the same architecture and parameter count. Implementations: `hfzoo` (eager), `hfzoo-compiled`
 (compiled as the recipes' `--torch_compile` does: `--compile_scope regions`, the default, compiles each block of
-the repeated layer list in place and reuses its graph, and the output layer (with hfzoo's loss in it) as a
+the repeated layer list in place and reuses its graph, and the elementwise work of hfzoo's chunked loss as a
 region of its own, `hfzoo.training.compilation.compile_regions`; `--compile_scope model` compiles the whole
 model), `transformers` (eager, the attention of `--attn_implementation`, SDPA by default) and
-`transformers-compiled` (compiled the same way: its `GPT2Block`, `BertLayer` or `T5Block` lists and its
-`lm_head`; its loss is computed outside the head, so it stays eager). Each (size, family, precision,
+`transformers-compiled` (compiled the same way: its `GPT2Block`, `BertLayer` or `T5Block` lists; its loss is
+computed outside its head by plain code, so it stays eager). Each (size, family, precision,
 implementation) case runs in a fresh process:
 `--warmup_steps` (which include compilation; the first step's wall seconds are reported as `first step s`) then
 `--steps` timed training steps (forward with labels and no KV cache, backward, AdamW step) on random tokens,
