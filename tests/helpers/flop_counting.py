@@ -1,12 +1,18 @@
-"""`FlopCounterMode` that also counts in-place matrix products (`addmm_`), for the FLOPs tests.
+"""`FlopCounterMode` counting what `hfzoo.models.flops` counts, for the FLOPs tests.
 
-The chunked cross-entropy of the LM heads (`hfzoo.modules.embeddings.chunked_linear_cross_entropy`)
-accumulates the output layer's weight gradient with `Tensor.addmm_`, which torch's counter does not know; it
-costs what `addmm` costs (2 FLOPs per multiply-add).
+- The chunked cross-entropy of the LM heads (`hfzoo.modules.embeddings.chunked_linear_cross_entropy`)
+  accumulates the output layer's weight gradient with `Tensor.addmm_`, which torch's counter does not know; it
+  costs what `addmm` costs (2 FLOPs per multiply-add).
+- A depthwise convolution (one group per input channel: `hfzoo.modules.convolutions.depthwise_convolution`,
+  one grouped `F.conv1d` for the lightweight convolution and the Evolved Transformer's separable
+  convolutions) is elementwise work, `k` multiply-adds per channel and token, which the model-FLOPs
+  convention leaves out, as torch's counter leaves out the same multiply-adds written as `mul` and `add` (the
+  dynamic convolution's form). Its forward and backward count 0 here; every other convolution keeps torch's
+  formulas.
 """
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, conv_backward_flop, conv_flop
 
 
 def _addmm_flops(self_shape, mat1_shape, mat2_shape, *args, out_shape=None, **kwargs) -> int:
@@ -15,6 +21,34 @@ def _addmm_flops(self_shape, mat1_shape, mat2_shape, *args, out_shape=None, **kw
     return 2 * m * k * n
 
 
+def _is_depthwise(x_shape, w_shape, transposed: bool, groups: int) -> bool:
+    """One group per input channel, one input channel per filter: `(C, 1, k)` weights on `(B, C, L)` inputs."""
+    return not transposed and groups == x_shape[1] and w_shape[1] == 1
+
+
+def _conv_flops(x_shape, w_shape, *args, **kwargs) -> int:
+    """torch's convolution count, 0 for a depthwise convolution."""
+    _bias, _stride, _padding, _dilation, transposed, _output_padding, groups = args[:7]
+    if _is_depthwise(x_shape, w_shape, transposed, groups):
+        return 0
+    return conv_flop.__wrapped__(x_shape, w_shape, *args, **kwargs)  # torch's formula, before its shape wrapper
+
+
+def _conv_backward_flops(grad_out_shape, x_shape, w_shape, *args, **kwargs) -> int:
+    """torch's convolution-backward count, 0 for a depthwise convolution."""
+    _bias, _stride, _padding, _dilation, transposed, _output_padding, groups = args[:7]
+    if _is_depthwise(x_shape, w_shape, transposed, groups):
+        return 0
+    return conv_backward_flop.__wrapped__(grad_out_shape, x_shape, w_shape, *args, **kwargs)
+
+
 def flop_counter() -> FlopCounterMode:
-    """A silent `FlopCounterMode` counting `aten.addmm_` as torch counts `aten.addmm`."""
-    return FlopCounterMode(display=False, custom_mapping={torch.ops.aten.addmm_: _addmm_flops})
+    """A silent `FlopCounterMode` counting `aten.addmm_` as `aten.addmm`, and depthwise convolutions as 0."""
+    return FlopCounterMode(
+        display=False,
+        custom_mapping={
+            torch.ops.aten.addmm_: _addmm_flops,
+            torch.ops.aten.convolution: _conv_flops,
+            torch.ops.aten.convolution_backward: _conv_backward_flops,
+        },
+    )
