@@ -23,7 +23,7 @@ def _addmm_flops(self_shape, mat1_shape, mat2_shape, *args, out_shape=None, **kw
 
 def _is_depthwise(x_shape, w_shape, transposed: bool, groups: int) -> bool:
     """One group per input channel, one input channel per filter: `(C, 1, k)` weights on `(B, C, L)` inputs."""
-    return not transposed and groups == x_shape[1] and w_shape[1] == 1
+    return not transposed and groups > 1 and groups == x_shape[1] and w_shape[1] == 1
 
 
 def _conv_flops(x_shape, w_shape, *args, **kwargs) -> int:
