@@ -5,7 +5,7 @@ sizes below, and transformers' own model (`GPT2LMHeadModel`, `BertForMaskedLM`,
 `T5ForConditionalGeneration`) from the converted config (`hfzoo.convert.*_config_from_hfzoo`), so both
 have the same architecture and parameter count. Implementations: `hfzoo` (eager), `hfzoo-compiled`
 (compiled as the recipes' `--torch_compile` does: `--compile_scope regions`, the default, compiles each block of
-the repeated layer list in place and reuses its graph, and the elementwise work of hfzoo's chunked loss as a
+the repeated layer list in place and reuses its graph, and one chunk of hfzoo's chunked loss as a
 region of its own, `hfzoo.training.compilation.compile_regions`; `--compile_scope model` compiles the whole
 model), `transformers` (eager, the attention of `--attn_implementation`, SDPA by default) and
 `transformers-compiled` (compiled the same way: its `GPT2Block`, `BertLayer` or `T5Block` lists; its loss is

@@ -194,13 +194,14 @@ class VocabProjection(nn.Linear):
             self.mos_latent = nn.Linear(config.hidden_size, self.num_softmaxes * config.hidden_size)
         else:
             self.mos_prior = self.mos_latent = None
-        self.chunk_fn = None  # a compiled `chunk_loss_and_grad` (`compile_loss`), or None: the eager function
+        self.chunk_fn = None  # a compiled `linear_cross_entropy_chunk` (`compile_loss`), or None: the eager function
 
     def compile_loss(self, **compile_kwargs) -> bool:
-        """Compile the elementwise work of the training loss (`chunk_loss_and_grad`) for this module's calls.
+        """Compile one chunk of the training loss (`linear_cross_entropy_chunk`) for this module's calls.
 
-        The loss's matrix products and its loop over chunks stay eager, so the compiled graph is one chunk's
-        softmax and gradient (recompiled once for a shorter last chunk), whatever the number of tokens.
+        The compiled graph is one chunk's work: its scores' matrix product, softmax, loss and the gradients of
+        the scores and the hidden states (recompiled once for a shorter last chunk); the loop over chunks and
+        the weight gradient's accumulation stay eager, so the graph does not grow with the number of tokens.
         Used by `--torch_compile`'s regional compilation (`hfzoo.training.compilation.compile_output_layer`).
 
         Args:
@@ -211,7 +212,7 @@ class VocabProjection(nn.Linear):
         """
         if self.mos_prior is not None:
             return False
-        self.chunk_fn = torch.compile(chunk_loss_and_grad, **compile_kwargs)
+        self.chunk_fn = torch.compile(linear_cross_entropy_chunk, **compile_kwargs)
         return True
 
     def _logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -294,9 +295,9 @@ def chunk_loss_and_grad(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One chunk of `chunked_linear_cross_entropy` after its matrix product: the loss and the scores' gradient.
 
-    The elementwise work of a chunk (float32 cast, soft cap, log-sum-exp, softmax minus one-hot), a function of
-    its own so that `VocabProjection.compile_loss` can compile it (one fused pass instead of several over the
-    float32 scores) while the matrix products stay outside. Its input is not modified.
+    The elementwise work of a chunk (float32 cast, soft cap, log-sum-exp, softmax minus one-hot), called by
+    `linear_cross_entropy_chunk` (compiled, it is one fused pass instead of several over the float32 scores).
+    Its input is not modified.
 
     Args:
         logits: `(c, vocab_size)` scores of the chunk's c tokens in any float dtype (the matrix product's);
@@ -331,6 +332,46 @@ def chunk_loss_and_grad(
     return loss, grad_logits.to(compute_dtype), grad_bias
 
 
+def linear_cross_entropy_chunk(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    softcap: float | None,
+    needs_hidden: bool,
+    needs_grad: bool,
+    needs_bias: bool,
+    compute_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """One chunk of `chunked_linear_cross_entropy`: its scores, loss and the gradients of scores and hidden states.
+
+    The scores `hidden @ weight.T + bias`, then `chunk_loss_and_grad`, then the hidden states' gradient
+    `grad_logits @ weight`: the part of a chunk that `VocabProjection.compile_loss` compiles as one graph (so the
+    scores and their gradient are planned within it instead of being allocated op by op). The weight's gradient
+    is left to the caller, which accumulates it over chunks.
+
+    Args:
+        hidden: `(c, in_features)` hidden states of the chunk's c tokens, in `compute_dtype`.
+        weight: `(vocab_size, in_features)` in `compute_dtype`.
+        bias: `(vocab_size,)` in `compute_dtype`, or None.
+        labels: `(c,)` int64 targets, -100 = ignored.
+        softcap: cap c of the scores (Gemma 2 §2), or None.
+        needs_hidden: also compute the hidden states' gradient.
+        needs_grad: compute the scores' gradient (any gradient is needed).
+        needs_bias: also return the bias's gradient.
+        compute_dtype: the matrix products' dtype.
+
+    Returns:
+        `(loss, grad_logits, grad_hidden, grad_bias)`: the float32 scalar summed loss (nats); `(c, vocab_size)`
+        `softmax - one_hot` in `compute_dtype` or None; `(c, in_features)` in `compute_dtype` or None;
+        `(vocab_size,)` float32 or None.
+    """
+    logits = nn.functional.linear(hidden, weight, bias)  # (c, vocab_size) in compute_dtype
+    loss, grad_logits, grad_bias = chunk_loss_and_grad(logits, labels, softcap, needs_grad, needs_bias, compute_dtype)
+    grad_hidden = grad_logits @ weight if needs_hidden and grad_logits is not None else None
+    return loss, grad_logits, grad_hidden, grad_bias
+
+
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of `hidden @ weight.T + bias` against `labels`, one chunk of tokens at a time.
 
@@ -350,29 +391,39 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         needs_hidden, needs_weight, needs_bias = (grad_enabled and needed for needed in ctx.needs_input_grad[:3])
         needs_bias = needs_bias and bias is not None
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
-        grad_hidden = torch.empty_like(hidden) if needs_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs_weight else None
-        grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if needs_bias else None
+        num_tokens, hidden_dtype = hidden.shape[0], hidden.dtype
+        # Several chunks write their slices of one gradient; a single chunk's gradient is the whole one.
+        grad_hidden = torch.empty_like(hidden) if needs_hidden and num_tokens > chunk else None
+        grad_weight = grad_bias = None
         hidden = hidden.to(compute_dtype)
         weight = weight.to(compute_dtype)  # under autocast: one low-precision copy, as nn.Linear makes
         bias = None if bias is None else bias.to(compute_dtype)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        for start in range(0, hidden.shape[0], chunk):
+        for start in range(0, num_tokens, chunk):
             chunk_hidden = hidden[start : start + chunk]  # (c, in_features)
-            chunk_labels = labels[start : start + chunk]  # (c,)
-            logits = nn.functional.linear(chunk_hidden, weight, bias)  # (c, vocab_size) in compute_dtype
-            loss, grad_logits, chunk_grad_bias = (chunk_fn or chunk_loss_and_grad)(
-                logits, chunk_labels, softcap, needs_hidden or needs_weight or needs_bias, needs_bias, compute_dtype
+            loss, grad_logits, chunk_grad_hidden, chunk_grad_bias = (chunk_fn or linear_cross_entropy_chunk)(
+                chunk_hidden,
+                weight,
+                bias,
+                labels[start : start + chunk],
+                softcap,
+                needs_hidden,
+                needs_hidden or needs_weight or needs_bias,
+                needs_bias,
+                compute_dtype,
             )
-            del logits
             total += loss
             if grad_logits is None:
                 continue
             if needs_bias:
-                grad_bias += chunk_grad_bias
-            if needs_hidden:
-                grad_hidden[start : start + chunk] = grad_logits @ weight
-            if needs_weight and compute_dtype == torch.float32:
+                grad_bias = chunk_grad_bias if grad_bias is None else grad_bias.add_(chunk_grad_bias)
+            if needs_hidden and grad_hidden is None:
+                grad_hidden = chunk_grad_hidden.to(hidden_dtype)
+            elif needs_hidden:
+                grad_hidden[start : start + chunk] = chunk_grad_hidden
+            if needs_weight and grad_weight is None:  # the first chunk's product starts the float32 sum
+                grad_weight = (grad_logits.t() @ chunk_hidden).float()
+            elif needs_weight and compute_dtype == torch.float32:
                 grad_weight.addmm_(grad_logits.t(), chunk_hidden)  # in place: no (vocab_size, in_features) temporary
             elif needs_weight:
                 grad_weight += grad_logits.t() @ chunk_hidden  # low-precision product, float32 accumulation
@@ -426,7 +477,7 @@ def chunked_linear_cross_entropy(
         chunk_size: tokens per chunk; default: as many as `LOSS_CHUNK_BYTES` of float32 scores hold.
         softcap: cap c of the scores, `c * tanh(scores / c)` (Gemma 2 §2, `final_logit_softcapping`), applied
             in float32 before the softmax; None: uncapped.
-        chunk_fn: what computes a chunk's loss and gradient from its scores: `chunk_loss_and_grad` (None) or a
+        chunk_fn: what computes a chunk's scores, loss and gradients: `linear_cross_entropy_chunk` (None) or a
             compiled form of it (`VocabProjection.compile_loss`).
 
     Returns:

@@ -7,9 +7,9 @@ https://pytorch.org/tutorials/recipes/regional_compilation.html): each block of 
 is compiled, and since the blocks run the same code on parameters of the same shapes, dynamo traces and
 optimizes one layer and every other layer reuses that graph. Compiling takes the time of one layer instead
 of all of them. The training loss is compiled as a region of its own (`compile_output_layer`): an hfzoo head
-computes it chunk by chunk, and the elementwise work over the scores of the vocabulary makes it the largest
-non-repeated part of a small model's step; the embeddings, the final norm and the head's matrix products run
-eagerly.
+computes it chunk by chunk, and the scores over the vocabulary, their softmax and their gradient make it the
+largest non-repeated part of a small model's step; one chunk's work is the compiled graph, while the loop over
+chunks, the weight gradient's accumulation, the embeddings and the final norm run eagerly.
 `--torch_compile_scope model` compiles the whole model as one graph instead (slower to compile; it can fuse
 across layers).
 
@@ -123,12 +123,13 @@ def compile_output_layer(model: torch.nn.Module, **compile_kwargs) -> str | None
     """Compile the training loss of `model`'s output layer (`get_output_embeddings()`), a region of its own.
 
     An hfzoo language-modelling head computes its training loss inside that module, chunk by chunk
-    (`hfzoo.modules.embeddings.chunked_linear_cross_entropy`); its `compile_loss` compiles the elementwise work
-    of one chunk (the float32 log-softmax, the loss and the scores' gradient: several passes over the scores
-    when eager, one when compiled), the largest part of a small model's step outside the repeated layers (e.g.
-    a vocabulary of 8,192 at hidden size 256). The matrix products and the loop over chunks stay eager, so the
-    graph does not grow with the number of tokens. Other output layers (a plain `nn.Linear`, whose loss is
-    computed outside it) are left as they are.
+    (`hfzoo.modules.embeddings.chunked_linear_cross_entropy`); its `compile_loss` compiles the work of one
+    chunk (`hfzoo.modules.embeddings.linear_cross_entropy_chunk`: the scores' matrix product, the float32
+    log-softmax, the loss and the gradients of the scores and the hidden states; eager, each is a pass over the
+    scores with tensors allocated op by op), the largest part of a small model's step outside the repeated
+    layers (e.g. a vocabulary of 8,192 at hidden size 256). The loop over chunks and the weight gradient's
+    accumulation stay eager, so the graph does not grow with the number of tokens. Other output layers (a plain
+    `nn.Linear`, whose loss is computed outside it) are left as they are.
 
     Args:
         model: an hfzoo or transformers model, or a `PeftModel` around one.

@@ -52,10 +52,10 @@ def test_loss_and_gradients_equal_plain_cross_entropy(chunk_size, with_bias):
 
 @pytest.mark.parametrize("softcap", [None, 2.0])
 def test_compiled_chunk_function_gives_the_eager_loss_and_gradients(softcap):
-    """`VocabProjection.compile_loss`'s compiled `chunk_loss_and_grad` (a shorter last chunk included) equals the
-    eager function: loss and every gradient, with ignored labels and a soft cap."""
+    """`VocabProjection.compile_loss`'s compiled `linear_cross_entropy_chunk` (a shorter last chunk included)
+    equals the eager function: loss and every gradient, with ignored labels and a soft cap."""
     hidden, weight, bias, labels = _problem()
-    compiled = torch.compile(embeddings.chunk_loss_and_grad, backend="inductor")
+    compiled = torch.compile(embeddings.linear_cross_entropy_chunk, backend="inductor")
     for chunk_fn in (None, compiled):  # 37 tokens in chunks of 16: two of 16, one of 5
         loss = chunked_linear_cross_entropy(hidden, weight, labels, bias, chunk_size=16, softcap=softcap,
                                             chunk_fn=chunk_fn)  # fmt: skip
@@ -68,11 +68,12 @@ def test_compiled_chunk_function_gives_the_eager_loss_and_gradients(softcap):
     assert head.chunk_fn is None and head.compile_loss(backend="eager") and head.chunk_fn is not None
 
 
-def test_bf16_autocast_matches_linear_under_autocast():
+@pytest.mark.parametrize("chunk_size", [16, None])  # four chunks; one
+def test_bf16_autocast_matches_linear_under_autocast(chunk_size):
     hidden, weight, bias, labels = _problem(tokens=64, vocab=500)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = nn.functional.linear(hidden, weight, bias)  # bf16, as nn.Linear under autocast
-        chunked = chunked_linear_cross_entropy(hidden, weight, labels, bias, chunk_size=16)
+        chunked = chunked_linear_cross_entropy(hidden, weight, labels, bias, chunk_size=chunk_size)
     reference = nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
     assert chunked.dtype == torch.float32
     torch.testing.assert_close(chunked, reference, rtol=1e-2, atol=0)
