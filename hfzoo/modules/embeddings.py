@@ -399,7 +399,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         weight = weight.to(compute_dtype)  # under autocast: one low-precision copy, as nn.Linear makes
         bias = None if bias is None else bias.to(compute_dtype)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        for start in range(0, num_tokens, chunk):
+        # An empty input runs one empty chunk, so that its gradients are zeros (not missing).
+        for start in range(0, max(num_tokens, 1), chunk):
             chunk_hidden = hidden[start : start + chunk]  # (c, in_features)
             loss, grad_logits, chunk_grad_hidden, chunk_grad_bias = (chunk_fn or linear_cross_entropy_chunk)(
                 chunk_hidden,

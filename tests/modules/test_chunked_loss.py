@@ -89,6 +89,12 @@ def test_edge_cases():
     loss = chunked_linear_cross_entropy(hidden, weight, torch.full_like(labels, -100), bias)
     assert loss.item() == 0.0
     assert all(g.abs().sum() == 0 for g in _grads(loss, hidden, weight, bias))
+    # no tokens at all: zero loss, and zero gradients rather than none
+    empty = hidden[:0].detach().requires_grad_()
+    loss = chunked_linear_cross_entropy(empty, weight, labels[:0], bias)
+    assert loss.item() == 0.0
+    grads = _grads(loss, empty, weight, bias)
+    assert grads[0].shape == empty.shape and all(g.abs().sum() == 0 for g in grads)
     # without grad mode: the same loss, nothing to hand over
     with torch.no_grad():
         no_grad = chunked_linear_cross_entropy(hidden, weight, labels, bias)
