@@ -323,11 +323,22 @@ def chunk_loss_and_grad(
     loss = (log_normalizer - logits.gather(1, targets)).squeeze(1).masked_fill(~valid, 0.0).sum()
     if not needs_grad:
         return loss, None, None
-    grad_logits = (logits - log_normalizer).exp_()  # softmax
-    grad_logits.scatter_add_(1, targets, -valid[:, None].to(grad_logits.dtype))  # - one_hot(label)
-    grad_logits.mul_(valid[:, None])  # ignored positions contribute nothing
-    if capped_tanh is not None:  # d(c tanh(z / c)) / dz = 1 - tanh(z / c)^2
-        grad_logits.mul_(1 - capped_tanh.square_())
+    if torch.compiler.is_compiling():
+        # One elementwise expression, which the compiled graph fuses into a single pass over the scores that
+        # writes the gradient in `compute_dtype`: no float32 (c, vocab_size) buffer (the in-place form below
+        # materializes one, since a scatter does not fuse).
+        probs = (logits - log_normalizer).exp()  # softmax
+        is_target = torch.arange(logits.shape[-1], device=logits.device) == targets  # (c, vocab_size)
+        grad_logits = torch.where(is_target, probs - 1, probs) * valid[:, None]  # ignored positions: zero rows
+        if capped_tanh is not None:  # d(c tanh(z / c)) / dz = 1 - tanh(z / c)^2
+            grad_logits = grad_logits * (1 - capped_tanh.square())
+    else:
+        # Eager: in place, so that one float32 (c, vocab_size) buffer holds the softmax and then the gradient.
+        grad_logits = (logits - log_normalizer).exp_()  # softmax
+        grad_logits.scatter_add_(1, targets, -valid[:, None].to(grad_logits.dtype))  # - one_hot(label)
+        grad_logits.mul_(valid[:, None])  # ignored positions contribute nothing
+        if capped_tanh is not None:  # d(c tanh(z / c)) / dz = 1 - tanh(z / c)^2
+            grad_logits.mul_(1 - capped_tanh.square_())
     grad_bias = grad_logits.sum(0) if needs_bias else None
     return loss, grad_logits.to(compute_dtype), grad_bias
 

@@ -68,12 +68,14 @@ def test_compiled_chunk_function_gives_the_eager_loss_and_gradients(softcap):
     assert head.chunk_fn is None and head.compile_loss(backend="eager") and head.chunk_fn is not None
 
 
+@pytest.mark.parametrize("compiled", [False, True])  # the eager in-place gradient; the compiled fused one
 @pytest.mark.parametrize("chunk_size", [16, None])  # four chunks; one
-def test_bf16_autocast_matches_linear_under_autocast(chunk_size):
+def test_bf16_autocast_matches_linear_under_autocast(chunk_size, compiled):
     hidden, weight, bias, labels = _problem(tokens=64, vocab=500)
+    chunk_fn = torch.compile(embeddings.linear_cross_entropy_chunk, backend="inductor") if compiled else None
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = nn.functional.linear(hidden, weight, bias)  # bf16, as nn.Linear under autocast
-        chunked = chunked_linear_cross_entropy(hidden, weight, labels, bias, chunk_size=chunk_size)
+        chunked = chunked_linear_cross_entropy(hidden, weight, labels, bias, chunk_size=chunk_size, chunk_fn=chunk_fn)
     reference = nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
     assert chunked.dtype == torch.float32
     torch.testing.assert_close(chunked, reference, rtol=1e-2, atol=0)
