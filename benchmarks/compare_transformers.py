@@ -4,12 +4,15 @@ For each family, an hfzoo model is built from a parity preset (`gpt2`, `bert`, `
 sizes below, and transformers' own model (`GPT2LMHeadModel`, `BertForMaskedLM`,
 `T5ForConditionalGeneration`) from the converted config (`hfzoo.convert.*_config_from_hfzoo`), so both
 have the same architecture and parameter count. Implementations: `hfzoo` (eager), `hfzoo-compiled`
-(compiled as the recipes' `--torch_compile` does: `--compile_scope regions`, the default, compiles each block of
-the repeated layer list in place and reuses its graph, and one chunk of hfzoo's chunked loss as a
-region of its own, `hfzoo.training.compilation.compile_regions`; `--compile_scope model` compiles the whole
-model), `transformers` (eager, the attention of `--attn_implementation`, SDPA by default) and
-`transformers-compiled` (compiled the same way: its `GPT2Block`, `BertLayer` or `T5Block` lists; its loss is
-computed outside its head by plain code, so it stays eager). Each (size, family, precision,
+(`--compile_scope regions`, as the recipes' `--torch_compile` does by default: each block of the repeated
+layer list compiled in place, its graph reused, and one chunk of hfzoo's chunked loss as a region of its own,
+`hfzoo.training.compilation.compile_regions`; `--compile_scope model`: the whole model as one graph, as
+`--torch_compile_scope model` does), `transformers` (eager, the attention of `--attn_implementation`, SDPA by
+default) and `transformers-compiled` (compiled the same way: regionally its `GPT2Block`, `BertLayer` or
+`T5Block` lists, while its loss, computed outside its head by plain code, stays eager; or whole). The default
+scope is `regions` on a GPU, where compiling a 12-layer model whole takes minutes, and `model` on the CPU, where
+the small sizes compile whole in about half a minute and whole-model graphs give both implementations their
+best steady-state speed. Each (size, family, precision,
 implementation) case runs in a fresh process:
 `--warmup_steps` (which include compilation; the first step's wall seconds are reported as `first step s`) then
 `--steps` timed training steps (forward with labels and no KV cache, backward, AdamW step) on random tokens,
@@ -190,13 +193,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--compile_mode", default=None, help="torch.compile mode (default: torch's default)")
     parser.add_argument(
         "--compile_scope",
-        default="regions",
+        default=None,
         choices=["regions", "model"],
-        help="compiled cases: each repeated layer compiled once (regions, as --torch_compile) or the whole model",
+        help="compiled cases: each repeated layer compiled once (regions, as --torch_compile) or the whole model "
+        "(default: regions on cuda, model on cpu)",
     )
     parser.add_argument("--peak_tflops", type=float, default=None, help="peak TFLOP/s of the device for the MFU")
     parser.add_argument("--case", nargs=4, metavar=("SIZE", "FAMILY", "IMPL", "PRECISION"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.compile_scope is None:
+        args.compile_scope = "regions" if args.device == "cuda" else "model"
     if args.case:  # child process: one measurement, JSON on stdout
         print(json.dumps(run_case(*args.case, args)))
         return []

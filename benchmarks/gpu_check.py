@@ -110,6 +110,8 @@ def training_rows(args: argparse.Namespace, scale: dict) -> list[dict]:
             str(scale["warmup_steps"]),
             "--repeats",
             "1",
+            "--compile_scope",
+            "regions",  # as the recipe's --torch_compile (on the CPU too, where the benchmark's default is model)
         ]
     )
     by_name = {r["implementation"]: r for r in results}
