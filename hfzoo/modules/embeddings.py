@@ -297,7 +297,8 @@ def chunk_loss_and_grad(
 
     The elementwise work of a chunk (float32 cast, soft cap, log-sum-exp, softmax minus one-hot), called by
     `linear_cross_entropy_chunk` (compiled, it is one fused pass instead of several over the float32 scores).
-    Its input is not modified.
+    Eager, the gradient is computed in place of the float32 scores: `logits` itself when it is float32
+    without a soft cap (it is overwritten); compiled, `logits` is not modified.
 
     Args:
         logits: `(c, vocab_size)` scores of the chunk's c tokens in any float dtype (the matrix product's);
@@ -333,8 +334,8 @@ def chunk_loss_and_grad(
         if capped_tanh is not None:  # d(c tanh(z / c)) / dz = 1 - tanh(z / c)^2
             grad_logits = grad_logits * (1 - capped_tanh.square())
     else:
-        # Eager: in place, so that one float32 (c, vocab_size) buffer holds the softmax and then the gradient.
-        grad_logits = (logits - log_normalizer).exp_()  # softmax
+        # Eager: in place, so that the float32 scores' buffer holds the softmax and then the gradient.
+        grad_logits = logits.sub_(log_normalizer).exp_()  # softmax, in place of the scores
         grad_logits.scatter_add_(1, targets, -valid[:, None].to(grad_logits.dtype))  # - one_hot(label)
         grad_logits.mul_(valid[:, None])  # ignored positions contribute nothing
         if capped_tanh is not None:  # d(c tanh(z / c)) / dz = 1 - tanh(z / c)^2
