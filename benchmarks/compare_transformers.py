@@ -11,7 +11,7 @@ layer list compiled in place, its graph reused, and one chunk of hfzoo's chunked
 default) and `transformers-compiled` (compiled the same way: regionally its `GPT2Block`, `BertLayer` or
 `T5Block` lists, while its loss, computed outside its head by plain code, stays eager; or whole). The default
 scope is `regions` on a GPU, where compiling a 12-layer model whole takes minutes, and `model` on the CPU, where
-the small sizes compile whole in about half a minute and whole-model graphs give both implementations their
+the small sizes compile whole in seconds and whole-model graphs give both implementations their
 best steady-state speed. Each (size, family, precision,
 implementation) case runs in a fresh process:
 `--warmup_steps` (which include compilation; the first step's wall seconds are reported as `first step s`) then
