@@ -31,6 +31,10 @@ Usage (prints a markdown table; `--sizes base` are the presets' own 768-wide siz
     python benchmarks/compare_transformers.py --sizes small base --repeats 5
     python benchmarks/compare_transformers.py --device cuda --sizes base --seq_len 1024 --batch_size 8
     python benchmarks/compare_transformers.py --families decoder --precisions bf16 --steps 2 --repeats 1
+    python benchmarks/compare_transformers.py --device cuda --sizes base --profile_dir profiles  # + where time goes
+
+`--profile_dir` profiles `--profile_steps` more steps of each case after its timed ones (`torch.profiler`) and
+writes the wall time per step, on CUDA the kernel time per step, and the operator table, one file per case.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 #: family -> (hfzoo preset, hfzoo Auto class, name of the config converter in hfzoo.convert, transformers class).
 #: T5 v1.0 rather than v1.1: transformers 5.23 builds `T5ForConditionalGeneration` with a tied output layer even
@@ -152,6 +158,9 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
         step()
     synchronize()
     elapsed = time.perf_counter() - start
+    if args.profile_dir:
+        name = f"{size}-{family}-{precision}-{implementation}.txt"
+        (Path(args.profile_dir) / name).write_text(profile_steps(step, synchronize, device, args.profile_steps))
     with torch.no_grad(), autocast:
         eval_loss = float(model(**eval_batch, **no_cache).loss)
     decoder_len = target_len if family == "encoder-decoder" else None
@@ -168,6 +177,40 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
         "eval_loss": eval_loss,
         "first_step_s": first_step_s,
     }
+
+
+def profile_steps(step: Callable[[], None], synchronize: Callable[[], None], device, steps: int) -> str:
+    """Run `steps` more training steps under `torch.profiler`; say where their time went, as text.
+
+    Args:
+        step: one training step (forward, backward, optimizer step).
+        synchronize: waits for the device (a no-op on the CPU).
+        device: the `torch.device` the model is on.
+        steps: how many steps to profile.
+
+    Returns:
+        The wall milliseconds per step; on CUDA also the summed self device (kernel) milliseconds per step (wall
+        minus that: time the GPU waited for the host); then the profiler's operator table sorted by self device
+        time (CUDA) or self CPU time, 40 rows.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    synchronize()
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        synchronize()
+        wall_ms = 1e3 * (time.perf_counter() - start) / steps
+    events = prof.key_averages()
+    lines = [f"profiled steps: {steps}; wall per step: {wall_ms:.2f} ms (profiler overhead included)"]
+    if cuda:
+        kernel_ms = sum(getattr(e, "self_device_time_total", 0.0) for e in events) / steps / 1e3
+        lines.append(f"device (kernel) time per step: {kernel_ms:.2f} ms ({100 * kernel_ms / wall_ms:.0f}% of wall)")
+    lines.append(events.table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=40))
+    return "\n".join(lines)
 
 
 def _median_and_spread(values: list[float]) -> tuple[float, float, float]:
@@ -199,10 +242,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "(default: regions on cuda, model on cpu)",
     )
     parser.add_argument("--peak_tflops", type=float, default=None, help="peak TFLOP/s of the device for the MFU")
+    parser.add_argument(
+        "--profile_dir",
+        default=None,
+        help="after the timed steps, profile --profile_steps more of every case (torch.profiler) and write each "
+        "case's operator table to SIZE-FAMILY-PRECISION-IMPLEMENTATION.txt in this folder",
+    )
+    parser.add_argument("--profile_steps", type=int, default=3)
     parser.add_argument("--case", nargs=4, metavar=("SIZE", "FAMILY", "IMPL", "PRECISION"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.compile_scope is None:
         args.compile_scope = "regions" if args.device == "cuda" else "model"
+    if args.profile_dir:
+        Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
     if args.case:  # child process: one measurement, JSON on stdout
         print(json.dumps(run_case(*args.case, args)))
         return []
@@ -218,6 +270,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         *([f"--compile_mode={args.compile_mode}"] if args.compile_mode else []),
         f"--compile_scope={args.compile_scope}",
         *([f"--peak_tflops={args.peak_tflops}"] if args.peak_tflops else []),
+        *([f"--profile_dir={args.profile_dir}", f"--profile_steps={args.profile_steps}"] if args.profile_dir else []),
     ]
     cases = list(itertools.product(args.sizes, args.families, args.precisions, args.implementations))
     results: dict[tuple, list[dict]] = {case: [] for case in cases}

@@ -13,16 +13,19 @@ CUDA: `torch.cuda.max_memory_allocated`).
 
 `--mode train` times training steps (forward with labels, backward, AdamW); `--mode forward` times forward
 passes with labels under `torch.no_grad()`. PyTorch 2.13 has no FlexAttention backward on the CPU, so the
-CPU runs `--mode forward` (the default there); `--compile` compiles the whole model (`model.compile()`),
-otherwise transformers' flex path compiles `flex_attention` alone. On the CPU a compiled model with
-`flex_attention` is skipped: inductor's CPU FlexAttention lowering fails inside a compiled hfzoo model
-(PyTorch 2.13, with or without a score bias).
+CPU runs `--mode forward` (the default there); `--compile` also runs each backend compiled, `--compile_only`
+only compiled: as the recipes' `--torch_compile`, each repeated block compiled once
+(`hfzoo.training.compilation.compile_regions`), or with `--compile_scope model` the whole model
+(`model.compile()`); uncompiled, transformers' flex path compiles `flex_attention` alone. On the CPU a
+compiled model with `flex_attention` is skipped: inductor's CPU FlexAttention lowering fails inside a
+compiled hfzoo model (PyTorch 2.13, with or without a score bias).
 
 Usage (prints a markdown table):
 
     python benchmarks/flex_bias.py                                   # CPU, small size, forward
     python benchmarks/flex_bias.py --seq_len 128 --steps 3 --repeats 3 --compile
     python benchmarks/flex_bias.py --device cuda --size base --seq_len 1024 --batch_size 8 --mode train --compile
+    python benchmarks/flex_bias.py --device cuda --size base --seq_len 1024 --batch_size 8 --compile_only
 """
 
 from __future__ import annotations
@@ -54,8 +57,10 @@ def run_case(backend: str, compiled: bool, args: argparse.Namespace) -> dict:
 
     Args:
         backend: `"sdpa"` or `"flex_attention"`.
-        compiled: compile the whole model (`torch.nn.Module.compile`).
-        args: the parsed command line (device, size, batch size, sequence length, steps, mode, seed).
+        compiled: compile the model: its repeated blocks (`compile_regions`) or, with `args.compile_scope ==
+            "model"`, the whole model (`torch.nn.Module.compile`).
+        args: the parsed command line (device, size, batch size, sequence length, steps, mode, compile scope,
+            seed).
 
     Returns:
         `{"tokens_per_s", "peak_mib", "loss"}` (the loss of the last step, to check both backends agree).
@@ -68,6 +73,7 @@ def run_case(backend: str, compiled: bool, args: argparse.Namespace) -> dict:
 
     import hfzoo  # noqa: F401  (registers the hfzoo classes with the Auto classes)
     from hfzoo.models.presets import build_config
+    from hfzoo.training.compilation import compile_regions
 
     device = torch.device(args.device)
     if args.mode == "train" and backend == "flex_attention" and device.type == "cpu":
@@ -78,7 +84,7 @@ def run_case(backend: str, compiled: bool, args: argparse.Namespace) -> dict:
     config = build_config("t5-v1.0", overrides)
     model = transformers.AutoModelForSeq2SeqLM.from_config(config, attn_implementation=backend).to(device)
     model.train(args.mode == "train")
-    if compiled:
+    if compiled and (args.compile_scope == "model" or not compile_regions(model)):
         model.compile()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) if args.mode == "train" else None
     g = torch.Generator().manual_seed(args.seed)
@@ -123,7 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch_size", type=int, default=2)
     parser.add_argument("--seq_len", type=int, default=128, help="source tokens; the decoder gets a quarter")
     parser.add_argument("--mode", choices=("train", "forward"), help="default: train on cuda, forward on cpu")
-    parser.add_argument("--compile", action="store_true", help="also run each backend with model.compile()")
+    parser.add_argument("--compile", action="store_true", help="also run each backend compiled")
+    parser.add_argument("--compile_only", action="store_true", help="run each backend compiled only")
+    parser.add_argument(
+        "--compile_scope",
+        choices=("regions", "model"),
+        default="regions",
+        help="compiled cases: each repeated block compiled once (as --torch_compile) or the whole model",
+    )
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
     parser.add_argument("--warmup_steps", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
@@ -149,8 +162,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"--warmup_steps={args.warmup_steps}",
         f"--steps={args.steps}",
         f"--seed={args.seed}",
+        f"--compile_scope={args.compile_scope}",
     ]
-    cases = list(itertools.product(args.backends, [False, True] if args.compile else [False]))
+    compiled_options = [True] if args.compile_only else [False, True] if args.compile else [False]
+    cases = list(itertools.product(args.backends, compiled_options))
     if args.device == "cpu" and ("flex_attention", True) in cases:
         # inductor's CPU FlexAttention lowering fails inside a compiled hfzoo model (with or without a score
         # bias: "not enough values to unpack" on the queries' layout, PyTorch 2.13)
@@ -171,7 +186,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     print(
         f"\nt5-v1.0 ({args.size}), {args.device}, {args.mode}, batch {args.batch_size} x {args.seq_len} source "
-        f"tokens ({max(1, args.seq_len // 4)} decoder), {args.steps} timed steps after {args.warmup_steps} warm-up, "
+        f"tokens ({max(1, args.seq_len // 4)} decoder), compiled: {args.compile_scope}, "
+        f"{args.steps} timed steps after {args.warmup_steps} warm-up, "
         f"{args.repeats} interleaved repetitions (median, min-max)\n"
     )
     print("| backend | score bias | compiled | tok/s median | min-max | peak MiB | loss |")

@@ -17,7 +17,11 @@ Sections (each a fresh set of processes; `--sections` picks some):
 - `flex`: the encoder-decoder at the `t5-v1.0` preset with T5's relative bias applied inside FlexAttention
   (`attn_implementation="flex_attention"`) vs SDPA with the materialized bias (`benchmarks/flex_bias.py`).
 
-Usage (prints one markdown table; `--output_json` also writes its rows):
+A section that fails is reported as one `FAILED` row with the end of its error, and the other sections still
+run; the command then exits with status 1. Each section's wall seconds are a row of their own.
+
+Usage (prints one markdown table; `--output_json` also writes its rows; `--profile_dir DIR` also writes a
+`torch.profiler` operator table of each training case to DIR):
 
     python benchmarks/gpu_check.py                          # one GPU: gpt2 at seq 1024, bf16 (minutes on one H100)
     python benchmarks/gpu_check.py --device cpu --tiny      # every section at a tiny size on the CPU
@@ -35,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parent
@@ -53,7 +58,7 @@ SCALES = {
         "warmup_steps": 3,
         "recipe_config": ("gpt2", "vocab_size=50257"),
         "generation": "--size base --new_tokens 128 --repeats 3".split(),
-        "flex": "--size base --seq_len 1024 --batch_size 8 --steps 10 --repeats 1 --mode train --compile".split(),
+        "flex": "--size base --seq_len 1024 --batch_size 8 --steps 10 --repeats 1 --mode train --compile_only".split(),
         "tokenizer_characters": "20000000",
         "tokenizer_vocab": "8192",
     },
@@ -112,6 +117,7 @@ def training_rows(args: argparse.Namespace, scale: dict) -> list[dict]:
             "1",
             "--compile_scope",
             "regions",  # as the recipe's --torch_compile (on the CPU too, where the benchmark's default is model)
+            *(["--profile_dir", args.profile_dir] if args.profile_dir else []),
         ]
     )
     by_name = {r["implementation"]: r for r in results}
@@ -296,7 +302,7 @@ def flex_rows(args: argparse.Namespace, scale: dict) -> list[dict]:
     compiled = args.device == "cuda"  # inductor's CPU FlexAttention lowering fails inside a compiled model
     by_backend = {r["backend"]: r for r in results if r["compiled"] == compiled}
     flex, sdpa = by_backend["flex_attention"], by_backend["sdpa"]
-    note = f"{'compiled, training' if compiled else 'eager, forward'}; reference: SDPA + dense bias"
+    note = f"{'compiled (regions), training' if compiled else 'eager, forward'}; reference: SDPA + dense bias"
     return [
         _row("flex", "t5-v1.0 tokens/s, flex score_mod", flex["median"], sdpa["median"], "tokens/s", note),
         _row("flex", "t5-v1.0 peak memory, flex score_mod", flex["peak_mib"], sdpa["peak_mib"], "MiB"),
@@ -329,6 +335,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     default_data = os.environ.get("HFZOO_DATA_DIR", str(REPO.parent / "shared" / "data"))
     parser.add_argument("--data_dir", default=default_data, help="the real data (gutenberg/)")
     parser.add_argument("--output_json", default=None, help="also write the rows here")
+    parser.add_argument("--profile_dir", default=None, help="also profile each training case (operator tables)")
     args = parser.parse_args(argv)
     import torch
 
@@ -339,15 +346,30 @@ def main(argv: list[str] | None = None) -> list[dict]:
     scale = SCALES["tiny" if args.tiny else "full"]
     start = time.perf_counter()
     rows: list[dict] = []
+    failed = []
+
+    def run_section(name: str, section: Callable[[], list[dict]]) -> None:
+        section_start = time.perf_counter()
+        try:
+            rows.extend(section())
+        except (Exception, SystemExit) as error:  # the other sections still run; the command exits 1 at the end
+            message = " ".join(str(error).split())[-300:]
+            print(f"section {name} FAILED: {error}", file=sys.stderr, flush=True)
+            rows.append(_row(name, "FAILED", math.nan, None, "", message.replace("|", "/")))
+            failed.append(name)
+        rows.append(_row(name, "section wall time", time.perf_counter() - section_start, None, "s"))
+        print(f"section {name}: {time.perf_counter() - section_start:.0f} s", file=sys.stderr, flush=True)
+
     if "training" in args.sections:
-        rows += training_rows(args, scale)
+        run_section("training", lambda: training_rows(args, scale))
     if {"recipe", "deepspeed"} & set(args.sections):
         with tempfile.TemporaryDirectory(prefix="hfzoo-gpu-check-") as tmp:
-            rows += recipe_runs(args, scale, Path(tmp), deepspeed="deepspeed" in args.sections)
+            deepspeed = "deepspeed" in args.sections
+            run_section("recipe", lambda: recipe_runs(args, scale, Path(tmp), deepspeed=deepspeed))
     if "generation" in args.sections:
-        rows += generation_rows(args, scale)
+        run_section("generation", lambda: generation_rows(args, scale))
     if "flex" in args.sections:
-        rows += flex_rows(args, scale)
+        run_section("flex", lambda: flex_rows(args, scale))
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
     import transformers
 
@@ -358,6 +380,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print_table(rows, header)
     if args.output_json:
         Path(args.output_json).write_text(json.dumps({"header": header, "rows": rows}, indent=1) + "\n")
+    if failed:
+        raise SystemExit(f"error: sections failed: {', '.join(failed)} (their FAILED rows say why)")
     return rows
 
 
