@@ -5,9 +5,14 @@ The hfzoo model is the `gpt2` parity preset (at `--size small` a CPU-sized one, 
 Each is timed in two set-ups:
 
 - `dynamic eager`: `generate` with the default dynamic cache, no compilation;
-- `static compiled`: `generation_config.cache_implementation = "static"` and
-  `model.forward = torch.compile(model.forward, mode=...)` (transformers' recipe for fast generation): on CUDA
-  `mode="reduce-overhead"` (CUDA graphs), on CPU the default mode (inductor's C++ code; there are no CUDA graphs).
+- `static compiled`: `generate(..., cache_implementation="static", compile_config=CompileConfig(mode=...))`,
+  transformers' own compiled generation: the prefill runs eagerly (it allocates the static cache outside any
+  graph) and `generate` compiles the decoding step; on CUDA `mode="reduce-overhead"` (CUDA graphs, the
+  `CompileConfig` default), on CPU the default mode (inductor's C++ code; there are no CUDA graphs; transformers
+  compiles on GPUs only unless told, so the CPU run sets `CompileConfig._compile_all_devices`, as transformers'
+  tests do). `model.forward = torch.compile(model.forward, mode="reduce-overhead")` also compiles the prefill,
+  and `GPT2LMHeadModel` then allocates its static cache inside a CUDA graph and fails on the next call
+  ("accessing tensor output of CUDAGraphs that has been overwritten"; transformers 5.24, torch 2.11, one H200).
 
 For each batch size (`--batch_sizes`, default 1 and 8), a random prompt of `--prompt_len` tokens, `--new_tokens`
 greedy tokens (`min_new_tokens` too, no end-of-sequence); two untimed calls first (they compile), then
@@ -28,6 +33,7 @@ import time
 
 import torch
 import transformers
+from transformers import CompileConfig
 
 import hfzoo  # noqa: F401  (registers the Auto classes)
 from hfzoo.convert import hfzoo_to_gpt2
@@ -52,14 +58,37 @@ def build_models(size: str, device: torch.device) -> dict[str, torch.nn.Module]:
     return {"hfzoo": model, "transformers": hfzoo_to_gpt2(model, attn_implementation="sdpa").to(device).eval()}
 
 
-def time_generation(model, prompt: torch.Tensor, new_tokens: int, repeats: int) -> tuple[list[float], torch.Tensor]:
+def static_compiled_options(device: torch.device) -> dict:
+    """`generate` options of the `static compiled` set-up: a static cache and a compiled decoding step.
+
+    Returns:
+        `{"cache_implementation": "static", "compile_config": ...}`: CUDA graphs (`mode="reduce-overhead"`) on a GPU,
+        inductor's default mode elsewhere (compiled on the CPU too).
+    """
+    if device.type == "cuda":
+        return {"cache_implementation": "static", "compile_config": CompileConfig(mode="reduce-overhead")}
+    compile_config = CompileConfig(mode="default")
+    compile_config._compile_all_devices = True  # transformers compiles generation on GPUs only unless told
+    return {"cache_implementation": "static", "compile_config": compile_config}
+
+
+def time_generation(
+    model, prompt: torch.Tensor, new_tokens: int, repeats: int, **generate_options
+) -> tuple[list[float], torch.Tensor]:
     """Two untimed `generate` calls (compilation), then `repeats` timed ones.
+
+    Args:
+        model: a causal LM with `generate`.
+        prompt: `(batch, prompt_len)` int64 token ids on the model's device.
+        new_tokens: greedy tokens generated per call (no end of sequence).
+        repeats: timed calls.
+        generate_options: more `generate` options (the set-up's cache and compilation).
 
     Returns:
         `(seconds of each timed call, the generated tokens)`.
     """
     options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
-    options["pad_token_id"] = 0
+    options.update(pad_token_id=0, **generate_options)
     synchronize = torch.cuda.synchronize if prompt.device.type == "cuda" else (lambda: None)
     with torch.no_grad():
         for _ in range(2):
@@ -81,7 +110,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         argv: command-line arguments (default: `sys.argv[1:]`).
 
     Returns:
-        One dict per case: `implementation`, `setup`, `batch_size`, `tokens_per_s`, `low`, `high`, `same_tokens`.
+        One dict per case: `implementation`, `setup`, `batch_size`, `tokens_per_s`, `low`, `high`, `same_tokens`,
+        `compiled` (whether `generate` ran a compiled decoding step).
     """
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -92,7 +122,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    mode = "reduce-overhead" if device.type == "cuda" else None
     rows = []
     for batch_size in args.batch_sizes:
         prompt = torch.randint(5, 8192 if args.size == "small" else 50257, (batch_size, args.prompt_len))
@@ -101,10 +130,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for setup in SETUPS:
             for name, model in build_models(args.size, device).items():
                 torch._dynamo.reset()
-                if setup == "static compiled":
-                    model.generation_config.cache_implementation = "static"
-                    model.forward = torch.compile(model.forward, mode=mode)
-                times, tokens = time_generation(model, prompt, args.new_tokens, args.repeats)
+                options = static_compiled_options(device) if setup == "static compiled" else {}
+                times, tokens = time_generation(model, prompt, args.new_tokens, args.repeats, **options)
                 if reference is None:
                     reference = tokens
                 rate = [batch_size * args.new_tokens / t for t in times]
@@ -117,15 +144,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         low=min(rate),
                         high=max(rate),
                         same_tokens=bool(torch.equal(tokens, reference)),
+                        compiled=getattr(model, "_compiled_call", None) is not None,  # generate compiled decoding
                     )
                 )
                 print(rows[-1], flush=True)
-    print("\n| batch | implementation | set-up | tokens/s (min-max) | tokens = hfzoo dynamic eager |")
-    print("|---|---|---|---|---|")
+    print("\n| batch | implementation | set-up | compiled | tokens/s (min-max) | tokens = hfzoo dynamic eager |")
+    print("|---|---|---|---|---|---|")
     for row in rows:
         spread = f"{row['tokens_per_s']:.0f} ({row['low']:.0f}-{row['high']:.0f})"
         same = "yes" if row["same_tokens"] else "no"
-        print(f"| {row['batch_size']} | {row['implementation']} | {row['setup']} | {spread} | {same} |")
+        compiled = "yes" if row["compiled"] else "no"
+        print(f"| {row['batch_size']} | {row['implementation']} | {row['setup']} | {compiled} | {spread} | {same} |")
     return rows
 
 

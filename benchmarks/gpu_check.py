@@ -12,8 +12,9 @@ Sections (each a fresh set of processes; `--sections` picks some):
   benchmark's compiled MFU.
 - `deepspeed`: the same recipe under DeepSpeed ZeRO-2 and ZeRO-3 (one process; NCCL on a GPU, gloo on the CPU),
   uncompiled; the held-out loss after `--recipe_steps` steps next to the plain (non-DeepSpeed) run's.
-- `generation`: greedy generation tokens/s at batch 1 and 8, dynamic cache eager and static cache compiled
-  (`mode="reduce-overhead"`, CUDA graphs, on a GPU), hfzoo vs transformers (`benchmarks/generation.py`).
+- `generation`: greedy generation tokens/s at batch 1 and 8, dynamic cache eager and static cache with a compiled
+  decoding step (`CompileConfig(mode="reduce-overhead")`, CUDA graphs, on a GPU), hfzoo vs transformers
+  (`benchmarks/generation.py`).
 - `flex`: the encoder-decoder at the `t5-v1.0` preset with T5's relative bias applied inside FlexAttention
   (`attn_implementation="flex_attention"`) vs SDPA with the materialized bias (`benchmarks/flex_bias.py`).
 
@@ -261,6 +262,9 @@ def generation_rows(args: argparse.Namespace, scale: dict) -> list[dict]:
         for setup in generation.SETUPS:
             rate = {r["implementation"]: r for r in results if (r["batch_size"], r["setup"]) == (batch, setup)}
             same = all(r["same_tokens"] for r in rate.values())
+            note = "same tokens as eager" if same else "TOKENS DIFFER"
+            if setup == "static compiled" and not all(r["compiled"] for r in rate.values()):
+                note += "; DECODING NOT COMPILED"
             rows.append(
                 _row(
                     "generation",
@@ -268,7 +272,7 @@ def generation_rows(args: argparse.Namespace, scale: dict) -> list[dict]:
                     rate["hfzoo"]["tokens_per_s"],
                     rate["transformers"]["tokens_per_s"],
                     "tokens/s",
-                    "same tokens as eager" if same else "TOKENS DIFFER",
+                    note,
                 )
             )
         eager = next(
