@@ -39,9 +39,21 @@ from torch.utils.checkpoint import checkpoint
 
 from .softcapping import soft_cap
 
-#: Bytes of float32 logits one chunk of `chunked_linear_cross_entropy` may hold (32 MiB: 128 tokens of a
+#: Bytes of float32 logits one chunk of `chunked_linear_cross_entropy` may hold on the CPU (32 MiB: 128 tokens of a
 #: 50,257-token vocabulary); the chunk is the largest power of two of tokens within it.
 LOSS_CHUNK_BYTES = 32 * 2**20
+#: The same on a GPU (or any other accelerator): 1 GiB, 4,096 tokens of a 50,257-token vocabulary. Every chunk adds
+#: its product to the float32 `(vocab_size, hidden)` weight gradient, one read and write of the whole matrix: with
+#: 128-token chunks, 16 x 1,024 tokens of the `gpt2` preset spent 18 ms of a 97 ms compiled training step on those
+#: additions on one H200 (`benchmarks/gpu_check.py --profile_dir`), and the chunks' matrix products ran on
+#: 128-row operands. From about 3,000 tokens per chunk the additions cost under a tenth of the products.
+ACCELERATOR_LOSS_CHUNK_BYTES = 2**30
+#: On a GPU, `chunked_linear_cross_entropy` pads the vocabulary of its matrix products to a multiple of this
+#: (zero weight rows whose scores are -inf: no probability, no gradient). With a row count such as GPT-2's 50,257
+#: (not a multiple of 8), cuBLAS cannot use Hopper's matrix kernels: on one H200 the three vocabulary products
+#: of a `gpt2` training step (16 x 1,024 tokens, bf16) ran in its `cutlass_75` fallback kernels at about 95
+#: TFLOP/s, 31 ms of transformers' 68 ms compiled step.
+ACCELERATOR_VOCAB_MULTIPLE = 64
 
 
 def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
@@ -264,7 +276,7 @@ class VocabProjection(nn.Linear):
             )
         # A mixture of softmaxes has no single matrix product to fuse: each chunk of tokens is a
         # checkpointed call, so only one chunk's K mixture components exist at a time, in forward and backward.
-        chunk = _chunk_tokens(self.num_softmaxes * self.out_features)
+        chunk = _chunk_tokens(self.num_softmaxes * self.out_features, hidden_states.device.type)
         total = torch.zeros((), dtype=torch.float32, device=hidden_states.device)
         for start in range(0, hidden_states.shape[0], chunk):
             total = total + checkpoint(
@@ -279,9 +291,13 @@ class VocabProjection(nn.Linear):
         return nn.functional.nll_loss(self._mixture_log_probs(hidden_states), labels, reduction="sum")
 
 
-def _chunk_tokens(floats_per_token: int) -> int:
-    """Tokens per chunk: the largest power of two whose `floats_per_token` float32 values fit `LOSS_CHUNK_BYTES`."""
-    tokens = max(1, LOSS_CHUNK_BYTES // (4 * floats_per_token))
+def _chunk_tokens(floats_per_token: int, device_type: str = "cpu") -> int:
+    """Tokens per chunk: the largest power of two whose `floats_per_token` float32 values fit the chunk budget.
+
+    The budget is `LOSS_CHUNK_BYTES` on the CPU and `ACCELERATOR_LOSS_CHUNK_BYTES` on any other device type.
+    """
+    budget = LOSS_CHUNK_BYTES if device_type == "cpu" else ACCELERATOR_LOSS_CHUNK_BYTES
+    tokens = max(1, budget // (4 * floats_per_token))
     return 1 << (tokens.bit_length() - 1)
 
 
@@ -292,6 +308,7 @@ def chunk_loss_and_grad(
     needs_grad: bool,
     needs_bias: bool,
     compute_dtype: torch.dtype,
+    vocab_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One chunk of `chunked_linear_cross_entropy` after its matrix product: the loss and the scores' gradient.
 
@@ -308,16 +325,20 @@ def chunk_loss_and_grad(
         needs_grad: compute the gradient of the loss with respect to the (uncapped) scores.
         needs_bias: also return its sum over tokens (the output bias's gradient).
         compute_dtype: dtype of the returned gradient (the matrix products' dtype).
+        vocab_size: the real vocabulary when `logits` has more columns (a padded vocabulary: the columns from
+            `vocab_size` on get no probability and a zero gradient); None: every column is real.
 
     Returns:
         `(loss, grad_logits, grad_bias)`: the float32 scalar summed loss over non-ignored tokens (nats);
         `(c, vocab_size)` `softmax - one_hot` (zero rows for ignored tokens) in `compute_dtype`, or None;
-        `(vocab_size,)` float32 column sums of that gradient, or None.
+        `(vocab_size,)` float32 column sums of that gradient, or None (padded columns included, as zeros).
     """
     logits, capped_tanh = logits.float(), None
     if softcap is not None:  # Gemma 2's final logit soft-capping; tanh kept for the chain rule
         capped_tanh = torch.tanh(logits / softcap)
         logits = capped_tanh * softcap
+    if vocab_size is not None and vocab_size < logits.shape[-1]:  # padded columns: no probability
+        logits[:, vocab_size:] = float("-inf")  # a float32 buffer of this function's own (cast or capped)
     valid = labels != -100
     targets = labels.masked_fill(~valid, 0)[:, None]  # (c, 1)
     log_normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)  # (c, 1)
@@ -354,6 +375,7 @@ def linear_cross_entropy_chunk(
     needs_grad: bool,
     needs_bias: bool,
     compute_dtype: torch.dtype,
+    vocab_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """One chunk of `chunked_linear_cross_entropy`: its scores, loss and the gradients of scores and hidden states.
 
@@ -364,14 +386,15 @@ def linear_cross_entropy_chunk(
 
     Args:
         hidden: `(c, in_features)` hidden states of the chunk's c tokens, in `compute_dtype`.
-        weight: `(vocab_size, in_features)` in `compute_dtype`.
-        bias: `(vocab_size,)` in `compute_dtype`, or None.
+        weight: `(vocab_size, in_features)` in `compute_dtype` (or more rows: a padded vocabulary).
+        bias: `(vocab_size,)` in `compute_dtype` (padded as the weight), or None.
         labels: `(c,)` int64 targets, -100 = ignored.
         softcap: cap c of the scores (Gemma 2 §2), or None.
         needs_hidden: also compute the hidden states' gradient.
         needs_grad: compute the scores' gradient (any gradient is needed).
         needs_bias: also return the bias's gradient.
         compute_dtype: the matrix products' dtype.
+        vocab_size: the real vocabulary when `weight` is padded (`chunk_loss_and_grad`); None: not padded.
 
     Returns:
         `(loss, grad_logits, grad_hidden, grad_bias)`: the float32 scalar summed loss (nats); `(c, vocab_size)`
@@ -379,9 +402,18 @@ def linear_cross_entropy_chunk(
         `(vocab_size,)` float32 or None.
     """
     logits = nn.functional.linear(hidden, weight, bias)  # (c, vocab_size) in compute_dtype
-    loss, grad_logits, grad_bias = chunk_loss_and_grad(logits, labels, softcap, needs_grad, needs_bias, compute_dtype)
+    loss, grad_logits, grad_bias = chunk_loss_and_grad(
+        logits, labels, softcap, needs_grad, needs_bias, compute_dtype, vocab_size
+    )
     grad_hidden = grad_logits @ weight if needs_hidden and grad_logits is not None else None
     return loss, grad_logits, grad_hidden, grad_bias
+
+
+def _zero_padded(tensor: torch.Tensor, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """`tensor` `(n, ...)` cast to `dtype` with zero rows appended up to `(rows, ...)`, in one copy."""
+    padded = tensor.new_zeros((rows, *tensor.shape[1:]), dtype=dtype)
+    padded[: tensor.shape[0]] = tensor
+    return padded
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -393,12 +425,24 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     gradient of `z` is the capped logits' times `1 - tanh^2`); only these (and no logits) are kept for the backward
     pass, which scales them in place by the incoming gradient and hands them over (so a second backward
     through the same graph is refused). The matrix products run in `compute_dtype` (the autocast dtype, as
-    `nn.Linear` would), the softmax, the loss and the weight and bias gradients in float32.
+    `nn.Linear` would), the softmax, the loss and the weight and bias gradients in float32. With
+    `vocab_multiple` > 1 they run on a vocabulary padded to its next multiple (zero rows, -inf scores), and the
+    gradients are cut back to the real vocabulary.
     """
 
     @staticmethod
     def forward(  # noqa: D102
-        ctx, hidden, weight, bias, labels, chunk, compute_dtype, grad_enabled, softcap=None, chunk_fn=None
+        ctx,
+        hidden,
+        weight,
+        bias,
+        labels,
+        chunk,
+        compute_dtype,
+        grad_enabled,
+        softcap=None,
+        chunk_fn=None,
+        vocab_multiple=1,
     ):
         needs_hidden, needs_weight, needs_bias = (grad_enabled and needed for needed in ctx.needs_input_grad[:3])
         needs_bias = needs_bias and bias is not None
@@ -408,8 +452,14 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if needs_hidden and num_tokens > chunk else None
         grad_weight = grad_bias = None
         hidden = hidden.to(compute_dtype)
-        weight = weight.to(compute_dtype)  # under autocast: one low-precision copy, as nn.Linear makes
-        bias = None if bias is None else bias.to(compute_dtype)
+        vocab_size = weight.shape[0]
+        padded_size = -(-vocab_size // vocab_multiple) * vocab_multiple
+        if padded_size == vocab_size:
+            weight = weight.to(compute_dtype)  # under autocast: one low-precision copy, as nn.Linear makes
+            bias = None if bias is None else bias.to(compute_dtype)
+        else:  # one copy each, cast and padded with zero rows (their scores are set to -inf)
+            weight = _zero_padded(weight, padded_size, compute_dtype)
+            bias = None if bias is None else _zero_padded(bias, padded_size, compute_dtype)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         # An empty input runs one empty chunk, so that its gradients are zeros (not missing).
         for start in range(0, max(num_tokens, 1), chunk):
@@ -424,6 +474,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 needs_hidden or needs_weight or needs_bias,
                 needs_bias,
                 compute_dtype,
+                vocab_size if padded_size != vocab_size else None,
             )
             total += loss
             if grad_logits is None:
@@ -440,6 +491,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 grad_weight.addmm_(grad_logits.t(), chunk_hidden)  # in place: no (vocab_size, in_features) temporary
             elif needs_weight:
                 grad_weight += grad_logits.t() @ chunk_hidden  # low-precision product, float32 accumulation
+        if padded_size != vocab_size:  # the real vocabulary's rows (the padded ones are zeros)
+            grad_weight = None if grad_weight is None else grad_weight[:vocab_size]
+            grad_bias = None if grad_bias is None else grad_bias[:vocab_size]
         # Kept as attributes, not saved tensors: they are results, not inputs, and backward consumes them.
         ctx.grads = (grad_hidden, grad_weight, grad_bias)
         return total
@@ -457,7 +511,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             None if grad is None else grad.mul_(grad_output.to(grad.dtype)).to(dtype)
             for grad, dtype in zip(grads, ctx.dtypes)
         ]
-        return (*scaled, None, None, None, None, None, None)
+        return (*scaled, None, None, None, None, None, None, None)
 
 
 def chunked_linear_cross_entropy(
@@ -468,6 +522,7 @@ def chunked_linear_cross_entropy(
     chunk_size: int | None = None,
     softcap: float | None = None,
     chunk_fn: Callable | None = None,
+    vocab_multiple: int | None = None,
 ) -> torch.Tensor:
     """Summed cross-entropy of the scores `hidden_states @ weight.T + bias` without holding them whole.
 
@@ -475,36 +530,57 @@ def chunked_linear_cross_entropy(
     reduction="sum")` (the float32 loss of transformers' `ForCausalLMLoss` before normalization) and to its
     gradients, but the float32 scores exist for `chunk_size` tokens at a time: for GPT-2's vocabulary of
     50,257 at 1,024 tokens this replaces the 196 MiB scores, their log-softmax and their gradient by chunks of
-    at most `LOSS_CHUNK_BYTES`. The gradients are computed during the forward pass (the weight's as a float32
-    `(vocab_size, in_features)` accumulator, which becomes the weight's gradient) and handed over by the
-    backward pass. Under autocast the matrix products run in the autocast dtype, as `nn.Linear` would, while
-    the softmax, the loss and the weight gradient accumulate in float32 (torch's
-    `nn.functional.linear_cross_entropy`, whose chunked path is similar, returns the loss in the inputs'
-    dtype, i.e. a bf16 sum under autocast).
+    at most `LOSS_CHUNK_BYTES` (32 MiB) on the CPU and `ACCELERATOR_LOSS_CHUNK_BYTES` (1 GiB) on a GPU. The
+    gradients are computed during the forward pass (the weight's as a float32 `(vocab_size, in_features)`
+    accumulator, which becomes the weight's gradient) and handed over by the backward pass. Under autocast the
+    matrix products run in the autocast dtype, as `nn.Linear` would, while the softmax, the loss and the weight
+    gradient accumulate in float32 (torch's `nn.functional.linear_cross_entropy`, whose chunked path is similar,
+    returns the loss in the inputs' dtype, i.e. a bf16 sum under autocast).
 
     Args:
         hidden_states: `(num_tokens, in_features)`.
         weight: `(vocab_size, in_features)`.
         labels: `(num_tokens,)` int64 targets, -100 = ignored.
         bias: `(vocab_size,)` or None.
-        chunk_size: tokens per chunk; default: as many as `LOSS_CHUNK_BYTES` of float32 scores hold.
+        chunk_size: tokens per chunk; default: as many as the device's budget of float32 scores holds (a power
+            of two).
         softcap: cap c of the scores, `c * tanh(scores / c)` (Gemma 2 §2, `final_logit_softcapping`), applied
             in float32 before the softmax; None: uncapped.
         chunk_fn: what computes a chunk's scores, loss and gradients: `linear_cross_entropy_chunk` (None) or a
             compiled form of it (`VocabProjection.compile_loss`).
+        vocab_multiple: run the matrix products on the vocabulary padded to a multiple of this (zero rows with
+            -inf scores; same loss and gradients); default: `ACCELERATOR_VOCAB_MULTIPLE` (64) on a GPU, where a
+            vocabulary such as GPT-2's 50,257 otherwise rules out the fast matrix kernels, and 1 (no padding) on
+            the CPU.
 
     Returns:
         A float32 scalar: the sum of `-log softmax(scores)[label]` over non-ignored positions (nats).
         Differentiable once (no double backward, no second backward through the same graph).
+
+    Raises:
+        ValueError: `vocab_multiple` below 1.
     """
     device_type = hidden_states.device.type
     autocast = torch.is_autocast_enabled(device_type)
     compute_dtype = torch.get_autocast_dtype(device_type) if autocast else hidden_states.dtype
-    chunk = chunk_size or _chunk_tokens(weight.shape[0])
+    if vocab_multiple is None:
+        vocab_multiple = 1 if device_type == "cpu" else ACCELERATOR_VOCAB_MULTIPLE
+    if vocab_multiple < 1:
+        raise ValueError(f"chunked_linear_cross_entropy: vocab_multiple must be >= 1, got {vocab_multiple}")
+    chunk = chunk_size or _chunk_tokens(-(-weight.shape[0] // vocab_multiple) * vocab_multiple, device_type)
     with torch.autocast(device_type, enabled=False):
         # Inside `apply` grad mode is off: say here whether the caller records gradients at all.
         return _ChunkedLinearCrossEntropy.apply(
-            hidden_states, weight, bias, labels, chunk, compute_dtype, torch.is_grad_enabled(), softcap, chunk_fn
+            hidden_states,
+            weight,
+            bias,
+            labels,
+            chunk,
+            compute_dtype,
+            torch.is_grad_enabled(),
+            softcap,
+            chunk_fn,
+            vocab_multiple,
         )
 
 

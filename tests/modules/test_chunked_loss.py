@@ -35,14 +35,17 @@ def _grads(loss, *tensors):
     return torch.autograd.grad(loss, tensors)
 
 
+@pytest.mark.parametrize("vocab_multiple", [None, 64])  # 301 scores; 320, 19 of them padding (as on a GPU)
 @pytest.mark.parametrize("chunk_size", [None, 1, 5, 64])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_loss_and_gradients_equal_plain_cross_entropy(chunk_size, with_bias):
+def test_loss_and_gradients_equal_plain_cross_entropy(chunk_size, with_bias, vocab_multiple):
     hidden, weight, bias, labels = _problem()
     bias = bias if with_bias else None
     inputs = (hidden, weight) + ((bias,) if with_bias else ())
     reference = nn.functional.cross_entropy(nn.functional.linear(hidden, weight, bias), labels, reduction="sum")
-    chunked = chunked_linear_cross_entropy(hidden, weight, labels, bias, chunk_size=chunk_size)
+    chunked = chunked_linear_cross_entropy(
+        hidden, weight, labels, bias, chunk_size=chunk_size, vocab_multiple=vocab_multiple
+    )
     assert chunked.dtype == torch.float32
     torch.testing.assert_close(chunked, reference, rtol=1e-6, atol=1e-5)
     # a non-unit upstream gradient (a mean, a loss weight) scales every gradient
@@ -50,32 +53,40 @@ def test_loss_and_gradients_equal_plain_cross_entropy(chunk_size, with_bias):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("vocab_multiple", [1, 64])
 @pytest.mark.parametrize("softcap", [None, 2.0])
-def test_compiled_chunk_function_gives_the_eager_loss_and_gradients(softcap):
+def test_compiled_chunk_function_gives_the_eager_loss_and_gradients(softcap, vocab_multiple):
     """`VocabProjection.compile_loss`'s compiled `linear_cross_entropy_chunk` (a shorter last chunk included)
-    equals the eager function: loss and every gradient, with ignored labels and a soft cap."""
+    equals the eager function: loss and every gradient, with ignored labels, a soft cap and a padded vocabulary;
+    and both equal the unpadded eager loss."""
     hidden, weight, bias, labels = _problem()
     compiled = torch.compile(embeddings.linear_cross_entropy_chunk, backend="inductor")
     for chunk_fn in (None, compiled):  # 37 tokens in chunks of 16: two of 16, one of 5
         loss = chunked_linear_cross_entropy(hidden, weight, labels, bias, chunk_size=16, softcap=softcap,
-                                            chunk_fn=chunk_fn)  # fmt: skip
+                                            chunk_fn=chunk_fn, vocab_multiple=vocab_multiple)  # fmt: skip
         results = (loss, *_grads(loss * 0.37, hidden, weight, bias))
         if chunk_fn is None:
             eager = results
     for got, want in zip(results, eager):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    unpadded = chunked_linear_cross_entropy(hidden, weight, labels, bias, chunk_size=16, softcap=softcap)
+    for got, want in zip(results, (unpadded, *_grads(unpadded * 0.37, hidden, weight, bias))):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     head = VocabProjection(HfzooDecoderConfig(**TINY), bias=False, tied=False)
     assert head.chunk_fn is None and head.compile_loss(backend="eager") and head.chunk_fn is not None
 
 
+@pytest.mark.parametrize("vocab_multiple", [1, 64])  # 500 scores; 512
 @pytest.mark.parametrize("compiled", [False, True])  # the eager in-place gradient; the compiled fused one
 @pytest.mark.parametrize("chunk_size", [16, None])  # four chunks; one
-def test_bf16_autocast_matches_linear_under_autocast(chunk_size, compiled):
+def test_bf16_autocast_matches_linear_under_autocast(chunk_size, compiled, vocab_multiple):
     hidden, weight, bias, labels = _problem(tokens=64, vocab=500)
     chunk_fn = torch.compile(embeddings.linear_cross_entropy_chunk, backend="inductor") if compiled else None
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = nn.functional.linear(hidden, weight, bias)  # bf16, as nn.Linear under autocast
-        chunked = chunked_linear_cross_entropy(hidden, weight, labels, bias, chunk_size=chunk_size, chunk_fn=chunk_fn)
+        chunked = chunked_linear_cross_entropy(
+            hidden, weight, labels, bias, chunk_size=chunk_size, chunk_fn=chunk_fn, vocab_multiple=vocab_multiple
+        )
     reference = nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
     assert chunked.dtype == torch.float32
     torch.testing.assert_close(chunked, reference, rtol=1e-2, atol=0)
@@ -136,6 +147,37 @@ class _LargestTensor(TorchDispatchMode):
             if torch.is_tensor(tensor):
                 self.largest = max(self.largest, tensor.numel())
         return out
+
+
+def test_vocabulary_is_padded_by_request_or_on_an_accelerator_only(monkeypatch):
+    padded = []
+    zero_padded = embeddings._zero_padded
+    monkeypatch.setattr(
+        embeddings, "_zero_padded", lambda t, rows, dtype: padded.append(rows) or zero_padded(t, rows, dtype)
+    )
+    hidden, weight, bias, labels = _problem()
+    chunked_linear_cross_entropy(hidden, weight, labels, bias)  # the CPU's default: no padding
+    assert padded == []
+    chunked_linear_cross_entropy(hidden, weight, labels, bias, vocab_multiple=64)
+    assert padded == [320, 320]  # the weight's rows and the bias
+    chunked_linear_cross_entropy(hidden, weight, labels, None, vocab_multiple=7)  # 301 = 7 x 43: nothing to pad
+    assert padded == [320, 320]
+    with pytest.raises(ValueError, match="vocab_multiple must be >= 1, got 0"):
+        chunked_linear_cross_entropy(hidden, weight, labels, bias, vocab_multiple=0)
+
+
+def test_default_chunk_is_sized_by_the_device(monkeypatch):
+    # GPT-2's vocabulary: 128 tokens of float32 scores in the CPU's 32 MiB, 4,096 in a GPU's 1 GiB (fewer
+    # float32 additions of the whole weight gradient, larger matrix products)
+    assert embeddings._chunk_tokens(50257, "cpu") == 128
+    assert embeddings._chunk_tokens(50257, "cuda") == 4096
+    assert embeddings._chunk_tokens(8192, "cuda") == 32768
+    seen = []
+    chunk_tokens = embeddings._chunk_tokens
+    monkeypatch.setattr(embeddings, "_chunk_tokens", lambda *a: seen.append(a) or chunk_tokens(*a))
+    hidden, weight, bias, labels = _problem()
+    chunked_linear_cross_entropy(hidden, weight, labels, bias)
+    assert seen == [(weight.shape[0], "cpu")]  # the default chunk follows the inputs' device
 
 
 def test_training_step_never_holds_whole_logits(monkeypatch):
