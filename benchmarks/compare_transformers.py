@@ -193,6 +193,7 @@ def profile_steps(step: Callable[[], None], synchronize: Callable[[], None], dev
         minus that: time the GPU waited for the host); then the profiler's operator table sorted by self device
         time (CUDA) or self CPU time, 40 rows.
     """
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -206,8 +207,9 @@ def profile_steps(step: Callable[[], None], synchronize: Callable[[], None], dev
         wall_ms = 1e3 * (time.perf_counter() - start) / steps
     events = prof.key_averages()
     lines = [f"profiled steps: {steps}; wall per step: {wall_ms:.2f} ms (profiler overhead included)"]
-    if cuda:
-        kernel_ms = sum(getattr(e, "self_device_time_total", 0.0) for e in events) / steps / 1e3
+    if cuda:  # kernels only (an operator's self device time repeats its kernels')
+        kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+        kernel_ms = sum(e.self_device_time_total for e in kernels) / steps / 1e3
         lines.append(f"device (kernel) time per step: {kernel_ms:.2f} ms ({100 * kernel_ms / wall_ms:.0f}% of wall)")
     lines.append(events.table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=40))
     return "\n".join(lines)
