@@ -34,3 +34,13 @@ def test_the_gpu_check_runs_every_section_on_the_cpu(tmp_path, data_dir):
         assert cases[f"eval loss after 4 steps, ZeRO-{stage}"]["hfzoo"] == pytest.approx(plain, rel=1e-2)
     assert all(r["note"] == "same tokens as eager" for r in rows if r["case"].endswith(("eager", "compiled"))
                and r["section"] == "generation")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [([], "name at least one stage"), (["check", "--sizes"], "unknown argument --sizes")],
+)
+def test_the_gpu_session_refuses_bad_arguments_before_any_work(arguments, message):
+    script = REPO_ROOT / "benchmarks" / "gpu_session.sh"
+    proc = subprocess.run(["bash", str(script), *arguments], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
