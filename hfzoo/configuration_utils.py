@@ -15,6 +15,7 @@ import dataclasses
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
+from .choices import choice_hint
 from .compat import CACHE_NAME
 from .modules.embeddings import check_adaptive_config
 from .modules.experts import ROUTERS
@@ -431,7 +432,9 @@ class HfzooConfig(PreTrainedConfig):
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r} is not supported; choose one of {allowed}")
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is not supported; {choice_hint(getattr(self, name), allowed)}"
+                )
         for name in ("pad_token_id", "bos_token_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
@@ -474,7 +477,10 @@ class HfzooConfig(PreTrainedConfig):
     def _validate_stacks(self) -> None:
         """Check `layer_type`, `sublayer_pattern` and the token mixers against every stack (`stack_layouts`)."""
         if self.layer_type not in LAYER_TYPES:
-            raise ValueError(f"layer_type={self.layer_type!r} is not supported; choose one of {list(LAYER_TYPES)}")
+            raise ValueError(
+                f"layer_type={self.layer_type!r} is not supported; "
+                f"{choice_hint(self.layer_type, LAYER_TYPES, 'LAYER_TYPES')}"
+            )
         check_layer = getattr(LAYER_TYPES[self.layer_type], "check_config", None)
         if check_layer is not None:
             check_layer(self)
@@ -557,7 +563,7 @@ class HfzooConfig(PreTrainedConfig):
         """Check a stack's layer stack against its `LAYER_STACKS` entry (where it is defined, KV cache)."""
         field, name = layout.layer_stack_field, layout.layer_stack
         if name not in LAYER_STACKS:
-            raise ValueError(f"{field}={name!r} is not supported; choose one of {list(LAYER_STACKS)}")
+            raise ValueError(f"{field}={name!r} is not supported; {choice_hint(name, LAYER_STACKS, 'LAYER_STACKS')}")
         entry = LAYER_STACKS[name]
         if not (entry.causal if layout.is_causal else entry.bidirectional):
             direction = "causal" if layout.is_causal else "bidirectional"
@@ -582,7 +588,7 @@ class HfzooConfig(PreTrainedConfig):
         """Check a stack's token mixer against its `TOKEN_MIXERS` entry (where it is defined, cache, positions)."""
         field, name = layout.token_mixer_field, layout.token_mixer
         if name not in TOKEN_MIXERS:
-            raise ValueError(f"{field}={name!r} is not supported; choose one of {list(TOKEN_MIXERS)}")
+            raise ValueError(f"{field}={name!r} is not supported; {choice_hint(name, TOKEN_MIXERS, 'TOKEN_MIXERS')}")
         mixer = TOKEN_MIXERS[name]
         if not mixer.runs_in(self.model_type, layout.is_causal):
             direction = "causal" if layout.is_causal else "bidirectional"
@@ -664,7 +670,9 @@ class HfzooConfig(PreTrainedConfig):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.router_type not in ROUTERS:
-            raise ValueError(f"router_type={self.router_type!r} is not supported; choose one of {list(ROUTERS)}")
+            raise ValueError(
+                f"router_type={self.router_type!r} is not supported; {choice_hint(self.router_type, ROUTERS)}"
+            )
         for block in FEED_FORWARD_BLOCKS.values():  # each feed-forward block checks its own fields
             check = getattr(block, "check_config", None)
             if check is not None:

@@ -19,6 +19,7 @@ import hfzoo
 #: Each top-level part of `hfzoo` and its layer: a module may import its own layer and the layers below.
 #: Layer 4 holds the jobs users run; one job uses another only through its package's public names.
 LAYERS = {
+    "choices": 0,
     "compat": 0,
     "integrity": 0,
     "tokenization": 0,
