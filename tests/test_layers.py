@@ -22,6 +22,7 @@ LAYERS = {
     "choices": 0,
     "compat": 0,
     "integrity": 0,
+    "outputs": 0,
     "tokenization": 0,
     "data": 0,
     "metrics": 0,

@@ -41,6 +41,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, load_glue
 from ..integrity import check_weight_files
+from ..outputs import check_output_folder, removed_if_refused
 from ..training.accelerator import create_accelerator
 from ..training.arguments import (
     SCHEDULERS,
@@ -304,6 +305,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
             that does not fit the position table), before any training.
     """
     task = get_glue_task(args.task_name)
+    check_output_folder(args.output_dir)  # before any work: a run never ends unable to save its results
     if os.path.isdir(args.model_name_or_path):
         check_weight_files(args.model_name_or_path)  # names a truncated or corrupt weight file, before any work
     if args.peft == "prefix":
@@ -419,7 +421,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         SystemExit: bad input (one-line message) or an argparse error.
     """
     try:
-        return run_glue(parse_glue_args(argv))
+        args = parse_glue_args(argv)
+        with removed_if_refused(args.output_dir):  # a refused run leaves no empty output folder behind
+            return run_glue(args)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
 

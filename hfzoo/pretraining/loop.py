@@ -38,6 +38,7 @@ from ..data.packing import token_counts, tokenize_and_pack
 from ..hub import build_model_card, push_to_hub
 from ..integrity import check_weight_files
 from ..models.presets import PRESETS, build_config, parse_overrides
+from ..outputs import removed_if_refused
 from ..training import faults
 from ..training.accelerator import create_accelerator
 from ..training.arguments import muon_settings
@@ -772,7 +773,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     """
     try:
         args = parse_pretrain_args(argv)
-        run = prepare(args)
+        with removed_if_refused(args.output_dir):  # a refused run leaves no empty output folder behind
+            run = prepare(args)
     except (ValueError, FileNotFoundError) as err:
         faults.end_process_group()
         raise SystemExit(f"error: {err}") from None

@@ -83,6 +83,7 @@ from ..models.flops import count_training_flops
 from ..models.modern import STUDY_ROWS, row_pretrain_args
 from ..models.narang import load_paper_table, resolve_row
 from ..models.presets import PRESETS, build_config, parse_overrides
+from ..outputs import check_output_folder, removed_if_refused
 from ..pretraining import pack_pretraining_data, parse_pretrain_args, train_tokenizer
 from ..tokenization import FAMILY_SPECIAL_TOKENS
 from ..training.arguments import OneLineErrorParser
@@ -1513,7 +1514,7 @@ def run_study(
         raise ValueError("parallel_runs > 1 needs child_argv (the arguments of the other study processes)")
     given, settings = settings, resolve_paths(settings)  # study.json keeps the paths as given; the runs get these
     checked = check_settings(settings, num_processes)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    check_output_folder(output_dir)
     plan = study_plan(settings)
     if report_only:
         if _read_json(output_dir / STUDY_FILE) is None:
@@ -1714,16 +1715,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if args.num_processes < 1:
             raise ValueError(f"--num_processes must be positive, got {args.num_processes}")
         settings = load_settings(args.study, overrides)
-        return run_study(
-            settings,
-            args.output_dir,
-            overwrite=args.overwrite_output_dir,
-            launcher=args.launcher,
-            num_processes=args.num_processes,
-            report_only=args.report_only,
-            parallel_runs=1 if args.report_only else args.parallel_runs,
-            child_argv=[*argv, "--parallel_runs", "1"],
-        )
+        with removed_if_refused(args.output_dir):  # a refused study leaves no empty output folder behind
+            return run_study(
+                settings,
+                args.output_dir,
+                overwrite=args.overwrite_output_dir,
+                launcher=args.launcher,
+                num_processes=args.num_processes,
+                report_only=args.report_only,
+                parallel_runs=1 if args.report_only else args.parallel_runs,
+                child_argv=[*argv, "--parallel_runs", "1"],
+            )
     except StudyInterrupted as err:
         sys.stderr.write(f"{err}\n")
         raise SystemExit(EXIT_PREEMPTED) from None

@@ -158,11 +158,18 @@ FSDP_2 = {"num_processes": 2, "distributed_type": "FSDP", "zero_stage": None, "g
          "global batch 8: a checkpoint cannot change its engine"),
         (ZERO3_2, (DistributedType.DEEPSPEED, 2, 2), _args(4), "cannot change its ZeRO stage"),
         (ZERO3_2, (DistributedType.DEEPSPEED, 1, 3), _args(4), "the global batch must stay 8 (set "
-         "--per_device_train_batch_size 8 with --gradient_accumulation_steps 1)"),
+         "--per_device_train_batch_size 8 with --gradient_accumulation_steps 1 or --per_device_train_batch_size 4 "
+         "with --gradient_accumulation_steps 2)"),
+        (FSDP_2, (DistributedType.FSDP, 3), _args(2), "the global batch must stay 8 (no batch settings give 8 "
+         "sequences over 3 processes: resume with 1, 2, 4 or 8 processes)"),
+        (FSDP_2, (DistributedType.FSDP, 4), _args(2, 2), "the global batch must stay 8 (set "
+         "--per_device_train_batch_size 1 with --gradient_accumulation_steps 2 or --per_device_train_batch_size 2 "
+         "with --gradient_accumulation_steps 1)"),
         ({**FSDP_2, "global_batch": None}, (DistributedType.FSDP, 1), _args(8), "it does not record its global batch"),
         (FSDP_2, (DistributedType.FSDP, 1), _args(8, streaming=True), "a streaming run's data position is per process"),
     ],
-    ids=["engine", "engine-to-ddp", "zero-stage", "global-batch", "older-checkpoint", "streaming"],
+    ids=["engine", "engine-to-ddp", "zero-stage", "global-batch", "no-batch-fits", "accumulation-kept",
+         "older-checkpoint", "streaming"],
 )  # fmt: skip
 def test_a_checkpoint_that_cannot_be_resharded_is_refused_in_one_line(saved, run, args, expected, tmp_path):
     with pytest.raises(ValueError) as err:
