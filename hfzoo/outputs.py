@@ -26,10 +26,18 @@ def missing_folders(path: str | os.PathLike) -> list[Path]:
 
 
 def remove_empty_folders(folders: list[Path]) -> None:
-    """Remove each of `folders` (innermost first) that exists and is empty; anything else is left alone."""
+    """Remove each of `folders` (innermost first) that holds nothing but empty folders, those included.
+
+    Args:
+        folders: folders this process created (`missing_folders` before creating them); a file anywhere below
+            one keeps it and the folders above that file.
+    """
     for folder in folders:
-        with contextlib.suppress(OSError):  # not empty, already gone, or not ours to remove
-            folder.rmdir()
+        if not folder.is_dir():
+            continue
+        for below, _, _ in sorted(os.walk(folder), key=lambda entry: -len(Path(entry[0]).parts)):
+            with contextlib.suppress(OSError):  # not empty, already gone, or not ours to remove
+                Path(below).rmdir()
 
 
 @contextlib.contextmanager

@@ -88,6 +88,7 @@ from ..pretraining import pack_pretraining_data, parse_pretrain_args, train_toke
 from ..tokenization import FAMILY_SPECIAL_TOKENS
 from ..training.arguments import OneLineErrorParser
 from ..training.faults import EXIT_PREEMPTED
+from ..training.launch_config import check_launch_config, launcher_config_file
 from .parallel import ParallelPlan, available_ram_bytes, cpu_cores, estimate_run_bytes, plan_parallel_runs
 from .protocol import BASELINE, EARLY_FRACTION, FAMILIES, NO_PRETRAINING, SELECTION_KEYS, study_plan
 
@@ -1514,6 +1515,10 @@ def run_study(
         raise ValueError("parallel_runs > 1 needs child_argv (the arguments of the other study processes)")
     given, settings = settings, resolve_paths(settings)  # study.json keeps the paths as given; the runs get these
     checked = check_settings(settings, num_processes)
+    if launcher is not None:  # its launch config, as each stage would check it, but before the first stage
+        config_file = launcher_config_file(shlex.split(launcher), Path.cwd())
+        if isinstance(config_file, Path):
+            check_launch_config(config_file)
     check_output_folder(output_dir)
     plan = study_plan(settings)
     if report_only:

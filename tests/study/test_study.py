@@ -1006,3 +1006,17 @@ def test_unknown_rows_name_the_closest_and_row_refusals_advise_what_a_study_can_
     assert "transparent_attention=False" not in message, message
     assert message.endswith("leave the row out of variants, or study it with family 'encoder-decoder'"), message
     assert not (tmp_path / "out").exists()
+
+
+def test_the_launchers_config_is_checked_before_anything_is_trained(inputs, tmp_path, capsys):
+    config = yaml.safe_load((REPO_ROOT / "accelerate_configs" / "fsdp2.yaml").read_text())
+    config["deepspeed_config"] = {"zero_stage": 2}
+    (tmp_path / "launch.yaml").write_text(yaml.safe_dump(config))
+    study = tiny_study(inputs, tmp_path / "study.yaml", tokenizer_name=None)
+    launcher = f"accelerate launch --config_file {tmp_path / 'launch.yaml'}"
+    message = expect_refusal(["--study", str(study), "--output_dir", str(tmp_path / "out"), "--launcher", launcher,
+                              "--num_processes", "2"], capsys)  # fmt: skip
+    assert message == (f"error: {tmp_path / 'launch.yaml'}: deepspeed_config: settings of DEEPSPEED, but "
+                       "distributed_type is FSDP (accelerate would ignore them); remove the section or set "
+                       "distributed_type: DEEPSPEED")  # fmt: skip
+    assert not (tmp_path / "out").exists()
