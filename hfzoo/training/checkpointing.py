@@ -46,6 +46,9 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
 TRAINING_STATE = "training_state.json"
+#: A checkpoint's training and validation records so far (`{"log_history", "eval_history"}`), when the run
+#: keeps them (`CheckpointedRun.train_history`): a resumed run's `train_history.json` starts with them.
+TRAIN_HISTORY_FILE = "train_history.json"
 #: Written last into each checkpoint: `{"files": {relative_path: {"size": bytes, "sha256": hex}}}`.
 MANIFEST = "manifest.json"
 #: Config fields that may differ between a checkpoint and the run resuming from it.
@@ -65,6 +68,8 @@ class CheckpointedRun(Protocol):
         tokenizer: saved into each checkpoint with `save_pretrained`.
         max_train_steps: optimizer steps in total (recorded, to resume the same schedule).
         nonfinite_guard: the run's guard against non-finite steps (its state is saved), or None.
+        train_history: optional; `{"log_history": [...], "eval_history": [...]}` so far, saved with each
+            checkpoint as `train_history.json`.
     """
 
     args: argparse.Namespace
@@ -580,6 +585,9 @@ def save_checkpoint(
             **(extra_state or {}),
         }
         (tmp / TRAINING_STATE).write_text(json.dumps(state))
+        history = getattr(run, "train_history", None)
+        if history is not None:  # the records so far, so that a resumed run's train_history.json keeps them
+            (tmp / TRAIN_HISTORY_FILE).write_text(json.dumps(history, default=float))
         write_manifest(tmp)  # last: a folder with a manifest is complete
         if final.exists():
             shutil.rmtree(final)

@@ -22,10 +22,10 @@ from helpers.paths import REPO_ROOT
 from hfzoo.training.launch_config import (
     CONFIG_ENV,
     LaunchConfigError,
-    launcher_config_file,
     check_launch_config,
     check_launch_environment,
     find_launch_config,
+    launcher_config_file,
 )
 
 CONFIGS = REPO_ROOT / "accelerate_configs"

@@ -117,11 +117,13 @@ def test_resume_on_another_number_of_processes_continues_the_uninterrupted_run(
     log = launch(config, argv, tmp_path, num_processes=resumed)
     assert f"resharded {checkpoint} from {saved} to {resumed} process(es)" in log
     assert not (tmp_path / "run" / UNIVERSAL_DIR).exists()  # the converted DeepSpeed checkpoint is removed
-    got, want = losses(tmp_path / "run"), losses(reference)
-    assert sorted(got) == list(range(HALF + 1, STEPS + 1))  # the step and with it the data position
-    # The first step checks weights, data and learning rate; the later ones the optimizer state. 1e-5: a ZeRO-3
-    # universal load whose parameter groups shared one Adam step counter drifted by 2e-4 within 8 steps.
-    for step in got:
+    got, want, kept = losses(tmp_path / "run"), losses(reference), losses(source)
+    # The history keeps the checkpoint's records of steps 1..HALF (the source run's, not trained again) ...
+    assert sorted(got) == list(range(1, STEPS + 1)) and all(got[step] == kept[step] for step in range(1, HALF + 1))
+    # ... and continues at the step, and with it the data position. The first step after the resume checks
+    # weights, data and learning rate; the later ones the optimizer state. 1e-5: a ZeRO-3 universal load whose
+    # parameter groups shared one Adam step counter drifted by 2e-4 within 8 steps.
+    for step in range(HALF + 1, STEPS + 1):
         assert got[step] == pytest.approx(want[step], rel=1e-5), f"step {step}"
     final = [json.loads((d / "all_results.json").read_text())["eval_loss"] for d in (tmp_path / "run", reference)]
     assert final[0] == pytest.approx(final[1], rel=1e-5)
