@@ -40,3 +40,13 @@ def test_an_unknown_config_choice_names_the_closest_value():
         match=r"norm_type='rmsnorm' is not supported; choose one of .*did you mean 'rms_norm'",
     ):
         HfzooDecoderConfig(norm_type="rmsnorm")
+
+
+def test_an_invalid_flag_choice_names_the_closest_choice(capsys):
+    from hfzoo.pretraining import parse_pretrain_args
+
+    with pytest.raises(SystemExit):
+        parse_pretrain_args(["--lr_scheduler_type", "cosin", "--output_dir", "out", "--train_file", "books.jsonl"])
+    message = capsys.readouterr().err.strip()
+    assert message.startswith("hfzoo-pretrain: error: argument --lr_scheduler_type: invalid choice: 'cosin'; ")
+    assert message.endswith("did you mean 'cosine'?") and "\n" not in message
