@@ -72,7 +72,8 @@ def check_output_folder(path: str | os.PathLike, argument: str = "--output_dir")
     folder = Path(path).expanduser()
     for parent in [folder, *folder.parents]:
         if parent.exists() and not parent.is_dir():
-            raise ValueError(f"{argument} {folder}: {parent} is an existing file, not a folder")
+            which = "is" if parent == folder else f"its folder {parent} is"
+            raise ValueError(f"{argument} {folder}: {which} an existing file, not a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write_check_"):

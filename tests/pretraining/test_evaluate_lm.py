@@ -157,7 +157,7 @@ def test_block_size_past_the_position_table_is_refused_before_tokenizing(checkpo
 @pytest.mark.parametrize(
     "where, expected",
     [
-        ("file/eval.json", "--output_file {tmp}/file/eval.json: its folder {tmp}/file: {tmp}/file is an existing file"),
+        ("file/eval.json", "--output_file {tmp}/file/eval.json: its folder {tmp}/file: is an existing file"),
         ("folder", "--output_file {tmp}/folder: is an existing folder, not a file"),
         ("/sys/hfzoo-unwritable/eval.json", "its folder /sys/hfzoo-unwritable: cannot write there"),
     ],
