@@ -39,10 +39,12 @@ stage in a child process started that way (DDP or DeepSpeed per run; `--num_proc
 config).
 
 Everything that can be refused is checked before the tokenizer or any model is trained: unknown variants
-(the known ones are listed), missing study-file keys, absent data or GLUE files, zero seeds or steps,
-invalid configs or recipe arguments, and an output folder that holds a study with other settings, or whose
-data differs (unless `--overwrite_output_dir`). The folder's `study.json` records the paths as given and the
-data they point to (sizes and sha256 digests), so a study continues from a moved folder or with moved data.
+(the closest known rows are named), missing study-file keys, absent data or GLUE files, zero seeds or steps,
+invalid configs or recipe arguments, the `--launcher`'s accelerate config, an output folder that holds a study
+with other settings, or whose data differs (unless `--overwrite_output_dir`), and a run folder that holds
+another row, family, seed or config than the run planned there (`run.json`, `check_run_folders`). The folder's
+`study.json` records the paths as given and the data they point to (sizes and sha256 digests), so a study
+continues from a moved folder or with moved data.
 """
 
 from __future__ import annotations
