@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import math
+import sys
+import types
+import typing
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
+from .choices import choice_hint
 from .compat import CACHE_NAME
 from .modules.embeddings import check_adaptive_config
 from .modules.experts import ROUTERS
@@ -31,6 +37,62 @@ from .modules.positions import (
 )
 from .modules.softcapping import check_softcapping_config
 from .modules.stack import BLOCK_SHARING, LAYER_STACKS, LAYER_TYPES, StackLayout, check_layer_connections
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@functools.cache
+def _hfzoo_field_types(config_class: type) -> dict[str, object]:
+    """`{field: annotation}` of the fields an hfzoo config class declares (transformers' base fields left out)."""
+    hints = {}
+    for klass in reversed(config_class.__mro__):  # the hfzoo classes' own annotations (strings: evaluated here)
+        if not issubclass(klass, HfzooConfig):
+            continue
+        namespace = vars(sys.modules[klass.__module__])
+        for name, annotation in vars(klass).get("__annotations__", {}).items():
+            hints[name] = eval(annotation, namespace) if isinstance(annotation, str) else annotation  # noqa: S307
+    own = {f.name for f in dataclasses.fields(config_class)} - {f.name for f in dataclasses.fields(PreTrainedConfig)}
+    return {f.name: hints[f.name] for f in dataclasses.fields(config_class) if f.name in own and f.name in hints}
+
+
+def _type_error(value: object, annotation: object) -> str | None:
+    """What `value` should be for `annotation` (e.g. `"an integer"`), or None when it is one.
+
+    Booleans are not integers or numbers here, numbers must be finite, and a `list[int]` may also be a tuple.
+    """
+    options = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    described = []
+    for option in options:
+        if option is type(None):
+            if value is None:
+                return None
+            described.append("None")
+        elif option is bool:
+            if isinstance(value, bool):
+                return None
+            described.append("True or False")
+        elif option is int:
+            if _is_int(value):
+                return None
+            if float not in options:  # "a finite number" says it
+                described.append("an integer")
+        elif option is float:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                return None
+            described.append("a finite number")
+        elif option is str:
+            if isinstance(value, str):
+                return None
+            described.append("a string")
+        elif typing.get_origin(option) is list:
+            if isinstance(value, (list, tuple)) and all(_is_int(v) for v in value):
+                return None
+            described.append("a list of integers")
+        else:  # an annotation this check does not know: the field's own validation decides
+            return None
+    return " or ".join(dict.fromkeys(described))
 
 
 @strict
@@ -390,7 +452,8 @@ class HfzooConfig(PreTrainedConfig):
     final_logit_softcapping: float | int | None = None
 
     def __post_init__(self, **kwargs):
-        if self.head_dim is None and self.num_attention_heads > 0:
+        heads = self.num_attention_heads
+        if self.head_dim is None and _is_int(heads) and heads > 0 and _is_int(self.hidden_size):
             if self.hidden_size % self.num_attention_heads != 0:
                 raise ValueError(
                     f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
@@ -401,6 +464,7 @@ class HfzooConfig(PreTrainedConfig):
 
     def validate_hfzoo_architecture(self) -> None:
         """Check every architecture field; raise `ValueError` naming the first bad one."""
+        self._validate_field_types()
         for name in (
             "vocab_size",
             "hidden_size",
@@ -431,17 +495,27 @@ class HfzooConfig(PreTrainedConfig):
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r} is not supported; choose one of {allowed}")
-        for name in ("pad_token_id", "bos_token_id"):
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is not supported; {choice_hint(getattr(self, name), allowed)}"
+                )
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             value = getattr(self, name)
-            if value is not None and not 0 <= value < self.vocab_size:
-                raise ValueError(f"{name}={value} is outside the vocabulary [0, {self.vocab_size})")
+            for token in value if isinstance(value, list) else [value]:
+                if token is not None and not 0 <= token < self.vocab_size:
+                    raise ValueError(f"{name}={value} is outside the vocabulary [0, {self.vocab_size})")
         check_qk_norm_config(self)  # QK-norm and logit soft-capping: the values; the mixers in _validate_token_mixer
         check_softcapping_config(self)
         self._validate_embeddings()
         self._validate_stacks()
         self._validate_ffn_norms()
         self._validate_positions()
+
+    def _validate_field_types(self) -> None:
+        """Check each hfzoo field's value against its annotation (`_type_error`); the first mismatch is refused."""
+        for name, annotation in _hfzoo_field_types(type(self)).items():
+            problem = _type_error(getattr(self, name), annotation)
+            if problem is not None:
+                raise ValueError(f"{name} must be {problem}, got {getattr(self, name)!r}")
 
     def stack_layouts(self) -> tuple[StackLayout, ...]:
         """The stacks of this family's models, input side first (each family's config defines them).
@@ -474,7 +548,10 @@ class HfzooConfig(PreTrainedConfig):
     def _validate_stacks(self) -> None:
         """Check `layer_type`, `sublayer_pattern` and the token mixers against every stack (`stack_layouts`)."""
         if self.layer_type not in LAYER_TYPES:
-            raise ValueError(f"layer_type={self.layer_type!r} is not supported; choose one of {list(LAYER_TYPES)}")
+            raise ValueError(
+                f"layer_type={self.layer_type!r} is not supported; "
+                f"{choice_hint(self.layer_type, LAYER_TYPES, 'LAYER_TYPES')}"
+            )
         check_layer = getattr(LAYER_TYPES[self.layer_type], "check_config", None)
         if check_layer is not None:
             check_layer(self)
@@ -557,7 +634,7 @@ class HfzooConfig(PreTrainedConfig):
         """Check a stack's layer stack against its `LAYER_STACKS` entry (where it is defined, KV cache)."""
         field, name = layout.layer_stack_field, layout.layer_stack
         if name not in LAYER_STACKS:
-            raise ValueError(f"{field}={name!r} is not supported; choose one of {list(LAYER_STACKS)}")
+            raise ValueError(f"{field}={name!r} is not supported; {choice_hint(name, LAYER_STACKS, 'LAYER_STACKS')}")
         entry = LAYER_STACKS[name]
         if not (entry.causal if layout.is_causal else entry.bidirectional):
             direction = "causal" if layout.is_causal else "bidirectional"
@@ -582,7 +659,7 @@ class HfzooConfig(PreTrainedConfig):
         """Check a stack's token mixer against its `TOKEN_MIXERS` entry (where it is defined, cache, positions)."""
         field, name = layout.token_mixer_field, layout.token_mixer
         if name not in TOKEN_MIXERS:
-            raise ValueError(f"{field}={name!r} is not supported; choose one of {list(TOKEN_MIXERS)}")
+            raise ValueError(f"{field}={name!r} is not supported; {choice_hint(name, TOKEN_MIXERS, 'TOKEN_MIXERS')}")
         mixer = TOKEN_MIXERS[name]
         if not mixer.runs_in(self.model_type, layout.is_causal):
             direction = "causal" if layout.is_causal else "bidirectional"
@@ -664,7 +741,9 @@ class HfzooConfig(PreTrainedConfig):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.router_type not in ROUTERS:
-            raise ValueError(f"router_type={self.router_type!r} is not supported; choose one of {list(ROUTERS)}")
+            raise ValueError(
+                f"router_type={self.router_type!r} is not supported; {choice_hint(self.router_type, ROUTERS)}"
+            )
         for block in FEED_FORWARD_BLOCKS.values():  # each feed-forward block checks its own fields
             check = getattr(block, "check_config", None)
             if check is not None:

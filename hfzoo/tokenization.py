@@ -25,6 +25,8 @@ from collections.abc import Iterable, Iterator
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from .choices import choice_hint
+
 logger = logging.getLogger(__name__)
 
 #: Number of byte-level base symbols (one per byte value); every vocabulary contains all of them.
@@ -144,7 +146,9 @@ def family_special_tokens(
         ValueError: unknown `model_family`, negative `num_extra_ids`, or an empty token string.
     """
     if model_family not in FAMILY_SPECIAL_TOKENS:
-        raise ValueError(f"model_family {model_family!r} is unknown; choose one of {sorted(FAMILY_SPECIAL_TOKENS)}")
+        raise ValueError(
+            f"model_family {model_family!r} is unknown; {choice_hint(model_family, sorted(FAMILY_SPECIAL_TOKENS))}"
+        )
     if num_extra_ids < 0:
         raise ValueError(f"num_extra_ids must be >= 0, got {num_extra_ids}")
     spec = FAMILY_SPECIAL_TOKENS[model_family]

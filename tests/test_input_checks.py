@@ -85,7 +85,7 @@ def test_output_dir_that_is_a_file_or_under_a_file_is_refused_first(tmp_path, sm
     message = run_main_expecting_error(base_args(small_jsonl_xz, tokenizer_dir, a_file), capsys)
     assert f"--output_dir {a_file}: is an existing file, not a folder" in message
     message = run_main_expecting_error(base_args(small_jsonl_xz, tokenizer_dir, a_file / "run"), capsys)
-    assert f"--output_dir {a_file / 'run'}: cannot write there (Not a directory)" in message
+    assert f"--output_dir {a_file / 'run'}: its folder {a_file} is an existing file, not a folder" in message
     # A writable folder is created, checked, and left without probe files.
     out = tmp_path / "new" / "run"
     pretraining.prepare_output_dir(out, checkpointing=True)

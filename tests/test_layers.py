@@ -19,8 +19,10 @@ import hfzoo
 #: Each top-level part of `hfzoo` and its layer: a module may import its own layer and the layers below.
 #: Layer 4 holds the jobs users run; one job uses another only through its package's public names.
 LAYERS = {
+    "choices": 0,
     "compat": 0,
     "integrity": 0,
+    "outputs": 0,
     "tokenization": 0,
     "data": 0,
     "metrics": 0,

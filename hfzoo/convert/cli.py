@@ -21,6 +21,7 @@ from transformers import AutoConfig, AutoTokenizer, GPT2LMHeadModel, T5ForCondit
 from ..models.decoder import HfzooDecoderForCausalLM
 from ..models.encoder import HfzooEncoderForMaskedLM, HfzooEncoderForSequenceClassification, HfzooEncoderModel
 from ..models.encoder_decoder import HfzooEncoderDecoderForConditionalGeneration
+from ..outputs import check_output_folder, removed_if_refused
 from .bert import convert_bert_checkpoint, hfzoo_to_bert
 from .gpt2 import gpt2_to_hfzoo, hfzoo_to_gpt2
 from .t5 import hfzoo_to_t5, t5_to_hfzoo
@@ -111,7 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     """
     args = build_parser().parse_args(argv)
     try:
-        convert_checkpoint(args.model_name_or_path, args.output_dir)
+        with removed_if_refused(args.output_dir):  # a refused conversion leaves no empty output folder behind
+            check_output_folder(args.output_dir)
+            convert_checkpoint(args.model_name_or_path, args.output_dir)
     except (OSError, ValueError, TypeError) as err:
         raise SystemExit(f"error: {str(err).splitlines()[0]}") from None
     print(f"converted {args.model_name_or_path} -> {args.output_dir}")

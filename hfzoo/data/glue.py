@@ -19,6 +19,8 @@ from pathlib import Path
 
 import datasets
 
+from ..choices import choice_hint
+
 __all__ = ["GLUE_TASKS", "GlueTask", "get_glue_task", "load_glue", "read_glue_tsv"]
 
 
@@ -115,7 +117,9 @@ def get_glue_task(name: str) -> GlueTask:
     """
     key = name.lower().replace("-", "")
     if key not in GLUE_TASKS:
-        raise ValueError(f"unknown GLUE task {name!r}; choose one of {sorted(GLUE_TASKS)}")
+        raise ValueError(
+            f"unknown GLUE task {name!r}; {choice_hint(name, sorted(GLUE_TASKS), 'hfzoo.data.glue.GLUE_TASKS')}"
+        )
     return GLUE_TASKS[key]
 
 

@@ -31,6 +31,7 @@ import inspect
 import math
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, load_glue
 from ..integrity import check_weight_files
+from ..outputs import check_output_folder, removed_if_refused
 from ..training.accelerator import create_accelerator
 from ..training.arguments import (
     SCHEDULERS,
@@ -290,6 +292,19 @@ def build_glue_model(args: argparse.Namespace, task: GlueTask, tokenizer):
     return wrap_with_peft(model, peft_config)
 
 
+def check_model_path(name: str, argument: str = "--model_name_or_path") -> None:
+    """Refuse a local checkpoint path that is a file or does not exist (a hub id, `namespace/name`, passes).
+
+    Raises:
+        ValueError: one line naming the argument and the path.
+    """
+    path = Path(name).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{argument} {name}: is a file, not a checkpoint folder")
+    if not path.exists() and (path.is_absolute() or name.startswith(".") or len(path.parts) > 2):
+        raise ValueError(f"{argument} {name}: no such folder")
+
+
 def prepare_glue(args: argparse.Namespace) -> GlueRun:
     """Build and check everything before the first step: accelerator, data, model, optimizer, scheduler.
 
@@ -304,6 +319,8 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
             that does not fit the position table), before any training.
     """
     task = get_glue_task(args.task_name)
+    check_output_folder(args.output_dir)  # before any work: a run never ends unable to save its results
+    check_model_path(args.model_name_or_path)
     if os.path.isdir(args.model_name_or_path):
         check_weight_files(args.model_name_or_path)  # names a truncated or corrupt weight file, before any work
     if args.peft == "prefix":
@@ -419,7 +436,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         SystemExit: bad input (one-line message) or an argparse error.
     """
     try:
-        return run_glue(parse_glue_args(argv))
+        args = parse_glue_args(argv)
+        with removed_if_refused(args.output_dir):  # a refused run leaves no empty output folder behind
+            return run_glue(args)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..choices import choice_hint
 from .narang import TABLE_1_ROWS
 
 __all__ = ["MODERN_ROWS", "ROW_PRETRAIN_ARGS", "STUDY_ROWS", "row_pretrain_args"]
@@ -82,5 +83,5 @@ def row_pretrain_args(name: str) -> dict[str, Any]:
         ValueError: an unknown row (the message lists the known ones).
     """
     if name not in STUDY_ROWS:
-        raise ValueError(f"unknown row {name!r}; known rows: {list(STUDY_ROWS)}")
+        raise ValueError(f"unknown row {name!r}; {choice_hint(name, STUDY_ROWS, 'hfzoo.models.modern.STUDY_ROWS')}")
     return dict(ROW_PRETRAIN_ARGS.get(name, {}))

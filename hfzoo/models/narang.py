@@ -27,6 +27,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from ..choices import choice_hint
+
 __all__ = ["TABLE_1_ROWS", "ClusterCutoffs", "PaperRow", "Scaled", "load_paper_table", "resolve_row"]
 
 
@@ -280,7 +282,7 @@ def resolve_row(
     """
     rows = TABLE_1_ROWS if rows is None else rows
     if name not in rows:
-        raise ValueError(f"unknown Table 1 row {name!r}; known rows: {list(rows)}")
+        raise ValueError(f"unknown Table 1 row {name!r}; {choice_hint(name, rows, 'hfzoo.models.narang.TABLE_1_ROWS')}")
     resolved = {}
     for key, value in rows[name].items():
         if isinstance(value, (Scaled, ClusterCutoffs)):

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from ..choices import choice_hint
 from .attention import HfzooAttention, eager_attention_forward
 
 #: `config.linformer_sharing` -> what it shares (Wang et al. 2020 §4).
@@ -53,7 +54,8 @@ def check_linformer_config(config) -> None:
         )
     if config.linformer_sharing not in LINFORMER_SHARING:
         raise ValueError(
-            f"linformer_sharing={config.linformer_sharing!r} is not supported; choose one of {list(LINFORMER_SHARING)}"
+            f"linformer_sharing={config.linformer_sharing!r} is not supported; "
+            f"{choice_hint(config.linformer_sharing, LINFORMER_SHARING)}"
         )
 
 

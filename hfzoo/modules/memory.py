@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
+from ..choices import choice_hint
+
 
 class HalfKeyLayerNorm(nn.Module):
     """Layer normalisation of each half of each head's query, as Narang et al. 2021's Mesh TensorFlow memory.
@@ -163,7 +165,7 @@ class ProductKeyMemory(nn.Module):
         if config.memory_query_norm not in MEMORY_QUERY_NORMS:
             raise ValueError(
                 f"memory_query_norm={config.memory_query_norm!r} is not supported; "
-                f"choose one of {list(MEMORY_QUERY_NORMS)}"
+                f"{choice_hint(config.memory_query_norm, MEMORY_QUERY_NORMS)}"
             )
         used = False
         for layout in config.stack_layouts():

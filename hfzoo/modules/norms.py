@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..choices import choice_hint
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square layer normalization (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization", eq. 4).
@@ -109,7 +111,9 @@ def check_qk_norm_config(config) -> None:
         ValueError: naming the field, its value and the allowed values.
     """
     if config.qk_norm is not None and config.qk_norm not in QK_NORMS:
-        raise ValueError(f"qk_norm={config.qk_norm!r} is not supported; choose one of {[None, *QK_NORMS]}")
+        raise ValueError(
+            f"qk_norm={config.qk_norm!r} is not supported; {choice_hint(config.qk_norm, [None, *QK_NORMS])}"
+        )
     if not isinstance(config.qk_norm_learnable_scale, bool):
         raise ValueError(f"qk_norm_learnable_scale must be True or False, got {config.qk_norm_learnable_scale!r}")
     if config.qk_norm is None and not config.qk_norm_learnable_scale:

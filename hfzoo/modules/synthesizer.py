@@ -33,6 +33,7 @@ from torch.nn import functional as F
 from transformers import initialization as init
 from transformers.cache_utils import Cache, EncoderDecoderCache
 
+from ..choices import choice_hint
 from .positions import (
     ATTENTION_SCORE_BIASES,
     ROTARY_POSITION_EMBEDDINGS,
@@ -353,12 +354,13 @@ def check_synthesizer_config(config) -> None:
     """
     if config.synthesizer_type not in SYNTHESIZERS:
         raise ValueError(
-            f"synthesizer_type={config.synthesizer_type!r} is not supported; choose one of {list(SYNTHESIZERS)}"
+            f"synthesizer_type={config.synthesizer_type!r} is not supported; "
+            f"{choice_hint(config.synthesizer_type, SYNTHESIZERS)}"
         )
     if config.synthesizer_mixing not in SYNTHESIZER_MIXINGS:
         raise ValueError(
             f"synthesizer_mixing={config.synthesizer_mixing!r} is not supported; "
-            f"choose one of {list(SYNTHESIZER_MIXINGS)}"
+            f"{choice_hint(config.synthesizer_mixing, SYNTHESIZER_MIXINGS)}"
         )
     for name in ("synthesizer_num_heads", "synthesizer_head_dim"):
         value = getattr(config, name)

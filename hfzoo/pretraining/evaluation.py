@@ -30,10 +30,11 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM, AutoTokenizer, default_data_collator
 
-from ..data.loading import load_local_files
+from ..data.loading import check_input_files, load_local_files
 from ..data.packing import tokenize_and_pack
 from ..integrity import check_weight_files
 from ..modules.positions import ABSOLUTE_POSITION_EMBEDDINGS
+from ..outputs import check_output_file, removed_if_refused
 from ..training.arguments import OneLineErrorParser, positive_int
 from ..training.compilation import no_cache_kwargs
 
@@ -249,6 +250,38 @@ def main(argv: list[str] | None = None) -> dict:
             from generation without it (after the record with both is written).
     """
     args = parse_evaluate_args(argv)
+    with removed_if_refused(None if args.output_file is None else Path(args.output_file).expanduser().parent):
+        return _evaluate(args)
+
+
+def _check_eval_block_size(args: argparse.Namespace, config) -> int:
+    """The block size to evaluate with: `--block_size`, else pretraining's (`all_results.json`), else the limit.
+
+    Raises:
+        ValueError: the block size exceeds the model's hard position limit (`generation_position_limit`).
+    """
+    block_size = args.block_size
+    results_file = Path(args.model_name_or_path) / "all_results.json"
+    if block_size is None and results_file.is_file():
+        block_size = json.loads(results_file.read_text()).get("block_size")
+    block_size = block_size or min(1024, getattr(config, "max_position_embeddings", None) or 1024)
+    hard = generation_position_limit(config)
+    if hard is not None and block_size > hard[0]:
+        raise ValueError(
+            f"--block_size {block_size} is larger than the model's max_position_embeddings={hard[0]} "
+            f"(set by {hard[1]}); give --block_size {hard[0]} or less"
+        )
+    return block_size
+
+
+def _evaluate(args: argparse.Namespace) -> dict:
+    """`main` after parsing: every check before the first file is tokenized, then the evaluation."""
+    try:
+        if args.output_file:
+            check_output_file(args.output_file)  # before any work: a run never ends unable to save its metrics
+        check_input_files(None, args.validation_file)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
     try:
         if Path(args.model_name_or_path).is_dir():
             check_weight_files(args.model_name_or_path)  # names a truncated or corrupt weight file
@@ -261,13 +294,12 @@ def main(argv: list[str] | None = None) -> dict:
             check_generation_fits(model.config, len(tokenizer(args.prompt)["input_ids"]), args.max_new_tokens)
         except ValueError as err:
             raise SystemExit(f"error: {err}") from None
+    try:
+        block_size = _check_eval_block_size(args, model.config)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
-    block_size = args.block_size
-    results_file = Path(args.model_name_or_path) / "all_results.json"
-    if block_size is None and results_file.is_file():
-        block_size = json.loads(results_file.read_text()).get("block_size")
-    block_size = block_size or min(1024, model.config.max_position_embeddings)
     print(
         f"loaded {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters) "
         f"from {args.model_name_or_path}"

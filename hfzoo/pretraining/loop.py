@@ -38,10 +38,12 @@ from ..data.packing import token_counts, tokenize_and_pack
 from ..hub import build_model_card, push_to_hub
 from ..integrity import check_weight_files
 from ..models.presets import PRESETS, build_config, parse_overrides
+from ..outputs import removed_if_refused
 from ..training import faults
 from ..training.accelerator import create_accelerator
 from ..training.arguments import muon_settings
 from ..training.checkpointing import (
+    TRAIN_HISTORY_FILE,
     _check_resume_topology,
     _resolve_resume,
     check_resume_config,
@@ -88,6 +90,7 @@ class PretrainingRun:
     flops_per_token: float = 0.0  # training FLOPs per text token (`hfzoo.training.throughput`)
     throughput: Throughput | None = None  # turns tokens and seconds into TFLOP/s and MFU
     resharded_from: int | None = None  # the resumed checkpoint's number of processes, when not this run's
+    train_history: dict[str, list] | None = None  # the records so far, saved with each checkpoint (`train`)
 
 
 def _load_tokenizer(name: str, argument: str):
@@ -476,6 +479,30 @@ def _write_json(path: Path, values: dict) -> None:
     os.replace(tmp, path)
 
 
+def _resumed_history(
+    run: PretrainingRun, completed_steps: int, eval_seed: int
+) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """The training and validation records up to the resumed step, from the checkpoint's `train_history.json`.
+
+    A checkpoint is written before the validation pass of its own step, so that pass, when `--eval_steps` asks
+    for one there, is run again now (with the same `eval_seed`: the numbers of the interrupted run).
+
+    Returns:
+        `(log_history, eval_history)`: empty lists for a checkpoint written before they were saved with it.
+    """
+    saved = {}
+    with contextlib.suppress(OSError, ValueError):
+        saved = json.loads((run.resume_path / TRAIN_HISTORY_FILE).read_text())
+    history = [r for r in saved.get("log_history", []) if r.get("step", 0) <= completed_steps]
+    eval_history = [r for r in saved.get("eval_history", []) if r.get("step", 0) <= completed_steps]
+    args = run.args
+    due = args.eval_steps and completed_steps % args.eval_steps == 0 and completed_steps < run.max_train_steps
+    if saved and due and all(r["step"] != completed_steps for r in eval_history):
+        metrics = evaluate_lm(run.model, run.eval_dataloader, run.accelerator, seed=eval_seed)
+        eval_history.append({"step": completed_steps, **metrics})
+    return history, eval_history
+
+
 def train(run: PretrainingRun) -> dict[str, float]:
     """Run the optimisation loop, evaluate, and save the final model.
 
@@ -536,6 +563,9 @@ def train(run: PretrainingRun) -> dict[str, float]:
     window_start, window_steps, window_loss, window_skipped = start, 0, 0.0, 0
     tokens_at_start, paused = tokens_seen, 0.0  # paused: seconds of evaluations and saves inside the loop
     history: list[dict[str, float]] = []
+    if run.resume_path is not None:  # the records before the resume, saved with the checkpoint
+        history, eval_history = _resumed_history(run, completed_steps, eval_seed)
+    run.train_history = {"log_history": history, "eval_history": eval_history}  # saved with every checkpoint
     first_window = True
     last_saved = completed_steps  # a resumed run's starting point is already a checkpoint
     # A run resumed from its last checkpoint has nothing left to train.
@@ -772,7 +802,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     """
     try:
         args = parse_pretrain_args(argv)
-        run = prepare(args)
+        with removed_if_refused(args.output_dir):  # a refused run leaves no empty output folder behind
+            run = prepare(args)
     except (ValueError, FileNotFoundError) as err:
         faults.end_process_group()
         raise SystemExit(f"error: {err}") from None

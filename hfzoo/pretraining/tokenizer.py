@@ -27,6 +27,7 @@ from pathlib import Path
 import datasets
 
 from ..data.loading import check_text_column, iter_texts, load_local_files
+from ..outputs import check_output_folder, removed_if_refused
 from ..tokenization import FAMILY_SPECIAL_TOKENS, TextBatches, train_bpe_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ def train(args: argparse.Namespace) -> None:
     Raises:
         ValueError, OSError: bad input (a missing text column, missing files, an unreachable hub).
     """
+    check_output_folder(args.output_dir)  # before reading any text: a run never ends unable to save
     dataset, source = load_text_dataset(args)
     check_text_column(dataset, args.text_column_name, source)
     texts = TextBatches(
@@ -177,7 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     logger.setLevel(logging.INFO)
     try:
-        train(args)
+        with removed_if_refused(args.output_dir):  # a refused run leaves no empty output folder behind
+            train(args)
     except (ValueError, OSError) as e:  # bad input (OSError includes missing files and an unreachable hub)
         raise SystemExit(f"error: {e}") from None
 

@@ -39,10 +39,12 @@ stage in a child process started that way (DDP or DeepSpeed per run; `--num_proc
 config).
 
 Everything that can be refused is checked before the tokenizer or any model is trained: unknown variants
-(the known ones are listed), missing study-file keys, absent data or GLUE files, zero seeds or steps,
-invalid configs or recipe arguments, and an output folder that holds a study with other settings, or whose
-data differs (unless `--overwrite_output_dir`). The folder's `study.json` records the paths as given and the
-data they point to (sizes and sha256 digests), so a study continues from a moved folder or with moved data.
+(the closest known rows are named), missing study-file keys, absent data or GLUE files, zero seeds or steps,
+invalid configs or recipe arguments, the `--launcher`'s accelerate config, an output folder that holds a study
+with other settings, or whose data differs (unless `--overwrite_output_dir`), and a run folder that holds
+another row, family, seed or config than the run planned there (`run.json`, `check_run_folders`). The folder's
+`study.json` records the paths as given and the data they point to (sizes and sha256 digests), so a study
+continues from a moved folder or with moved data.
 """
 
 from __future__ import annotations
@@ -72,8 +74,9 @@ from typing import Any
 import torch
 import yaml
 from huggingface_hub.errors import StrictDataclassError
-from transformers import CONFIG_MAPPING, AutoTokenizer, PreTrainedConfig
+from transformers import CONFIG_MAPPING, AutoConfig, AutoTokenizer, PreTrainedConfig
 
+from ..choices import choice_hint
 from ..data.collators import compute_input_and_target_lengths
 from ..data.glue import get_glue_task
 from ..finetuning import parse_glue_args
@@ -82,10 +85,12 @@ from ..models.flops import count_training_flops
 from ..models.modern import STUDY_ROWS, row_pretrain_args
 from ..models.narang import load_paper_table, resolve_row
 from ..models.presets import PRESETS, build_config, parse_overrides
+from ..outputs import check_output_folder, removed_if_refused
 from ..pretraining import pack_pretraining_data, parse_pretrain_args, train_tokenizer
 from ..tokenization import FAMILY_SPECIAL_TOKENS
 from ..training.arguments import OneLineErrorParser
 from ..training.faults import EXIT_PREEMPTED
+from ..training.launch_config import check_launch_config, launcher_config_file
 from .parallel import ParallelPlan, available_ram_bytes, cpu_cores, estimate_run_bytes, plan_parallel_runs
 from .protocol import BASELINE, EARLY_FRACTION, FAMILIES, NO_PRETRAINING, SELECTION_KEYS, study_plan
 
@@ -93,6 +98,9 @@ __all__ = ["EARLY_FRACTION", "StudySettings", "load_settings", "main", "run_stud
 
 STUDY_FILE = "study.json"
 RECORD_FILE = "result.json"
+#: What a run folder trains (row, family, seed, resolved config), written before its first stage: a folder is
+#: reused only for the same key (`check_run_folders`).
+RUN_KEY_FILE = "run.json"
 #: Wall times of the study's one-time preparation (tokenizer, tokenized data), beside `study.json`.
 PREPARATION_FILE = "preparation.json"
 
@@ -397,7 +405,9 @@ def _overrides_and_literals(overrides: dict[str, Any]) -> tuple[dict, dict]:
     return {k: v for k, v in overrides.items() if k not in literal}, literal
 
 
-def build_variant_config(settings: StudySettings, variant: str, tokenizer_fields: dict[str, Any]) -> PreTrainedConfig:
+def build_variant_config(
+    settings: StudySettings, variant: str, tokenizer_fields: dict[str, Any], _suggest: bool = True
+) -> PreTrainedConfig:
     """The model config of one variant: the base (preset + `config_overrides`) plus the row, resolved.
 
     Args:
@@ -409,7 +419,9 @@ def build_variant_config(settings: StudySettings, variant: str, tokenizer_fields
         The validated config.
 
     Raises:
-        ValueError: an unknown override key, a row that does not scale to this base, an invalid config.
+        ValueError: an unknown override key, a row that does not scale to this base, an invalid config; a row
+            without a form in the study's family names the families it has one in. The advice given is what a
+            study user can change (not a field the row itself sets: `_study_advice`).
     """
     checked, literal = _overrides_and_literals(settings.config_overrides)
     known = {f.name for f in dataclasses.fields(type(build_config(settings.config_name)))}
@@ -432,13 +444,46 @@ def build_variant_config(settings: StudySettings, variant: str, tokenizer_fields
     try:
         config = build_config(settings.config_name, overrides, **fields)
     except ValueError as err:
-        raise ValueError(f"variant {variant!r}: {err}") from None
+        raise ValueError(f"variant {variant!r}: {_study_advice(str(err), changes)}") from None
     if config.model_type == family.model_type:
         return config
     try:
         return single_stack_config(config, family.name, changed=changes)
     except ValueError as err:
-        raise ValueError(f"variant {variant!r} in the {family.name} family: {err}") from None
+        message = f"variant {variant!r} in the {family.name} family: {_study_advice(str(err), changes)}"
+        if _suggest:
+            other = [
+                name
+                for name in FAMILIES
+                if name != family.name
+                and _builds(dataclasses.replace(settings, family=name), variant, tokenizer_fields)
+            ]
+            message += f"; leave the row out of variants, or study it with family {' or '.join(map(repr, other))}"
+            if not other:
+                message = message.rpartition(", or study")[0]
+        raise ValueError(message) from None
+
+
+def _builds(settings: StudySettings, variant: str, tokenizer_fields: dict[str, Any]) -> bool:
+    """Whether `variant` gives a valid config with these settings."""
+    try:
+        build_variant_config(settings, variant, tokenizer_fields, _suggest=False)
+    except ValueError:
+        return False
+    return True
+
+
+def _study_advice(message: str, changes: dict[str, Any]) -> str:
+    """A config refusal as a study user can act on it: the advice to change a field the row sets is left out.
+
+    Config refusals end with their advice after the last "; " (e.g. "...; set transparent_attention=False"); a
+    study user cannot change a field the row itself sets, only the base (`config_overrides`), the family
+    or the variants.
+    """
+    head, sep, advice = message.rpartition("; ")
+    if sep and any(re.search(rf"\b{re.escape(key)}\b", advice) for key in changes):
+        return head
+    return message
 
 
 def single_stack_config(config: PreTrainedConfig, family: str, changed=()) -> PreTrainedConfig:
@@ -505,6 +550,95 @@ def _slug(name: str) -> str:
 def run_dir(output_dir: Path, variant: str, seed: int) -> Path:
     """The folder of one (variant, seed) run: `runs/<variant slug>/seed_<seed>`."""
     return output_dir / "runs" / _slug(variant) / f"seed_{seed}"
+
+
+def _config_values(config: PreTrainedConfig) -> dict[str, Any]:
+    """Every field of `config` as plain JSON (the transformers version left out)."""
+    values = json.loads(config.to_json_string(use_diff=False))
+    values.pop("transformers_version", None)
+    return values
+
+
+def run_key(settings: StudySettings, variant: str, seed: int, config: PreTrainedConfig) -> dict[str, Any]:
+    """What one run trains: `{"variant", "family", "seed", "config"}` (the resolved config as plain JSON)."""
+    return {"variant": variant, "family": settings.family, "seed": seed, "config": _config_values(config)}
+
+
+def _held_key(folder: Path) -> dict[str, Any] | None:
+    """The key of the run a folder holds (`run_key`), or None for a folder with nothing of a run yet.
+
+    A folder written before `run.json` existed gives the row and seed of its `result.json` and its `config.json`.
+    """
+    key = _read_json(folder / RUN_KEY_FILE)
+    if key is not None:
+        return key
+    record, config = _read_json(folder / RECORD_FILE), folder / "config.json"
+    if record is None and not config.is_file():
+        return None
+    key = {"variant": None, "seed": None, "config": None} if record is None else dict(record)
+    if config.is_file():
+        with contextlib.suppress(OSError, ValueError):
+            key["config"] = _config_values(AutoConfig.from_pretrained(folder))
+    return key
+
+
+def check_run_folders(
+    output_dir: Path, settings: StudySettings, plan: list[tuple[str, int]], tokenizer_fields: dict[str, Any]
+) -> None:
+    """Refuse a planned run whose folder holds a run of another row, family, seed or config, before any work.
+
+    Two row names can share a folder name (`"Factorized & shared embeddings"` and `"+ Factorized & shared
+    embeddings"` both give `runs/factorized-shared-embeddings/`); a study file naming one must not reuse (and
+    report under its name) the other's finished run. Each existing run folder's key (`run.json`, see
+    `run_key`) must name the requested row, the study's family, the seed and the config the row resolves to.
+
+    Args:
+        output_dir: the study folder.
+        settings: the study settings.
+        plan: the `(variant, seed)` runs of this selection.
+        tokenizer_fields: the tokenizer's `vocab_size` and special token ids; where they are only planned
+            (the study's tokenizer is not trained yet), pass `planned=True` fields: those keys are not compared.
+
+    Raises:
+        ValueError: one line naming the folder, the row (family, seed or config field) it holds and the one
+            requested.
+    """
+    planned = tokenizer_fields.get("planned", False)
+    fields = {k: v for k, v in tokenizer_fields.items() if k != "planned"}
+    configs: dict[str, dict[str, Any]] = {}
+    for variant, seed in plan:
+        folder = run_dir(output_dir, variant, seed)
+        held = _held_key(folder) if folder.is_dir() else None
+        if held is None:
+            continue
+        advice = f"use another --output_dir, or delete {folder} to train {variant!r} there"
+        if held.get("variant") not in (None, variant):
+            raise ValueError(
+                f"{folder} holds the run of row {held['variant']!r}, not of the requested row {variant!r} "
+                f"(both rows have the folder name {folder.parent.name!r}); {advice}"
+            )
+        for key, wanted in (("family", settings.family), ("seed", seed)):
+            if held.get(key) not in (None, wanted):
+                raise ValueError(
+                    f"{folder} holds a run of {variant!r} with {key} {held[key]!r}, "
+                    f"not the requested {wanted!r}; {advice}"
+                )
+        if held.get("config") is None:
+            continue
+        if variant not in configs:
+            row = BASELINE if variant == NO_PRETRAINING else variant
+            configs[variant] = run_key(settings, variant, seed, build_variant_config(settings, row, fields))["config"]
+        wanted = configs[variant]
+        skip = set(fields) if planned else set()
+        differ = sorted(
+            k for k in set(wanted) | set(held["config"]) if k not in skip and held["config"].get(k) != wanted.get(k)
+        )
+        if differ:
+            key = differ[0]
+            raise ValueError(
+                f"{folder} holds a run of {variant!r} with another config ({key}={held['config'].get(key)!r} there, "
+                f"{wanted.get(key)!r} requested); {advice}"
+            )
 
 
 def sequences_per_device(settings: StudySettings, num_processes: int) -> int:
@@ -644,14 +778,17 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
         ValueError, FileNotFoundError: the first problem found, naming the key and the value.
     """
     if settings.family not in FAMILIES:
-        raise ValueError(f"family={settings.family!r}: expected one of {list(FAMILIES)}")
+        raise ValueError(f"family={settings.family!r}: {choice_hint(settings.family, FAMILIES)}")
     if not settings.variants:
         raise ValueError("variants: the study has no variants")
     if not settings.seeds:
         raise ValueError("seeds: the study has no seeds (give at least one)")
     unknown = [v for v in settings.variants if v not in STUDY_ROWS]
     if unknown:
-        raise ValueError(f"variants: unknown {unknown}; known rows: {list(STUDY_ROWS)}")
+        hints = "; ".join(
+            f"unknown row {v!r}: {choice_hint(v, STUDY_ROWS, 'hfzoo.models.modern.STUDY_ROWS')}" for v in unknown
+        )
+        raise ValueError(f"variants: {hints}")
     for key in ("variants", "seeds", "glue_tasks"):
         values = getattr(settings, key)
         if len(set(values)) != len(values):
@@ -1140,6 +1277,7 @@ def execute_run(
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = build_variant_config(settings, variant, _tokenizer_fields(tokenizer))
     folder.mkdir(parents=True, exist_ok=True)
+    _write_json(folder / RUN_KEY_FILE, run_key(settings, variant, seed, config))
     config.save_pretrained(folder)  # config.json: the variant's model, read by the pretraining recipe
     timing: dict[str, float] = {}
 
@@ -1253,6 +1391,7 @@ def _execute_without_pretraining(
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = build_variant_config(settings, BASELINE, _tokenizer_fields(tokenizer))
     folder.mkdir(parents=True, exist_ok=True)
+    _write_json(folder / RUN_KEY_FILE, run_key(settings, NO_PRETRAINING, seed, config))
     config.save_pretrained(folder)
     timing: dict[str, float] = {}
     init_dir = folder / "init"
@@ -1378,15 +1517,21 @@ def run_study(
         raise ValueError("parallel_runs > 1 needs child_argv (the arguments of the other study processes)")
     given, settings = settings, resolve_paths(settings)  # study.json keeps the paths as given; the runs get these
     checked = check_settings(settings, num_processes)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    if launcher is not None:  # its launch config, as each stage would check it, but before the first stage
+        config_file = launcher_config_file(shlex.split(launcher), Path.cwd())
+        if isinstance(config_file, Path):
+            check_launch_config(config_file)
+    check_output_folder(output_dir)
     plan = study_plan(settings)
     if report_only:
         if _read_json(output_dir / STUDY_FILE) is None:
             raise ValueError(f"--output_dir {output_dir}: no study to report on ({STUDY_FILE} missing)")
         prepare_output_dir(output_dir, given, overwrite=False)
+        check_run_folders(output_dir, settings, plan, _known_tokenizer_fields(settings, output_dir, checked))
         return _write_report_locked(output_dir, settings, plan)
     with _lock(output_dir / ".study.lock", blocking=True):
         prepare_output_dir(output_dir, given, overwrite)
+        check_run_folders(output_dir, settings, plan, _known_tokenizer_fields(settings, output_dir, checked))
         tokenizer_dir = ensure_tokenizer(settings, output_dir)
         ensure_pretraining_data(settings, output_dir, tokenizer_dir, num_processes)
         subsets = ensure_glue_subsets(settings, output_dir)
@@ -1418,6 +1563,19 @@ def run_study(
     if failed:
         raise RuntimeError(f"{len(failed)} run(s) failed: " + " | ".join(failed))
     return records
+
+
+def _known_tokenizer_fields(settings: StudySettings, output_dir: Path, checked: dict[str, Any]) -> dict[str, Any]:
+    """The tokenizer fields the runs' configs get: the given or already trained tokenizer's, else planned ones.
+
+    Planned fields are marked `planned` (the study's tokenizer is trained later; its size may come out smaller).
+    """
+    if settings.tokenizer_name is not None:
+        return checked["tokenizer_fields"]
+    trained = output_dir / "tokenizer"
+    if (trained / "tokenizer_config.json").is_file():
+        return _tokenizer_fields(AutoTokenizer.from_pretrained(trained))
+    return {**checked["tokenizer_fields"], "planned": True}
 
 
 def resolve_parallel_runs(
@@ -1564,16 +1722,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if args.num_processes < 1:
             raise ValueError(f"--num_processes must be positive, got {args.num_processes}")
         settings = load_settings(args.study, overrides)
-        return run_study(
-            settings,
-            args.output_dir,
-            overwrite=args.overwrite_output_dir,
-            launcher=args.launcher,
-            num_processes=args.num_processes,
-            report_only=args.report_only,
-            parallel_runs=1 if args.report_only else args.parallel_runs,
-            child_argv=[*argv, "--parallel_runs", "1"],
-        )
+        with removed_if_refused(args.output_dir):  # a refused study leaves no empty output folder behind
+            return run_study(
+                settings,
+                args.output_dir,
+                overwrite=args.overwrite_output_dir,
+                launcher=args.launcher,
+                num_processes=args.num_processes,
+                report_only=args.report_only,
+                parallel_runs=1 if args.report_only else args.parallel_runs,
+                child_argv=[*argv, "--parallel_runs", "1"],
+            )
     except StudyInterrupted as err:
         sys.stderr.write(f"{err}\n")
         raise SystemExit(EXIT_PREEMPTED) from None

@@ -17,6 +17,7 @@ from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitPr
 from torch.distributed.fsdp import CPUOffloadPolicy
 
 from . import faults
+from .launch_config import check_launch
 from .runtime import disable_cudnn_sdpa, tune_glibc_malloc
 
 
@@ -46,8 +47,10 @@ def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool =
 
     Raises:
         ValueError: `--mixed_precision fp16` without a GPU, a multi-process launch that yields one
-            process, or a DeepSpeed config that contradicts the recipe's arguments.
+            process, a DeepSpeed config that contradicts the recipe's arguments, or a launch config with keys or
+            values its engine would ignore or refuse (`hfzoo.training.launch_config.check_launch`, checked first).
     """
+    check_launch()  # the launch config against its engine, before the engine starts (and before any data)
     tune_glibc_malloc()
     disable_cudnn_sdpa()
     on_gpu = torch.cuda.is_available()

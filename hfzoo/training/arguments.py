@@ -8,10 +8,12 @@ that message on one line. The pretraining parser itself is `hfzoo.pretraining.ar
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 import yaml
 
+from ..choices import choice_hint
 from .optimization import MUON_ADJUST_LR_FNS, MuonSettings
 
 SCHEDULERS = (
@@ -153,7 +155,14 @@ class OneLineErrorParser(argparse.ArgumentParser):
     """An `ArgumentParser` whose errors are one line (`prog: error: message`), without the usage dump."""
 
     def error(self, message: str):
-        """Print `prog: error: message` to stderr and exit with status 2."""
+        """Print `prog: error: message` to stderr and exit with status 2.
+
+        An invalid choice names the closest choices (`hfzoo.choices.choice_hint`) instead of argparse's whole list.
+        """
+        match = re.fullmatch(r"(argument [^:]+): invalid choice: '(.*)' \(choose from (.*)\)", message, re.DOTALL)
+        if match:
+            choices = [c.strip().strip("'") for c in match.group(3).split(",")]
+            message = f"{match.group(1)}: invalid choice: {match.group(2)!r}; {choice_hint(match.group(2), choices)}"
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

@@ -20,7 +20,6 @@ import os
 import pickle
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,6 +29,7 @@ from accelerate.utils import DistributedType
 from safetensors import SafetensorError
 
 from ..integrity import WeightFileError, check_weight_files, file_sha256
+from ..outputs import check_output_folder
 from .faults import (
     CheckpointError,
     NonFiniteError,
@@ -46,6 +46,9 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
 TRAINING_STATE = "training_state.json"
+#: A checkpoint's training and validation records so far (`{"log_history", "eval_history"}`), when the run
+#: keeps them (`CheckpointedRun.train_history`): a resumed run's `train_history.json` starts with them.
+TRAIN_HISTORY_FILE = "train_history.json"
 #: Written last into each checkpoint: `{"files": {relative_path: {"size": bytes, "sha256": hex}}}`.
 MANIFEST = "manifest.json"
 #: Config fields that may differ between a checkpoint and the run resuming from it.
@@ -65,6 +68,8 @@ class CheckpointedRun(Protocol):
         tokenizer: saved into each checkpoint with `save_pretrained`.
         max_train_steps: optimizer steps in total (recorded, to resume the same schedule).
         nonfinite_guard: the run's guard against non-finite steps (its state is saved), or None.
+        train_history: optional; `{"log_history": [...], "eval_history": [...]}` so far, saved with each
+            checkpoint as `train_history.json`.
     """
 
     args: argparse.Namespace
@@ -86,7 +91,8 @@ def prepare_output_dir(
     """Create the output folder (and its `checkpoints` folder) and check that files can be written there.
 
     Called before any data is read, so that a bad `--output_dir` fails in a second instead of after
-    training. Every process of a multi-process run checks (each writes its part of a checkpoint).
+    training. Every process of a multi-process run checks (each writes its part of a checkpoint). A run
+    refused later removes the folders created here again (`hfzoo.outputs.removed_if_refused`).
 
     Args:
         output_dir: the folder.
@@ -101,16 +107,8 @@ def prepare_output_dir(
             written to (the message names the path and the OS error).
     """
     folder = Path(output_dir).expanduser()
-    targets = [folder, folder / CHECKPOINT_DIR] if checkpointing else [folder]
-    for target in targets:
-        if target.exists() and not target.is_dir():
-            raise ValueError(f"{argument} {target}: is an existing file, not a folder")
-        try:
-            target.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=target, prefix=".write_check_"):
-                pass
-        except OSError as err:
-            raise ValueError(f"{argument} {target}: cannot write there ({err.strerror or err})") from None
+    for target in [folder, folder / CHECKPOINT_DIR] if checkpointing else [folder]:
+        check_output_folder(target, argument)
     return folder
 
 
@@ -340,6 +338,35 @@ def _run_topology(accelerator: Accelerator, args: argparse.Namespace) -> dict[st
     }
 
 
+def resume_batch_hint(global_batch: int, num_processes: int, accumulation: int = 1) -> str:
+    """The settings that keep a checkpoint's global batch with `num_processes` processes, or the counts that can.
+
+    Args:
+        global_batch: the checkpoint's global batch (sequences per optimizer step).
+        num_processes: this run's processes.
+        accumulation: this run's `--gradient_accumulation_steps` (kept in the advice when it can be).
+
+    Returns:
+        One clause: e.g. `"set --per_device_train_batch_size 2 with --gradient_accumulation_steps 2"`, or, when
+        `num_processes` does not divide `global_batch`, `"no batch settings give 8 sequences over 3 processes:
+        resume with 1, 2, 4 or 8 processes"`.
+    """
+    if global_batch % num_processes:
+        counts = [n for n in range(1, global_batch + 1) if global_batch % n == 0]
+        shown = ", ".join(map(str, counts[:-1])) + f" or {counts[-1]}" if len(counts) > 1 else str(counts[0])
+        return (
+            f"no batch settings give {global_batch} sequences over {num_processes} processes: "
+            f"resume with {shown} processes"
+        )
+    per_process = global_batch // num_processes
+    pairs = [(per_process // a, a) for a in range(1, per_process + 1) if per_process % a == 0]
+    pairs.sort(key=lambda pair: (pair[1] != accumulation, pair[1]))  # this run's accumulation first
+    shown = " or ".join(
+        f"--per_device_train_batch_size {b} with --gradient_accumulation_steps {a}" for b, a in pairs[:2]
+    )
+    return f"set {shown}"
+
+
 def _check_resume_topology(
     resume_path: Path, accelerator: Accelerator, args: argparse.Namespace | None = None
 ) -> int | None:
@@ -389,15 +416,9 @@ def _check_resume_topology(
             f"with {saved_processes} process(es) ({consolidate})"
         )
     if run["global_batch"] is not None and saved_batch != run["global_batch"]:
-        per_process = saved_batch / (run["num_processes"] * getattr(args, "gradient_accumulation_steps", 1))
-        hint = (
-            f"--per_device_train_batch_size {int(per_process)} with --gradient_accumulation_steps "
-            f"{args.gradient_accumulation_steps}"
-            if per_process.is_integer()
-            else "--per_device_train_batch_size and --gradient_accumulation_steps"
-        )
         raise ValueError(
-            f"{prefix}: the data position is the step count, so the global batch must stay {saved_batch} (set {hint})"
+            f"{prefix}: the data position is the step count, so the global batch must stay {saved_batch} "
+            f"({resume_batch_hint(saved_batch, run['num_processes'], getattr(args, 'gradient_accumulation_steps', 1))})"
         )
     if getattr(args, "streaming", False):
         raise ValueError(
@@ -564,6 +585,9 @@ def save_checkpoint(
             **(extra_state or {}),
         }
         (tmp / TRAINING_STATE).write_text(json.dumps(state))
+        history = getattr(run, "train_history", None)
+        if history is not None:  # the records so far, so that a resumed run's train_history.json keeps them
+            (tmp / TRAIN_HISTORY_FILE).write_text(json.dumps(history, default=float))
         write_manifest(tmp)  # last: a folder with a manifest is complete
         if final.exists():
             shutil.rmtree(final)

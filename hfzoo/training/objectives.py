@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, default_data_collator
 
+from ..choices import choice_hint
 from ..data.collators import IGNORE_INDEX, DataCollatorForMaskedLM, DataCollatorForSpanCorruption
 
 #: `(args, tokenizer, block_size) -> (collator, raw_block_size)`: see `Objective.build_collator`.
@@ -121,7 +122,7 @@ def get_objective(name: str) -> Objective:
         ValueError: an unknown name (the message lists the registered ones).
     """
     if name not in OBJECTIVES:
-        raise ValueError(f"unknown objective {name!r}; choose one of {list(OBJECTIVES)}")
+        raise ValueError(f"unknown objective {name!r}; {choice_hint(name, OBJECTIVES)}")
     return OBJECTIVES[name]
 
 

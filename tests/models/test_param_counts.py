@@ -120,7 +120,9 @@ def test_scaled_rows_on_a_smaller_baseline_and_refusals():
     assert resolve_row("Factorized & shared embeddings", small) == {"embedding_size": 24}  # 128 / 6 = 21.3 -> 24
     with pytest.raises(ValueError, match=r"num_attention_heads=2 x 2/3 = 1.333 is not a whole number"):
         resolve_row("18 layers, $d_{ff} = 2048, H = 8$", small)
-    with pytest.raises(ValueError, match="unknown Table 1 row 'Vanila'; known rows: \\['Vanilla Transformer'"):
+    with pytest.raises(
+        ValueError, match="unknown Table 1 row 'Vanila'; did you mean 'Vanilla Transformer'\\? \\(52 choices"
+    ):
         resolve_row("Vanila", small)
 
 

@@ -209,7 +209,7 @@ def test_keys_beyond_the_sequence_are_refused():
     [
         ("encoder", {"bigbird_block_size": 0}, r"bigbird_block_size must be a positive integer, got 0"),
         ("encoder", {"bigbird_num_random_blocks": -1}, r"bigbird_num_random_blocks must be a non-negative integer"),
-        ("encoder", {"bigbird_num_global_blocks": 1.5}, r"bigbird_num_global_blocks must be a non-negative integer"),
+        ("encoder", {"bigbird_num_global_blocks": 1.5}, r"bigbird_num_global_blocks must be an integer, got 1.5"),
         (
             "decoder",
             {"use_cache": False},

@@ -137,3 +137,44 @@ def test_cache_check_fails_when_cached_decoding_differs(checkpoint, tmp_path, mo
         "model's cached decoding is wrong"
     )
     assert "\n" not in message
+
+
+def test_block_size_past_the_position_table_is_refused_before_tokenizing(checkpoint, tmp_path, monkeypatch):
+    def no_tokenizing(*args, **kwargs):
+        raise AssertionError("tokenized before the block size was checked")
+
+    monkeypatch.setattr(evaluation, "tokenize_and_pack", no_tokenizing)
+    out = tmp_path / "new" / "sub" / "eval.json"
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate(checkpoint, out, "--block_size", "128")
+    assert exit_info.value.code == (
+        "error: --block_size 128 is larger than the model's max_position_embeddings=64 "
+        "(set by position_embedding_type='learned'); give --block_size 64 or less"
+    )
+    assert not (tmp_path / "new").exists()  # the folder made for --output_file is gone again
+
+
+@pytest.mark.parametrize(
+    "where, expected",
+    [
+        ("file/eval.json", "--output_file {tmp}/file/eval.json: its folder {tmp}/file: is an existing file"),
+        ("folder", "--output_file {tmp}/folder: is an existing folder, not a file"),
+        ("/sys/hfzoo-unwritable/eval.json", "its folder /sys/hfzoo-unwritable: cannot write there"),
+    ],
+    ids=["file-as-folder", "folder-as-file", "unwritable"],
+)
+def test_an_output_file_that_cannot_be_written_is_refused_before_evaluating(
+    where, expected, checkpoint, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(evaluation, "evaluate_lm", lambda *a, **k: pytest.fail("evaluated before the check"))
+    (tmp_path / "file").write_text("")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate(checkpoint, tmp_path / where)
+    assert exit_info.value.code.startswith("error: ") and expected.format(tmp=tmp_path) in exit_info.value.code
+
+
+def test_a_missing_output_folder_is_created_and_the_metrics_saved(checkpoint, tmp_path):
+    out = tmp_path / "nodir" / "sub" / "eval.json"
+    results = evaluate(checkpoint, out)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))

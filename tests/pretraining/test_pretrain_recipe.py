@@ -49,7 +49,7 @@ def test_bad_input_fails_before_training(change, expected, small_jsonl_xz, token
     change(argv, tmp_path)
     message = run_main_expecting_error(argv, capsys)
     assert expected in message
-    assert not (tmp_path / "out" / "model.safetensors").exists()
+    assert not (tmp_path / "out").exists()  # nothing left on disk, not even an empty output folder
 
 
 def _empty(tmp):
@@ -148,7 +148,8 @@ def math_isfinite(x: float) -> bool:
 @pytest.mark.slow
 def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tmp_path, small_jsonl_xz, tokenizer_dir):
     common = ["--max_train_steps", "12", "--checkpointing_steps", "6", "--checkpoints_total_limit", "3",
-              "--learning_rate", "3e-3", "--num_warmup_steps", "2", "--weight_decay", "0.01"]  # fmt: skip
+              "--learning_rate", "3e-3", "--num_warmup_steps", "2", "--weight_decay", "0.01", "--eval_steps", "6",
+              "--logging_steps", "1"]  # fmt: skip
     full = tmp_path / "full"
     main(base_args(small_jsonl_xz, tokenizer_dir, full, *common))
     resumed = tmp_path / "resumed"
@@ -160,9 +161,18 @@ def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tmp_path, small
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
     loss = [json.loads((d / "all_results.json").read_text())["eval_loss"] for d in (full, resumed)]
     assert loss[0] == pytest.approx(loss[1], abs=1e-6)
-    # And it really resumed: the resumed run's history starts after step 6.
-    steps = [r["step"] for r in json.loads((resumed / "train_history.json").read_text())["log_history"]]
-    assert min(steps) > 6
+    # And it really resumed (no step before 6 was trained again), yet its history keeps the steps before the
+    # resume: the same training and validation records as the uninterrupted run's (validation at step 6 too).
+    history = [json.loads((d / "train_history.json").read_text()) for d in (full, resumed)]
+    assert [r["step"] for r in history[1]["log_history"]] == [r["step"] for r in history[0]["log_history"]]
+    assert history[1]["log_history"][:6] == history[0]["log_history"][:6]  # the checkpoint's records, as saved
+    for a, b in zip(history[0]["log_history"], history[1]["log_history"]):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-5), a["step"]
+    assert [r["step"] for r in history[1]["eval_history"]] == [r["step"] for r in history[0]["eval_history"]] == [
+        0, 6, 12]  # fmt: skip
+    for a, b in zip(history[0]["eval_history"], history[1]["eval_history"]):
+        assert b["eval_loss"] == pytest.approx(a["eval_loss"], abs=1e-6), a["step"]
+    assert json.loads((resumed / "all_results.json").read_text())["train_steps"] == 12
 
 
 def test_plain_text_train_and_validation_files(tmp_path, data_dir, tokenizer_dir):

@@ -312,15 +312,15 @@ def expect_refusal(argv: list[str], capsys) -> str:
         (
             {"variants": ["Vanilla Transformer", "Vanila Transformer"]},
             [],
-            "variants: unknown ['Vanila Transformer']; known rows: ['Vanilla Transformer', 'GeLU',",
+            "variants: unknown row 'Vanila Transformer': did you mean 'Vanilla Transformer' or",
         ),
-        ({"variants": ["QK-norm", "Squared RELU"]}, [], "'U-Net skips', 'Muon', 'All together']"),
+        ({"variants": ["QK-norm", "Squared RELU"]}, [], "unknown row 'Squared RELU': did you mean 'Squared ReLU'?"),
         (  # a study-wide Muon setting with a row that trains with AdamW
             {"variants": ["Muon", "QK-norm"], "pretrain_args": {"muon_learning_rate": 0.01}},
             [],
             "variant 'QK-norm': the pretraining arguments are refused: hfzoo-pretrain: error: --muon_learning_rate 0.01 needs --optim muon",
         ),
-        ({}, ["--variants", "SwiGLUE"], "unknown ['SwiGLUE']"),
+        ({}, ["--variants", "SwiGLUE"], "unknown row 'SwiGLUE': did you mean 'SwiGLU'"),
         ({"glue_tasks": DELETE}, [], "missing keys ['glue_tasks'] (every key of the study file is required)"),
         ({"learning_rat": 0.1}, [], "unknown keys ['learning_rat']"),
         ({"glue_tasks": ["sst2", "mrpc"]}, [], "glue_tasks: mrpc: files absent: ["),
@@ -338,7 +338,7 @@ def expect_refusal(argv: list[str], capsys) -> str:
         ({"train_batch_tokens": 100}, [], "train_batch_tokens=100 is not a multiple of block_size"),
         ({"glue_args": {"lora_dropout": 2}}, [], "the GLUE arguments are refused"),
         ({"lr_scheduler_type": "sometimes"}, [], "the pretraining arguments are refused"),
-        ({}, ["--family", "gpt"], "family='gpt': expected one of ['encoder-decoder', 'decoder', 'encoder']"),
+        ({}, ["--family", "gpt"], "family='gpt': choose one of ['encoder-decoder', 'decoder', 'encoder']"),
         (
             {"variants": ["Vanilla Transformer", "Funnel Transformer"]},
             ["--family", "decoder"],
@@ -956,3 +956,67 @@ def test_the_rows_run_in_the_decoder_and_encoder_families(family, inputs, tmp_pa
         if record["variant"] == "All together":
             assert config.qk_norm == "rms_norm" and config.unet_skips and config.value_residual
     assert f"Every run: {FAMILIES[family].loss} pretraining of the {family}" in (out / "results.md").read_text()
+
+
+def test_a_run_folder_is_reused_only_for_the_row_it_trained(inputs, tmp_path, capsys, monkeypatch):
+    """Two rows with one folder name: a finished run of one is never reported under the other's name."""
+    from hfzoo.study import runner
+
+    held, wanted = "Factorized & shared embeddings", "+ Factorized & shared embeddings"
+    assert run_dir(tmp_path, held, 0) == run_dir(tmp_path, wanted, 0)  # the folder names collide
+    out = tmp_path / "out"
+    first = tiny_study(inputs, tmp_path / "a.yaml", variants=[held], seeds=[0], glue_tasks=[], max_train_steps=8)
+    assert [r["variant"] for r in main(["--study", str(first), "--output_dir", str(out)])] == [held]
+    folder = run_dir(out, held, 0)
+    key = json.loads((folder / "run.json").read_text())
+    assert (key["variant"], key["family"], key["seed"]) == (held, "encoder-decoder", 0)
+    assert key["config"]["embedding_size"] == 8 and key["config"]["hidden_size"] == 32
+    results = (out / "results.json").read_text()
+
+    def no_stage(module, argv, launcher):
+        raise AssertionError(f"{module} started: the refusal must come before any work")
+
+    monkeypatch.setattr(runner, "run_stage", no_stage)
+    second = tiny_study(inputs, tmp_path / "b.yaml", variants=[wanted], seeds=[0], glue_tasks=[], max_train_steps=8)
+    message = expect_refusal(["--study", str(second), "--output_dir", str(out)], capsys)
+    assert f"{folder} holds the run of row {held!r}, not of the requested row {wanted!r}" in message, message
+    assert (out / "results.json").read_text() == results
+    # A folder written before run.json existed: its result.json names the row.
+    (folder / "run.json").unlink()
+    message = expect_refusal(["--study", str(second), "--output_dir", str(out)], capsys)
+    assert f"holds the run of row {held!r}, not of the requested row {wanted!r}" in message, message
+    # The same row with another resolved config (here written by hand) is refused too, naming the field.
+    key["config"]["embedding_size"] = 16
+    (folder / "run.json").write_text(json.dumps(key))
+    message = expect_refusal(["--study", str(first), "--output_dir", str(out)], capsys)
+    assert "with another config (embedding_size=16 there, 8 requested)" in message, message
+    key["config"]["embedding_size"] = 8
+    (folder / "run.json").write_text(json.dumps(key))
+    assert [r["variant"] for r in main(["--study", str(first), "--output_dir", str(out)])] == [held]
+
+
+def test_unknown_rows_name_the_closest_and_row_refusals_advise_what_a_study_can_change(inputs, tmp_path, capsys):
+    study = tiny_study(inputs, tmp_path / "s.yaml", tokenizer_name=None, variants=["+ Factorized & shared embedding"])
+    message = expect_refusal(["--study", str(study), "--output_dir", str(tmp_path / "out")], capsys)
+    assert "did you mean '+ Factorized & shared embeddings' or 'Factorized & shared embeddings'" in message, message
+    assert "Vanilla Transformer" not in message and len(message) < 400, message
+    study = tiny_study(inputs, tmp_path / "t.yaml", tokenizer_name=None, variants=["Transparent attention"])
+    message = expect_refusal(["--study", str(study), "--output_dir", str(tmp_path / "out"), "--family", "encoder"],
+                             capsys)  # fmt: skip
+    assert "transparent_attention=False" not in message, message
+    assert message.endswith("leave the row out of variants, or study it with family 'encoder-decoder'"), message
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_launchers_config_is_checked_before_anything_is_trained(inputs, tmp_path, capsys):
+    config = yaml.safe_load((REPO_ROOT / "accelerate_configs" / "fsdp2.yaml").read_text())
+    config["deepspeed_config"] = {"zero_stage": 2}
+    (tmp_path / "launch.yaml").write_text(yaml.safe_dump(config))
+    study = tiny_study(inputs, tmp_path / "study.yaml", tokenizer_name=None)
+    launcher = f"accelerate launch --config_file {tmp_path / 'launch.yaml'}"
+    message = expect_refusal(["--study", str(study), "--output_dir", str(tmp_path / "out"), "--launcher", launcher,
+                              "--num_processes", "2"], capsys)  # fmt: skip
+    assert message == (f"error: {tmp_path / 'launch.yaml'}: deepspeed_config: settings of DEEPSPEED, but "
+                       "distributed_type is FSDP (accelerate would ignore them); remove the section or set "
+                       "distributed_type: DEEPSPEED")  # fmt: skip
+    assert not (tmp_path / "out").exists()

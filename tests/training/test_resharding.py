@@ -117,11 +117,13 @@ def test_resume_on_another_number_of_processes_continues_the_uninterrupted_run(
     log = launch(config, argv, tmp_path, num_processes=resumed)
     assert f"resharded {checkpoint} from {saved} to {resumed} process(es)" in log
     assert not (tmp_path / "run" / UNIVERSAL_DIR).exists()  # the converted DeepSpeed checkpoint is removed
-    got, want = losses(tmp_path / "run"), losses(reference)
-    assert sorted(got) == list(range(HALF + 1, STEPS + 1))  # the step and with it the data position
-    # The first step checks weights, data and learning rate; the later ones the optimizer state. 1e-5: a ZeRO-3
-    # universal load whose parameter groups shared one Adam step counter drifted by 2e-4 within 8 steps.
-    for step in got:
+    got, want, kept = losses(tmp_path / "run"), losses(reference), losses(source)
+    # The history keeps the checkpoint's records of steps 1..HALF (the source run's, not trained again) ...
+    assert sorted(got) == list(range(1, STEPS + 1)) and all(got[step] == kept[step] for step in range(1, HALF + 1))
+    # ... and continues at the step, and with it the data position. The first step after the resume checks
+    # weights, data and learning rate; the later ones the optimizer state. 1e-5: a ZeRO-3 universal load whose
+    # parameter groups shared one Adam step counter drifted by 2e-4 within 8 steps.
+    for step in range(HALF + 1, STEPS + 1):
         assert got[step] == pytest.approx(want[step], rel=1e-5), f"step {step}"
     final = [json.loads((d / "all_results.json").read_text())["eval_loss"] for d in (tmp_path / "run", reference)]
     assert final[0] == pytest.approx(final[1], rel=1e-5)
@@ -158,11 +160,18 @@ FSDP_2 = {"num_processes": 2, "distributed_type": "FSDP", "zero_stage": None, "g
          "global batch 8: a checkpoint cannot change its engine"),
         (ZERO3_2, (DistributedType.DEEPSPEED, 2, 2), _args(4), "cannot change its ZeRO stage"),
         (ZERO3_2, (DistributedType.DEEPSPEED, 1, 3), _args(4), "the global batch must stay 8 (set "
-         "--per_device_train_batch_size 8 with --gradient_accumulation_steps 1)"),
+         "--per_device_train_batch_size 8 with --gradient_accumulation_steps 1 or --per_device_train_batch_size 4 "
+         "with --gradient_accumulation_steps 2)"),
+        (FSDP_2, (DistributedType.FSDP, 3), _args(2), "the global batch must stay 8 (no batch settings give 8 "
+         "sequences over 3 processes: resume with 1, 2, 4 or 8 processes)"),
+        (FSDP_2, (DistributedType.FSDP, 4), _args(2, 2), "the global batch must stay 8 (set "
+         "--per_device_train_batch_size 1 with --gradient_accumulation_steps 2 or --per_device_train_batch_size 2 "
+         "with --gradient_accumulation_steps 1)"),
         ({**FSDP_2, "global_batch": None}, (DistributedType.FSDP, 1), _args(8), "it does not record its global batch"),
         (FSDP_2, (DistributedType.FSDP, 1), _args(8, streaming=True), "a streaming run's data position is per process"),
     ],
-    ids=["engine", "engine-to-ddp", "zero-stage", "global-batch", "older-checkpoint", "streaming"],
+    ids=["engine", "engine-to-ddp", "zero-stage", "global-batch", "no-batch-fits", "accumulation-kept",
+         "older-checkpoint", "streaming"],
 )  # fmt: skip
 def test_a_checkpoint_that_cannot_be_resharded_is_refused_in_one_line(saved, run, args, expected, tmp_path):
     with pytest.raises(ValueError) as err:

@@ -1,0 +1,106 @@
+"""Output paths of the command lines: checked before any work, and no empty folder left behind by a refusal.
+
+`check_output_folder` / `check_output_file` create a missing folder and check that a file can be written
+there (a one-line `ValueError` naming the argument, the path and the reason otherwise);
+`removed_if_refused` removes the folders a command created when it then refuses its input, so that a
+refused command leaves nothing on disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def missing_folders(path: str | os.PathLike) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, innermost first (what creating it would create)."""
+    missing = []
+    folder = Path(path).expanduser().absolute()
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def remove_empty_folders(folders: list[Path]) -> None:
+    """Remove each of `folders` (innermost first) that holds nothing but empty folders, those included.
+
+    Args:
+        folders: folders this process created (`missing_folders` before creating them); a file anywhere below
+            one keeps it and the folders above that file.
+    """
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for below, _, _ in sorted(os.walk(folder), key=lambda entry: -len(Path(entry[0]).parts)):
+            with contextlib.suppress(OSError):  # not empty, already gone, or not ours to remove
+                Path(below).rmdir()
+
+
+@contextlib.contextmanager
+def removed_if_refused(*paths: str | os.PathLike | None) -> Iterator[None]:
+    """Remove the folders of `paths` created inside the block, if the block raises and they are still empty.
+
+    Args:
+        paths: output folders (or a file's folder) the block may create; None is skipped.
+    """
+    created = [folder for path in paths if path is not None for folder in missing_folders(path)]
+    try:
+        yield
+    except BaseException:
+        remove_empty_folders(created)
+        raise
+
+
+def check_output_folder(path: str | os.PathLike, argument: str = "--output_dir") -> Path:
+    """Create the folder `path` (and its parents) and check that a file can be written in it.
+
+    Args:
+        path: the folder.
+        argument: the command-line argument, for messages.
+
+    Returns:
+        The folder as a `Path`.
+
+    Raises:
+        ValueError: the path (or a parent) is an existing file, or the folder cannot be created or written to
+            (one line naming the argument, the path and the OS error).
+    """
+    folder = Path(path).expanduser()
+    for parent in [folder, *folder.parents]:
+        if parent.exists() and not parent.is_dir():
+            which = "is" if parent == folder else f"its folder {parent} is"
+            raise ValueError(f"{argument} {folder}: {which} an existing file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write_check_"):
+            pass
+    except OSError as err:
+        raise ValueError(f"{argument} {folder}: cannot write there ({err.strerror or err})") from None
+    return folder
+
+
+def check_output_file(path: str | os.PathLike, argument: str = "--output_file") -> Path:
+    """Create the folder of the file `path` and check that the file can be written there.
+
+    Args:
+        path: the file (it may exist: it is replaced).
+        argument: the command-line argument, for messages.
+
+    Returns:
+        The file as a `Path`.
+
+    Raises:
+        ValueError: the path is an existing folder, a parent is an existing file, or the folder cannot be
+            created or written to (one line naming the argument, the path and the reason).
+    """
+    file = Path(path).expanduser()
+    if file.is_dir():
+        raise ValueError(f"{argument} {file}: is an existing folder, not a file")
+    check_output_folder(file.parent, argument=f"{argument} {file}: its folder")
+    if file.exists() and not os.access(file, os.W_OK):
+        raise ValueError(f"{argument} {file}: cannot write there (the file is read-only)")
+    return file
