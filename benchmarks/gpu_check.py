@@ -27,6 +27,9 @@ Usage (prints one markdown table; `--output_json` also writes its rows; `--profi
     python benchmarks/gpu_check.py                          # one GPU: gpt2 at seq 1024, bf16 (minutes on one H100)
     python benchmarks/gpu_check.py --device cpu --tiny      # every section at a tiny size on the CPU
 
+On a CPU every section trains in the precision of the recipes' `--mixed_precision auto`: bf16 where the CPU
+computes it natively (AVX512-BF16, AMX), fp32 elsewhere.
+
 Data: `--data_dir` (default `$HFZOO_DATA_DIR`, else `../shared/data` beside the checkout).
 """
 
@@ -105,7 +108,7 @@ def training_rows(args: argparse.Namespace, scale: dict) -> list[dict]:
             "--sizes",
             scale["size"],
             "--precisions",
-            "bf16",
+            args.precision,
             "--seq_len",
             str(scale["seq_len"]),
             "--batch_size",
@@ -125,7 +128,7 @@ def training_rows(args: argparse.Namespace, scale: dict) -> list[dict]:
     rows = []
     for kind, hf, tr in (("eager", "hfzoo", "transformers"), ("compiled", "hfzoo-compiled", "transformers-compiled")):
         a, b = by_name[hf], by_name[tr]
-        shape = f"gpt2 ({scale['size']}), bf16, {scale['batch_size']} x {scale['seq_len']}"
+        shape = f"gpt2 ({scale['size']}), {args.precision}, {scale['batch_size']} x {scale['seq_len']}"
         rows.append(_row("training", f"tokens/s, {kind}", a["median"], b["median"], "tokens/s", shape))
         rows.append(_row("training", f"MFU, {kind}", 100 * a["mfu"], 100 * b["mfu"], "%"))
         rows.append(_row("training", f"peak memory, {kind}", a["peak_mib"], b["peak_mib"], "MiB"))
@@ -204,7 +207,7 @@ def recipe_runs(args: argparse.Namespace, scale: dict, workdir: Path, deepspeed:
         "--max_eval_samples",
         str(4 * scale["batch_size"]),
         "--mixed_precision",
-        "bf16",
+        "bf16" if args.precision == "bf16" else "no",
         "--attn_implementation",
         "sdpa",
         "--logging_steps",
@@ -222,7 +225,7 @@ def recipe_runs(args: argparse.Namespace, scale: dict, workdir: Path, deepspeed:
             compiled["train_step_tokens_per_second"],
             None,
             "tokens/s",
-            f"{preset}, bf16, streamed data",
+            f"{preset}, {args.precision}, streamed data",
         )
     )
     rows.append(_row("recipe", "MFU (compiled)", 100 * (compiled["train_mfu"] or math.nan), None, "%"))
@@ -342,6 +345,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--profile_dir", default=None, help="also profile each training case (operator tables)")
     args = parser.parse_args(argv)
     import torch
+
+    from hfzoo.training.precision import resolve_mixed_precision
+
+    # bf16 on a GPU; on a CPU the recipes' `--mixed_precision auto` (fp32 where bf16 is emulated, 100x slower)
+    auto = resolve_mixed_precision("auto", device_type="cpu").mixed_precision if args.device == "cpu" else "bf16"
+    args.precision = "bf16" if auto == "bf16" else "fp32"
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda: no CUDA device here (use --device cpu --tiny for a CPU run)")

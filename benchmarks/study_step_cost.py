@@ -4,17 +4,18 @@
     OMP_NUM_THREADS=1 python benchmarks/study_step_cost.py --study recipes/studies/narang_small.yaml \
         --tokenizer_name outputs/study/tokenizer --variants "Vanilla Transformer" SwiGLU --steps 10
 
-For each variant: the study's model for that row (`hfzoo.study.runner.build_variant_config`),
-trained for `--steps` optimizer steps (after 2 warm-up steps) on random token ids shaped like the study's
-batches (`train_batch_tokens / block_size` sequences of `block_size` input tokens; an encoder-decoder's targets
-of span corruption's target length, a decoder's or encoder's labels as long as the input; `--family` as the
-study's), the optimizer the study's run of that row builds (`create_optimizer` with the run's
-pretraining arguments: AdamW, or Muon + AdamW for the Muon rows), bf16 autocast when the study uses
-`mixed_precision: bf16`. Prints the process CPU seconds per step (`time.process_time`, which on a machine
-shared with other jobs is far less disturbed than the wall time), the wall seconds per step, the training
-FLOPs per step (`hfzoo.models.flops`) and the CPU time the study's `max_train_steps` would take. With
-`OMP_NUM_THREADS=1` the CPU time per step is the single-thread wall time of a step on an otherwise idle
-core. Pretraining only: evaluation, data preparation and GLUE finetuning are not included.
+For each variant: the study's model for that row (`hfzoo.study.runner.build_variant_config`), trained for
+`--steps` optimizer steps (after 2 warm-up steps) on random token ids shaped like the study's batches
+(`train_batch_tokens / block_size` sequences of `block_size` input tokens; an encoder-decoder's targets of
+span corruption's target length, a decoder's or encoder's labels as long as the input; `--family` as the
+study's), the optimizer the study's run of that row builds (`create_optimizer` with the run's pretraining
+arguments: AdamW, or Muon + AdamW for the Muon rows), bf16 autocast when the study's `mixed_precision` is
+`bf16`, or `auto` on a CPU with native bf16 (`hfzoo.training.precision`). Prints the process CPU seconds per
+step (`time.process_time`, which on a machine shared with other jobs is far less disturbed than the wall
+time), the wall seconds per step, the training FLOPs per step (`hfzoo.models.flops`) and the CPU time the
+study's `max_train_steps` would take. With `OMP_NUM_THREADS=1` the CPU time per step is the single-thread wall
+time of a step on an otherwise idle core. Pretraining only: evaluation, data preparation and GLUE finetuning
+are not included.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from hfzoo.study.runner import (
 )
 from hfzoo.training.arguments import muon_settings
 from hfzoo.training.optimization import create_optimizer
+from hfzoo.training.precision import resolve_mixed_precision
 
 
 def step_cost(settings, variant: str, tokenizer, tokenizer_name: str, steps: int) -> dict:
@@ -64,7 +66,7 @@ def step_cost(settings, variant: str, tokenizer, tokenizer_name: str, steps: int
     vocab = min(config.vocab_size, len(tokenizer))
     inputs = torch.randint(3, vocab, (batch, input_length), generator=generator)
     labels = torch.randint(3, vocab, (batch, targets or input_length), generator=generator)
-    bf16 = settings.mixed_precision == "bf16"
+    bf16 = resolve_mixed_precision(settings.mixed_precision, device_type="cpu").mixed_precision == "bf16"
 
     def train_step() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):

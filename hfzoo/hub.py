@@ -183,13 +183,14 @@ def build_model_card(
     known), the family's `pipeline_tag` (text-generation, fill-mask or text2text-generation), the hub
     dataset when one was used, and `metrics: [perplexity]` when a perplexity is reported. Body: family
     and model class, the architecture fields and parameter count, the training data, steps and tokens
-    seen, the final metrics, the recipe arguments, and how to load the model.
+    seen, the precision it trained in and why, and the device (`mixed_precision`, `mixed_precision_reason`,
+    `host_capability` of the results), the final metrics, the recipe arguments, and how to load the model.
 
     Args:
         source: a checkpoint folder (its `config.json` is read, and `all_results.json` when `results`
             is None) or an hfzoo config.
         results: final metrics, as in the recipe's `all_results.json` (`eval_loss`, `perplexity`,
-            `unigram_perplexity`, `train_steps`, `train_tokens_seen`, ...).
+            `unigram_perplexity`, `train_steps`, `train_tokens_seen`, `mixed_precision`, ...).
         training_args: the recipe's arguments (`argparse.Namespace` or dict): objective, data files or
             dataset name, batch sizes, ... Arguments whose name mentions a token or secret are left out.
         model_name: the title and the name used in the loading example (default: the folder name,
@@ -266,6 +267,12 @@ def build_model_card(
     for key, label in TRAINING_FIELDS:
         if results.get(key) is not None:
             lines.append(f"- {label}: {_format(results[key])}")
+    if results.get("mixed_precision") is not None:  # the run's precision and why (hfzoo.training.precision)
+        precision = {"no": "fp32"}.get(results["mixed_precision"], results["mixed_precision"])
+        reason = results.get("mixed_precision_reason")
+        lines.append(f"- precision: {precision}" + (f" ({reason})" if reason else ""))
+    if results.get("host_capability") is not None:
+        lines.append(f"- trained on: {results['host_capability']}")
 
     metrics = [(key, results[key]) for key in METRIC_FIELDS if results.get(key) is not None]
     if metrics:

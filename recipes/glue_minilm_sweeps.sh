@@ -3,7 +3,8 @@
 # finetuned on CoLA, SST-2 (seeded 20,000-sentence training subset, 1 epoch), MRPC, STS-B and RTE (3 epochs)
 # with LoRA, prefix tuning and full finetuning; the same LoRA recipe on transformers' BertForSequenceClassification
 # with the same weights; and, with a third argument, the same three methods on another hfzoo checkpoint (the
-# README main job's decoder). Batch 32, max length 128, seed 42, bf16 autocast, gradient clipping 1.0.
+# README main job's decoder). Batch 32, max length 128, seed 42, gradient clipping 1.0, bf16 autocast where the
+# device computes bf16 natively (`--mixed_precision auto`: a GPU, an AVX512-BF16 or AMX CPU; fp32 elsewhere).
 # On a GPU the sweeps run side by side (docs/glue.md: about 2.5 minutes on one H100); on a 2-core CPU set
 # SEQUENTIAL=1 (hours). Each sweep writes <out>/<name>/results.{md,json}.
 #   usage: recipes/glue_minilm_sweeps.sh OUT_DIR [GLUE_DIR] [OTHER_HFZOO_CHECKPOINT]   (from the repository root)
@@ -20,7 +21,7 @@ fi
 sweep() {  # sweep NAME CHECKPOINT METHOD ARGS...
   local name=$1 model=$2 method=$3; shift 3
   python recipes/glue_sweep.py --model_name_or_path "$model" --data_dir "$glue" --peft "$method" \
-    --tasks cola sst2 mrpc stsb rte --output_dir "$out/$name" -- --mixed_precision bf16 --seed 42 "$@" \
+    --tasks cola sst2 mrpc stsb rte --output_dir "$out/$name" -- --mixed_precision auto --seed 42 "$@" \
     > "$out/$name.log" 2>&1
   echo "$name: exit $? ($out/$name/results.md)"
 }

@@ -1,4 +1,9 @@
-"""`benchmarks/gpu_check.py` runs every section at a tiny size on the CPU and reports one row per measurement."""
+"""`benchmarks/gpu_check.py` runs every section at a tiny size on the CPU and reports one row per measurement.
+
+On the CPU it trains in the precision of `--mixed_precision auto`: fp32 on a CPU without native bf16 (an AVX2
+host, or one capped to AVX2 with `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`), where bf16 would take
+many minutes.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ import sys
 
 import pytest
 from helpers.paths import REPO_ROOT
+
+from hfzoo.training.precision import resolve_mixed_precision
 
 pytestmark = pytest.mark.slow
 
@@ -25,6 +32,9 @@ def test_the_gpu_check_runs_every_section_on_the_cpu(tmp_path, data_dir):
     for row in rows:  # a tiny model may add no resident memory the CPU's ru_maxrss can see
         assert math.isfinite(row["hfzoo"]) and (row["hfzoo"] > 0 or row["unit"] == "MiB"), row
     cases = {r["case"]: r for r in rows}
+    # the recipes' --mixed_precision auto on the CPU: bf16 only where it is native (emulated bf16 is 100x slower)
+    precision = "bf16" if resolve_mixed_precision("auto", device_type="cpu").mixed_precision == "bf16" else "fp32"
+    assert f"gpt2 (small), {precision}, " in cases["tokens/s, eager"]["note"]
     for kind in ("eager", "compiled"):
         assert cases[f"tokens/s, {kind}"]["reference"] > 0  # transformers' rate beside hfzoo's
     assert cases["compile time (first step minus eager's)"]["hfzoo"] > 0

@@ -43,7 +43,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, load_glue
 from ..integrity import check_weight_files
 from ..outputs import check_output_folder, removed_if_refused
-from ..training.accelerator import create_accelerator
+from ..training.accelerator import choose_mixed_precision, create_accelerator
 from ..training.arguments import (
     SCHEDULERS,
     OneLineErrorParser,
@@ -59,6 +59,7 @@ from ..training.arguments import (
 )
 from ..training.compilation import compile_model
 from ..training.optimization import create_optimizer, create_scheduler
+from ..training.precision import MIXED_PRECISION_CHOICES
 from ..training.throughput import Throughput, resolve_peak_tflops
 from .adapters import (
     PEFT_METHODS,
@@ -132,7 +133,12 @@ def build_glue_parser() -> argparse.ArgumentParser:
         help="save the last epoch's weights (default: the best epoch's by the task's main metric)",
     )
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--mixed_precision", choices=("no", "bf16", "fp16"), default="no")
+    p.add_argument(
+        "--mixed_precision",
+        choices=MIXED_PRECISION_CHOICES,
+        default="auto",
+        help="auto (default): bf16 where the GPU or CPU computes it natively, else fp32 (hfzoo.training.precision)",
+    )
     p.add_argument("--attn_implementation", default=None, help="eager | sdpa | ... (default: the model's)")
     p.add_argument("--ignore_mismatched_sizes", action="store_true", help="re-initialise a head of another size")
     p.add_argument("--trust_remote_code", action="store_true")
@@ -328,6 +334,8 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
         check_prefix_fits(config, args.num_virtual_tokens, args.max_length)
     resume_path = resolve_glue_resume(args)
     accelerator = create_accelerator(args, sync_with_dataloader=True)
+    precision = choose_mixed_precision(args)  # what the accelerator was created with
+    accelerator.print(f"precision: {precision.reason}")
     set_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     if tokenizer.pad_token is None:
@@ -344,7 +352,8 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
         f"{task.name} {args.peft}: trainable parameters {trainable:,} of {total:,} ({100 * trainable / total:.3f}%)"
     )
 
-    collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if args.mixed_precision != "no" else None)
+    half = accelerator.mixed_precision != "no"
+    collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if half else None)
     # The loader's own generator: starting an epoch's iterator then draws its worker seed from it, not from
     # torch's global RNG, so the dropout masks of a resumed run continue exactly where the checkpoint left them.
     train_loader = DataLoader(
@@ -394,6 +403,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
             accelerator.num_processes,
         ),
         non_embedding_parameters=non_embedding_parameters,
+        precision=precision,
     )
 
 

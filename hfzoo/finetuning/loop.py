@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from ..data.glue import GlueTask
 from ..metrics import load_glue_metric
 from ..training.compilation import no_cache_kwargs
+from ..training.precision import PrecisionChoice
 from ..training.throughput import Throughput, sequence_classification_flops
 
 
@@ -55,6 +56,7 @@ class GlueRun:
     resume_path: Path | None = None
     throughput: Throughput | None = None  # TFLOP/s and MFU of the logged windows (None: tokens/s only)
     non_embedding_parameters: int = 0  # the `N` of the model FLOPs (`sequence_classification_flops`)
+    precision: PrecisionChoice | None = None  # the precision it trains in and why (`--mixed_precision`)
 
 
 def _metric_name(task: GlueTask, split: str) -> str:

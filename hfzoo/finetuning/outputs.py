@@ -26,7 +26,9 @@ def glue_results(run: GlueRun, progress: GlueProgress, seconds: float) -> dict[s
         `trainable_parameters`, `total_parameters`, `trainable_fraction`, `train_steps`, `train_examples`,
         `train_seconds`, `final_train_loss`, and the training throughput: `flops_per_token` (model FLOPs
         per real token), `train_step_tokens_per_second`, `train_tflops`, `train_mfu` (fraction of
-        `peak_tflops`, from `peak_tflops_source`; see `hfzoo.training.throughput`).
+        `peak_tflops`, from `peak_tflops_source`; see `hfzoo.training.throughput`), and the precision:
+        `mixed_precision`, `mixed_precision_requested`, `mixed_precision_reason`, `host_capability`
+        (`hfzoo.training.precision.PrecisionChoice.record`).
     """
     last = progress.eval_history[-1]
     saved = last if run.args.save_last_epoch else progress.eval_history[progress.best_epoch - 1]
@@ -54,6 +56,7 @@ def glue_results(run: GlueRun, progress: GlueProgress, seconds: float) -> dict[s
         "train_mfu": speed.get("mfu"),
         "peak_tflops": run.throughput.peak.tflops if run.throughput else None,
         "peak_tflops_source": run.throughput.peak.source if run.throughput else None,
+        **(run.precision.record() if run.precision is not None else {}),
     }
 
 

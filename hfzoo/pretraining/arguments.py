@@ -26,6 +26,7 @@ from ..training.arguments import (
     scheduler_kwargs,
 )
 from ..training.objectives import OBJECTIVES
+from ..training.precision import MIXED_PRECISION_CHOICES
 
 
 class _ExtendAction(argparse.Action):
@@ -197,9 +198,10 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     train.add_argument("--eval_steps", type=positive_int, default=None, help="Evaluate every N steps (and at the end).")
     train.add_argument(
         "--mixed_precision",
-        choices=("no", "bf16", "fp16"),
-        default=None,
-        help="Default: what the accelerate config says.",
+        choices=MIXED_PRECISION_CHOICES,
+        default="auto",
+        help="auto (default): bf16 on a GPU or CPU that computes it natively (Ampere and later; AVX512-BF16 or AMX "
+        "CPUs), else fp32, unless the accelerate config names bf16 or fp16 (hfzoo.training.precision); no: fp32.",
     )
     train.add_argument("--seed", type=int, default=42, help="Random seed.")
     train.add_argument(

@@ -40,7 +40,7 @@ from ..integrity import check_weight_files
 from ..models.presets import PRESETS, build_config, parse_overrides
 from ..outputs import removed_if_refused
 from ..training import faults
-from ..training.accelerator import create_accelerator
+from ..training.accelerator import choose_mixed_precision, create_accelerator
 from ..training.arguments import muon_settings
 from ..training.checkpointing import (
     TRAIN_HISTORY_FILE,
@@ -58,6 +58,7 @@ from ..training.compilation import compile_model, no_cache_kwargs
 from ..training.objectives import get_objective
 from ..training.optimization import create_optimizer, create_scheduler
 from ..training.plots import plot_training_curves
+from ..training.precision import PrecisionChoice
 from ..training.streaming import DeviceLoader, StreamingTrainLoader, stream_blocks
 from ..training.throughput import Throughput, pretraining_flops_per_token, resolve_peak_tflops
 from .arguments import parse_pretrain_args
@@ -91,6 +92,7 @@ class PretrainingRun:
     throughput: Throughput | None = None  # turns tokens and seconds into TFLOP/s and MFU
     resharded_from: int | None = None  # the resumed checkpoint's number of processes, when not this run's
     train_history: dict[str, list] | None = None  # the records so far, saved with each checkpoint (`train`)
+    precision: PrecisionChoice | None = None  # the precision it trains in and why (`--mixed_precision`)
 
 
 def _load_tokenizer(name: str, argument: str):
@@ -191,12 +193,14 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     """
     prepare_output_dir(args.output_dir, checkpointing=args.checkpointing_steps is not None)
     accelerator = create_accelerator(args)
+    precision = choose_mixed_precision(args)  # what the accelerator was created with
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
     logger.info(accelerator.state, main_process_only=False)
     logger.info(
         f"world size {accelerator.num_processes} (distributed_type {accelerator.distributed_type.value}, "
         f"mixed_precision {accelerator.mixed_precision})"
     )
+    logger.info(f"precision: {precision.reason}")
     if accelerator.is_local_main_process:
         datasets.utils.logging.set_verbosity_warning()
         transformers.utils.logging.set_verbosity_warning()
@@ -338,6 +342,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         ),
         flops_per_token=flops_per_token,
         throughput=Throughput(peak, accelerator.num_processes),
+        precision=precision,
     )
 
 
@@ -694,6 +699,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
         "peak_tflops_source": run.throughput.peak.source,
         "eval_blocks": sum(1 for _ in run.eval_dataset) if args.streaming else len(run.eval_dataset),
         "block_size": block_size,
+        **(run.precision.record() if run.precision is not None else {}),
     }
     if init_metrics is not None:
         results["init_eval_loss"] = init_metrics["eval_loss"]

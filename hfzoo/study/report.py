@@ -26,7 +26,7 @@ from ..models.narang import PaperRow, load_paper_table
 from ..training.plots import plot_curves_by_name, plot_labelled_scatter
 from .protocol import BASELINE, EARLY_FRACTION, FAMILIES, NO_PRETRAINING, SELECTION_KEYS, study_plan
 
-__all__ = ["VariantSummary", "spearman_with_interval", "summarize", "write_report"]
+__all__ = ["VariantSummary", "precision_summary", "spearman_with_interval", "summarize", "write_report"]
 
 #: The GLUE variants of Table 1 (for the seed-spread comparison with the vanilla model).
 GLU_VARIANTS = ("GLU", "GeGLU", "ReGLU", "SwiGLU", "LiGLU")
@@ -528,6 +528,22 @@ def _time_lines(accounting: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def precision_summary(records: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The precisions the runs trained in and the devices' capability classes, for `results.json`.
+
+    Args:
+        records: the finished runs' records (`mixed_precision`, `host_capability`: from the runs' `all_results.json`;
+            absent in records of older studies).
+
+    Returns:
+        `{"mixed_precision": [...], "names": [...], "host_capability": [...]}`: the distinct values, sorted
+        (`names`: `fp32` for accelerate's `no`); more than one value means the runs were not all trained alike.
+    """
+    keys = ("mixed_precision", "host_capability")
+    values = {key: sorted({str(r[key]) for r in records if r.get(key)}) for key in keys}
+    return {**values, "names": [{"no": "fp32"}.get(v, v) for v in values["mixed_precision"]]}
+
+
 def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Write `results.json`, `results.md`, `loss_curves.png`, `final_loss_vs_paper.png` and `quality_vs_cost.png`.
 
@@ -560,6 +576,7 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
     missing = [f"{v} (seed {s})" for v, s in planned if (v, s) not in done]
 
     selection = {k: getattr(settings, k) for k in SELECTION_KEYS}
+    precision = precision_summary(records)
     _write_atomic(
         output_dir / "results.json",
         json.dumps(
@@ -572,6 +589,7 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
                 "downstream": downstream,
                 "timing": accounting,
                 "unfinished": missing,
+                "precision": precision,
             },
             indent=2,
         )
@@ -611,6 +629,15 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
             else ""
         ),
         "",
+        *(
+            [
+                f"Trained in {', '.join(precision['names'])} (`mixed_precision: {settings.mixed_precision}`) on "
+                f"{'; '.join(precision['host_capability'])}.",
+                "",
+            ]
+            if precision["names"]
+            else []
+        ),
         *_table(settings, summaries, paper, marks),
         "",
     ]

@@ -91,6 +91,7 @@ from ..tokenization import FAMILY_SPECIAL_TOKENS
 from ..training.arguments import OneLineErrorParser
 from ..training.faults import EXIT_PREEMPTED
 from ..training.launch_config import check_launch_config, launcher_config_file
+from ..training.precision import resolve_mixed_precision
 from .parallel import ParallelPlan, available_ram_bytes, cpu_cores, estimate_run_bytes, plan_parallel_runs
 from .protocol import BASELINE, EARLY_FRACTION, FAMILIES, NO_PRETRAINING, SELECTION_KEYS, study_plan
 
@@ -145,7 +146,8 @@ class StudySettings:
         max_eval_samples: held-out blocks the losses are measured on.
         per_device_eval_batch_size: evaluation batch size.
         eval_seed: seed of the held-out blocks' corruption, the same for every run.
-        mixed_precision: `no`, `bf16` or `fp16`.
+        mixed_precision: `auto` (bf16 where the device computes it natively, else fp32:
+            `hfzoo.training.precision.resolve_mixed_precision`), `no`, `bf16` or `fp16`.
         attn_implementation: `eager`, `sdpa`, ...
         preprocessing_num_workers: processes for tokenization (null: one).
         pretrain_args: further `hfzoo-pretrain` arguments for every run (mapping; true = a bare flag); they
@@ -1332,7 +1334,13 @@ def execute_run(
         "glue": glue,
         "glue_average": sum(t["score"] for t in glue.values()) / len(glue) if glue else math.nan,
         "timing": timing,
+        **_precision_fields(results),
     }
+
+
+def _precision_fields(results: dict[str, Any]) -> dict[str, Any]:
+    """The precision a stage trained in and the device's capability, from its `all_results.json` (None: unknown)."""
+    return {key: results.get(key) for key in ("mixed_precision", "host_capability")}
 
 
 def _finetune(
@@ -1364,7 +1372,8 @@ def _finetune(
             if task_results is None:
                 raise RuntimeError(f"GLUE {task} wrote no all_results.json in {task_dir}")
         score, metrics = _glue_task_score(task, task_results)
-        glue[task] = {"score": score, "metrics": metrics, "train_examples": task_results["train_examples"]}
+        glue[task] = {"score": score, "metrics": metrics, "train_examples": task_results["train_examples"],
+                      **_precision_fields(task_results)}  # fmt: skip
         timing[f"glue_{task}_train_seconds"] = task_results["train_seconds"]
     if glue_seconds:
         timing["glue_seconds"] = glue_seconds
@@ -1425,6 +1434,7 @@ def _execute_without_pretraining(
         "glue": glue,
         "glue_average": sum(t["score"] for t in glue.values()) / len(glue) if glue else math.nan,
         "timing": timing,
+        **_precision_fields(next(iter(glue.values()), {})),
     }
 
 
@@ -1529,6 +1539,8 @@ def run_study(
         prepare_output_dir(output_dir, given, overwrite=False)
         check_run_folders(output_dir, settings, plan, _known_tokenizer_fields(settings, output_dir, checked))
         return _write_report_locked(output_dir, settings, plan)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"=== precision: {resolve_mixed_precision(settings.mixed_precision, device_type=device).reason}", flush=True)
     with _lock(output_dir / ".study.lock", blocking=True):
         prepare_output_dir(output_dir, given, overwrite)
         check_run_folders(output_dir, settings, plan, _known_tokenizer_fields(settings, output_dir, checked))
@@ -1598,6 +1610,8 @@ def resolve_parallel_runs(
     """
     targets = target_length(settings)  # None: one stack, whose every token is predicted (or may be)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    precision = resolve_mixed_precision(settings.mixed_precision, device_type=device).mixed_precision
+    half_precision = precision in ("bf16", "fp16")  # activations kept in 16 bits
     per_run = 0
     for variant in settings.variants or [BASELINE]:
         config = build_variant_config(settings, variant, tokenizer_fields)
@@ -1611,7 +1625,7 @@ def resolve_parallel_runs(
             encoder_layers=0 if targets is None else config.num_hidden_layers,
             decoder_layers=config.num_hidden_layers if targets is None else config.num_decoder_layers,
             vocab_size=config.vocab_size,
-            half_precision=settings.mixed_precision in ("bf16", "fp16"),
+            half_precision=half_precision,
             device=device,
         ))  # fmt: skip
     free = torch.cuda.mem_get_info()[0] if device == "cuda" else available_ram_bytes()

@@ -1,6 +1,8 @@
 """The training core that the jobs share (`hfzoo.pretraining`, `hfzoo.finetuning`, `hfzoo.study`).
 
 - `accelerator.py`: `create_accelerator` (one process, DDP, DeepSpeed; mixed precision; timeouts).
+- `precision.py`: `--mixed_precision auto` (bf16 where the GPU or CPU computes it natively, else fp32) and the
+  CPU's capability class (honouring `ONEDNN_MAX_CPU_ISA` / `ATEN_CPU_CAPABILITY` caps).
 - `optimization.py`: AdamW parameter groups (no weight decay on vectors, scalars, norms); the schedule.
 - `objectives.py`: the pretraining objective registry (clm | mlm | span) and its collators.
 - `streaming.py`: packed blocks streamed from files, and a device-side prefetching loader.

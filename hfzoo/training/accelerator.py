@@ -13,12 +13,38 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration, FullyShardedDataParallelPlugin, PartialState
-from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs
+from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs, parse_flag_from_env
 from torch.distributed.fsdp import CPUOffloadPolicy
 
 from . import faults
 from .launch_config import check_launch
+from .precision import PrecisionChoice, resolve_mixed_precision
 from .runtime import disable_cudnn_sdpa, tune_glibc_malloc
+
+
+def run_device_type() -> str:
+    """`"cuda"` when a run trains on a GPU (one is visible, the launcher did not ask for the CPU), else `"cpu"`."""
+    return "cuda" if torch.cuda.is_available() and not parse_flag_from_env("ACCELERATE_USE_CPU") else "cpu"
+
+
+def choose_mixed_precision(args: argparse.Namespace) -> PrecisionChoice:
+    """The run's precision: `hfzoo.training.precision.resolve_mixed_precision` for `args.mixed_precision`.
+
+    The device is `run_device_type()`; under `accelerate launch`, the accelerate config's `mixed_precision`
+    (`ACCELERATE_MIXED_PRECISION`) counts as an explicit choice when it names bf16 or fp16 and the recipe
+    says `auto`.
+
+    Args:
+        args: the recipe's arguments (`mixed_precision`: `auto`, `no`, `bf16`, `fp16`, or None for `auto`).
+
+    Returns:
+        The `PrecisionChoice` (the same one on every call in a process).
+    """
+    return resolve_mixed_precision(
+        getattr(args, "mixed_precision", None),
+        device_type=run_device_type(),
+        launcher=os.environ.get("ACCELERATE_MIXED_PRECISION"),
+    )
 
 
 def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool = False) -> Accelerator:
@@ -35,7 +61,7 @@ def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool =
     (seconds), collectives wait at most that long for the other processes.
 
     Args:
-        args: the recipe's arguments: `mixed_precision` (None: the accelerate config's),
+        args: the recipe's arguments: `mixed_precision` (`auto` or None: `choose_mixed_precision`),
             `gradient_accumulation_steps`, `per_device_train_batch_size`, `max_grad_norm`,
             `with_tracking`, `report_to`, `output_dir`, optionally `ddp_timeout`.
         sync_with_dataloader: let accelerate end an accumulation window at the end of each epoch (the
@@ -54,8 +80,14 @@ def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool =
     tune_glibc_malloc()
     disable_cudnn_sdpa()
     on_gpu = torch.cuda.is_available()
-    if args.mixed_precision == "fp16" and not on_gpu:
-        raise ValueError("--mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
+    precision = choose_mixed_precision(args)
+    if precision.mixed_precision == "fp16" and precision.device_type == "cpu":
+        given = (
+            "--mixed_precision fp16"
+            if precision.requested == "fp16"
+            else "mixed_precision fp16 (from the accelerate config)"
+        )
+        raise ValueError(f"{given} needs a GPU; on CPU use bf16 or no (or auto)")
     use_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes")
     use_fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true", "yes")
     launched = int(os.environ.get("WORLD_SIZE", "1"))
@@ -64,7 +96,7 @@ def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool =
     kwargs_handlers = [InitProcessGroupKwargs(backend=backend, timeout=timeout)] if backend or timeout else []
     accelerator = Accelerator(
         cpu=not on_gpu and not use_deepspeed,  # FSDP on CPU: MULTI_CPU, then `_enable_fsdp_on_cpu`
-        mixed_precision=args.mixed_precision,
+        mixed_precision=precision.mixed_precision,
         gradient_accumulation_plugin=GradientAccumulationPlugin(
             num_steps=args.gradient_accumulation_steps, sync_with_dataloader=sync_with_dataloader
         ),
@@ -80,10 +112,13 @@ def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool =
             f"the launcher started WORLD_SIZE={launched} processes but this one runs alone "
             f"(distributed_type {accelerator.distributed_type.value}); see accelerate_configs/ for working configs"
         )
-    if accelerator.mixed_precision == "fp16" and not on_gpu:
-        raise ValueError("mixed_precision fp16 (from the accelerate config) needs a GPU; on CPU use bf16 or no")
     if accelerator.distributed_type == DistributedType.DEEPSPEED:
-        reconcile_deepspeed_config(accelerator.state.deepspeed_plugin.deepspeed_config, args, accelerator.num_processes)
+        reconcile_deepspeed_config(
+            accelerator.state.deepspeed_plugin.deepspeed_config,
+            args,
+            accelerator.num_processes,
+            precision.mixed_precision,
+        )
     if accelerator.num_processes > 1:
         faults.record_peers(accelerator)  # so that a lost process is named by rank, node and host
     return accelerator
@@ -137,7 +172,9 @@ def size_buckets_from_model(ds_config: dict[str, Any]) -> None:
         zero.setdefault("stage3_param_persistence_threshold", "auto")
 
 
-def reconcile_deepspeed_config(ds_config: dict[str, Any], args: argparse.Namespace, num_processes: int) -> None:
+def reconcile_deepspeed_config(
+    ds_config: dict[str, Any], args: argparse.Namespace, num_processes: int, mixed_precision: str | None = None
+) -> None:
     """Fill DeepSpeed's `"auto"` batch, accumulation and clipping values from the recipe, in place.
 
     Values already written in the DeepSpeed config must agree with the recipe (no settings to keep in
@@ -149,6 +186,7 @@ def reconcile_deepspeed_config(ds_config: dict[str, Any], args: argparse.Namespa
         ds_config: the DeepSpeed config dict (`accelerator.state.deepspeed_plugin.deepspeed_config`).
         args: the recipe's arguments.
         num_processes: the world size.
+        mixed_precision: the run's resolved precision (`choose_mixed_precision`; None: `args.mixed_precision`).
 
     Raises:
         ValueError: a value in the DeepSpeed config contradicts the recipe (one line naming both).
@@ -170,11 +208,16 @@ def reconcile_deepspeed_config(ds_config: dict[str, Any], args: argparse.Namespa
         elif float(current) != float(value):
             raise ValueError(f'the DeepSpeed config sets {key}={current}, which contradicts {source}; set it to "auto"')
     size_buckets_from_model(ds_config)
-    precision = args.mixed_precision
+    requested = getattr(args, "mixed_precision", None)
+    precision = mixed_precision or requested
+    given = (
+        f"--mixed_precision {precision}"
+        if requested in (None, precision)
+        else f"--mixed_precision {requested} (here: {precision})"
+    )
     for section in ("bf16", "fp16"):
         enabled = ds_config.get(section, {}).get("enabled", "auto")
-        if enabled is True and precision is not None and precision != section:
+        if enabled is True and precision not in (None, "auto") and precision != section:
             raise ValueError(
-                f"the DeepSpeed config enables {section}, which contradicts --mixed_precision {precision}; "
-                'set its "enabled" to "auto"'
+                f'the DeepSpeed config enables {section}, which contradicts {given}; set its "enabled" to "auto"'
             )

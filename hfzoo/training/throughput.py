@@ -15,11 +15,15 @@ The peak (`resolve_peak_tflops`):
   NVIDIA H100 Tensor Core GPU datasheet (H100 SXM5 / PCIe / NVL), NVIDIA H200 Tensor Core GPU
   datasheet (H200 SXM / NVL; GH200 Grace Hopper Superchip datasheet), NVIDIA A100 Tensor Core GPU
   datasheet, NVIDIA A10 / L4 / L40 / L40S datasheets;
-- on CPU, a peak measured once by a short matmul micro-benchmark (`measure_cpu_peak_tflops`, square
-  matmuls of 2,048 in the run's dtype on the threads torch uses) and cached in
-  `~/.cache/hfzoo/cpu_peak_tflops.json` (`$XDG_CACHE_HOME/hfzoo` when set), keyed by CPU model, thread
-  count, dtype and torch version. A machine shared with other work measures a lower peak (and so a
-  higher MFU) than a quiet one: delete the cache file, or give `--peak_tflops`, to re-measure or fix it.
+- on CPU, a peak measured by a short matmul micro-benchmark (`measure_cpu_peak_tflops`, square matmuls
+  of up to 2,048 in the precision the run trains in, on the threads torch uses) and cached in
+  `~/.cache/hfzoo/cpu_peak_tflops.json` (`$XDG_CACHE_HOME/hfzoo` when set), keyed by CPU model, capability
+  class as capped (`hfzoo.training.precision.cpu_capability`: a host capped to AVX2 computes bf16 at a
+  hundredth of its native rate), thread count, dtype and torch version. A peak is a maximum: the cache
+  keeps the highest value measured. A machine shared with other work measures a lower peak than a quiet
+  one; when a run's achieved rate then exceeds its peak (an MFU above 100%), `Throughput.metrics`
+  measures the peak again and keeps the higher of the two, or the achieved rate itself if it is higher
+  still, so that no MFU above 100% is reported. `--peak_tflops` fixes the peak instead.
 
 Unknown GPUs have no peak: their runs log tokens/s and TFLOP/s but no MFU (a warning names the GPU).
 """
@@ -38,6 +42,7 @@ from pathlib import Path
 import torch
 
 from ..models.flops import count_training_flops
+from .precision import cpu_capability
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +71,13 @@ class PeakTflops:
     Attributes:
         tflops: peak TFLOP/s of one device (None: unknown, no MFU).
         source: where the value comes from (`--peak_tflops`, a datasheet entry, or the CPU micro-benchmark).
+        precision: `fp32` / `bf16` / `fp16` when the peak is this CPU's measured one (which `Throughput`
+            measures again when a run exceeds it); None for a given or datasheet peak.
     """
 
     tflops: float | None
     source: str
+    precision: str | None = None  # set for a CPU peak measured here (`cached_cpu_peak_tflops`): re-measurable
 
 
 def precision_of(mixed_precision: str | None) -> str:
@@ -120,12 +128,15 @@ def cpu_peak_cache_file() -> Path:
 def measure_cpu_peak_tflops(precision: str, size: int = CPU_BENCHMARK_SIZE, min_seconds: float = 0.3) -> float:
     """Measure this CPU's matmul throughput (TFLOP/s) in `precision` on torch's current threads.
 
-    The best of repeated `(size, size) @ (size, size)` products (2 size^3 FLOPs each) over at least
-    `min_seconds`, after one warm-up product.
+    The best of repeated `(n, n) @ (n, n)` products (2 n^3 FLOPs each) over at least `min_seconds`, after
+    one warm-up product. `n` is `size`, or less where this CPU is slow in `precision` (bf16 without native
+    support runs at a few GFLOP/s, where one product of 2,048 takes seconds): a product of 256 first
+    estimates the rate, and `n` is the largest multiple of 64 (at least 256) whose product takes about a
+    tenth of `min_seconds`.
 
     Args:
         precision: `"fp32"`, `"bf16"` or `"fp16"`.
-        size: matrix size.
+        size: the largest matrix size.
         min_seconds: time to keep measuring (s); at least 3 products are timed.
 
     Returns:
@@ -137,8 +148,16 @@ def measure_cpu_peak_tflops(precision: str, size: int = CPU_BENCHMARK_SIZE, min_
     if precision not in PRECISION_DTYPES:
         raise ValueError(f"precision must be one of {sorted(PRECISION_DTYPES)}, got {precision!r}")
     generator = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(size, size, generator=generator).to(PRECISION_DTYPES[precision]) for _ in range(2))
+    dtype = PRECISION_DTYPES[precision]
+    probe = min(size, 256)
+    a, b = (torch.randn(probe, probe, generator=generator).to(dtype) for _ in range(2))
     torch.mm(a, b)  # warm-up: thread pool, kernel selection
+    t0 = time.perf_counter()
+    torch.mm(a, b)
+    rate = 2 * probe**3 / max(time.perf_counter() - t0, 1e-9)  # FLOP/s, a first estimate
+    size = max(probe, min(size, int((rate * min_seconds / 10 / 2) ** (1 / 3)) // 64 * 64))
+    a, b = (torch.randn(size, size, generator=generator).to(dtype) for _ in range(2))
+    torch.mm(a, b)  # warm-up at the measured size
     best, start, timed = float("inf"), time.perf_counter(), 0
     while timed < 3 or time.perf_counter() - start < min_seconds:
         t0 = time.perf_counter()
@@ -147,22 +166,46 @@ def measure_cpu_peak_tflops(precision: str, size: int = CPU_BENCHMARK_SIZE, min_
     return 2 * size**3 / best / 1e12
 
 
-def cached_cpu_peak_tflops(precision: str) -> float:
-    """`measure_cpu_peak_tflops(precision)`, measured once per CPU model, thread count, dtype and torch version.
+def _cpu_peak_key(precision: str) -> str:
+    """The cache key of this CPU's peak: model, capability class (as capped), threads, dtype, torch version."""
+    return (
+        f"{cpu_model_name()} | {cpu_capability().describe()} | {torch.get_num_threads()} threads | {precision} | "
+        f"torch {torch.__version__}"
+    )
 
-    The cache is `cpu_peak_cache_file()`, written atomically; an unreadable cache is measured again.
-    """
-    path = cpu_peak_cache_file()
-    key = f"{cpu_model_name()} | {torch.get_num_threads()} threads | {precision} | torch {torch.__version__}"
+
+def _read_cpu_peak_cache(path: Path) -> dict:
     try:
         cache = json.loads(path.read_text())
-        if not isinstance(cache, dict):
-            cache = {}
     except (OSError, ValueError):
-        cache = {}
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def cached_cpu_peak_tflops(precision: str, at_least: float = 0.0) -> float:
+    """This CPU's peak TFLOP/s in `precision`: measured once per key (`_cpu_peak_key`), then read from the cache.
+
+    The cache is `cpu_peak_cache_file()`, written atomically; an unreadable cache is measured again. With
+    `at_least` > 0 (a run achieved that rate: the cached peak is too low) the peak is measured again and the
+    cache keeps the highest of the cached value, the new measurement and `at_least`.
+
+    Args:
+        precision: `"fp32"`, `"bf16"` or `"fp16"`.
+        at_least: TFLOP/s the peak is known to reach (0: none).
+
+    Returns:
+        TFLOP/s.
+    """
+    path = cpu_peak_cache_file()
+    key = _cpu_peak_key(precision)
+    cache = _read_cpu_peak_cache(path)
+    cached = float(cache[key]) if isinstance(cache.get(key), (int, float)) else None
+    if cached is not None and cached >= at_least:
+        return cached
+    value = max(measure_cpu_peak_tflops(precision), cached or 0.0, at_least)
+    cache = _read_cpu_peak_cache(path)  # another process may have written meanwhile: keep the highest
     if isinstance(cache.get(key), (int, float)):
-        return float(cache[key])
-    value = measure_cpu_peak_tflops(precision)
+        value = max(value, float(cache[key]))
     cache[key] = value
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -204,8 +247,15 @@ def resolve_peak_tflops(device: torch.device, mixed_precision: str | None, overr
         return PeakTflops(value, f"datasheet {name} {precision} (dense)")
     if device.type == "cpu":
         value = cached_cpu_peak_tflops(precision)
-        return PeakTflops(value, f"measured {precision} matmul, {cpu_model_name()}, {torch.get_num_threads()} threads")
+        return PeakTflops(value, _cpu_peak_source(precision), precision)
     return PeakTflops(None, f"no peak for device type {device.type}")
+
+
+def _cpu_peak_source(precision: str) -> str:
+    return (
+        f"measured {precision} matmul, {cpu_model_name()} ({cpu_capability().describe()}), "
+        f"{torch.get_num_threads()} threads"
+    )
 
 
 def pretraining_flops_per_token(
@@ -275,7 +325,9 @@ class Throughput:
 
         Returns:
             The metrics; `mfu` is left out when the peak is unknown, `tflops` and `mfu` when `flops` is 0
-            (unknown), everything but `flops_per_token` when `seconds` is not positive.
+            (unknown), everything but `flops_per_token` when `seconds` is not positive. When the achieved
+            rate exceeds a CPU peak measured here, the peak is measured again first (`cached_cpu_peak_tflops`
+            with `at_least` the achieved rate per device; `peak` is updated), so `mfu` is at most 1.
         """
         record = {"flops_per_token": flops / tokens if tokens else 0.0}
         if seconds <= 0:
@@ -284,6 +336,18 @@ class Throughput:
         if flops <= 0:  # FLOPs unknown (not an hfzoo config)
             return record
         record["tflops"] = flops / seconds / 1e12
+        per_device = record["tflops"] / self.num_devices
+        if self.peak.tflops and self.peak.precision is not None and per_device > self.peak.tflops:
+            old = self.peak.tflops
+            value = cached_cpu_peak_tflops(self.peak.precision, at_least=per_device)
+            source = _cpu_peak_source(self.peak.precision)
+            if value <= per_device:
+                source += f"; raised to a run's achieved rate ({per_device:.4g} TFLOP/s)"
+            self.peak = PeakTflops(value, source, self.peak.precision)
+            logger.info(
+                f"achieved {per_device:.4g} TFLOP/s per device, above the CPU peak {old:.4g}: "
+                f"peak measured again, now {value:.4g} TFLOP/s"
+            )
         if self.peak.tflops:
             record["mfu"] = record["tflops"] / (self.peak.tflops * self.num_devices)
         return record

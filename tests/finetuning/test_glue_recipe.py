@@ -64,9 +64,10 @@ def glue_dir(tmp_path_factory) -> Path:
 
 
 def argv(ckpt: Path, data: Path, out: Path, task: str, *extra: str) -> list[str]:
+    """fp32 (not the default `auto`): the checks recompute the dev metrics in fp32 from the saved weights."""
     return ["--task_name", task, "--model_name_or_path", str(ckpt), "--data_dir", str(data), "--output_dir",
             str(out), "--per_device_train_batch_size", "4", "--max_train_steps", "3", "--max_length", "32",
-            "--learning_rate", "1e-3", *extra]  # fmt: skip
+            "--learning_rate", "1e-3", "--mixed_precision", "no", *extra]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -80,6 +81,7 @@ def test_recipe_end_to_end(family, task, method, checkpoints, glue_dir, tmp_path
     saved = json.loads((out / "all_results.json").read_text())
     assert saved == json.loads(json.dumps(results))
     assert saved["train_steps"] == 3 and saved["task"] == task and saved["peft"] == method
+    assert (saved["mixed_precision"], saved["mixed_precision_reason"]) == ("no", "--mixed_precision no as given")
     for metric in GLUE_TASKS[task].metrics:
         assert (
             isinstance(saved[f"eval_{metric}"], float) and saved[f"eval_{metric}"] == saved[f"last_epoch_eval_{metric}"]

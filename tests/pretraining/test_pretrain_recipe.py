@@ -19,6 +19,7 @@ from hfzoo.pretraining.arguments import parse_pretrain_args
 from hfzoo.pretraining.loop import main
 from hfzoo.training import throughput
 from hfzoo.training.objectives import get_objective
+from hfzoo.training.precision import resolve_mixed_precision
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -189,6 +190,12 @@ def test_plain_text_train_and_validation_files(tmp_path, data_dir, tokenizer_dir
     assert list(out.rglob("events.out.tfevents.*")), "no tensorboard event file written by --with_tracking"
     assert json.loads((out / "eval_results.json").read_text())["eval_loss"] == pytest.approx(results["eval_loss"])
     assert results["unigram_perplexity"] > 1
+    # --mixed_precision auto (the default): the choice, its reason and the CPU's class, in the results and the card
+    choice = resolve_mixed_precision("auto", device_type="cpu")
+    saved = json.loads((out / "all_results.json").read_text())
+    assert {k: saved[k] for k in choice.record()} == choice.record()
+    assert saved["mixed_precision_requested"] == "auto" and saved["host_capability"].startswith("cpu: ")
+    assert f"- trained on: {saved['host_capability']}" in (out / "README.md").read_text()
 
 
 OBJECTIVE_SETUPS = {

@@ -34,6 +34,7 @@ from hfzoo.study.protocol import NO_PRETRAINING
 from hfzoo.study.report import GLU_VARIANTS, spearman_with_interval
 from hfzoo.study.runner import load_settings, main, prepare_output_dir, run_dir
 from hfzoo.tokenization import train_bpe_tokenizer
+from hfzoo.training.precision import resolve_mixed_precision
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STUDY = REPO_ROOT / "recipes" / "studies" / "narang_small.yaml"
@@ -221,6 +222,12 @@ def test_outputs_of_a_study(uninterrupted):
     assert table[3]["Better than vanilla (>2σ)"] == "early, final"  # 2.127 < 2.182 - 2 x 0.005
     assert {"SST-2", "RTE", "Params", "Ops", "Step/s", "Early loss"} <= set(table[0])
     assert "Seed-to-seed spread" in (uninterrupted / "results.md").read_text()
+    # The precision every run trained in (the study file's `auto`, resolved on this CPU) and the CPU's class.
+    choice = resolve_mixed_precision(results["settings"]["mixed_precision"], device_type="cpu")
+    assert results["precision"]["mixed_precision"] == [choice.mixed_precision]
+    assert results["precision"]["host_capability"] == [choice.record()["host_capability"]]
+    assert all(r["mixed_precision"] == choice.mixed_precision for r in results["runs"])  # the no-pretraining rows too
+    assert f"on {choice.record()['host_capability']}." in (uninterrupted / "results.md").read_text()
 
     for name in ("loss_curves.png", "final_loss_vs_paper.png", "quality_vs_cost.png"):
         with Image.open(uninterrupted / name) as image:

@@ -117,3 +117,55 @@ def test_sequence_classification_flops_hand_count():
     seq2seq = build_config("encoder-decoder-tiny", "vocab_size=128,num_decoder_layers=3")
     # encoder self-attention (2 layers) + decoder self- and cross-attention (3 layers each)
     assert sequence_classification_flops(seq2seq, 0, mask).item() == 12 * (2 + 2 * 3) * 64 * (9 + 25)
+
+
+def test_an_mfu_above_100_percent_measures_the_cpu_peak_again(tmp_path, monkeypatch):
+    """A peak measured under load is too low: the run's achieved rate exceeding it measures it again."""
+    cache = tmp_path / "cpu_peak_tflops.json"
+    monkeypatch.setattr(throughput, "cpu_peak_cache_file", lambda: cache)
+    measured = iter([0.1, 0.5, 0.4])  # under load, then quiet, then under load again
+    monkeypatch.setattr(throughput, "measure_cpu_peak_tflops", lambda precision: next(measured))
+    meter = Throughput(resolve_peak_tflops(torch.device("cpu"), "bf16"))
+    assert meter.peak.tflops == 0.1 and meter.peak.precision == "bf16"
+    assert meter.metrics(tokens=1, flops=0.05e12, seconds=1.0)["mfu"] == pytest.approx(0.5)  # below: kept
+    assert meter.metrics(tokens=1, flops=0.3e12, seconds=1.0)["mfu"] == pytest.approx(0.6)  # 0.3 > 0.1: 0.5 now
+    assert json.loads(cache.read_text()) == {throughput._cpu_peak_key("bf16"): 0.5}
+    record = meter.metrics(tokens=1, flops=0.8e12, seconds=1.0)  # above even a new measurement (0.4)
+    assert record["mfu"] == pytest.approx(1.0) and "raised to a run's achieved rate" in meter.peak.source
+    assert resolve_peak_tflops(torch.device("cpu"), "bf16").tflops == pytest.approx(0.8)  # the cache keeps the max
+    fixed = Throughput(resolve_peak_tflops(torch.device("cpu"), "bf16", 0.2))  # --peak_tflops is never changed
+    assert fixed.metrics(tokens=1, flops=0.4e12, seconds=1.0)["mfu"] == pytest.approx(2.0)
+
+
+def test_the_cpu_peak_is_keyed_by_the_capped_capability_class(tmp_path, monkeypatch):
+    """An AVX-512 host capped to AVX2 computes bf16 a hundred times slower: its own peak, not the uncapped one."""
+    cache = tmp_path / "cpu_peak_tflops.json"
+    monkeypatch.setattr(throughput, "cpu_peak_cache_file", lambda: cache)
+    monkeypatch.setattr(throughput, "measure_cpu_peak_tflops", lambda precision: 1.0)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    throughput.cached_cpu_peak_tflops("bf16")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    monkeypatch.setattr(throughput, "measure_cpu_peak_tflops", lambda precision: 0.002)
+    assert throughput.cached_cpu_peak_tflops("bf16") == 0.002
+    assert len(json.loads(cache.read_text())) == 2
+
+
+def test_a_slow_cpu_precision_is_measured_on_smaller_matrices(monkeypatch):
+    """bf16 emulated at a few GFLOP/s would take seconds per product of 2,048: the size shrinks to fit."""
+    sizes = []
+    real_mm = torch.mm
+
+    def slow_mm(a, b):
+        sizes.append(a.shape[0])
+        time_per_flop = 1 / 2e9  # 2 GFLOP/s
+        deadline = throughput.time.perf_counter() + 2 * a.shape[0] ** 3 * time_per_flop
+        while throughput.time.perf_counter() < deadline:
+            pass
+        return real_mm(a, b)
+
+    monkeypatch.setattr(torch, "mm", slow_mm)
+    start = throughput.time.perf_counter()
+    tflops = throughput.measure_cpu_peak_tflops("fp32", min_seconds=0.3)
+    assert throughput.time.perf_counter() - start < 3  # not 3 x 8.6 s
+    assert max(sizes) < 2048 and tflops == pytest.approx(0.002, rel=0.5)
