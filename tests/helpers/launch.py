@@ -20,6 +20,8 @@ GLOBAL_BATCH = 8
 
 
 def recipe_args(train_file, tokenizer_dir, output_dir, per_device, *extra):
+    """fp32 on every CPU (not the default `auto`, bf16 where the CPU computes it natively): the runs' losses and
+    saved weights are compared exactly with a single process's, and DeepSpeed names its files by precision."""
     return [
         "--train_file", str(train_file),
         "--tokenizer_name", str(tokenizer_dir),
@@ -36,6 +38,7 @@ def recipe_args(train_file, tokenizer_dir, output_dir, per_device, *extra):
         "--weight_decay", "0.01",
         "--logging_steps", "1",
         "--output_dir", str(output_dir),
+        "--mixed_precision", "no",
         *extra,
     ]  # fmt: skip
 

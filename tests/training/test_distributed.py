@@ -141,9 +141,10 @@ def test_zero2_sigkill_mid_training_then_resume_reproduces_the_uninterrupted_los
     resumed_at = int(latest.name.split("_")[1])
     assert 4 <= resumed_at < STEPS
 
-    launch("deepspeed_zero2.yaml", [*argv, "--resume_from_checkpoint", "latest"], tmp_path)
+    log = launch("deepspeed_zero2.yaml", [*argv, "--resume_from_checkpoint", "latest"], tmp_path)
+    assert f"at step {resumed_at}" in log  # resumed, not restarted
     got, want = losses(out), losses(reference)
-    assert sorted(got) == list(range(resumed_at + 1, STEPS + 1))
+    assert sorted(got) == list(range(1, STEPS + 1))  # the history before the resume is kept
     for step in got:
         assert got[step] == pytest.approx(want[step], abs=1e-6), f"step {step}"
     final = [json.loads((d / "all_results.json").read_text())["eval_loss"] for d in (out, reference)]
@@ -167,7 +168,7 @@ def test_kill_while_writing_a_checkpoint_leaves_the_previous_one_loadable(
     assert find_latest_checkpoint(out) == out / "checkpoints" / "step_4"
     results = main([*argv, "--resume_from_checkpoint", "latest"])
     got, want = losses(out), losses(single_process_run)
-    assert sorted(got) == list(range(5, STEPS + 1))
+    assert sorted(got) == list(range(1, STEPS + 1))  # steps 1-4 from the checkpoint, 5-16 resumed
     for step in got:
         assert got[step] == pytest.approx(want[step], abs=1e-6), f"step {step}"
     reference = json.loads((single_process_run / "all_results.json").read_text())["eval_loss"]
