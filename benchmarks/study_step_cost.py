@@ -5,17 +5,18 @@
         --tokenizer_name outputs/study/tokenizer --variants "Vanilla Transformer" SwiGLU --steps 10
 
 For each variant: the study's model for that row (`hfzoo.study.runner.build_variant_config`), trained for
-`--steps` optimizer steps (after 2 warm-up steps) on random token ids shaped like the study's batches
-(`train_batch_tokens / block_size` sequences of `block_size` input tokens; an encoder-decoder's targets of
-span corruption's target length, a decoder's or encoder's labels as long as the input; `--family` as the
-study's), the optimizer the study's run of that row builds (`create_optimizer` with the run's pretraining
-arguments: AdamW, or Muon + AdamW for the Muon rows), bf16 autocast when the study's `mixed_precision` is
-`bf16`, or `auto` on a CPU with native bf16 (`hfzoo.training.precision`). Prints the process CPU seconds per
-step (`time.process_time`, which on a machine shared with other jobs is far less disturbed than the wall
-time), the wall seconds per step, the training FLOPs per step (`hfzoo.models.flops`) and the CPU time the
-study's `max_train_steps` would take. With `OMP_NUM_THREADS=1` the CPU time per step is the single-thread wall
-time of a step on an otherwise idle core. Pretraining only: evaluation, data preparation and GLUE finetuning
-are not included.
+`--steps` optimizer steps (after 2 warm-up steps) with the study's attention implementation
+(`--attn_implementation` overrides it, `--mixed_precision` the precision) on random token ids shaped like the
+study's batches (`train_batch_tokens / block_size` sequences of `block_size` input tokens; an
+encoder-decoder's targets of span corruption's target length, a decoder's or encoder's labels as long as the
+input; `--family` as the study's), the optimizer the study's run of that row builds (`create_optimizer` with
+the run's pretraining arguments: AdamW, or Muon + AdamW for the Muon rows), bf16 autocast when the study's
+`mixed_precision` is `bf16`, or `auto` on a CPU with native bf16 (`hfzoo.training.precision`). Prints the
+process CPU seconds per step (`time.process_time`, which on a machine shared with other jobs is far less
+disturbed than the wall time), the wall seconds per step, the training FLOPs per step (`hfzoo.models.flops`)
+and the CPU time the study's `max_train_steps` would take. With `OMP_NUM_THREADS=1` the CPU time per step is
+the single-thread wall time of a step on an otherwise idle core. Pretraining only: evaluation, data
+preparation and GLUE finetuning are not included.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def step_cost(settings, variant: str, tokenizer, tokenizer_name: str, steps: int
     """Time `steps` training steps of `variant`'s model; CPU and wall seconds per step, FLOPs per step."""
     config = build_variant_config(settings, variant, _tokenizer_fields(tokenizer))
     torch.manual_seed(0)
-    model = pretraining_model_class(config).from_config(config).train()
+    model = pretraining_model_class(config).from_config(config, attn_implementation=settings.attn_implementation)
+    model.train()
     scratch = Path("/nonexistent-step-cost")  # the run's arguments, for its optimizer only
     args = parse_pretrain_args(pretrain_argv(settings, tokenizer_name, scratch / "c.json", 0, scratch, 1, variant))
     optimizer = create_optimizer(
@@ -93,11 +95,16 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=None, help="rows (default: the study file's)")
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps per variant")
     parser.add_argument("--family", default=None, help="encoder-decoder, decoder or encoder (default: the study's)")
+    parser.add_argument("--attn_implementation", default=None, help="eager, sdpa, ... (default: the study's)")
+    parser.add_argument("--mixed_precision", default=None, help="auto, no or bf16 (default: the study's)")
     args = parser.parse_args()
-    settings = load_settings(args.study, {"family": args.family})
+    overrides = {key: getattr(args, key) for key in ("family", "attn_implementation", "mixed_precision")}
+    settings = load_settings(args.study, overrides)
+    choice = resolve_mixed_precision(settings.mixed_precision, device_type="cpu")
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name)
     print(f"torch threads: {torch.get_num_threads()}; {settings.max_train_steps} steps of "
-          f"{settings.train_batch_tokens} tokens per run")  # fmt: skip
+          f"{settings.train_batch_tokens} tokens per run; {settings.family}, attention {settings.attn_implementation}, "
+          f"{'fp32' if choice.mixed_precision == 'no' else choice.mixed_precision} ({choice.reason})")  # fmt: skip
     print("| variant | params | GFLOP/step | CPU s/step | wall s/step | CPU min per run (pretraining) |")
     print("|---|---:|---:|---:|---:|---:|")
     for variant in args.variants or settings.variants:

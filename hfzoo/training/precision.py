@@ -3,9 +3,10 @@
 bf16 autocast is fast only where the hardware computes bf16 products natively: NVIDIA GPUs from Ampere
 on, and x86 CPUs with AVX512-BF16 or AMX (Intel Cooper Lake, Sapphire Rapids and later; AMD Zen 4 and
 later). Elsewhere oneDNN emulates bf16 matmuls: measured on an AMD EPYC (Zen 5) capped to AVX2 with
-`ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2` (torch 2.13.0, 2 threads), a 2048x256 @ 256x1024
-matmul ran at 2.0 GFLOP/s in bf16 against 227 in fp32, and an `nn.Linear` of that shape under bf16
-autocast at 36 GFLOP/s against 205 without it (uncapped, the same CPU: 1,028 and 926 GFLOP/s in bf16).
+`ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2` (torch 2.13.0, 2 threads, the machine shared with other
+work), a 2048x256 @ 256x1024 matmul ran at 2.0 GFLOP/s in bf16 against 227 in fp32, and an `nn.Linear` of
+that shape under bf16 autocast at 36 GFLOP/s against 205 without it (uncapped, the same CPU: 1,028 and 926
+GFLOP/s in bf16); an AVX2-only AMD EPYC (Zen 3) measured 1.2 GFLOP/s in bf16 against 132 in fp32.
 So `auto` trains in bf16 where it is native and in fp32 (accelerate's `"no"`) elsewhere
 (`resolve_mixed_precision`).
 
