@@ -163,7 +163,9 @@ def test_the_multi_node_template_trains_on_two_nodes(tmp_path, small_jsonl_xz, t
     """`accelerate_configs/multi_node_template.yaml` as shipped (ZeRO-2, bf16, torchrun per node), with only the
     per-run flags given on the command line: two nodes train on different data and the validation loss falls."""
     port = free_port()
-    argv = recipe_args(small_jsonl_xz, tokenizer_dir, "run", GLOBAL_BATCH // 2, "--max_train_steps", "8")
+    # the recipes' default precision (auto: the template's bf16), not the helpers' fp32
+    argv = recipe_args(small_jsonl_xz, tokenizer_dir, "run", GLOBAL_BATCH // 2, "--max_train_steps", "8",
+                       "--mixed_precision", "auto")  # fmt: skip
     commands = [node_command("multi_node_template.yaml", r, port, argv) for r in (0, 1)]
     logs = run_nodes(commands, tmp_path, tmp_path / "logs")
     check_two_processes("".join(logs), "DEEPSPEED")
