@@ -425,9 +425,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     gradient of `z` is the capped logits' times `1 - tanh^2`); only these (and no logits) are kept for the backward
     pass, which scales them in place by the incoming gradient and hands them over (so a second backward
     through the same graph is refused). The matrix products run in `compute_dtype` (the autocast dtype, as
-    `nn.Linear` would), the softmax, the loss and the weight and bias gradients in float32. With
-    `vocab_multiple` > 1 they run on a vocabulary padded to its next multiple (zero rows, -inf scores), and the
-    gradients are cut back to the real vocabulary.
+    `nn.Linear` would), the softmax, the loss and the weight and bias gradients in float32. With `padded_size`
+    above the vocabulary they run on a vocabulary padded to that size (zero rows, -inf scores), and the gradients
+    are cut back to the real vocabulary.
     """
 
     @staticmethod
@@ -442,7 +442,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_enabled,
         softcap=None,
         chunk_fn=None,
-        vocab_multiple=1,
+        padded_size=None,
     ):
         needs_hidden, needs_weight, needs_bias = (grad_enabled and needed for needed in ctx.needs_input_grad[:3])
         needs_bias = needs_bias and bias is not None
@@ -453,7 +453,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_weight = grad_bias = None
         hidden = hidden.to(compute_dtype)
         vocab_size = weight.shape[0]
-        padded_size = -(-vocab_size // vocab_multiple) * vocab_multiple
+        padded_size = padded_size or vocab_size
         if padded_size == vocab_size:
             weight = weight.to(compute_dtype)  # under autocast: one low-precision copy, as nn.Linear makes
             bias = None if bias is None else bias.to(compute_dtype)
@@ -567,7 +567,8 @@ def chunked_linear_cross_entropy(
         vocab_multiple = 1 if device_type == "cpu" else ACCELERATOR_VOCAB_MULTIPLE
     if vocab_multiple < 1:
         raise ValueError(f"chunked_linear_cross_entropy: vocab_multiple must be >= 1, got {vocab_multiple}")
-    chunk = chunk_size or _chunk_tokens(-(-weight.shape[0] // vocab_multiple) * vocab_multiple, device_type)
+    padded_size = -(-weight.shape[0] // vocab_multiple) * vocab_multiple  # the next multiple
+    chunk = chunk_size or _chunk_tokens(padded_size, device_type)
     with torch.autocast(device_type, enabled=False):
         # Inside `apply` grad mode is off: say here whether the caller records gradients at all.
         return _ChunkedLinearCrossEntropy.apply(
@@ -580,7 +581,7 @@ def chunked_linear_cross_entropy(
             torch.is_grad_enabled(),
             softcap,
             chunk_fn,
-            vocab_multiple,
+            padded_size,
         )
 
 
