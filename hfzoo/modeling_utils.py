@@ -67,6 +67,8 @@ IGNORED_KWARGS = {
     "models; callers written for transformers 4 (and PEFT's prompt learning) still send it",
 }
 _ACCEPTED: dict[type, frozenset[str]] = {}
+#: PEFT's `peft_type` values whose prompt is a key/value prefix handed to the model as its cache.
+PREFIX_PEFT_TYPES = frozenset({"PREFIX_TUNING", "CARTRIDGE"})
 
 
 def accepted_keywords(model: nn.Module) -> frozenset[str]:
@@ -660,8 +662,28 @@ class HfzooGenerationMixin(GenerationMixin):
         self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         return self._generating_stack().self_attention_mask(inputs_embeds, attention_mask, self_cache, position_ids)
 
+    def _prefix_tuning_wrapper(self):
+        """The PEFT model whose `generate` runs on this model with prefix tuning, or None.
+
+        PEFT's `generate` (`PeftModelForCausalLM`, `PeftModelForSeq2SeqLM`) puts its own
+        `prepare_inputs_for_generation` on the base model's instance for the duration of the call; that method
+        calls this class's one first, then hands the prefix over as `past_key_values` at the first step.
+        """
+        override = self.__dict__.get("prepare_inputs_for_generation")
+        wrapper = getattr(override, "__self__", None)
+        if wrapper is None or wrapper is self or not type(wrapper).__module__.startswith("peft."):
+            return None
+        peft_type = getattr(getattr(wrapper, "active_peft_config", None), "peft_type", None)
+        return wrapper if getattr(peft_type, "value", peft_type) in PREFIX_PEFT_TYPES else None
+
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, *args, **kwargs) -> dict:
         """`GenerationMixin.prepare_inputs_for_generation`, after allocating a static cache.
+
+        Under PEFT's prefix tuning (`_prefix_tuning_wrapper`), PEFT reads and writes the cache of the inputs
+        prepared here under `past_key_values`, the name of transformers before 5.24, to insert its prefix at the
+        first step only; on transformers >= 5.24 the cache is therefore returned under that name (the model's
+        `forward` takes both names), so that the prefix enters the generation cache once, as in PEFT's own
+        forward pass.
 
         Args:
             input_ids: `(batch_size, seq_len)` the tokens so far (the decoder's, in the encoder-decoder).
@@ -670,13 +692,42 @@ class HfzooGenerationMixin(GenerationMixin):
 
         Returns:
             The keyword arguments of the next forward pass.
+
+        Raises:
+            ValueError: a static (compileable) cache under PEFT's prefix tuning: PEFT replaces the cache with
+                its prefix, a dynamic cache (`cache_implementation="static"` would not be used).
+                `use_cache=False` under PEFT's prefix tuning: PEFT then gives the model only the last token
+                with its prefix, not the tokens so far.
         """
+        cache = kwargs.get("cache", kwargs.get(LEGACY_CACHE_NAME))
+        prefix_tuning = self._prefix_tuning_wrapper() is not None
+        if prefix_tuning and isinstance(cache, Cache) and cache.is_compileable:
+            raise ValueError(
+                f"generate with PEFT prefix tuning needs a dynamic cache (PEFT puts its prefix into one), got "
+                f"{type(cache).__name__}: leave cache_implementation unset"
+            )
+        if prefix_tuning and kwargs.get("use_cache") is False:
+            raise ValueError(
+                "generate with PEFT prefix tuning needs use_cache=True: PEFT keeps its prefix in the cache and "
+                "feeds only the last token once the cache holds the prompt"
+            )
         early_initialize_static_cache(self, kwargs.get("cache"), input_ids.shape[0])
-        return super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
+        inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
+        if prefix_tuning and CACHE_NAME != LEGACY_CACHE_NAME and CACHE_NAME in inputs:
+            inputs[LEGACY_CACHE_NAME] = inputs.pop(CACHE_NAME)
+        return inputs
 
     # `generate` checks its keyword arguments against this method's parameters (then the model's `forward`'s):
     # report transformers' own, as before this override, so the check stays the same.
     prepare_inputs_for_generation.__signature__ = inspect.signature(GenerationMixin.prepare_inputs_for_generation)
+
+    def _prepare_encoder_decoder_kwargs_for_generation(self, *args, **kwargs) -> dict:
+        """The encoder's run before generation (`_prepare_text_encoder_decoder_kwargs_for_generation`), by its old name.
+
+        PEFT before 0.21.2 reads this name when it wraps a model for `SEQ_2_SEQ_LM` (and restores it after
+        `generate`); transformers calls only the new one.
+        """
+        return self._prepare_text_encoder_decoder_kwargs_for_generation(*args, **kwargs)
 
 
 def _align_cpu_tensors(model: nn.Module, alignment: int = 64) -> None:

@@ -36,6 +36,8 @@ __all__ = [
 ]
 
 PEFT_METHODS = ("lora", "prefix", "none")
+#: PEFT task types whose model calls the base model's `generate`.
+GENERATION_TASK_TYPES = (TaskType.CAUSAL_LM, TaskType.SEQ_2_SEQ_LM)
 
 _HFZOO_MODEL_TYPES = ("hfzoo_encoder", "hfzoo_decoder", "hfzoo_encoder_decoder")
 
@@ -188,9 +190,19 @@ def wrap_with_peft(model: PreTrainedModel, peft_config: PeftConfig | None) -> Pr
 
     Returns:
         The `PeftModel` (base weights frozen; adapter and classification head trainable) or `model`.
+
+    Raises:
+        ValueError: a generation task (`CAUSAL_LM`, `SEQ_2_SEQ_LM`) for a model that cannot generate (an
+            encoder: PEFT's model for the task would call its `generate` / `prepare_inputs_for_generation`).
     """
     if peft_config is None:
         return model
+    if peft_config.task_type in GENERATION_TASK_TYPES and not model.can_generate():
+        raise ValueError(
+            f"task_type {peft_config.task_type} needs a model that generates, but {type(model).__name__} cannot "
+            "(an encoder is bidirectional: no next-token generation); use a decoder or an encoder-decoder, or "
+            "task_type SEQ_CLS / TOKEN_CLS"
+        )
     return get_peft_model(model, peft_config)
 
 

@@ -91,6 +91,51 @@ def split_prefix_cache(cache: Cache, num_encoder_layers: int) -> tuple[DynamicCa
     return encoder, EncoderDecoderCache(decoder, DynamicCache())
 
 
+def both_stacks_prefix(cache: Cache | None, config) -> Cache | None:
+    """The cache holding a prefix for both stacks (see `split_prefix_cache`) in `cache`, or None.
+
+    PEFT hands the prefix over as one cache of `num_hidden_layers + num_decoder_layers` layers: a
+    `DynamicCache` (sequence classification), or for `SEQ_2_SEQ_LM` an `EncoderDecoderCache` whose
+    self-attention cache holds those layers and whose cross-attention cache is empty. A generation cache
+    holds `num_decoder_layers` self-attention layers, so it is never taken for one.
+
+    Args:
+        cache: the cache given to the model, or None.
+        config: the model's `HfzooEncoderDecoderConfig`.
+
+    Returns:
+        The cache of `num_hidden_layers + num_decoder_layers` prefix layers, or None.
+    """
+    if isinstance(cache, EncoderDecoderCache):
+        if cache.cross_attention_cache.get_seq_length() > 0:
+            return None
+        cache = cache.self_attention_cache
+    layers = getattr(cache, "layers", None)
+    if layers is None or len(layers) != config.num_hidden_layers + config.num_decoder_layers:
+        return None
+    return cache if cache.get_seq_length() > 0 else None
+
+
+def with_prefix_columns(attention_mask: torch.Tensor | None, prefix_length: int, source_length: int):
+    """The encoder's padding mask with `prefix_length` ones in front, unless it has them already (or is None).
+
+    PEFT's sequence classification passes a mask covering prefix + source, its `SEQ_2_SEQ_LM` model one
+    covering only the source; the encoder's keys are always prefix + source.
+
+    Args:
+        attention_mask: `(batch_size, source_length)` or `(batch_size, prefix_length + source_length)`, or None.
+        prefix_length: prefix positions (tokens).
+        source_length: source positions (tokens).
+
+    Returns:
+        `(batch_size, prefix_length + source_length)` mask, or None.
+    """
+    if attention_mask is None or attention_mask.dim() != 2 or attention_mask.shape[1] != source_length:
+        return attention_mask
+    ones = attention_mask.new_ones(attention_mask.shape[0], prefix_length)
+    return torch.cat([ones, attention_mask], dim=1)
+
+
 class HfzooEncoderDecoderPreTrainedModel(HfzooPreTrainedModel):
     """Base class of the encoder-decoder family's models (config class `HfzooEncoderDecoderConfig`)."""
 
@@ -237,14 +282,13 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
             and with `output_router_logits` the `encoder_router_logits` / `decoder_router_logits`).
         """
         encoder_prefix = None
-        if (
-            encoder_outputs is None
-            and isinstance(cache, Cache)
-            and not isinstance(cache, EncoderDecoderCache)
-            and len(cache.layers) == self.config.num_hidden_layers + self.config.num_decoder_layers
-        ):
-            encoder_prefix, cache = split_prefix_cache(cache, self.config.num_hidden_layers)
+        prefix = both_stacks_prefix(cache, self.config)
+        if prefix is not None:  # with `encoder_outputs` (generation) the encoder ran with its prefix already
+            encoder_prefix, cache = split_prefix_cache(prefix, self.config.num_hidden_layers)
         if encoder_outputs is None:
+            if encoder_prefix is not None:
+                source_length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+                attention_mask = with_prefix_columns(attention_mask, encoder_prefix.get_seq_length(), source_length)
             encoder_outputs = self.encoder(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -327,6 +371,50 @@ class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedM
     def get_encoder(self, modality=None) -> HfzooEncoderDecoderStack:
         """Return the encoder stack (used by `generate`)."""
         return self.model.encoder
+
+    def _prepare_text_encoder_decoder_kwargs_for_generation(
+        self, inputs_tensor: torch.Tensor, model_kwargs: dict, model_input_name: str | None, generation_config
+    ) -> dict:
+        """Run the encoder before `generate`'s first step, with its prefix under PEFT's prefix tuning.
+
+        transformers encodes the source once, before the decoder's first step, where PEFT's prefix is not yet
+        given. Under PEFT's prefix tuning (`HfzooGenerationMixin._prefix_tuning_wrapper`) the encoder takes its
+        share of the prefix (`split_prefix_cache` of PEFT's `get_prompt`), as in PEFT's forward pass;
+        otherwise this is transformers' method.
+
+        Args:
+            inputs_tensor: `(batch_size, src_len)` source token ids (or embeddings).
+            model_kwargs: `generate`'s model keyword arguments (`attention_mask`: the source's padding mask).
+            model_input_name: the name of `inputs_tensor` (`input_ids` / `inputs_embeds`), or None.
+            generation_config: the generation config (`output_attentions`, `output_hidden_states`).
+
+        Returns:
+            `model_kwargs` with `encoder_outputs`.
+        """
+        wrapper = self._prefix_tuning_wrapper()
+        if wrapper is None:
+            return super()._prepare_text_encoder_decoder_kwargs_for_generation(
+                inputs_tensor, model_kwargs, model_input_name, generation_config
+            )
+        prefix = both_stacks_prefix(wrapper.get_prompt(inputs_tensor.shape[0]), self.config)
+        if prefix is None:  # a prefix for the decoder only: nothing for the encoder
+            return super()._prepare_text_encoder_decoder_kwargs_for_generation(
+                inputs_tensor, model_kwargs, model_input_name, generation_config
+            )
+        encoder_prefix, _ = split_prefix_cache(prefix, self.config.num_hidden_layers)
+        model_input_name = model_input_name or self.main_input_name
+        mask = with_prefix_columns(
+            model_kwargs.get("attention_mask"), encoder_prefix.get_seq_length(), inputs_tensor.shape[1]
+        )
+        model_kwargs["encoder_outputs"] = self.get_encoder()(
+            **{model_input_name: inputs_tensor},
+            attention_mask=mask,
+            cache=encoder_prefix,
+            output_attentions=generation_config.output_attentions,
+            output_hidden_states=generation_config.output_hidden_states,
+            return_dict=True,
+        )
+        return model_kwargs
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """Shift `labels` right into decoder inputs (used by `DataCollatorForSeq2Seq`)."""
