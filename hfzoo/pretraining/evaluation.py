@@ -230,7 +230,7 @@ def parse_evaluate_args(argv: list[str] | None = None) -> argparse.Namespace:
     """
     p = OneLineErrorParser(
         prog="hfzoo-evaluate-lm",
-        description="Evaluate a saved causal LM on text files and print a generated sample.",
+        description="Evaluate a saved causal LM (or encoder-decoder) on text files and harness tasks; print a sample.",
     )
     p.add_argument("--model_name_or_path", required=True, help="Checkpoint folder (or hub id).")
     p.add_argument("--validation_file", nargs="+", action="extend", default=[], help="Text/JSONL/parquet files.")
