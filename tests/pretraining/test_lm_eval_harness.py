@@ -210,3 +210,11 @@ def test_every_task_file_names_its_task_and_loader():
         assert f"\ntask: {name}\n" in text
         loader = text.split("custom_dataset: !function tasks.")[1].split()[0]
         assert callable(getattr(tasks, loader))
+
+
+def test_missing_lm_eval_is_refused_before_loading_the_model(data_dir, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # `import lm_eval` raises ImportError
+    with pytest.raises(SystemExit, match=r"needs lm-eval: pip install 'hfzoo\[lm-eval\]'"):
+        evaluate(tmp_path / "no-model", data_dir, "--lm_eval_tasks", "hfzoo_sst2")
