@@ -3,6 +3,7 @@
 - `loop.py`: the run (`PretrainingRun`) and the training loop over the core (`hfzoo.training`).
 - `arguments.py`: the command line and YAML config of `hfzoo-pretrain`.
 - `evaluation.py`: held-out perplexity and a greedy sample (`hfzoo-evaluate-lm`), also run by the loop.
+- `harness.py`, `lm_eval_tasks/`: lm-evaluation-harness tasks on local data (`hfzoo-evaluate-lm --lm_eval_tasks`).
 - `tokenizer.py`: byte-level BPE tokenizer training (`hfzoo-train-tokenizer`), the job's first step.
 - `consolidate.py`: a DeepSpeed ZeRO checkpoint to one `save_pretrained` folder.
 

@@ -8,7 +8,12 @@ evaluates a saved causal LM on text files and prints a generated sample, in a fr
 
 It loads the checkpoint with `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`
 (the hfzoo package, imported with this module, registers its model types), packs each file into blocks exactly as
-pretraining does, reports loss and perplexity per file, and greedily continues `--prompt`.
+pretraining does, reports loss, perplexity and bits per byte per file, and greedily continues `--prompt`.
+An encoder-decoder checkpoint (`AutoModelForSeq2SeqLM`) is evaluated as a language model of its decoder:
+each block is the decoder's target, the encoder's input the one token before the block (the tokenizer's
+bos token, else its eos token, before the first), as the harness's seq2seq rolling log-likelihood does.
+`--lm_eval_tasks` also runs hfzoo's tasks of EleutherAI's lm-evaluation-harness (`hfzoo.pretraining.harness`)
+on the loaded model, with the block size as the harness's window length.
 
 The sample checks the model's incremental decoding: the greedy continuation is generated with the KV cache
 and again without it (every step recomputing the whole sequence), and a difference is an error (exit
@@ -28,15 +33,25 @@ import datasets
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
-from transformers import AutoModelForCausalLM, AutoTokenizer, default_data_collator
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, default_data_collator
 
-from ..data.loading import check_input_files, load_local_files
+from ..data.loading import check_input_files, clean_text, load_local_files
 from ..data.packing import tokenize_and_pack
 from ..integrity import check_weight_files
 from ..modules.positions import ABSOLUTE_POSITION_EMBEDDINGS
 from ..outputs import check_output_file, removed_if_refused
 from ..training.arguments import OneLineErrorParser, positive_int
 from ..training.compilation import no_cache_kwargs
+from .harness import (
+    available_tasks,
+    bits_per_byte,
+    check_task_data,
+    default_data_dir,
+    harness_backend,
+    import_lm_eval,
+    parse_task_names,
+    run_lm_eval,
+)
 
 
 @torch.no_grad()
@@ -215,7 +230,7 @@ def parse_evaluate_args(argv: list[str] | None = None) -> argparse.Namespace:
     """
     p = OneLineErrorParser(
         prog="hfzoo-evaluate-lm",
-        description="Evaluate a saved causal LM on text files and print a generated sample.",
+        description="Evaluate a saved causal LM (or encoder-decoder) on text files and harness tasks; print a sample.",
     )
     p.add_argument("--model_name_or_path", required=True, help="Checkpoint folder (or hub id).")
     p.add_argument("--validation_file", nargs="+", action="extend", default=[], help="Text/JSONL/parquet files.")
@@ -230,6 +245,18 @@ def parse_evaluate_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--max_new_tokens", type=positive_int, default=32)
     p.add_argument("--output_file", default=None, help="Write the metrics as JSON here.")
+    p.add_argument(
+        "--lm_eval_tasks",
+        default=None,
+        metavar="TASK[,TASK]",
+        help=f"Also run these lm-evaluation-harness tasks on local data (needs hfzoo[lm-eval]): {available_tasks()}.",
+    )
+    p.add_argument("--lm_eval_limit", type=positive_int, default=None, help="At most this many documents per task.")
+    p.add_argument(
+        "--data_dir",
+        default=None,
+        help="The data folder of --lm_eval_tasks, laid out as ../shared/data (default: $HFZOO_DATA_DIR, else that).",
+    )
     return p.parse_args(argv)
 
 
@@ -240,14 +267,16 @@ def main(argv: list[str] | None = None) -> dict:
         argv: arguments without the program name (default: `sys.argv[1:]`).
 
     Returns:
-        `{file name: {"eval_loss", "perplexity", "blocks", "block_size"}}`, plus `sample` (`greedy_sample`'s
-        record) with `--prompt`; also written to `--output_file` (the metrics before the sample is
-        generated, then everything).
+        `{file name: {"eval_loss", "perplexity", "blocks", "block_size", "tokens", "bytes", "bits_per_byte"}}`
+        (see `text_size` and `bits_per_byte`), plus `lm_eval` (`{task: {metric: value}}`, `run_lm_eval`) with
+        `--lm_eval_tasks` and `sample` (`greedy_sample`'s record) with `--prompt`; also written to
+        `--output_file` (the metrics before the sample is generated, then everything).
 
     Raises:
         SystemExit: bad input (one-line `error: ...`), among it a prompt plus `--max_new_tokens` beyond the
-            model's position limit (before any evaluation); greedy generation with the KV cache differing
-            from generation without it (after the record with both is written).
+            model's position limit (before any evaluation), an unknown `--lm_eval_tasks` name or a missing task
+            file, a masked LM (neither a causal LM nor an encoder-decoder); greedy generation with the KV cache
+            differing from generation without it (after the record with both is written).
     """
     args = parse_evaluate_args(argv)
     with removed_if_refused(None if args.output_file is None else Path(args.output_file).expanduser().parent):
@@ -274,19 +303,87 @@ def _check_eval_block_size(args: argparse.Namespace, config) -> int:
     return block_size
 
 
+def text_size(dataset: datasets.Dataset, tokenizer, text_column_name: str = "text") -> tuple[int, int]:
+    """Tokens and UTF-8 bytes of the cleaned documents of `dataset`, as `tokenize_and_pack` tokenizes them.
+
+    The tokens are those a language model predicts to produce each document: its tokens with the special
+    tokens the tokenizer adds, less a leading bos token, which is context (hfzoo's decoder tokenizer starts
+    every document with `<|endoftext|>`; the encoder-decoder tokenizer ends it with `</s>`, which is counted).
+
+    Args:
+        dataset: rows with a `text_column_name` column (one document per row).
+        tokenizer: the model's tokenizer.
+        text_column_name: the text column.
+
+    Returns:
+        `(tokens, bytes)`.
+    """
+    tokens = size = 0
+    bos = tokenizer.bos_token_id
+    for batch in dataset.iter(batch_size=16):
+        texts = [clean_text(t) for t in batch[text_column_name] if t]
+        texts = [t for t in texts if t.strip()]
+        if not texts:
+            continue
+        size += sum(len(t.encode("utf-8")) for t in texts)
+        for ids in tokenizer(texts, return_attention_mask=False)["input_ids"]:
+            tokens += len(ids) - (1 if bos is not None and ids and ids[0] == bos else 0)
+    return tokens, size
+
+
+def seq2seq_batches(dataloader, start_token_id: int):
+    """Turn batches of consecutive packed blocks into encoder-decoder batches, a block the decoder's target.
+
+    Each block is the `labels` of its row; the encoder's input is the one token before the block in the
+    token stream (the last token of the previous block), `start_token_id` before the first block.
+
+    Args:
+        dataloader: batches with `input_ids` `(batch_size, block_size)`, in the order of the packed stream.
+        start_token_id: the encoder's input before the first block.
+
+    Yields:
+        `{"input_ids": (batch_size, 1), "attention_mask": (batch_size, 1), "labels": (batch_size, block_size)}`.
+    """
+    previous = None
+    for batch in dataloader:
+        blocks = batch["input_ids"]
+        first = blocks.new_full((1, 1), start_token_id) if previous is None else previous
+        encoder = torch.cat([first, blocks[:-1, -1:]], dim=0)
+        previous = blocks[-1:, -1:]
+        yield {"input_ids": encoder, "attention_mask": torch.ones_like(encoder), "labels": blocks}
+
+
+def _check_lm_eval(args: argparse.Namespace) -> list[str]:
+    """The `--lm_eval_tasks` names, their data and lm-eval itself checked (before the model is loaded)."""
+    if args.lm_eval_tasks is None:
+        if args.lm_eval_limit is not None:
+            raise ValueError("--lm_eval_limit needs --lm_eval_tasks")
+        return []
+    tasks = parse_task_names(args.lm_eval_tasks)
+    args.data_dir = args.data_dir or default_data_dir()
+    check_task_data(tasks, args.data_dir)
+    import_lm_eval()
+    return tasks
+
+
 def _evaluate(args: argparse.Namespace) -> dict:
     """`main` after parsing: every check before the first file is tokenized, then the evaluation."""
     try:
         if args.output_file:
             check_output_file(args.output_file)  # before any work: a run never ends unable to save its metrics
         check_input_files(None, args.validation_file)
-    except (ValueError, FileNotFoundError) as err:
+        tasks = _check_lm_eval(args)
+    except (ValueError, FileNotFoundError, ImportError) as err:
         raise SystemExit(f"error: {err}") from None
     try:
         if Path(args.model_name_or_path).is_dir():
             check_weight_files(args.model_name_or_path)  # names a truncated or corrupt weight file
+        backend = harness_backend(AutoConfig.from_pretrained(args.model_name_or_path))
+        if backend == "seq2seq" and args.prompt:
+            raise ValueError("--prompt continues a prompt with a causal LM; this checkpoint is an encoder-decoder")
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
-        model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path).eval()
+        auto_class = AutoModelForSeq2SeqLM if backend == "seq2seq" else AutoModelForCausalLM
+        model = auto_class.from_pretrained(args.model_name_or_path).eval()
     except (OSError, ValueError) as err:
         raise SystemExit(f"error: --model_name_or_path {args.model_name_or_path}: {str(err).splitlines()[0]}") from None
     if args.prompt:
@@ -318,14 +415,26 @@ def _evaluate(args: argparse.Namespace) -> dict:
             batch_size=args.per_device_eval_batch_size,
             collate_fn=default_data_collator,
         )
+        if backend == "seq2seq":
+            start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+            loader = seq2seq_batches(loader, start)
         metrics = evaluate_lm(model, loader)
-        metrics["blocks"] = len(packed)
-        metrics["block_size"] = block_size
+        tokens, size = text_size(raw["validation"], tokenizer, args.text_column_name)
+        metrics.update(blocks=len(packed), block_size=block_size, tokens=tokens, bytes=size)
+        metrics["bits_per_byte"] = bits_per_byte(metrics["eval_loss"] * tokens, size)
         results[Path(file).name] = metrics
         print(
-            f"{Path(file).name}: {len(packed)} blocks of {block_size} tokens, "
-            f"eval_loss {metrics['eval_loss']:.4f}, perplexity {metrics['perplexity']:.2f}"
+            f"{Path(file).name}: {len(packed)} blocks of {block_size} tokens, eval_loss {metrics['eval_loss']:.4f}, "
+            f"perplexity {metrics['perplexity']:.2f}, bits per byte {metrics['bits_per_byte']:.4f} "
+            f"({tokens} tokens, {size} bytes)"
         )
+    if tasks:
+        results["lm_eval"] = run_lm_eval(
+            model, tokenizer, tasks, args.data_dir, block_size, args.per_device_eval_batch_size, args.lm_eval_limit
+        )
+        for task, metrics in results["lm_eval"].items():
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "documents")
+            print(f"lm-eval {task} ({metrics['documents']} documents, window {block_size} tokens): {shown}")
     if args.output_file:  # the metrics are kept even if generating the sample fails
         Path(args.output_file).write_text(json.dumps(results, indent=2) + "\n")
     if args.prompt:
