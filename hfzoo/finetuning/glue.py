@@ -4,10 +4,11 @@ Arguments follow transformers' `examples/pytorch/text-classification/run_glue_no
 (`--model_name_or_path`, `--task_name`, `--train_file`, `--validation_file`, `--max_length`,
 `--pad_to_max_length`, `--per_device_train_batch_size`, `--learning_rate`, `--num_train_epochs`,
 `--max_train_steps`, `--seed`, `--output_dir`, `--with_tracking`, `--push_to_hub`, ...) plus
-`--data_dir` (a folder in the GLUE layout), `--max_train_samples`, `--mixed_precision` and the PEFT
-options (`--peft lora|prefix|none`, `--lora_r`, `--lora_alpha`, `--lora_dropout`, `--target_modules`,
-`--num_virtual_tokens`, `--prefix_projection`, `--prefix_hidden_size`) and `--optim adamw_torch|muon`
-(Muon, with `--muon_*` settings, for full finetuning only: `--peft none`). Every input is checked
+`--group_by_length` (as transformers' `TrainingArguments`), `--data_dir` (a folder in the GLUE layout),
+`--max_train_samples`, `--mixed_precision` and the PEFT options (`--peft lora|prefix|none`, `--lora_r`,
+`--lora_alpha`, `--lora_dropout`, `--target_modules`, `--num_virtual_tokens`, `--prefix_projection`,
+`--prefix_hidden_size`) and `--optim adamw_torch|muon` (Muon, with `--muon_*` settings, for full finetuning
+only: `--peft none`). Every input is checked
 before the model is loaded; errors are one line.
 
 Training shows a tqdm progress bar, logs every `--logging_steps`, evaluates after every epoch and
@@ -41,6 +42,7 @@ from torch.utils.data import DataLoader
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
 from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, load_glue
+from ..data.sampling import EpochLengthGroupedSampler
 from ..integrity import check_weight_files
 from ..outputs import check_output_folder, removed_if_refused
 from ..training.accelerator import choose_mixed_precision, create_accelerator
@@ -92,6 +94,11 @@ def build_glue_parser() -> argparse.ArgumentParser:
     p.add_argument("--validation_file", default=None, help="dev file: TSV in the task's GLUE layout, CSV or JSON")
     p.add_argument("--max_length", type=positive_int, default=128, help="tokens per example after truncation")
     p.add_argument("--pad_to_max_length", action="store_true", help="pad every batch to --max_length")
+    p.add_argument(
+        "--group_by_length",
+        action="store_true",
+        help="batch training examples of similar length together (less padding; transformers' LengthGroupedSampler)",
+    )
     p.add_argument("--per_device_train_batch_size", type=positive_int, default=32)
     p.add_argument("--per_device_eval_batch_size", type=positive_int, default=128)
     p.add_argument("--learning_rate", type=positive_float, default=5e-5)
@@ -356,9 +363,16 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
     collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if half else None)
     # The loader's own generator: starting an epoch's iterator then draws its worker seed from it, not from
     # torch's global RNG, so the dropout masks of a resumed run continue exactly where the checkpoint left them.
+    # With --group_by_length the order comes from a sampler seeded per epoch (shuffle=True gets accelerate's
+    # seedable sampler), so a resumed run draws the same order either way.
+    sampler = None
+    if args.group_by_length:
+        lengths = [len(ids) for ids in encoded["train"]["input_ids"]]
+        sampler = EpochLengthGroupedSampler(args.per_device_train_batch_size, lengths, args.seed)
     train_loader = DataLoader(
         encoded["train"],
-        shuffle=True,
+        shuffle=sampler is None,
+        sampler=sampler,
         collate_fn=collator,
         batch_size=args.per_device_train_batch_size,
         generator=torch.Generator().manual_seed(args.seed),

@@ -255,10 +255,14 @@ def _trainable(path: Path) -> dict[str, torch.Tensor]:
                              else "model.safetensors"))  # fmt: skip
 
 
-@pytest.mark.parametrize("resume_step", [2, 4])
-def test_resume_from_checkpoint_continues_exactly(resume_step, checkpoints, glue_dir, tmp_path):
-    """Mid-epoch (step 2) and at the end of an epoch before its evaluation (step 4): the same weights and metrics."""
-    common = ("--logging_steps", "1", "--max_train_steps", "6", "--checkpointing_steps", "2", "--lora_dropout", "0.2")
+@pytest.mark.parametrize("resume_step, order", [(2, ()), (4, ()), (2, ("--group_by_length",))])
+def test_resume_from_checkpoint_continues_exactly(resume_step, order, checkpoints, glue_dir, tmp_path):
+    """Mid-epoch (step 2) and at the end of an epoch before its evaluation (step 4): the same weights and metrics.
+
+    Also with the length-grouped order, which its own sampler draws per epoch.
+    """
+    common = ("--logging_steps", "1", "--max_train_steps", "6", "--checkpointing_steps", "2", "--lora_dropout", "0.2",
+              *order)  # fmt: skip
     full = finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "full", "mrpc", *common))
     assert sorted(p.name for p in (tmp_path / "full" / "checkpoints").iterdir()) == ["step_2", "step_4", "step_6"]
     checkpoint = tmp_path / "full" / "checkpoints" / f"step_{resume_step}"
