@@ -117,10 +117,15 @@ def _labels(name: str, values, n: int) -> np.ndarray:
     return array
 
 
-def _inputs(compute, loss, row, seed, scale, on_nonconvergence: str):
-    """Checked (compute, loss, row, seed, scale, rows) of `fit_compute_law` and `select_by_holdout`."""
+def _check_options(on_nonconvergence: str, huber_delta: float, maxiter: int = 1) -> None:
     if on_nonconvergence not in ("raise", "flag"):
         raise ValueError(f"on_nonconvergence={on_nonconvergence!r}: expected 'raise' or 'flag'")
+    if not (huber_delta > 0 and math.isfinite(huber_delta)) or maxiter < 1:
+        raise ValueError(f"huber_delta={huber_delta!r}, maxiter={maxiter!r}: expected delta > 0, maxiter >= 1")
+
+
+def _inputs(compute, loss, row, seed, scale):
+    """Checked (compute, loss, row, seed, scale, rows) of `fit_compute_law` and `select_by_holdout`."""
     compute = _positive_array("compute", compute)
     n = len(compute)
     loss = _positive_array("loss", loss, n)
@@ -150,12 +155,11 @@ def _cell_ids(keys: list[tuple], seed, what: str) -> np.ndarray:
 def _refitted(fit, result: optimize.OptimizeResult, ends: list):
     """`fit` with the parameters of `result` (and the starts of `ends`, the results of every start, best first)."""
     done = {"objective": float(result.fun), "converged": bool(result.success), "message": str(result.message)}
-    return dataclasses.replace(
-        fit, theta=np.asarray(result.x, float), best_starts=np.array([e.start for e in ends]), **done
-    )
+    starts = np.array([e.start for e in ends])
+    return dataclasses.replace(fit, theta=np.asarray(result.x, float), best_starts=starts, **done)
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@dataclasses.dataclass(frozen=True, repr=False, eq=False)
 class ComputeLawFit:
     """L(C) = E + A_row * C^-alpha_row fitted by `fit_compute_law`; losses in nats, compute in FLOPs.
 
@@ -263,7 +267,8 @@ def fit_compute_law(
             with per-row exponents a row has one compute value.
         FitNotConverged: the best start did not converge and `on_nonconvergence="raise"`.
     """
-    compute, loss, row, seed, scale, rows = _inputs(compute, loss, row, seed, scale, on_nonconvergence)
+    _check_options(on_nonconvergence, huber_delta, maxiter)
+    compute, loss, row, seed, scale, rows = _inputs(compute, loss, row, seed, scale)
     n, n_rows = len(compute), len(rows)
     cells = _cell_ids(list(zip(row.tolist(), scale.tolist())), seed, "(row, scale) cell")
     n_alpha = 1 if shared_exponent else n_rows
@@ -339,7 +344,8 @@ def select_by_holdout(
         ValueError: as `fit_compute_law` on the runs left for fitting, or a row with one scale.
         FitNotConverged: as `fit_compute_law`.
     """
-    compute, loss, row, seed, scale, rows = _inputs(compute, loss, row, seed, scale, on_nonconvergence)
+    _check_options(on_nonconvergence, huber_delta)
+    compute, loss, row, seed, scale, rows = _inputs(compute, loss, row, seed, scale)
     held = {}  # row -> mask of its runs at its largest scale
     for r in rows:
         if len(set(scale[row == r])) < 2:
@@ -357,7 +363,7 @@ def select_by_holdout(
     return HoldoutSelection(choice, errors, cell_errors, fits)
 
 
-@dataclasses.dataclass(frozen=True, repr=False)
+@dataclasses.dataclass(frozen=True, repr=False, eq=False)
 class ChinchillaFit:
     """L(N, D) = E + A / N^alpha + B / D^beta fitted by `fit_chinchilla` (N parameters, D tokens, L nats).
 
@@ -464,8 +470,7 @@ def fit_chinchilla(
             than 5 distinct (N, D) cells, or one distinct N or D.
         FitNotConverged: the best start did not converge and `on_nonconvergence="raise"`.
     """
-    if on_nonconvergence not in ("raise", "flag"):
-        raise ValueError(f"on_nonconvergence={on_nonconvergence!r}: expected 'raise' or 'flag'")
+    _check_options(on_nonconvergence, huber_delta, maxiter)
     n_params = _positive_array("n_params", n_params)
     n = len(n_params)
     n_tokens, loss = _positive_array("n_tokens", n_tokens, n), _positive_array("loss", loss, n)
@@ -511,7 +516,7 @@ def resample_within_cells(cells: Sequence[int], rng: np.random.Generator, n_resa
     return order[first[position] + draws]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class BootstrapResult:
     """`bootstrap`'s percentile intervals.
 

@@ -239,3 +239,7 @@ def test_too_few_points_for_the_parameters():
         select_by_holdout([1e15, 1e16, 1e15], [3.0, 2.5, 3.1], ["a", "a", "b"])
     with pytest.raises(ValueError, match="on_nonconvergence='ignore'"):
         fit_compute_law([1e15, 1e16, 1e17], [3.0, 2.5, 2.2], ["a"] * 3, on_nonconvergence="ignore")
+    with pytest.raises(ValueError, match="huber_delta=0.0"):
+        fit_chinchilla(
+            [1e7, 1e8, 1e9, 1e7, 1e8], [1e9, 1e9, 1e9, 1e10, 1e10], [3.2, 3.0, 2.9, 3.0, 2.8], huber_delta=0.0
+        )
