@@ -1,17 +1,33 @@
 """The study job: Narang et al. 2021's comparison of modifications, `hfzoo-study` (`python -m hfzoo.study`).
 
-- `runner.py`: the study file, the runs (pretraining then GLUE per variant and seed), locks and resume.
+Modules, each importing only those listed above it:
+
 - `protocol.py`: what every run measures and what the report compares against.
-- `report.py`: `results.json`, `results.md` (Table 1 beside the paper's rows), statistics and plots.
+- `settings.py`: the study file's keys, how they are read and typed, and its paths.
+- `storage.py`: the study folder's shared files: names, atomic JSON, locks.
+- `configs.py`: each row's model config in the study's family, its parameters.
+- `arguments.py`: a run's `hfzoo-pretrain` and `hfzoo-finetune-glue` arguments.
+- `runs.py`: the run folders, what each trains (`run.json`) and their records.
+- `checks.py`: the settings' checks before anything is trained.
+- `fingerprints.py`: the study a folder holds (`study.json`): settings and data fingerprints.
+- `preparation.py`: the tokenizer, tokenized data and GLUE subsets, prepared once.
+- `processes.py`: child processes (recipe stages, helper study processes) and signals.
+- `timing.py`: where a run's and the study's wall time went.
+- `execution.py`: one run: pretraining, then GLUE, then its record.
+- `parallel.py`: `--parallel_runs auto`: how many study processes fit.
+- `summary.py`: statistics over the runs: means, spreads, significance, agreement with the paper.
+- `tables.py`: the Markdown tables of `results.md`.
+- `report.py`: `results.json`, `results.md` and the plots.
+- `runner.py`: the `hfzoo-study` command: runs the plan (resume, locks, parallel processes), then the report.
 """
 
 import importlib
 
 #: Public name -> `module` of this package (or `module:attribute`) that defines it.
 _EXPORTS = {
-    "StudySettings": "runner",
+    "StudySettings": "settings",
     "cli": "runner",
-    "load_settings": "runner",
+    "load_settings": "settings",
     "main": "runner",
     "run_study": "runner",
 }

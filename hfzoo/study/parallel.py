@@ -23,6 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
+
+import torch
+
+from ..training.precision import resolve_mixed_precision
+from .arguments import sequences_per_device
+from .configs import build_variant_config, count_parameters, target_length
+from .protocol import BASELINE
+from .settings import StudySettings
 
 #: Per-process memory besides the model on a GPU: the CUDA context, library workspaces and allocator slack.
 CUDA_PROCESS_BYTES = 1 << 30
@@ -151,3 +160,46 @@ def available_ram_bytes() -> int:
     except OSError:  # pragma: no cover - not Linux
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def resolve_parallel_runs(
+    settings: StudySettings, num_processes: int, tokenizer_fields: dict[str, Any], runs: int | None = None
+) -> ParallelPlan:
+    """`--parallel_runs auto` on this machine: `plan_parallel_runs` for the study's largest model.
+
+    The per-run peak memory is estimated (`estimate_run_bytes`: the largest variant's parameters, the
+    per-device batch, the input and target lengths), not measured; the free memory is the GPU's
+    (`torch.cuda.mem_get_info`) when CUDA is available, else the available RAM; the cores are this process's.
+
+    Args:
+        settings: the study settings (paths resolved).
+        num_processes: processes per run (`--num_processes`; the per-device batch is divided by it).
+        tokenizer_fields: `vocab_size` and special token ids (`check_settings`' planned ones).
+        runs: runs left to do (caps the processes), or None.
+
+    Returns:
+        The plan.
+    """
+    targets = target_length(settings)  # None: one stack, whose every token is predicted (or may be)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    precision = resolve_mixed_precision(settings.mixed_precision, device_type=device).mixed_precision
+    half_precision = precision in ("bf16", "fp16")  # activations kept in 16 bits
+    per_run = 0
+    for variant in settings.variants or [BASELINE]:
+        config = build_variant_config(settings, variant, tokenizer_fields)
+        per_run = max(per_run, estimate_run_bytes(
+            count_parameters(config),
+            batch_size=sequences_per_device(settings, num_processes),
+            input_length=settings.block_size,
+            target_length=settings.block_size if targets is None else targets,
+            hidden_size=config.hidden_size,
+            num_heads=config.num_attention_heads,
+            encoder_layers=0 if targets is None else config.num_hidden_layers,
+            decoder_layers=config.num_hidden_layers if targets is None else config.num_decoder_layers,
+            vocab_size=config.vocab_size,
+            half_precision=half_precision,
+            device=device,
+        ))  # fmt: skip
+    free = torch.cuda.mem_get_info()[0] if device == "cuda" else available_ram_bytes()
+    return plan_parallel_runs(device=device, per_run_bytes=per_run, free_memory_bytes=free, cpu_cores=cpu_cores(),
+                              runs=runs)  # fmt: skip

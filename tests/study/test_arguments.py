@@ -1,14 +1,21 @@
-"""A study file's `pretrain_args: {optim: muon}` reaches its pretraining runs: they build Muon + AdamW."""
+"""`hfzoo.study.arguments`: the recipes' arguments of a run.
+
+A study file's `pretrain_args: {optim: muon}` reaches its pretraining runs: they build Muon + AdamW; the study's
+`eval_seed` fixes the held-out blocks' corruption.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
 from transformers import AutoModelForSeq2SeqLM
 
 from hfzoo.pretraining import parse_pretrain_args
-from hfzoo.study.runner import build_variant_config, load_settings, pretrain_argv
+from hfzoo.study.arguments import pretrain_argv
+from hfzoo.study.configs import build_variant_config
+from hfzoo.study.settings import load_settings
 from hfzoo.training.arguments import muon_settings
 from hfzoo.training.optimization import MuonWithAdamW, create_optimizer
 
@@ -37,3 +44,20 @@ def test_pretrain_args_optim_muon_builds_muon_in_every_run(tmp_path):
     # encoder: q, k, v, o + feed-forward; decoder: also cross-attention's q, k, v, o (2 layers each)
     layers_linear = sum(1 for n, _ in model.named_parameters() if ".layers." in n and n.endswith("proj.weight"))
     assert len(group["params"]) == layers_linear > 0
+
+
+def test_eval_seed_fixes_the_validation_corruption(inputs, tmp_path):
+    """`--eval_seed` (the study's `eval_seed`) decides the held-out blocks' span corruption, not `--seed`."""
+    from hfzoo.pretraining.loop import main as pretrain
+
+    def init_loss(*extra: str) -> float:
+        out = tmp_path / "-".join(extra)
+        pretrain(["--objective", "span", "--train_file", inputs["train"], "--tokenizer_name", inputs["tokenizer"],
+                  "--config_name", "encoder-decoder-tiny", "--config_overrides", "hidden_size=32,intermediate_size=64",
+                  "--block_size", "32", "--max_train_steps", "1", "--max_eval_samples", "8",
+                  "--validation_split_percentage", "25", "--output_dir", str(out), *extra])  # fmt: skip
+        return json.loads((out / "all_results.json").read_text())["init_eval_loss"]
+
+    default = init_loss("--seed", "3")
+    assert init_loss("--seed", "3", "--eval_seed", "3") == default  # default: --seed
+    assert init_loss("--seed", "3", "--eval_seed", "4") != default  # other corruption of the same blocks

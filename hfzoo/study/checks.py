@@ -1,0 +1,158 @@
+"""The checks of a study's settings before anything is trained (`check_settings`).
+
+Everything that can be refused is refused here, with one line naming the key and the value: the rows, seeds
+and steps, the files, every row's config and every run's recipe arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from ..choices import choice_hint
+from ..data.glue import get_glue_task
+from ..finetuning import parse_glue_args
+from ..models.modern import STUDY_ROWS
+from ..models.narang import load_paper_table
+from ..pretraining import parse_pretrain_args
+from .arguments import glue_argv, glue_batch_size, pretrain_argv, sequences_per_device
+from .configs import _tokenizer_fields, build_variant_config, planned_tokenizer_fields
+from .protocol import EARLY_FRACTION, FAMILIES
+from .runs import _slug
+from .settings import StudySettings, _glue_files
+
+
+def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str, Any]:
+    """Refuse bad settings before anything is trained; return what the runs need.
+
+    Checks: at least one variant and seed, known and distinct variant names, at least `EARLY_FRACTION`
+    steps, the data, tokenizer, GLUE and paper files, every variant's config (built with the planned
+    vocabulary), the recipes' own argument checks on every run's arguments, and the batch arithmetic.
+
+    Args:
+        settings: from `load_settings`.
+        num_processes: processes per run (the launcher's).
+
+    Returns:
+        `{"tokenizer_fields": {...}}` for building configs before the study's tokenizer exists.
+
+    Raises:
+        ValueError, FileNotFoundError: the first problem found, naming the key and the value.
+    """
+    if settings.family not in FAMILIES:
+        raise ValueError(f"family={settings.family!r}: {choice_hint(settings.family, FAMILIES)}")
+    if not settings.variants:
+        raise ValueError("variants: the study has no variants")
+    if not settings.seeds:
+        raise ValueError("seeds: the study has no seeds (give at least one)")
+    unknown = [v for v in settings.variants if v not in STUDY_ROWS]
+    if unknown:
+        hints = "; ".join(
+            f"unknown row {v!r}: {choice_hint(v, STUDY_ROWS, 'hfzoo.models.modern.STUDY_ROWS')}" for v in unknown
+        )
+        raise ValueError(f"variants: {hints}")
+    for key in ("variants", "seeds", "glue_tasks"):
+        values = getattr(settings, key)
+        if len(set(values)) != len(values):
+            raise ValueError(f"{key}: {values} lists an entry twice")
+    slugs = [_slug(v) for v in settings.variants]
+    if len(set(slugs)) != len(slugs):
+        raise ValueError(f"variants: {settings.variants} contain two names with the same folder name")
+    if settings.max_train_steps < EARLY_FRACTION:
+        raise ValueError(
+            f"max_train_steps={settings.max_train_steps}: needs at least {EARLY_FRACTION} steps "
+            f"(the early loss is measured at 1/{EARLY_FRACTION} of training)"
+        )
+    for key in (
+        "tokenizer_vocab_size",
+        "tokenizer_max_characters",
+        "train_batch_tokens",
+        "max_eval_samples",
+        "glue_max_train_samples",
+        "glue_num_train_epochs",
+    ):
+        if getattr(settings, key) < 1:
+            raise ValueError(f"{key} must be positive, got {getattr(settings, key)}")
+    if not settings.train_file and not settings.dataset_name:
+        raise ValueError("give train_file or dataset_name (the pretraining data)")
+    for key in ("train_file", "validation_file", "tokenizer_train_file"):
+        for file in getattr(settings, key) or []:
+            if not Path(file).is_file():
+                raise FileNotFoundError(f"{key}: {file}: no such file")
+    if settings.tokenizer_name is None and not (settings.tokenizer_train_file or settings.train_file):
+        raise ValueError("tokenizer_name is null and there are no files to train the study's tokenizer on")
+    if settings.paper_table is not None:
+        load_paper_table(settings.paper_table)
+    if settings.glue_data_dir is not None:
+        for task in settings.glue_tasks:
+            get_glue_task(task)
+            absent = [str(f) for f in _glue_files(settings, task) if not f.is_file()]
+            if absent:
+                raise FileNotFoundError(f"glue_tasks: {task}: files absent: {absent}")
+    else:
+        for task in settings.glue_tasks:
+            get_glue_task(task)
+    sequences_per_device(settings, num_processes)
+    glue_batch_size(settings, num_processes)
+
+    if settings.tokenizer_name is not None:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer_name)
+        except (OSError, ValueError) as err:
+            raise ValueError(
+                f"tokenizer_name {settings.tokenizer_name}: cannot load ({str(err).splitlines()[0]})"
+            ) from None
+        fields = _tokenizer_fields(tokenizer)
+    else:  # the ids the study's tokenizer will get, its planned size
+        fields = planned_tokenizer_fields(settings.family, settings.tokenizer_vocab_size)
+    for variant in settings.variants:
+        build_variant_config(settings, variant, fields)
+    scratch = Path("/nonexistent-study-check")
+    tokenizer_path = settings.tokenizer_name or str(scratch)
+    for variant in settings.variants:  # every row's arguments (a row may change them: the Muon rows)
+        argv = pretrain_argv(settings, tokenizer_path, scratch / "config.json", 0, scratch, num_processes, variant)
+        try:
+            _check_recipe_arguments("pretraining", parse_pretrain_args, argv)
+        except ValueError as err:
+            raise ValueError(f"variant {variant!r}: {err}") from None
+    pretrain = pretrain_argv(settings, tokenizer_path, scratch / "config.json", 0, scratch, num_processes)
+    for task in settings.glue_tasks:
+        argv = glue_argv(settings, task, scratch, None, 0, scratch, num_processes)
+        _check_recipe_arguments("GLUE", parse_glue_args, argv)
+    if settings.tokenizer_name is not None:
+        from ..training.objectives import get_objective
+
+        objective = get_objective(FAMILIES[settings.family].objective)
+        try:
+            objective.build_collator(parse_pretrain_args(pretrain), tokenizer, settings.block_size)
+        except ValueError as err:
+            raise ValueError(f"tokenizer_name {settings.tokenizer_name}: {err}") from None
+    return {"tokenizer_fields": fields}
+
+
+def _check_recipe_arguments(recipe: str, parse, argv: list[str]) -> None:
+    """Run a recipe's own argument checks on `argv`; raise ValueError with its message (argparse's included)."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            parse(argv)
+    except (SystemExit, ValueError) as err:
+        reason = captured.getvalue().strip().splitlines()[-1] if captured.getvalue().strip() else str(err)
+        raise ValueError(f"the {recipe} arguments are refused: {reason}") from None
+
+
+def _known_tokenizer_fields(settings: StudySettings, output_dir: Path, checked: dict[str, Any]) -> dict[str, Any]:
+    """The tokenizer fields the runs' configs get: the given or already trained tokenizer's, else planned ones.
+
+    Planned fields are marked `planned` (the study's tokenizer is trained later; its size may come out smaller).
+    """
+    if settings.tokenizer_name is not None:
+        return checked["tokenizer_fields"]
+    trained = output_dir / "tokenizer"
+    if (trained / "tokenizer_config.json").is_file():
+        return _tokenizer_fields(AutoTokenizer.from_pretrained(trained))
+    return {**checked["tokenizer_fields"], "planned": True}

@@ -1,0 +1,85 @@
+"""`hfzoo.study.checks`: bad input is refused in one line before anything is trained."""
+
+from __future__ import annotations
+
+import pytest
+from helpers.study import DELETE, expect_refusal, tiny_study
+
+
+@pytest.mark.parametrize(
+    "changes, flags, expected",
+    [
+        (
+            {"variants": ["Vanilla Transformer", "Vanila Transformer"]},
+            [],
+            "variants: unknown row 'Vanila Transformer': did you mean 'Vanilla Transformer' or",
+        ),
+        ({"variants": ["QK-norm", "Squared RELU"]}, [], "unknown row 'Squared RELU': did you mean 'Squared ReLU'?"),
+        (  # a study-wide Muon setting with a row that trains with AdamW
+            {"variants": ["Muon", "QK-norm"], "pretrain_args": {"muon_learning_rate": 0.01}},
+            [],
+            "variant 'QK-norm': the pretraining arguments are refused: hfzoo-pretrain: error: --muon_learning_rate 0.01 needs --optim muon",
+        ),
+        ({}, ["--variants", "SwiGLUE"], "unknown row 'SwiGLUE': did you mean 'SwiGLU'"),
+        ({"glue_tasks": DELETE}, [], "missing keys ['glue_tasks'] (every key of the study file is required)"),
+        ({"learning_rat": 0.1}, [], "unknown keys ['learning_rat']"),
+        ({"glue_tasks": ["sst2", "mrpc"]}, [], "glue_tasks: mrpc: files absent: ["),
+        ({"glue_tasks": ["sst3"]}, [], "unknown GLUE task 'sst3'"),
+        ({"seeds": []}, [], "seeds: the study has no seeds"),
+        ({}, ["--max_train_steps", "0"], "max_train_steps=0: needs at least 8 steps"),
+        ({"max_train_steps": "many"}, [], "max_train_steps='many' should be an int"),
+        ({"train_file": ["/nonexistent/books.jsonl"]}, [], "train_file: /nonexistent/books.jsonl: no such file"),
+        (
+            {"variants": ["18 layers, $d_{ff} = 2048, H = 8$"]},
+            [],
+            "num_attention_heads=2 x 2/3 = 1.333 is not a whole number",
+        ),
+        ({"config_overrides": {"hidden_size": 32, "hiden_layers": 2}}, [], "unknown key 'hiden_layers'"),
+        ({"train_batch_tokens": 100}, [], "train_batch_tokens=100 is not a multiple of block_size"),
+        ({"glue_args": {"lora_dropout": 2}}, [], "the GLUE arguments are refused"),
+        ({"lr_scheduler_type": "sometimes"}, [], "the pretraining arguments are refused"),
+        ({}, ["--family", "gpt"], "family='gpt': choose one of ['encoder-decoder', 'decoder', 'encoder']"),
+        (
+            {"variants": ["Vanilla Transformer", "Funnel Transformer"]},
+            ["--family", "decoder"],
+            "variant 'Funnel Transformer' in the decoder family: changes ['decoder_layer_stack'], which only an "
+            "encoder-decoder has; the row has no decoder form",
+        ),
+        (
+            {"variants": ["Transparent attention"]},
+            ["--family", "encoder"],
+            "variant 'Transparent attention' in the encoder family: transparent_attention=True is defined for the "
+            "encoder-decoder (hfzoo_encoder_decoder) only",
+        ),
+        ({"config_name": "decoder-tiny", "config_overrides": {}}, [], "config_name 'decoder-tiny' is a hfzoo_decoder"),
+    ],
+    ids=[
+        "unknown-variant",
+        "unknown-modern-row",
+        "muon-flag-for-an-adamw-row",
+        "unknown-variant-flag",
+        "missing-key",
+        "unknown-key",
+        "absent-glue-files",
+        "unknown-glue-task",
+        "zero-seeds",
+        "zero-steps",
+        "wrong-type",
+        "absent-data",
+        "row-does-not-scale",
+        "bad-override",
+        "batch-arithmetic",
+        "bad-glue-args",
+        "bad-pretrain-args",
+        "unknown-family",
+        "encoder-decoder-only-row",
+        "cross-attention-row",
+        "base-of-another-family",
+    ],
+)
+def test_bad_input_is_refused_before_anything_is_trained(changes, flags, expected, inputs, tmp_path, capsys):
+    # tokenizer_name null: had the checks passed, the study would first have trained a tokenizer
+    study = tiny_study(inputs, tmp_path / "study.yaml", **{"tokenizer_name": None, **changes})
+    message = expect_refusal(["--study", str(study), "--output_dir", str(tmp_path / "out"), *flags], capsys)
+    assert message.startswith("error: ") and expected in message, message
+    assert not (tmp_path / "out" / "tokenizer").exists() and not (tmp_path / "out" / "runs").exists()
