@@ -16,6 +16,8 @@ Modules, each importing only those listed above it:
 - `execution.py`: one run: pretraining, then GLUE, then its record.
 - `parallel.py`: `--parallel_runs auto`: how many study processes fit.
 - `summary.py`: statistics over the runs: means, spreads, significance, agreement with the paper.
+- `scaling.py`: scaling-law fits over model sizes and token budgets (compute laws, Chinchilla's L(N, D)),
+  their bootstrap intervals and extrapolated rankings (imports nothing of this package).
 - `tables.py`: the Markdown tables of `results.md`.
 - `report.py`: `results.json`, `results.md` and the plots.
 - `runner.py`: the `hfzoo-study` command: runs the plan (resume, locks, parallel processes), then the report.
@@ -25,14 +27,24 @@ import importlib
 
 #: Public name -> `module` of this package (or `module:attribute`) that defines it.
 _EXPORTS = {
+    "BootstrapResult": "scaling",
+    "ChinchillaFit": "scaling",
+    "ComputeLawFit": "scaling",
+    "FitNotConverged": "scaling",
+    "HoldoutSelection": "scaling",
     "StudySettings": "settings",
+    "bootstrap": "scaling",
     "cli": "runner",
+    "fit_chinchilla": "scaling",
+    "fit_compute_law": "scaling",
     "load_settings": "settings",
     "main": "runner",
+    "ranking_spearman": "scaling",
     "run_study": "runner",
+    "select_by_holdout": "scaling",
 }
 
-__all__ = ["StudySettings", "cli", "load_settings", "main", "run_study"]
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
