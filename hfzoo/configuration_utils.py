@@ -109,9 +109,9 @@ class HfzooConfig(PreTrainedConfig):
             "GQA"): `k_proj` and `v_proj` project to this many heads, each shared by `num_attention_heads //
             num_key_value_heads` consecutive query heads (transformers' `repeat_kv` layout, as Llama), and the
             KV cache stores them only; 1 is multi-query attention (Shazeer 2019). A positive integer dividing
-            `num_attention_heads`, or None (the default): `num_attention_heads`, multi-head attention (kept as None,
-            so that a changed `num_attention_heads` stays multi-head; `hfzoo.modules.attention.key_value_heads`
-            resolves it).
+            `num_attention_heads`; None (the default) becomes `num_attention_heads` (multi-head attention) when the
+            config is built, as in transformers' Llama (`hfzoo.models.presets.build_config` re-derives it when an
+            override changes `num_attention_heads` of a multi-head config).
             Fewer key/value heads than query heads are refused with a token mixer or layer type that does not
             group them (`hfzoo.modules.mixers.TokenMixer.grouped_kv_heads`; `layer_type="transformer"` only).
         head_dim: size of each head (T5's d_kv); None means `hidden_size // num_attention_heads`.
@@ -471,6 +471,8 @@ class HfzooConfig(PreTrainedConfig):
                     f"({self.num_attention_heads}) unless head_dim is set"
                 )
             self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_key_value_heads is None:  # multi-head attention: one key/value head per query head (as Llama)
+            self.num_key_value_heads = heads
         super().__post_init__(**kwargs)
 
     def validate_hfzoo_architecture(self) -> None:
@@ -487,11 +489,8 @@ class HfzooConfig(PreTrainedConfig):
             "max_position_embeddings",
         ):
             value = getattr(self, name)
-            if name == "num_key_value_heads" and value is None:  # multi-head attention
-                continue
             if not isinstance(value, int) or value < 1:
-                kind = "a positive integer or None" if name == "num_key_value_heads" else "a positive integer"
-                raise ValueError(f"{name} must be {kind}, got {value!r}")
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.num_attention_heads % key_value_heads(self):
             raise ValueError(
                 f"num_key_value_heads={self.num_key_value_heads} must divide num_attention_heads="

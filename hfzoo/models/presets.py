@@ -129,7 +129,7 @@ def build_config(name_or_path: str, overrides: str | dict[str, Any] | None = Non
     hidden = base.get("hidden_size", getattr(defaults, "hidden_size", None))
     heads = base.get("num_attention_heads", getattr(defaults, "num_attention_heads", None))
     head_dim_derived = hidden and heads and base.get("head_dim") in (None, hidden // heads)
-    kv_heads_derived = base.get("num_key_value_heads") == heads  # written out as multi-head: follows the heads
+    kv_heads_derived = base.get("num_key_value_heads") in (None, heads)  # multi-head: follows the heads
     for key, value in parsed.items():
         if key not in known:
             generic = {f.name for f in dataclasses.fields(PreTrainedConfig)}

@@ -140,12 +140,13 @@ def test_cross_attention_flops_count_grouped_key_value_heads():
     assert multi.weights - grouped.weights == expected
 
 
-def test_default_is_multi_head_and_overrides_keep_it_so():
+def test_default_is_multi_head_and_overrides_keep_it_so(tmp_path):
     config = HfzooDecoderConfig(**TINY)
-    assert config.num_key_value_heads is None and key_value_heads(config) == TINY["num_attention_heads"]
-    reloaded = HfzooDecoderConfig(**{**config.to_dict(), "num_attention_heads": 8, "hidden_size": 64})
-    assert key_value_heads(reloaded) == 8  # a saved multi-head config stays multi-head with other heads
-    assert key_value_heads(build_config("decoder-tiny", "num_attention_heads=8")) == 8
+    assert config.num_key_value_heads == key_value_heads(config) == TINY["num_attention_heads"]
+    assert config.to_dict()["num_key_value_heads"] == TINY["num_attention_heads"]  # an int, as peft's prefix reads
+    assert build_config("decoder-tiny", "num_attention_heads=8").num_key_value_heads == 8
+    config.save_pretrained(tmp_path)  # a saved multi-head checkpoint stays multi-head with other heads
+    assert build_config(str(tmp_path), "num_attention_heads=8").num_key_value_heads == 8
     assert build_config("llama-tiny", "num_attention_heads=8").num_key_value_heads == 2  # GQA stays as set
 
 
@@ -153,8 +154,8 @@ def test_default_is_multi_head_and_overrides_keep_it_so():
     "overrides, match",
     [
         ({"num_key_value_heads": 3}, "num_key_value_heads=3 must divide num_attention_heads=4"),
-        ({"num_key_value_heads": 0}, "num_key_value_heads must be a positive integer or None, got 0"),
-        ({"num_key_value_heads": -2}, "num_key_value_heads must be a positive integer or None, got -2"),
+        ({"num_key_value_heads": 0}, "num_key_value_heads must be a positive integer, got 0"),
+        ({"num_key_value_heads": -2}, "num_key_value_heads must be a positive integer, got -2"),
         ({"num_key_value_heads": True}, "num_key_value_heads must be an integer or None, got True"),
         ({"num_key_value_heads": 2, "layer_type": "evolved_transformer"}, "layer_type='evolved_transformer' does not"),
     ],
