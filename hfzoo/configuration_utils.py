@@ -22,6 +22,7 @@ from transformers import PreTrainedConfig
 
 from .choices import choice_hint
 from .compat import CACHE_NAME
+from .modules.attention import key_value_heads
 from .modules.embeddings import check_adaptive_config
 from .modules.experts import ROUTERS
 from .modules.feed_forward import ACTIVATIONS
@@ -104,6 +105,15 @@ class HfzooConfig(PreTrainedConfig):
         hidden_size: model width d_model.
         num_hidden_layers: number of Transformer layers.
         num_attention_heads: attention heads per layer.
+        num_key_value_heads: key/value heads per attention layer, grouped-query attention (Ainslie et al. 2023,
+            "GQA"): `k_proj` and `v_proj` project to this many heads, each shared by `num_attention_heads //
+            num_key_value_heads` consecutive query heads (transformers' `repeat_kv` layout, as Llama), and the
+            KV cache stores them only; 1 is multi-query attention (Shazeer 2019). A positive integer dividing
+            `num_attention_heads`; None (the default) becomes `num_attention_heads` (multi-head attention) when the
+            config is built, as in transformers' Llama (`hfzoo.models.presets.build_config` re-derives it when an
+            override changes `num_attention_heads` of a multi-head config).
+            Fewer key/value heads than query heads are refused with a token mixer or layer type that does not
+            group them (`hfzoo.modules.mixers.TokenMixer.grouped_kv_heads`; `layer_type="transformer"` only).
         head_dim: size of each head (T5's d_kv); None means `hidden_size // num_attention_heads`.
         intermediate_size: feed-forward inner width d_ff.
         hidden_act: feed-forward activation, a key of `hfzoo.modules.feed_forward.ACTIVATIONS`
@@ -355,6 +365,7 @@ class HfzooConfig(PreTrainedConfig):
     hidden_size: int = 512
     num_hidden_layers: int = 6
     num_attention_heads: int = 8
+    num_key_value_heads: int | None = None
     head_dim: int | None = None
     intermediate_size: int = 2048
     hidden_act: str = "gelu"
@@ -460,6 +471,8 @@ class HfzooConfig(PreTrainedConfig):
                     f"({self.num_attention_heads}) unless head_dim is set"
                 )
             self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_key_value_heads is None:  # multi-head attention: one key/value head per query head (as Llama)
+            self.num_key_value_heads = heads
         super().__post_init__(**kwargs)
 
     def validate_hfzoo_architecture(self) -> None:
@@ -470,6 +483,7 @@ class HfzooConfig(PreTrainedConfig):
             "hidden_size",
             "num_hidden_layers",
             "num_attention_heads",
+            "num_key_value_heads",
             "head_dim",
             "intermediate_size",
             "max_position_embeddings",
@@ -477,6 +491,11 @@ class HfzooConfig(PreTrainedConfig):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % key_value_heads(self):
+            raise ValueError(
+                f"num_key_value_heads={self.num_key_value_heads} must divide num_attention_heads="
+                f"{self.num_attention_heads} (each key/value head serves the same number of query heads)"
+            )
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "activation_dropout"):
             value = getattr(self, name)
             if name == "activation_dropout" and value is None:
@@ -551,6 +570,12 @@ class HfzooConfig(PreTrainedConfig):
             raise ValueError(
                 f"layer_type={self.layer_type!r} is not supported; "
                 f"{choice_hint(self.layer_type, LAYER_TYPES, 'LAYER_TYPES')}"
+            )
+        if self.layer_type != "transformer" and key_value_heads(self) != self.num_attention_heads:
+            raise ValueError(
+                f"num_key_value_heads={self.num_key_value_heads} (grouped-query attention) with num_attention_heads="
+                f"{self.num_attention_heads}, but layer_type={self.layer_type!r} does not group key/value heads; use "
+                f"num_key_value_heads={self.num_attention_heads} or layer_type='transformer'"
             )
         check_layer = getattr(LAYER_TYPES[self.layer_type], "check_config", None)
         if check_layer is not None:
@@ -674,6 +699,13 @@ class HfzooConfig(PreTrainedConfig):
         if layout.is_causal and self.use_cache and not mixer.kv_cache:
             raise ValueError(
                 f"use_cache=True, but {field}={name!r} has no KV cache (incremental decoding); set use_cache=False"
+            )
+        if key_value_heads(self) != self.num_attention_heads and not mixer.grouped_kv_heads:
+            allowed = [other for other, entry in TOKEN_MIXERS.items() if entry.grouped_kv_heads]
+            raise ValueError(
+                f"num_key_value_heads={self.num_key_value_heads} (grouped-query attention) with num_attention_heads="
+                f"{self.num_attention_heads}, but {field}={name!r} does not group key/value heads; use "
+                f"num_key_value_heads={self.num_attention_heads} or a token mixer among {allowed}"
             )
         for option, default in SCORE_OPTIONS.items():  # QK-norm, attention soft-capping: mixers with queries and keys
             if getattr(self, option) != default and option not in mixer.score_options:

@@ -21,6 +21,7 @@ from huggingface_hub import HfApi, ModelCard, ModelCardData
 from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 
 from . import AUTO_CLASSES
+from .modules.attention import key_value_heads
 
 #: resumable checkpoints of the pretraining recipe (`hfzoo.training.checkpointing.CHECKPOINT_DIR`).
 CHECKPOINT_DIR = "checkpoints"
@@ -54,6 +55,7 @@ ARCHITECTURE_FIELDS = (
     "num_hidden_layers",
     "num_decoder_layers",
     "num_attention_heads",
+    "num_key_value_heads",
     "head_dim",
     "intermediate_size",
     "hidden_act",
@@ -256,7 +258,8 @@ def build_model_card(
     ]
     for field in ARCHITECTURE_FIELDS:
         if hasattr(config, field):
-            lines.append(f"| `{field}` | {_format(getattr(config, field))} |")
+            value = key_value_heads(config) if field == "num_key_value_heads" else getattr(config, field)
+            lines.append(f"| `{field}` | {_format(value)} |")
     lines.append(f"| parameters | {_format(num_parameters)} |")
 
     lines += ["", "## Training", ""]

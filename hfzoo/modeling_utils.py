@@ -29,7 +29,7 @@ from transformers.utils.output_capturing import OutputRecorder
 from .compat import CACHE_NAME, LEGACY_CACHE_NAME, accept_legacy_cache_name, cache_field, output_cache
 from .configuration_utils import HfzooConfig
 from .integrity import check_weight_files
-from .modules.attention import HfzooAttention
+from .modules.attention import HfzooAttention, key_value_heads
 from .modules.embeddings import (
     AdaptiveLogSoftmax,
     AdaptiveVocabProjection,
@@ -560,7 +560,7 @@ class HfzooPreTrainedModel(PreTrainedModel):
 def has_attention_cache(config) -> bool:
     """Whether every self-attention cache layer of the causal stack holds attention keys and values.
 
-    That is, `(batch_size, num_attention_heads, length, head_dim)` keys and values: Transformer layers whose token
+    That is, `(batch_size, num_key_value_heads, length, head_dim)` keys and values: Transformer layers whose token
     mixer is an `HfzooAttention` (sliding-window and branched attention included). The convolutions, the
     synthesizer and the Evolved Transformer's cells keep states of other shapes in theirs.
     """
@@ -608,7 +608,7 @@ def early_initialize_static_cache(model: PreTrainedModel, cache: Cache | None, b
             continue
         sub_cache.early_initialization(
             batch_size=batch_size,
-            num_heads=config.num_attention_heads,
+            num_heads=key_value_heads(config),  # the cache stores the key/value heads (grouped-query attention)
             head_dim=config.head_dim,
             dtype=model.dtype,
             device=model.device,

@@ -152,7 +152,7 @@ def test_convert_script_both_ways(family, tmp_path):
 
 def test_convert_script_refuses_an_unknown_model_type(tmp_path):
     (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "src" / "config.json").write_text(json.dumps({"model_type": "bloom"}))
     proc = subprocess.run([script("hfzoo-convert"), "--model_name_or_path", str(tmp_path / "src"), "--output_dir",
                            str(tmp_path / "out")], capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert proc.returncode == 1 and "model_type 'llama' has no converter" in proc.stderr
+    assert proc.returncode == 1 and "model_type 'bloom' has no converter" in proc.stderr

@@ -1,4 +1,4 @@
-"""Convert between transformers' reference models and hfzoo, both ways: GPT-2, BERT and T5.
+"""Convert between transformers' reference models and hfzoo, both ways: GPT-2, BERT, T5, Llama, Qwen3, Mistral.
 
 One module per source model, each with its config mapping, its state-dict tables and both directions:
 
@@ -6,6 +6,8 @@ One module per source model, each with its config mapping, its state-dict tables
 - `hfzoo.convert.bert`: BERT (`BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`) <-> the hfzoo
   encoder, and `convert_bert_checkpoint` (a folder, pooler kept for sequence classification);
 - `hfzoo.convert.t5`: T5 (`T5ForConditionalGeneration`, v1.0 and v1.1) <-> the hfzoo encoder-decoder;
+- `hfzoo.convert.llama`: Llama, Qwen3 and Mistral (`LlamaForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`)
+  <-> the hfzoo decoder;
 - `hfzoo.convert.common`: the checks and the loading they share;
 - `hfzoo.convert.cli`: `convert_checkpoint(src, dst)` for folders, either direction, and the `hfzoo-convert` CLI.
 
@@ -33,6 +35,15 @@ from .gpt2 import (
     hfzoo_config_from_gpt2,
     hfzoo_to_gpt2,
 )
+from .llama import (
+    LLAMA_TO_HFZOO_GLOBAL,
+    LLAMA_TO_HFZOO_LAYER,
+    NATIVE_LLAMA_CLASSES,
+    hfzoo_config_from_llama,
+    hfzoo_to_llama,
+    llama_config_from_hfzoo,
+    llama_to_hfzoo,
+)
 from .t5 import (
     T5_TO_HFZOO_DECODER_LAYER,
     T5_TO_HFZOO_ENCODER_LAYER,
@@ -50,6 +61,9 @@ __all__ = [
     "BERT_TO_HFZOO_LAYER",
     "GPT2_TO_HFZOO_GLOBAL",
     "GPT2_TO_HFZOO_LAYER",
+    "LLAMA_TO_HFZOO_GLOBAL",
+    "LLAMA_TO_HFZOO_LAYER",
+    "NATIVE_LLAMA_CLASSES",
     "T5_TO_HFZOO_DECODER_LAYER",
     "T5_TO_HFZOO_ENCODER_LAYER",
     "T5_TO_HFZOO_GLOBAL",
@@ -63,10 +77,14 @@ __all__ = [
     "gpt2_to_hfzoo",
     "hfzoo_config_from_bert",
     "hfzoo_config_from_gpt2",
+    "hfzoo_config_from_llama",
     "hfzoo_config_from_t5",
     "hfzoo_to_bert",
     "hfzoo_to_gpt2",
+    "hfzoo_to_llama",
     "hfzoo_to_t5",
+    "llama_config_from_hfzoo",
+    "llama_to_hfzoo",
     "t5_config_from_hfzoo",
     "t5_to_hfzoo",
 ]

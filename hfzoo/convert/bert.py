@@ -30,6 +30,7 @@ from .common import (
     check_activation,
     check_fixed_fields,
     check_keys,
+    check_multi_head,
     check_standard_head_dim,
     load_converted,
     read_source,
@@ -191,6 +192,7 @@ def bert_config_from_hfzoo(config: HfzooEncoderConfig) -> BertConfig:
         raise TypeError(f"expected an HfzooEncoderConfig, got {type(config).__name__}")
     check_fixed_fields(config, _BERT_FIXED, "BERT")
     check_standard_head_dim(config, "BERT")
+    check_multi_head(config, "BERT")
     if config.type_vocab_size < 1:
         raise ValueError("type_vocab_size=0 cannot be converted to BERT, which always has token-type embeddings")
     return BertConfig(

@@ -1,22 +1,26 @@
-"""Convert a checkpoint folder between transformers' GPT-2 / BERT / T5 and hfzoo: the `hfzoo-convert` CLI.
+"""Convert a checkpoint folder between transformers' GPT-2 / BERT / T5 / Llama / Qwen3 / Mistral and hfzoo.
 
     hfzoo-convert --model_name_or_path gpt2-folder --output_dir gpt2-hfzoo       # GPT-2 -> hfzoo decoder
     hfzoo-convert --model_name_or_path gpt2-hfzoo --output_dir gpt2-again         # hfzoo decoder -> GPT-2
+    hfzoo-convert --model_name_or_path smollm2-folder --output_dir smollm2-hfzoo # Llama -> hfzoo decoder
 
 The direction follows from the source's `model_type` (`CHECKPOINT_CONVERTERS` at the bottom of this
-file): `gpt2`, `bert` and `t5` convert to hfzoo, `hfzoo_decoder` to GPT-2, `hfzoo_encoder` to BERT and
-`hfzoo_encoder_decoder` to T5. The output is a `save_pretrained` folder (weights, config, generation
-config where the model generates) with the source's tokenizer. Also `python -m hfzoo.convert`.
+file): `gpt2`, `bert`, `t5`, `llama`, `qwen3` and `mistral` convert to hfzoo, `hfzoo_encoder` to BERT and
+`hfzoo_encoder_decoder` to T5; `hfzoo_decoder` converts to the Llama family when it has rotary positions
+(Llama; Qwen3 with QK-norm; Mistral with a sliding window, `hfzoo.convert.llama`), else to GPT-2. The output
+is a `save_pretrained` folder (weights, config, generation config where the model generates) with the source's
+tokenizer. Also `python -m hfzoo.convert`.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, GPT2LMHeadModel, T5ForConditionalGeneration
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel, T5ForConditionalGeneration
 
 from ..models.decoder import HfzooDecoderForCausalLM
 from ..models.encoder import HfzooEncoderForMaskedLM, HfzooEncoderForSequenceClassification, HfzooEncoderModel
@@ -24,6 +28,7 @@ from ..models.encoder_decoder import HfzooEncoderDecoderForConditionalGeneration
 from ..outputs import check_output_folder, removed_if_refused
 from .bert import convert_bert_checkpoint, hfzoo_to_bert
 from .gpt2 import gpt2_to_hfzoo, hfzoo_to_gpt2
+from .llama import hfzoo_to_llama, llama_config_from_hfzoo, llama_to_hfzoo
 from .t5 import hfzoo_to_t5, t5_to_hfzoo
 
 
@@ -31,8 +36,25 @@ def _from_gpt2(source: Path, output_dir: Path) -> torch.nn.Module:
     return gpt2_to_hfzoo(GPT2LMHeadModel.from_pretrained(source))
 
 
-def _to_gpt2(source: Path, output_dir: Path) -> torch.nn.Module:
+def _from_decoder(source: Path, output_dir: Path) -> torch.nn.Module:
+    config = AutoConfig.from_pretrained(source)
+    if config.position_embedding_type == "rotary":  # the Llama family (GPT-2 has learned positions)
+        llama_config_from_hfzoo(config)  # refused before the weights are read
+        model = HfzooDecoderForCausalLM.from_pretrained(source)
+        return _with_generation_config(hfzoo_to_llama(model), model)
     return hfzoo_to_gpt2(HfzooDecoderForCausalLM.from_pretrained(source))
+
+
+def _from_llama(source: Path, output_dir: Path) -> torch.nn.Module:
+    model = AutoModelForCausalLM.from_pretrained(source)
+    return _with_generation_config(llama_to_hfzoo(model), model)
+
+
+def _with_generation_config(converted: torch.nn.Module, source: torch.nn.Module) -> torch.nn.Module:
+    """`converted` with the source's generation defaults (its `generation_config.json`: sampling, token ids)."""
+    if getattr(source, "generation_config", None) is not None:
+        converted.generation_config = copy.deepcopy(source.generation_config)
+    return converted
 
 
 def _from_bert(source: Path, output_dir: Path) -> None:
@@ -57,8 +79,11 @@ def _to_t5(source: Path, output_dir: Path) -> torch.nn.Module:
 def convert_checkpoint(model_name_or_path: str | Path, output_dir: str | Path) -> Path:
     """Convert a checkpoint folder to the other side (see the module docstring) and save it with its tokenizer.
 
-    An hfzoo encoder converts to the BERT class of its `architectures` (`HfzooEncoderForMaskedLM` ->
-    `BertForMaskedLM`, `...ForSequenceClassification` -> `BertForSequenceClassification`, else `BertModel`).
+    An hfzoo decoder with rotary positions converts to `LlamaForCausalLM` (`Qwen3ForCausalLM` with QK-norm,
+    `MistralForCausalLM` with a sliding window), any other to GPT-2; the Llama family keeps the source's
+    generation config. An hfzoo encoder converts to the BERT class of its `architectures`
+    (`HfzooEncoderForMaskedLM` -> `BertForMaskedLM`, `...ForSequenceClassification` ->
+    `BertForSequenceClassification`, else `BertModel`).
 
     Args:
         model_name_or_path: the source checkpoint folder (or hub id).
@@ -93,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     """Return the parser of `hfzoo-convert`."""
     parser = argparse.ArgumentParser(
         prog="hfzoo-convert",
-        description="Convert a checkpoint between transformers' GPT-2 / BERT / T5 and hfzoo (the direction "
-        "follows from the source's model_type).",
+        description="Convert a checkpoint between transformers' GPT-2 / BERT / T5 / Llama / Qwen3 / Mistral and "
+        "hfzoo (the direction follows from the source's model_type; an hfzoo decoder with rotary positions "
+        "becomes Llama, Qwen3 or Mistral, any other GPT-2).",
     )
     parser.add_argument("--model_name_or_path", required=True, help="source checkpoint folder (or hub id)")
     parser.add_argument("--output_dir", required=True, help="where to write the converted checkpoint")
@@ -123,7 +149,10 @@ def main(argv: list[str] | None = None) -> None:
 #: source `model_type` -> `(source folder, output folder) -> converted model` (None: the function wrote the folder).
 CHECKPOINT_CONVERTERS: dict[str, Callable[[Path, Path], torch.nn.Module | None]] = {
     "gpt2": _from_gpt2,
-    "hfzoo_decoder": _to_gpt2,
+    "hfzoo_decoder": _from_decoder,
+    "llama": _from_llama,
+    "qwen3": _from_llama,
+    "mistral": _from_llama,
     "bert": _from_bert,
     "hfzoo_encoder": _to_bert,
     "t5": _from_t5,

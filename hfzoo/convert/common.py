@@ -1,4 +1,4 @@
-"""Helpers shared by the converters of `hfzoo.convert` (GPT-2, BERT, T5): config checks, key checks, loading.
+"""Helpers shared by the converters of `hfzoo.convert` (GPT-2, BERT, T5, Llama): config checks, key checks, loading.
 
 Every converter builds a config on the other side (refusing settings that side cannot express, with the
 field named), re-lays out a state dict, checks its keys against what the target model expects, and
@@ -90,6 +90,20 @@ def check_standard_head_dim(config: Any, target: str) -> None:
         raise ValueError(
             f"head_dim={config.head_dim} cannot be converted to {target}, whose head size is "
             f"hidden_size // num_attention_heads = {config.hidden_size} // {config.num_attention_heads}"
+        )
+
+
+def check_multi_head(config: Any, target: str) -> None:
+    """Refuse grouped-query attention (`num_key_value_heads` below `num_attention_heads`): GPT-2, BERT, T5 lack it.
+
+    Raises:
+        ValueError: naming both fields and their values.
+    """
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    if kv_heads != config.num_attention_heads:
+        raise ValueError(
+            f"num_key_value_heads={kv_heads} cannot be converted to {target}, which has one key/value head per query "
+            f"head (needs num_key_value_heads = num_attention_heads = {config.num_attention_heads})"
         )
 
 

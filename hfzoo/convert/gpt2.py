@@ -38,6 +38,7 @@ from .common import (
     check_activation,
     check_fixed_fields,
     check_keys,
+    check_multi_head,
     check_standard_head_dim,
     load_converted,
     read_source,
@@ -204,6 +205,7 @@ def gpt2_config_from_hfzoo(config: HfzooDecoderConfig) -> GPT2Config:
         raise TypeError(f"expected an HfzooDecoderConfig, got {type(config).__name__}")
     check_fixed_fields(config, _GPT2_FIXED, "GPT-2")
     check_standard_head_dim(config, "GPT-2")
+    check_multi_head(config, "GPT-2")
     check_activation("hidden_act", config.hidden_act)
     if getattr(config, "type_vocab_size", 0):
         raise ValueError(f"type_vocab_size={config.type_vocab_size}: GPT-2 has no token-type embeddings")

@@ -26,6 +26,7 @@ from .common import (
     check_activation,
     check_fixed_fields,
     check_keys,
+    check_multi_head,
     load_converted,
     read_source,
     resolve_tied_head,
@@ -208,6 +209,7 @@ def t5_config_from_hfzoo(config: HfzooEncoderDecoderConfig) -> T5Config:
     if not isinstance(config, HfzooEncoderDecoderConfig):
         raise TypeError(f"expected an HfzooEncoderDecoderConfig, got {type(config).__name__}")
     check_fixed_fields(config, _T5_FIXED, "T5")
+    check_multi_head(config, "T5")
     if config.hidden_dropout_prob != config.attention_probs_dropout_prob:
         raise ValueError(
             f"attention_probs_dropout_prob={config.attention_probs_dropout_prob} differs from hidden_dropout_prob="

@@ -23,12 +23,14 @@ any hfzoo family; `FlopsCount.per_token` divides by the tokens the model process
   first and 1 per skip, are no matrix-product weights).
 - **Attention, 12 d_attn per (query, key) pair** (PaLM App. B: 12 L H Q T per token for self-attention
   over T keys). The scores `Q K^T` and the weighted values `P V` each cost 2 d_attn FLOPs per pair forward
-  (`d_attn = num_attention_heads * head_dim`), three times that with backward. As in PaLM, causal masking
-  is not discounted.
+  (`d_attn = num_attention_heads * head_dim`, the query heads also under grouped-query attention, whose
+  shared key/value heads save projection weights but no score work), three times that with backward. As in
+  PaLM, causal masking is not discounted.
 - **Token mixers**: each stack counts its token mixer's sublayers (`sublayer_pattern`: the `s` letters)
   and feed-forward sublayers (the `f` letters). What one token-mixer sublayer costs is the mixer class's
   own count (`hfzoo.modules.mixers`), in one of two forms: static methods `mixer_weights(config)`
-  (matrix-product weights per token; self-attention's q, k, v, o) and `attention_pairs(config, seq_len)`
+  (matrix-product weights per token; self-attention's q, k, v, o, with k and v at `num_key_value_heads` heads
+  under grouped-query attention) and `attention_pairs(config, seq_len)`
   ((query, key) pairs over a sequence; self-attention's `seq_len ** 2`, each costing `12 d_attn`), or a
   static `flops_per_token(config, mixer_idx, is_causal)` giving `(weights per token, FLOPs per (query, key)
   pair)` over all `seq_len ** 2` pairs (mixers with their own heads or per-layer widths: the convolutions,
@@ -62,7 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..modules.attention import HfzooAttention
+from ..modules.attention import HfzooAttention, key_value_heads
 from ..modules.embeddings import adaptive_input_clusters, adaptive_softmax_clusters
 from ..modules.mixers import TOKEN_MIXERS
 from ..modules.stack import LAYER_STACKS, LAYER_TYPES
@@ -165,7 +167,7 @@ def _layer_costs(config, layout) -> list[_LayerCost]:
             mixer_idx, mixers = mixers, mixers + 1
             if layout.has_cross_attention:
                 query += 2 * hidden * width + mixer_ffn + gate
-                cross_key_value += 2 * hidden * width
+                cross_key_value += 2 * hidden * key_value_heads(config) * config.head_dim  # grouped k, v heads
         if "f" in sublayers:
             query += _feed_forward_weights(config, next(kinds)) + gate
         costs.append(_LayerCost(query, cross_key_value, mixer_idx, "s" in sublayers and layout.has_cross_attention))

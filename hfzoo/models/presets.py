@@ -89,7 +89,8 @@ def build_config(name_or_path: str, overrides: str | dict[str, Any] | None = Non
     """Build a validated config from a preset name, a checkpoint folder or a `config.json`, plus overrides.
 
     `head_dim` follows `hidden_size / num_attention_heads` when an override changes either of them
-    and the base config's `head_dim` was the derived value.
+    and the base config's `head_dim` was the derived value; likewise `num_key_value_heads` follows a new
+    `num_attention_heads` when it equalled the old one (multi-head attention).
 
     Args:
         name_or_path: a key of `PRESETS`, a folder holding `config.json`, or a JSON file.
@@ -128,6 +129,7 @@ def build_config(name_or_path: str, overrides: str | dict[str, Any] | None = Non
     hidden = base.get("hidden_size", getattr(defaults, "hidden_size", None))
     heads = base.get("num_attention_heads", getattr(defaults, "num_attention_heads", None))
     head_dim_derived = hidden and heads and base.get("head_dim") in (None, hidden // heads)
+    kv_heads_derived = base.get("num_key_value_heads") in (None, heads)  # multi-head: follows the heads
     for key, value in parsed.items():
         if key not in known:
             generic = {f.name for f in dataclasses.fields(PreTrainedConfig)}
@@ -137,6 +139,8 @@ def build_config(name_or_path: str, overrides: str | dict[str, Any] | None = Non
         base[key] = _convert(key, value, current, str(known[key].type))
     if head_dim_derived and "head_dim" not in parsed and {"hidden_size", "num_attention_heads"} & set(parsed):
         base.pop("head_dim", None)  # re-derived from the new hidden_size / num_attention_heads
+    if kv_heads_derived and "num_key_value_heads" not in parsed and "num_attention_heads" in parsed:
+        base.pop("num_key_value_heads", None)  # multi-head attention stays multi-head with the new heads
     base.update(fields)
     for key in ("transformers_version", "architectures", "_name_or_path", "auto_map"):
         base.pop(key, None)
@@ -357,3 +361,99 @@ PRESETS["t5-v1.1"] = {
     "tie_word_embeddings": False,
     "scale_lm_head_input": False,
 }
+
+# The Llama architecture (Touvron et al. 2023, "LLaMA", §2.2), as transformers' `LlamaForCausalLM` runs it: pre-norm
+# RMSNorm, SwiGLU feed-forward, rotary positions (rotate-half layout), no biases, no dropout; grouped-query
+# attention through `num_key_value_heads`. `hfzoo.convert.hfzoo_to_llama` converts these to transformers' native
+# Llama classes and back (docs/convert.md).
+_LLAMA_ARCHITECTURE: dict[str, Any] = {
+    "model_type": "hfzoo_decoder",
+    "position_embedding_type": "rotary",
+    "norm_type": "rms_norm",
+    "norm_position": "pre",
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "gated_mlp": True,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "activation_dropout": 0.0,
+}
+
+PRESETS.update(
+    {
+        # A tiny Llama-shaped decoder for tests and smoke runs: 4 query heads sharing 2 key/value heads.
+        "llama-tiny": {
+            **_LLAMA_ARCHITECTURE,
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 128,
+            "max_position_embeddings": 512,
+            "tie_word_embeddings": False,
+        },
+        # The shape of SmolLM2-135M (HuggingFaceTB/SmolLM2-135M; Allal et al. 2025): 30 layers, width 576, 9 query
+        # heads sharing 3 key/value heads, SwiGLU 1536, tied embeddings, RoPE base 100000, 8192 positions;
+        # 134,515,008 parameters (tests/models/test_param_counts.py).
+        "smollm2-135m": {
+            **_LLAMA_ARCHITECTURE,
+            "vocab_size": 49152,
+            "hidden_size": 576,
+            "num_hidden_layers": 30,
+            "num_attention_heads": 9,
+            "num_key_value_heads": 3,
+            "intermediate_size": 1536,
+            "max_position_embeddings": 8192,
+            "rope_theta": 100000.0,
+            "tie_word_embeddings": True,
+        },
+        # Qwen3 (Qwen Team 2025, "Qwen3 Technical Report" §2): Llama's architecture plus QK-norm, an RMSNorm with a
+        # learned scale on each head's queries and keys before rotary (transformers' `Qwen3ForCausalLM`).
+        "qwen3-tiny": {
+            **_LLAMA_ARCHITECTURE,
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "intermediate_size": 128,
+            "max_position_embeddings": 512,
+            "rms_norm_eps": 1e-6,
+            "qk_norm": "rms_norm",
+            "tie_word_embeddings": True,
+        },
+        # The shape of Qwen3-0.6B (Qwen/Qwen3-0.6B): 28 layers, width 1024, 16 query heads of 128 sharing 8
+        # key/value heads, SwiGLU 3072, tied embeddings, RoPE base 1000000, 40960 positions; 596,049,920 parameters
+        # (tests/models/test_param_counts.py).
+        "qwen3-0.6b": {
+            **_LLAMA_ARCHITECTURE,
+            "vocab_size": 151936,
+            "hidden_size": 1024,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "intermediate_size": 3072,
+            "max_position_embeddings": 40960,
+            "rope_theta": 1000000.0,
+            "rms_norm_eps": 1e-6,
+            "qk_norm": "rms_norm",
+            "tie_word_embeddings": True,
+        },
+        # Mistral (Jiang et al. 2023, "Mistral 7B" §2): Llama's architecture with sliding-window attention. hfzoo's
+        # `attention_window` w lets each token see itself and the w/2 tokens before it, Mistral's `sliding_window`
+        # counts that token too: w = 8 is Mistral's sliding_window = 5 (transformers' `MistralForCausalLM`).
+        "mistral-tiny": {
+            **_LLAMA_ARCHITECTURE,
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 128,
+            "max_position_embeddings": 512,
+            "token_mixer": "sliding_window",
+            "attention_window": 8,
+            "tie_word_embeddings": False,
+        },
+    }
+)

@@ -17,6 +17,14 @@ QK-norm (`config.qk_norm`, `hfzoo.modules.norms.QK_NORMS`) normalises each head'
 `head_dim` right after their projections, so rotary rotates normalised vectors and the cache stores normalised
 keys; `config.attn_logit_softcapping` caps the scaled scores `Q K^T * scaling` at `cap * tanh(. / cap)` before
 the score bias and the mask are added (`hfzoo.modules.softcapping`; eager, FlexAttention, flash-attention).
+
+Grouped-query attention (Ainslie et al. 2023, "GQA: Training Generalized Multi-Query Transformer Models from
+Multi-Head Checkpoints"): with `config.num_key_value_heads` below `num_attention_heads`, `k_proj` and `v_proj`
+project to `num_key_value_heads` heads, the KV cache stores those heads only, and each key/value head serves
+`num_key_value_groups = num_attention_heads // num_key_value_heads` consecutive query heads. The backends get
+the key/value heads as they are, as in transformers' Llama: the written-out forwards here repeat them
+(transformers' `repeat_kv`), transformers' SDPA / flex / flash backends repeat them or use their native GQA
+(they read `module.num_key_value_groups`).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.integrations import flex_attention as transformers_flex
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import repeat_kv
 from transformers.utils import is_torch_flex_attn_available
 
 from .norms import build_qk_norm
@@ -46,6 +55,24 @@ else:  # pragma: no cover - torch without FlexAttention (before 2.5)
     BlockMask = None
 
 
+def _repeat_key_value_heads(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Repeat grouped key/value heads `(batch, num_kv_heads, kv_len, head_dim)` to the query's `num_heads`.
+
+    Key/value head j serves query heads `j * groups ... (j + 1) * groups - 1` (transformers' `repeat_kv`, as Llama).
+
+    Raises:
+        ValueError: `num_kv_heads` does not divide the query's `num_heads`.
+    """
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if heads == kv_heads:
+        return key, value
+    if heads % kv_heads:
+        raise ValueError(f"{kv_heads} key/value heads cannot be shared evenly by {heads} query heads")
+    return repeat_kv(key, heads // kv_heads), repeat_kv(value, heads // kv_heads)
+
+
 def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -61,13 +88,14 @@ def eager_attention_forward(
     """Scaled dot-product attention, written out (Vaswani et al. 2017, §3.2.1, eq. 1).
 
     `softmax(soft_cap(Q K^T * scaling) + position_bias + mask) V`, softmax in float32; `soft_cap` is
-    `softcap * tanh(. / softcap)` (Gemma 2 §2) with `softcap`, the identity without.
+    `softcap * tanh(. / softcap)` (Gemma 2 §2) with `softcap`, the identity without. Grouped key/value heads
+    are repeated to the query heads first (transformers' `repeat_kv`).
 
     Args:
         module: the calling attention module (for `training`).
         query: `(batch_size, num_heads, q_len, head_dim)`.
-        key: `(batch_size, num_heads, kv_len, head_dim)`.
-        value: `(batch_size, num_heads, kv_len, head_dim)`.
+        key: `(batch_size, num_kv_heads, kv_len, head_dim)`, `num_kv_heads` dividing `num_heads`.
+        value: `(batch_size, num_kv_heads, kv_len, head_dim)`.
         attention_mask: additive float mask broadcastable to `(batch_size, num_heads, q_len, kv_len)`
             (0 where attending, the dtype's minimum where masked), as built by `transformers.masking_utils`
             for the eager backend; or None.
@@ -81,6 +109,7 @@ def eager_attention_forward(
         `(attn_output, attn_weights)`: `(batch_size, q_len, num_heads, head_dim)` and
         `(batch_size, num_heads, q_len, kv_len)`.
     """
+    key, value = _repeat_key_value_heads(query, key, value)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (batch, heads, q_len, kv_len)
     scores = soft_cap(scores, softcap)
     if position_bias is not None:
@@ -113,8 +142,8 @@ def shaw_attention_forward(
     Args:
         module: the calling attention module (for `training`).
         query: `(batch_size, num_heads, q_len, head_dim)`.
-        key: `(batch_size, num_heads, kv_len, head_dim)`.
-        value: `(batch_size, num_heads, kv_len, head_dim)`.
+        key: `(batch_size, num_kv_heads, kv_len, head_dim)` (grouped heads are repeated, `repeat_kv`).
+        value: `(batch_size, num_kv_heads, kv_len, head_dim)`.
         attention_mask: additive float mask broadcastable to `(batch_size, num_heads, q_len, kv_len)`, or None.
         scaling: multiplier of the scores.
         relative_keys: `a^K`, `(q_len, kv_len, head_dim)`, shared across heads.
@@ -126,6 +155,7 @@ def shaw_attention_forward(
         `(attn_output, attn_weights)`: `(batch_size, q_len, num_heads, head_dim)` and
         `(batch_size, num_heads, q_len, kv_len)`.
     """
+    key, value = _repeat_key_value_heads(query, key, value)
     scores = torch.matmul(query, key.transpose(2, 3))  # (batch, heads, q_len, kv_len)
     scores = scores + torch.einsum("bhqd,qkd->bhqk", query, relative_keys.to(query.dtype))
     scores = soft_cap(scores * scaling, softcap)
@@ -164,8 +194,8 @@ def flex_score_bias_attention_forward(
     Args:
         module: the calling attention module (for `training`).
         query: `(batch_size, num_heads, q_len, head_dim)`.
-        key: `(batch_size, num_heads, kv_len, head_dim)`.
-        value: `(batch_size, num_heads, kv_len, head_dim)`.
+        key: `(batch_size, num_kv_heads, kv_len, head_dim)` (grouped heads are repeated, `repeat_kv`).
+        value: `(batch_size, num_kv_heads, kv_len, head_dim)`.
         attention_mask: the `BlockMask` `transformers.masking_utils` builds for `flex_attention`, an additive
             float mask broadcastable to `(batch_size, 1, q_len, kv_len)` (a prepared 4-D mask), or None.
         scaling: multiplier of the scores.
@@ -191,6 +221,7 @@ def flex_score_bias_attention_forward(
         )
     if position_bias.num_heads != query.shape[1]:
         raise ValueError(f"a score bias of {position_bias.num_heads} heads for {query.shape[1]} attention heads")
+    key, value = _repeat_key_value_heads(query, key, value)
     block_mask = attention_mask if isinstance(attention_mask, BlockMask) else None
     bias_mod = position_bias.score_mod(query.dtype)
     if softcap is not None:
@@ -251,11 +282,18 @@ def add_bias_to_mask(
     return (bias + attention_mask.to(dtype)).clamp(min=torch.finfo(dtype).min)
 
 
+def key_value_heads(config) -> int:
+    """`config.num_key_value_heads` (grouped-query attention), or `num_attention_heads` where a config has none."""
+    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+
 class HfzooAttention(nn.Module):
     """Multi-head attention (Vaswani et al. 2017, §3.2.2) with a pluggable backend and KV cache.
 
     Self-attention, or cross-attention to encoder outputs when `is_cross_attention`. Reads
-    `hidden_size`, `num_attention_heads`, `head_dim` (T5's d_kv; defaults to
+    `hidden_size`, `num_attention_heads`, `num_key_value_heads` (grouped-query attention: `k_proj` and `v_proj`
+    project to that many heads, each shared by `num_attention_heads // num_key_value_heads` query heads; the
+    cache stores them), `head_dim` (T5's d_kv; defaults to
     `hidden_size // num_attention_heads`), `attention_bias`, `attention_probs_dropout_prob`,
     `scale_attention_scores` (scores times `head_dim ** -0.5`, or unscaled as T5) and
     `position_embedding_type`: self-attention owns a `relative_attention_bias` (a score bias the scheme
@@ -283,13 +321,17 @@ class HfzooAttention(nn.Module):
         self.is_causal = is_causal and not is_cross_attention
         self.is_cross_attention = is_cross_attention
         self.num_heads = config.num_attention_heads
+        self.num_key_value_heads = key_value_heads(config)
+        # read by transformers' SDPA / flex backends (repeat_kv or their native GQA), as Llama's attention
+        self.num_key_value_groups = self.num_heads // self.num_key_value_heads
         self.head_dim = config.head_dim
         # Without scaling (T5), the 1/sqrt(head_dim) is folded into q_proj's initialisation (see HfzooPreTrainedModel).
         self.scaling = self.head_dim**-0.5 if config.scale_attention_scores else 1.0
         inner = self.num_heads * self.head_dim
+        kv_inner = self.num_key_value_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, inner, bias=config.attention_bias)
-        self.k_proj = nn.Linear(config.hidden_size, inner, bias=config.attention_bias)
-        self.v_proj = nn.Linear(config.hidden_size, inner, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_inner, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_inner, bias=config.attention_bias)
         self.o_proj = nn.Linear(inner, config.hidden_size, bias=config.attention_bias)
         if not config.scale_attention_scores:
             self.q_proj.init_std_scale = self.head_dim**-0.5  # read by HfzooPreTrainedModel._init_weights
@@ -330,9 +372,11 @@ class HfzooAttention(nn.Module):
     def mixer_weights(config) -> int:
         """Matrix-product weights one token passes through in a self-attention sublayer: q, k, v, o.
 
-        Read by `hfzoo.models.flops` (each weight costs 6 training FLOPs per token).
+        `2 (num_attention_heads + num_key_value_heads) head_dim hidden_size` (q and o at the query heads, k and v
+        at the key/value heads). Read by `hfzoo.models.flops` (each weight costs 6 training FLOPs per token).
         """
-        return 4 * config.hidden_size * config.num_attention_heads * config.head_dim
+        heads = config.num_attention_heads + key_value_heads(config)
+        return 2 * config.hidden_size * heads * config.head_dim
 
     @staticmethod
     def attention_pairs(config, seq_len: int) -> int:
@@ -348,8 +392,8 @@ class HfzooAttention(nn.Module):
         return states if norm is None else norm(states)
 
     def _project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (*states.shape[:-1], self.num_heads, self.head_dim)
-        # (batch, kv_len, hidden) -> (batch, heads, kv_len, head_dim)
+        shape = (*states.shape[:-1], self.num_key_value_heads, self.head_dim)
+        # (batch, kv_len, hidden) -> (batch, kv_heads, kv_len, head_dim)
         return self.k_proj(states).view(shape).transpose(1, 2), self.v_proj(states).view(shape).transpose(1, 2)
 
     def forward(

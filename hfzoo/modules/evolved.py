@@ -166,7 +166,9 @@ class EvolvedTransformerLayer(GradientCheckpointingLayer):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.wide_attn = self.wide_cross_attn = self.cross_attn = self.glu_value = None
         if is_causal:
-            wide = ConfigView(config, num_attention_heads=2 * config.num_attention_heads)
+            wide = ConfigView(  # twice the heads, keys and values included (no grouped-query attention here)
+                config, num_attention_heads=2 * config.num_attention_heads, num_key_value_heads=None
+            )
             self.wide_attn_norm = build_norm(config)
             self.wide_attn = HfzooAttention(wide, cache_idx, is_causal=True)
             if has_cross_attention:

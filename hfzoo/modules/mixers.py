@@ -101,6 +101,9 @@ class TokenMixer:
             (`SCORE_OPTIONS`: `qk_norm`, QK-norm; `attn_logit_softcapping`, Gemma 2's score cap), as
             `HfzooAttention.attend` does; the config refuses the others at a non-default value in a stack using
             the mixer (a mixer without queries and keys has none).
+        grouped_kv_heads: the mixer supports grouped-query attention (`config.num_key_value_heads` below
+            `num_attention_heads`: fewer key/value heads, each shared by a group of query heads), as
+            `HfzooAttention` does; False: the config refuses `num_key_value_heads != num_attention_heads` with it.
     """
 
     module: type[nn.Module]
@@ -118,6 +121,7 @@ class TokenMixer:
     cross_attention: type[nn.Module] | None = None
     values: bool = False
     score_options: tuple[str, ...] = ()
+    grouped_kv_heads: bool = False
 
     def runs_in(self, model_type: str, is_causal: bool) -> bool:
         """Whether the mixer is defined in a stack of direction `is_causal` of the family `model_type`."""
@@ -146,7 +150,9 @@ _ATTEND = tuple(SCORE_OPTIONS)  # mixers whose scores come from `HfzooAttention.
 
 # Token mixers, selected by `config.token_mixer` (and the encoder-decoder's `decoder_token_mixer`).
 TOKEN_MIXERS = {
-    "self_attention": TokenMixer(HfzooAttention, values=True, score_options=_ATTEND),  # Vaswani et al. 2017 §3.2
+    "self_attention": TokenMixer(  # Vaswani et al. 2017 §3.2; grouped-query attention, Ainslie et al. 2023
+        HfzooAttention, values=True, score_options=_ATTEND, grouped_kv_heads=True
+    ),
     "fourier": TokenMixer(  # FNet, Lee-Thorp et al. 2022
         FourierMixer,
         causal=False,
@@ -172,6 +178,7 @@ TOKEN_MIXERS = {
         mask_overlay=window_overlay,
         values=True,
         score_options=_ATTEND,
+        grouped_kv_heads=True,
     ),
     "bigbird": TokenMixer(  # Zaheer et al. 2020 (ITC)
         BigBirdAttention,

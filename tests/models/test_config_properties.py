@@ -129,6 +129,10 @@ DOMAINS: dict[str, Domain] = {
     "hidden_size": Domain(st.sampled_from([16, 32, 48]), st.one_of(NOT_POSITIVE, st.sampled_from([30, 34]))),
     "num_hidden_layers": Domain(positive(1, 3), NOT_POSITIVE),
     "num_attention_heads": Domain(st.sampled_from([1, 2, 4, 8]), st.one_of(NOT_POSITIVE, st.sampled_from([3, 5]))),
+    # grouped-query attention: key/value heads dividing the query heads (None: one per query head)
+    "num_key_value_heads": Domain(
+        st.sampled_from([None, 1, 2, 4]), st.one_of(NOT_POSITIVE, st.sampled_from([3])), {"num_attention_heads": 4}
+    ),
     "head_dim": Domain(st.one_of(st.none(), st.sampled_from([4, 8, 12])), NOT_POSITIVE),
     "intermediate_size": Domain(positive(8, 64), NOT_POSITIVE),
     "max_position_embeddings": Domain(positive(16, 128), NOT_POSITIVE),

@@ -158,8 +158,8 @@ def row_config(row: str):
     """The row's config on the smallest base it resolves on."""
     for fields in ROW_BASES:
         base = build_config("narang-vanilla", fields).to_dict()
-        for key in ("model_type", "transformers_version", "architectures"):
-            base.pop(key, None)
+        for key in ("model_type", "transformers_version", "architectures", "num_key_value_heads"):
+            base.pop(key, None)  # (multi-head attention follows a row's number of heads)
         try:
             fields = {**base, **resolve_row(row, base)}
         except ValueError:
