@@ -8,6 +8,8 @@ One module per source model, each with its config mapping, its state-dict tables
 - `hfzoo.convert.t5`: T5 (`T5ForConditionalGeneration`, v1.0 and v1.1) <-> the hfzoo encoder-decoder;
 - `hfzoo.convert.llama`: Llama, Qwen3 and Mistral (`LlamaForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`)
   <-> the hfzoo decoder;
+- `hfzoo.convert.gguf`: a Llama-shaped decoder (hfzoo or native Llama / Qwen3) as a GGUF file for llama.cpp
+  (`write_gguf`, `convert_to_gguf`; needs the `gguf` extra);
 - `hfzoo.convert.common`: the checks and the loading they share;
 - `hfzoo.convert.cli`: `convert_checkpoint(src, dst)` for folders, either direction, and the `hfzoo-convert` CLI.
 
@@ -27,6 +29,14 @@ from .bert import (
     hfzoo_to_bert,
 )
 from .cli import convert_checkpoint
+from .gguf import (
+    GGUF_OUTTYPES,
+    check_gguf_config,
+    convert_to_gguf,
+    gguf_permute_qk,
+    gguf_unpermute_qk,
+    write_gguf,
+)
 from .gpt2 import (
     GPT2_TO_HFZOO_GLOBAL,
     GPT2_TO_HFZOO_LAYER,
@@ -59,6 +69,7 @@ __all__ = [
     "BERT_TO_HFZOO_GLOBAL",
     "BERT_TO_HFZOO_HEADS",
     "BERT_TO_HFZOO_LAYER",
+    "GGUF_OUTTYPES",
     "GPT2_TO_HFZOO_GLOBAL",
     "GPT2_TO_HFZOO_LAYER",
     "LLAMA_TO_HFZOO_GLOBAL",
@@ -71,8 +82,12 @@ __all__ = [
     "bert_config_from_hfzoo",
     "bert_state_dict_to_hfzoo",
     "bert_to_hfzoo",
+    "check_gguf_config",
     "convert_bert_checkpoint",
     "convert_checkpoint",
+    "convert_to_gguf",
+    "gguf_permute_qk",
+    "gguf_unpermute_qk",
     "gpt2_config_from_hfzoo",
     "gpt2_to_hfzoo",
     "hfzoo_config_from_bert",
@@ -87,4 +102,5 @@ __all__ = [
     "llama_to_hfzoo",
     "t5_config_from_hfzoo",
     "t5_to_hfzoo",
+    "write_gguf",
 ]

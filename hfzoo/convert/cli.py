@@ -10,6 +10,11 @@ file): `gpt2`, `bert`, `t5`, `llama`, `qwen3` and `mistral` convert to hfzoo, `h
 (Llama; Qwen3 with QK-norm; Mistral with a sliding window, `hfzoo.convert.llama`), else to GPT-2. The output
 is a `save_pretrained` folder (weights, config, generation config where the model generates) with the source's
 tokenizer. Also `python -m hfzoo.convert`.
+
+`--to gguf` instead writes a Llama-shaped decoder (hfzoo, or native Llama / Qwen3) and its tokenizer as one GGUF
+file for llama.cpp, `{output_dir}/model-{outtype}.gguf` (`hfzoo.convert.gguf`; needs `pip install "hfzoo[gguf]"`):
+
+    hfzoo-convert --model_name_or_path smollm2-hfzoo --output_dir smollm2-gguf --to gguf --outtype f16
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from ..models.encoder import HfzooEncoderForMaskedLM, HfzooEncoderForSequenceCla
 from ..models.encoder_decoder import HfzooEncoderDecoderForConditionalGeneration
 from ..outputs import check_output_folder, removed_if_refused
 from .bert import convert_bert_checkpoint, hfzoo_to_bert
+from .gguf import GGUF_OUTTYPES, convert_to_gguf
 from .gpt2 import gpt2_to_hfzoo, hfzoo_to_gpt2
 from .llama import hfzoo_to_llama, llama_config_from_hfzoo, llama_to_hfzoo
 from .t5 import hfzoo_to_t5, t5_to_hfzoo
@@ -124,6 +130,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--model_name_or_path", required=True, help="source checkpoint folder (or hub id)")
     parser.add_argument("--output_dir", required=True, help="where to write the converted checkpoint")
+    parser.add_argument(
+        "--to",
+        choices=("auto", "gguf"),
+        default="auto",
+        help="auto (default): the other side of the source's model_type; gguf: one GGUF file for llama.cpp, "
+        "{output_dir}/model-{outtype}.gguf, from an hfzoo decoder or a native Llama / Qwen3 checkpoint",
+    )
+    parser.add_argument(
+        "--outtype",
+        choices=GGUF_OUTTYPES,
+        default=None,
+        help="with --to gguf: the tensor type of the matrices (default f16; vectors stay f32)",
+    )
     return parser
 
 
@@ -136,14 +155,24 @@ def main(argv: list[str] | None = None) -> None:
     Raises:
         SystemExit: an argparse error, or a one-line `error: ...` for a checkpoint that cannot be converted.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.outtype is not None and args.to != "gguf":
+        parser.error(f"--outtype {args.outtype} needs --to gguf")
+    target = args.output_dir
     try:
         with removed_if_refused(args.output_dir):  # a refused conversion leaves no empty output folder behind
             check_output_folder(args.output_dir)
-            convert_checkpoint(args.model_name_or_path, args.output_dir)
-    except (OSError, ValueError, TypeError) as err:
+            if args.to == "gguf":
+                outtype = args.outtype or "f16"
+                target = convert_to_gguf(
+                    args.model_name_or_path, Path(args.output_dir) / f"model-{outtype}.gguf", outtype
+                )
+            else:
+                convert_checkpoint(args.model_name_or_path, args.output_dir)
+    except (OSError, ValueError, TypeError, ImportError) as err:
         raise SystemExit(f"error: {str(err).splitlines()[0]}") from None
-    print(f"converted {args.model_name_or_path} -> {args.output_dir}")
+    print(f"converted {args.model_name_or_path} -> {target}")
 
 
 #: source `model_type` -> `(source folder, output folder) -> converted model` (None: the function wrote the folder).
