@@ -106,14 +106,15 @@ def both_stacks_prefix(cache: Cache | None, config) -> Cache | None:
     Returns:
         The cache of `num_hidden_layers + num_decoder_layers` prefix layers, or None.
     """
-    if isinstance(cache, EncoderDecoderCache):
-        if cache.cross_attention_cache.get_seq_length() > 0:
-            return None
-        cache = cache.self_attention_cache
-    layers = getattr(cache, "layers", None)
+    # The layer count first: it tells a generation cache (a static one included) apart without reading any
+    # tensor, so compiled generation does not branch on data here.
+    prefix = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+    layers = getattr(prefix, "layers", None)
     if layers is None or len(layers) != config.num_hidden_layers + config.num_decoder_layers:
         return None
-    return cache if cache.get_seq_length() > 0 else None
+    if isinstance(cache, EncoderDecoderCache) and cache.cross_attention_cache.get_seq_length() > 0:
+        return None
+    return prefix if prefix.get_seq_length() > 0 else None
 
 
 def with_prefix_columns(attention_mask: torch.Tensor | None, prefix_length: int, source_length: int):
