@@ -92,6 +92,9 @@ VARIANTS: list[tuple[dict, tuple[str, ...], tuple[str, ...]]] = [
     # ---- modifications in use today: QK-norm (Dehghani et al. 2023; OLMo 2) with every position scheme and with
     # sliding-window attention, attention / final logit soft-capping (Gemma 2; no SDPA for the attention cap),
     # squared ReLU (So et al. 2021, Primer), dense and gated
+    # grouped-query attention (Ainslie et al. 2023) and multi-query attention (Shazeer 2019): 4 query heads
+    ({"num_key_value_heads": 2, "position_embedding_type": "rotary"}, ALL, BOTH),
+    ({"num_key_value_heads": 1}, ALL, BOTH),
     *[({"qk_norm": kind}, ALL, BOTH) for kind in QK_NORMS],
     ({"qk_norm": "rms_norm", "qk_norm_learnable_scale": False, "position_embedding_type": "rotary"}, ALL, BOTH),
     (
