@@ -18,8 +18,11 @@ Modules, each importing only those listed above it:
 - `summary.py`: statistics over the runs: means, spreads, significance, agreement with the paper.
 - `scaling.py`: scaling-law fits over model sizes and token budgets (compute laws, Chinchilla's L(N, D)),
   their bootstrap intervals and extrapolated rankings (imports nothing of this package).
+- `ladder_fits.py`: the scale ladder's numbers: its cells, compute laws, Chinchilla's L(N, D), held-out checks,
+  extrapolation to the paper's compute, advantages over vanilla.
 - `tables.py`: the Markdown tables of `results.md`.
 - `report.py`: `results.json`, `results.md` and the plots.
+- `ladder_report.py`: the scale ladder's `ladder.json`, `ladder.md` and plots.
 - `runner.py`: the `hfzoo-study` command: runs the plan (resume, locks, parallel processes), then the report.
 """
 
