@@ -11,6 +11,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import AutoTokenizer
 
 from ..choices import choice_hint
@@ -19,8 +20,10 @@ from ..finetuning import parse_glue_args
 from ..models.modern import STUDY_ROWS
 from ..models.narang import load_paper_table
 from ..pretraining import parse_pretrain_args
+from ..training.optimization import create_scheduler
 from .arguments import glue_argv, glue_batch_size, pretrain_argv, sequences_per_device
-from .configs import _tokenizer_fields, build_variant_config, planned_tokenizer_fields
+from .configs import _tokenizer_fields, build_variant_config, ladder_size_settings, planned_tokenizer_fields
+from .ladder import budget_settings, parse_ladder
 from .protocol import EARLY_FRACTION, FAMILIES
 from .runs import _slug
 from .settings import StudySettings, _glue_files
@@ -111,6 +114,7 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
         fields = planned_tokenizer_fields(settings.family, settings.tokenizer_vocab_size)
     for variant in settings.variants:
         build_variant_config(settings, variant, fields)
+    _check_ladder(settings, fields)
     scratch = Path("/nonexistent-study-check")
     tokenizer_path = settings.tokenizer_name or str(scratch)
     for variant in settings.variants:  # every row's arguments (a row may change them: the Muon rows)
@@ -132,6 +136,33 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
         except ValueError as err:
             raise ValueError(f"tokenizer_name {settings.tokenizer_name}: {err}") from None
     return {"tokenizer_fields": fields}
+
+
+def _check_ladder(settings: StudySettings, fields: dict[str, Any]) -> None:
+    """Refuse a bad ladder before any training: its keys, every row's config at every size, every budget's schedule.
+
+    Each budget's schedule is built once, on a dummy parameter, so that bad `lr_scheduler_kwargs` fail here.
+    """
+    ladder = parse_ladder(settings)
+    if ladder is None:
+        return
+    for hidden_size in ladder.hidden_sizes:
+        sized = ladder_size_settings(settings, hidden_size)
+        for variant in settings.variants:
+            try:
+                build_variant_config(sized, variant, fields)
+            except ValueError as err:
+                raise ValueError(f"ladder.hidden_sizes: {hidden_size}: {err}") from None
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    for budget in ladder.budgets:
+        staged = budget_settings(settings, budget, {})
+        create_scheduler(
+            settings.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=settings.num_warmup_steps,
+            num_training_steps=budget.train_steps,
+            scheduler_kwargs=staged.lr_scheduler_kwargs,
+        )
 
 
 def _check_recipe_arguments(recipe: str, parse, argv: list[str]) -> None:

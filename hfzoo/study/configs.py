@@ -8,6 +8,7 @@ length.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -217,3 +218,47 @@ def target_length(settings: StudySettings) -> int | None:
     return compute_input_and_target_lengths(
         settings.block_size, settings.noise_density, settings.mean_noise_span_length
     )[1]
+
+
+def ladder_size_settings(settings: StudySettings, hidden_size: int) -> StudySettings:
+    """The settings of one size of a scale ladder: the base's width scaled to `hidden_size`, its depth kept.
+
+    The width rule: with r = hidden_size / (the base's hidden_size), the feed-forward width becomes
+    round(r x intermediate_size) and the per-head width r x head_dim (d_kv), while the number of heads, the
+    number of layers and the vocabulary stay the base's. The base's proportions (d_ff / d_model, heads x d_kv /
+    d_model) and depth are those of every size, as in Tay et al. 2022's width-only scaling of T5, so a row's
+    changes (GLU rows' d_ff x 2/3, the deeper row's half-width heads, ...) resolve against each size exactly as
+    they do against the base (`build_variant_config`). Depth is not scaled: rows that act per layer (experts on
+    every 4th layer, block sharing) keep the same layout at every size.
+
+    Args:
+        settings: the study settings (their `config_overrides` describe the base).
+        hidden_size: d_model of this size (a positive integer).
+
+    Returns:
+        The settings with `config_overrides` giving this size's `hidden_size`, `intermediate_size` and
+        `head_dim`.
+
+    Raises:
+        ValueError: `hidden_size` is not a positive integer, or gives a fractional head width (naming the size,
+            the base's head_dim and hidden_size, and which sizes give whole ones).
+    """
+    if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1:
+        raise ValueError(f"ladder.hidden_sizes: {hidden_size!r} is not a positive integer")
+    checked, literal = _overrides_and_literals(settings.config_overrides)
+    base = build_config(settings.config_name, checked, **literal)
+    ratio = hidden_size / base.hidden_size
+    head_dim = base.head_dim * ratio
+    if head_dim != int(head_dim):
+        step = base.hidden_size // math.gcd(base.hidden_size, base.head_dim)
+        raise ValueError(
+            f"ladder.hidden_sizes: {hidden_size} gives a per-head width of {head_dim:g} (the base's head_dim "
+            f"{base.head_dim} x {hidden_size}/{base.hidden_size}); use multiples of {step}"
+        )
+    overrides = {
+        **settings.config_overrides,
+        "hidden_size": hidden_size,
+        "intermediate_size": max(1, round(base.intermediate_size * ratio)),
+        "head_dim": int(head_dim),
+    }
+    return dataclasses.replace(settings, config_overrides=overrides)

@@ -74,11 +74,12 @@ from .configs import (  # noqa: F401 - imported from here by benchmarks/study_st
 )
 from .execution import execute_run
 from .fingerprints import prepare_output_dir
+from .ladder import execute_ladder_run, ladder_plan
 from .parallel import resolve_parallel_runs
 from .preparation import ensure_glue_subsets, ensure_pretraining_data, ensure_tokenizer
 from .processes import _STOPPED_BY_SIGNAL, StudyInterrupted, _start_study_process
 from .protocol import EARLY_FRACTION, study_plan
-from .runs import _records, check_run_folders, run_dir
+from .runs import _records, check_run_folders, plan_dir
 from .settings import _FIELDS, StudySettings, _field_kind, load_settings, resolve_paths
 from .storage import RECORD_FILE, STUDY_FILE, _lock, _read_json, _write_json
 from .timing import time_breakdown
@@ -200,7 +201,7 @@ def run_study(
         if isinstance(config_file, Path):
             check_launch_config(config_file)
     check_output_folder(output_dir)
-    plan = study_plan(settings)
+    plan = ladder_plan(settings) if settings.ladder is not None else study_plan(settings)
     if report_only:
         if _read_json(output_dir / STUDY_FILE) is None:
             raise ValueError(f"--output_dir {output_dir}: no study to report on ({STUDY_FILE} missing)")
@@ -216,7 +217,7 @@ def run_study(
         ensure_pretraining_data(settings, output_dir, tokenizer_dir, num_processes)
         subsets = ensure_glue_subsets(settings, output_dir)
     if parallel_runs == "auto":
-        left = sum(1 for v, s in plan if _read_json(run_dir(output_dir, v, s) / RECORD_FILE) is None)
+        left = sum(1 for entry in plan if _read_json(plan_dir(output_dir, entry) / RECORD_FILE) is None)
         sized = resolve_parallel_runs(settings, num_processes, checked["tokenizer_fields"], runs=left)
         print(f"=== --parallel_runs auto: {sized.reason}", flush=True)
         parallel_runs = sized.processes
@@ -248,7 +249,7 @@ def run_study(
 def _run_plan(
     settings: StudySettings,
     output_dir: Path,
-    plan: list[tuple[str, int]],
+    plan: list[tuple],
     tokenizer_dir: str,
     subsets: dict[str, Path | None],
     launcher: str | None,
@@ -263,51 +264,70 @@ def _run_plan(
         StudyInterrupted: a stage was stopped by SIGTERM/SIGINT (after the report was rewritten).
     """
     failed = []
-    for index, (variant, seed) in enumerate(plan):
-        folder = run_dir(output_dir, variant, seed)
+    for index, entry in enumerate(plan):
+        variant, seed = entry[:2]
+        folder = plan_dir(output_dir, entry)
+        name = f"{variant}, seed {seed}" + (f", hidden size {entry[2]}" if len(entry) == 3 else "")
         if _read_json(folder / RECORD_FILE) is not None:
             continue
         with _lock(folder / ".lock", blocking=False) as acquired:
             if not acquired or _read_json(folder / RECORD_FILE) is not None:
                 continue  # another study process has it, or finished it meanwhile
             print(
-                f"=== run {index + 1}/{len(plan)}: {variant}, seed {seed} ({folder}, study process {os.getpid()})",
+                f"=== run {index + 1}/{len(plan)}: {name} ({folder}, study process {os.getpid()})",
                 flush=True,
             )
             start = time.perf_counter()
             try:
-                record = execute_run(settings, variant, seed, folder, tokenizer_dir, subsets, launcher, num_processes)
+                if len(entry) == 3:
+                    record = execute_ladder_run(settings, variant, seed, entry[2], folder, tokenizer_dir, launcher,
+                                                num_processes)  # fmt: skip
+                else:
+                    record = execute_run(settings, variant, seed, folder, tokenizer_dir, subsets, launcher,
+                                         num_processes)  # fmt: skip
             except StudyInterrupted as err:
-                _write_report_locked(output_dir, settings, plan)
+                _write_progress_report(output_dir, settings, plan)
                 raise StudyInterrupted(
-                    f"{err} during {variant}, seed {seed}; the study stopped there. "
-                    "Run the same command again to continue it"
+                    f"{err} during {name}; the study stopped there. Run the same command again to continue it"
                 ) from None
             except Exception as err:  # noqa: BLE001 - a failed run is reported, the others still run
-                failed.append(f"{variant}, seed {seed}: {err}")
+                failed.append(f"{name}: {err}")
                 (folder / "error.txt").write_text(traceback.format_exc())
-                print(
-                    f"=== run failed: {variant}, seed {seed}: {err} (traceback in {folder / 'error.txt'})", flush=True
-                )
+                print(f"=== run failed: {name}: {err} (traceback in {folder / 'error.txt'})", flush=True)
                 continue
             record["timing"]["run_seconds"] = time.perf_counter() - start
             record["timing"].update(time_breakdown(record["timing"]))
             _write_json(folder / RECORD_FILE, record)
             (folder / "error.txt").unlink(missing_ok=True)
-        _write_report_locked(output_dir, settings, plan)
+        _write_progress_report(output_dir, settings, plan)
     return failed
 
 
-def _write_report_locked(output_dir: Path, settings: StudySettings, plan: list[tuple[str, int]]) -> list[dict]:
+def _write_progress_report(output_dir: Path, settings: StudySettings, plan: list[tuple]) -> None:
+    """Rewrite the report after a run: a study's every time, a ladder's only at the end of the command.
+
+    A ladder's fits and bootstrap take minutes; `--report_only` writes the report of a half-done ladder.
+    """
+    if settings.ladder is None:
+        _write_report_locked(output_dir, settings, plan)
+
+
+def _write_report_locked(output_dir: Path, settings: StudySettings, plan: list[tuple]) -> list[dict]:
     """Rewrite the report from the finished runs while holding the study lock.
 
     Several study processes on one folder finish runs at about the same time; the lock keeps them from
     writing the same report files (and their temporary files) at once.
     """
-    from .report import write_report
-
     with _lock(output_dir / ".study.lock", blocking=True):
-        return write_report(output_dir, settings, _records(output_dir, plan))
+        records = _records(output_dir, plan)
+        if settings.ladder is not None:
+            from .ladder_report import write_ladder_report
+
+            write_ladder_report(output_dir, settings, records)
+            return records
+        from .report import write_report
+
+        return write_report(output_dir, settings, records)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

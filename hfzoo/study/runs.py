@@ -13,7 +13,7 @@ from typing import Any
 
 from transformers import AutoConfig, PreTrainedConfig
 
-from .configs import build_variant_config
+from .configs import build_variant_config, ladder_size_settings
 from .protocol import BASELINE, NO_PRETRAINING
 from .settings import StudySettings
 from .storage import RECORD_FILE, RUN_KEY_FILE, _read_json
@@ -23,9 +23,23 @@ def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "row"
 
 
-def run_dir(output_dir: Path, variant: str, seed: int) -> Path:
-    """The folder of one (variant, seed) run: `runs/<variant slug>/seed_<seed>`."""
-    return output_dir / "runs" / _slug(variant) / f"seed_{seed}"
+def run_dir(output_dir: Path, variant: str, seed: int, hidden_size: int | None = None) -> Path:
+    """The folder of one (variant, seed) run: `runs/<variant slug>/seed_<seed>`.
+
+    A ladder's run of one size: `runs/<variant slug>/h<hidden_size>/seed_<seed>`.
+    """
+    size = () if hidden_size is None else (f"h{hidden_size}",)
+    return output_dir.joinpath("runs", _slug(variant), *size, f"seed_{seed}")
+
+
+def plan_dir(output_dir: Path, entry: tuple) -> Path:
+    """The folder of a planned run: `(variant, seed)` or a ladder's `(variant, seed, hidden_size)`."""
+    return run_dir(output_dir, *entry)
+
+
+def plan_settings(settings: StudySettings, entry: tuple) -> StudySettings:
+    """The settings a planned run's config is built with: the study's, or a ladder size's (`ladder_size_settings`)."""
+    return settings if len(entry) == 2 else ladder_size_settings(settings, entry[2])
 
 
 def _config_values(config: PreTrainedConfig) -> dict[str, Any]:
@@ -71,7 +85,7 @@ def check_run_folders(
     Args:
         output_dir: the study folder.
         settings: the study settings.
-        plan: the `(variant, seed)` runs of this selection.
+        plan: the `(variant, seed)` runs of this selection (a ladder's: `(variant, seed, hidden_size)`).
         tokenizer_fields: the tokenizer's `vocab_size` and special token ids; where they are only planned
             (the study's tokenizer is not trained yet), pass `planned=True` fields: those keys are not compared.
 
@@ -81,9 +95,10 @@ def check_run_folders(
     """
     planned = tokenizer_fields.get("planned", False)
     fields = {k: v for k, v in tokenizer_fields.items() if k != "planned"}
-    configs: dict[str, dict[str, Any]] = {}
-    for variant, seed in plan:
-        folder = run_dir(output_dir, variant, seed)
+    configs: dict[tuple, dict[str, Any]] = {}
+    for entry in plan:
+        variant, seed = entry[:2]
+        folder = plan_dir(output_dir, entry)
         held = _held_key(folder) if folder.is_dir() else None
         if held is None:
             continue
@@ -101,10 +116,12 @@ def check_run_folders(
                 )
         if held.get("config") is None:
             continue
-        if variant not in configs:
+        cell = (variant, *entry[2:])
+        if cell not in configs:
             row = BASELINE if variant == NO_PRETRAINING else variant
-            configs[variant] = run_key(settings, variant, seed, build_variant_config(settings, row, fields))["config"]
-        wanted = configs[variant]
+            config = build_variant_config(plan_settings(settings, entry), row, fields)
+            configs[cell] = run_key(settings, variant, seed, config)["config"]
+        wanted = configs[cell]
         skip = set(fields) if planned else set()
         differ = sorted(
             k for k in set(wanted) | set(held["config"]) if k not in skip and held["config"].get(k) != wanted.get(k)
@@ -117,10 +134,10 @@ def check_run_folders(
             )
 
 
-def _records(output_dir: Path, plan: list[tuple[str, int]]) -> list[dict]:
+def _records(output_dir: Path, plan: list[tuple]) -> list[dict]:
     records = []
-    for variant, seed in plan:
-        record = _read_json(run_dir(output_dir, variant, seed) / RECORD_FILE)
+    for entry in plan:
+        record = _read_json(plan_dir(output_dir, entry) / RECORD_FILE)
         if record is not None:
             records.append(record)
     return records

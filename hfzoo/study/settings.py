@@ -73,6 +73,10 @@ class StudySettings:
         glue_max_length: tokens per example after truncation.
         glue_args: further `hfzoo-finetune-glue` arguments for every task (mapping; override the study's).
         paper_table: the paper's Table 1 as TSV (`load_paper_table`), or null for no comparison.
+        ladder: null (every row at the base's size and `max_train_steps`), or a scale ladder (`hfzoo.study.ladder`):
+            `{hidden_sizes: [...], token_budgets: [...], cooldown_fraction: 0.2}` trains every row at every
+            hidden size (`configs.ladder_size_overrides`) and seed, each run giving every token budget through a
+            warmup-stable-decay schedule with cooldowns branched from its stable phase.
     """
 
     config_name: str
@@ -117,6 +121,7 @@ class StudySettings:
     glue_max_length: int
     glue_args: dict
     paper_table: str | None
+    ladder: dict | None
 
 
 #: Keys holding paths: kept as given (relative to the working directory) in the settings and `study.json`, made
