@@ -13,7 +13,8 @@ For each GGUF file and each prompt it
 2. generates `--max_new_tokens` tokens greedily from the tokenizer's ids on both sides: transformers'
    `generate(do_sample=False)` on the folder's model, and llama.cpp by evaluating the same ids and taking the
    arg max of its logits at each step (a generated eos token ends both), then compares the token ids and prints
-   the largest absolute difference of the two sides' logits over the steps where the sequences agree.
+   the largest absolute difference of the two sides' logits over the steps where the sequences agree
+   (llama.cpp keeps its key/value cache in float16 unless `--cache_type f32`).
 
 It prints one block per file and prompt and exits with 1 when any prompt's tokens or generated tokens differ,
 2 on bad arguments. The model folder is a native `LlamaForCausalLM` / `Qwen3ForCausalLM` folder (as
@@ -51,6 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max_new_tokens", type=int, default=32)
     p.add_argument("--n_ctx", type=int, default=256, help="llama.cpp's context size")
     p.add_argument("--n_threads", type=int, default=1, help="llama.cpp's CPU threads")
+    p.add_argument(
+        "--cache_type",
+        choices=["f16", "f32"],
+        default="f16",
+        help="llama.cpp's key/value cache type (its --cache-type-k / -v; default f16, as llama.cpp)",
+    )
     p.add_argument("--output_file", default=None, help="also write the results as JSON")
     args = p.parse_args(argv)
     if args.max_new_tokens < 1:
@@ -128,8 +135,16 @@ def check_file(llama_cpp, gguf_path: str, tokenizer, model, args: argparse.Names
     """Compare one GGUF file with the transformers model on every prompt and tokenizer text; returns the results."""
     import numpy as np
 
+    cache_type = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}[args.cache_type]
     llm = llama_cpp.Llama(
-        model_path=gguf_path, n_ctx=args.n_ctx, n_threads=args.n_threads, logits_all=True, seed=0, verbose=False
+        model_path=gguf_path,
+        n_ctx=args.n_ctx,
+        n_threads=args.n_threads,
+        type_k=cache_type,
+        type_v=cache_type,
+        logits_all=True,
+        seed=0,
+        verbose=False,
     )
     result = {"gguf": gguf_path, "tokenizer_texts": [], "prompts": []}
     for text in args.tokenizer_text:
@@ -194,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = parse_args(argv)
     llama_cpp = import_llama_cpp()
-    print(f"llama-cpp-python {llama_cpp.__version__}; model {args.model_name_or_path}")
+    print(f"llama-cpp-python {llama_cpp.__version__}, {args.cache_type} key/value cache; {args.model_name_or_path}")
     tokenizer, model = load_transformers_model(args.model_name_or_path)
     for prompt in args.prompt:
         if len(tokenizer(prompt)["input_ids"]) + args.max_new_tokens > args.n_ctx:
