@@ -14,7 +14,8 @@ For each GGUF file and each prompt it
    `generate(do_sample=False)` on the folder's model, and llama.cpp by evaluating the same ids and taking the
    arg max of its logits at each step (a generated eos token ends both), then compares the token ids and prints
    the largest absolute difference of the two sides' logits over the steps where the sequences agree
-   (llama.cpp keeps its key/value cache in float16 unless `--cache_type f32`).
+   (llama.cpp keeps its key/value cache in float16 unless `--cache_type f32`), and the smallest margin between
+   transformers' two best logits over the steps (a logit difference above it could change a greedy token).
 
 It prints one block per file and prompt and exits with 1 when any prompt's tokens or generated tokens differ,
 2 on bad arguments. The model folder is a native `LlamaForCausalLM` / `Qwen3ForCausalLM` folder (as
@@ -168,6 +169,7 @@ def check_file(llama_cpp, gguf_path: str, tokenizer, model, args: argparse.Names
             "generated_equal": hf_new == cpp_new,
             "first_difference": None if hf_new == cpp_new else agree,
             "max_abs_logit_difference": diff,
+            "smallest_top2_margin": min(float(np.diff(np.sort(step)[-2:])[0]) for step in hf_logits),
             "hf": hf_new,
             "llama_cpp": cpp_new,
             "hf_text": tokenizer.decode(hf_new),
@@ -195,7 +197,8 @@ def report(result: dict) -> bool:
             print(f"  transformers {tokens['hf']}\n  llama.cpp    {tokens['llama_cpp']}")
         verdict = "equal" if r["generated_equal"] else f"DIFFERENT from new token {r['first_difference']}"
         print(f"  greedy tokens {verdict}; max |logit difference| {r['max_abs_logit_difference']:.3g} "
-              "over the steps before any difference")  # fmt: skip
+              "over the steps before any difference; transformers' closest step: best two logits "
+              f"{r['smallest_top2_margin']:.3g} apart")  # fmt: skip
         print(f"  transformers ({len(r['hf'])}): {r['hf']}\n    {r['hf_text']!r}")
         print(f"  llama.cpp    ({len(r['llama_cpp'])}): {r['llama_cpp']}\n    {r['llama_cpp_text']!r}")
     return ok
