@@ -8,10 +8,11 @@ Modules, each importing only those listed above it:
 - `configs.py`: each row's model config in the study's family, its parameters.
 - `arguments.py`: a run's `hfzoo-pretrain` and `hfzoo-finetune-glue` arguments.
 - `runs.py`: the run folders, what each trains (`run.json`) and their records.
+- `processes.py`: child processes (recipe stages, helper study processes) and signals.
+- `ladder.py`: the scale ladder: its settings, plan, and one run's budgets (warmup-stable-decay branches).
 - `checks.py`: the settings' checks before anything is trained.
 - `fingerprints.py`: the study a folder holds (`study.json`): settings and data fingerprints.
 - `preparation.py`: the tokenizer, tokenized data and GLUE subsets, prepared once.
-- `processes.py`: child processes (recipe stages, helper study processes) and signals.
 - `timing.py`: where a run's and the study's wall time went.
 - `execution.py`: one run: pretraining, then GLUE, then its record.
 - `parallel.py`: `--parallel_runs auto`: how many study processes fit.

@@ -60,7 +60,7 @@ from pathlib import Path
 import torch
 
 from ..outputs import check_output_folder, removed_if_refused
-from ..training.arguments import OneLineErrorParser
+from ..training.arguments import OneLineErrorParser, positive_int
 from ..training.faults import EXIT_PREEMPTED
 from ..training.launch_config import check_launch_config, launcher_config_file
 from ..training.precision import resolve_mixed_precision
@@ -126,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="rewrite results.json, results.md and the plots from the finished runs; train nothing",
     )
+    p.add_argument(
+        "--bootstrap_replicates",
+        type=positive_int,
+        default=1000,
+        help="a ladder's report: bootstrap replicates of every fit (default 1000; hfzoo.study.ladder_report)",
+    )
     g = p.add_argument_group("study-file keys (override the file)")
     for name, field in _FIELDS.items():
         kind, _ = _field_kind(field)
@@ -163,6 +169,7 @@ def run_study(
     report_only: bool = False,
     parallel_runs: int | str = 1,
     child_argv: list[str] | None = None,
+    bootstrap_replicates: int = 1000,
 ) -> list[dict]:
     """Run (or continue) a study and write its report; see the module docstring.
 
@@ -179,6 +186,7 @@ def run_study(
             "auto": sized by `resolve_parallel_runs` (free device memory, cores), which also sets
             `OMP_NUM_THREADS` for every process.
         child_argv: the children's arguments (required when `parallel_runs > 1`).
+        bootstrap_replicates: a ladder's report: bootstrap replicates of every fit.
 
     Returns:
         The records of the finished runs of this selection (variants x seeds), in study order.
@@ -207,7 +215,7 @@ def run_study(
             raise ValueError(f"--output_dir {output_dir}: no study to report on ({STUDY_FILE} missing)")
         prepare_output_dir(output_dir, given, overwrite=False)
         check_run_folders(output_dir, settings, plan, _known_tokenizer_fields(settings, output_dir, checked))
-        return _write_report_locked(output_dir, settings, plan)
+        return _write_report_locked(output_dir, settings, plan, bootstrap_replicates)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"=== precision: {resolve_mixed_precision(settings.mixed_precision, device_type=device).reason}", flush=True)
     with _lock(output_dir / ".study.lock", blocking=True):
@@ -234,7 +242,7 @@ def run_study(
             helper.wait()
         raise
     codes = [helper.wait() for helper in helpers]
-    records = _write_report_locked(output_dir, settings, plan)
+    records = _write_report_locked(output_dir, settings, plan, bootstrap_replicates)
     if any(code in _STOPPED_BY_SIGNAL for code in codes):
         raise StudyInterrupted(
             f"a study process was stopped by a signal (exit statuses {codes}); "
@@ -312,7 +320,9 @@ def _write_progress_report(output_dir: Path, settings: StudySettings, plan: list
         _write_report_locked(output_dir, settings, plan)
 
 
-def _write_report_locked(output_dir: Path, settings: StudySettings, plan: list[tuple]) -> list[dict]:
+def _write_report_locked(
+    output_dir: Path, settings: StudySettings, plan: list[tuple], bootstrap_replicates: int = 1000
+) -> list[dict]:
     """Rewrite the report from the finished runs while holding the study lock.
 
     Several study processes on one folder finish runs at about the same time; the lock keeps them from
@@ -323,7 +333,7 @@ def _write_report_locked(output_dir: Path, settings: StudySettings, plan: list[t
         if settings.ladder is not None:
             from .ladder_report import write_ladder_report
 
-            write_ladder_report(output_dir, settings, records)
+            write_ladder_report(output_dir, settings, records, bootstrap_replicates=bootstrap_replicates)
             return records
         from .report import write_report
 
@@ -360,6 +370,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 num_processes=args.num_processes,
                 report_only=args.report_only,
                 parallel_runs=1 if args.report_only else args.parallel_runs,
+                bootstrap_replicates=args.bootstrap_replicates,
                 child_argv=[*argv, "--parallel_runs", "1"],
             )
     except StudyInterrupted as err:

@@ -7,6 +7,7 @@ steps: the 10-step budget branches from the 20-step run's checkpoint at step 8).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -28,6 +29,7 @@ from hfzoo.study.runs import run_dir
 from hfzoo.study.settings import load_settings
 
 LADDER = {"hidden_sizes": [16, 32], "token_budgets": [1280, 2560], "cooldown_fraction": 0.2}
+FAST_REPORT = ["--bootstrap_replicates", "20"]  # the report's fits and bootstrap are tested in test_ladder_report.py
 WSD = {"lr_scheduler_type": "warmup_stable_decay", "lr_scheduler_kwargs": {"decay_type": "1-sqrt"}}
 
 
@@ -40,7 +42,7 @@ def ladder_study(inputs, path, **changes):
 def ladder_run(inputs, tmp_path_factory):
     root = tmp_path_factory.mktemp("ladder")
     study = ladder_study(inputs, root / "study.yaml")
-    records = main(["--study", str(study), "--output_dir", str(root / "out")])
+    records = main(["--study", str(study), "--output_dir", str(root / "out"), *FAST_REPORT])
     return root, records
 
 
@@ -111,6 +113,9 @@ def test_every_budget_is_recorded_with_its_flops_and_the_checkpoints_are_removed
         folder = run_dir(root / "out", record["variant"], record["seed"], record["hidden_size"])
         assert not (folder / "pretrain" / "checkpoints").exists()
         assert (folder / "budget_10" / "model.safetensors").is_file()
+    report = json.loads((root / "out" / "ladder.json").read_text())
+    assert report["runs"] == len(records) and report["bootstrap_replicates"] == 20
+    assert all((root / "out" / name).is_file() for name in ("ladder.md", "ladder_loss_vs_compute.png"))
     small = {r["variant"]: r for r in records if r["hidden_size"] == 16}
     large = {r["variant"]: r for r in records if r["hidden_size"] == 32}
     assert all(large[v]["parameters"] > small[v]["parameters"] for v in VARIANTS)
@@ -120,7 +125,7 @@ def test_a_branched_budget_equals_the_separate_run_of_that_budget(inputs, ladder
     root, records = ladder_run
     # the 10-step budget alone: its own warmup-stable-decay run from step 0 (no branch)
     study = ladder_study(inputs, tmp_path / "s.yaml", ladder={**LADDER, "token_budgets": [1280]}, max_train_steps=10)
-    separate = main(["--study", str(study), "--output_dir", str(tmp_path / "out")])
+    separate = main(["--study", str(study), "--output_dir", str(tmp_path / "out"), *FAST_REPORT])
     branched = {(r["variant"], r["hidden_size"]): r["budgets"][0] for r in records}
     for record in separate:
         alone = record["budgets"][0]
@@ -133,7 +138,7 @@ def test_a_branched_budget_equals_the_separate_run_of_that_budget(inputs, ladder
 def test_a_killed_ladder_continues_to_the_same_losses(inputs, ladder_run, tmp_path):
     root, records = ladder_run
     study = ladder_study(inputs, tmp_path / "s.yaml")
-    argv = ["--study", str(study), "--output_dir", str(tmp_path / "out")]
+    argv = ["--study", str(study), "--output_dir", str(tmp_path / "out"), *FAST_REPORT]
     # SIGKILL at the 34th optimizer step of the study: the first run (its 20 steps, then the 2 of the 10-step
     # budget's cooldown) is done; the second run's longest budget is at step 12 of 20, past its checkpoint at step 8.
     proc = subprocess.run(

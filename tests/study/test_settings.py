@@ -78,3 +78,43 @@ def test_the_small_modern_study_file_has_the_cpu_scale_and_todays_rows(data_dir,
         pytest.skip(f"reference table not found at {modern_small.paper_table}")
     for family in ("encoder-decoder", "decoder", "encoder"):
         check_settings(dataclasses.replace(modern_small, family=family))
+
+
+@pytest.mark.parametrize("name", ["ladder_small.yaml", "ladder_gpu.yaml"])
+def test_the_ladder_study_files_span_ten_times_the_compute_with_agreeing_and_disagreeing_rows(name, data_dir,
+                                                                                             monkeypatch):  # fmt: skip
+    """The ladders: >= 6 rows (vanilla, GLU, RMS Norm, sharing, experts, convolution), >= 4 scales, 3 seeds,
+    a >= 10x compute range, pretraining only; otherwise the protocol of the study file at their scale."""
+    from hfzoo.models.flops import count_training_flops
+    from hfzoo.study.checks import check_settings
+    from hfzoo.study.configs import build_variant_config, ladder_size_settings, planned_tokenizer_fields, target_length
+    from hfzoo.study.ladder import parse_ladder
+
+    monkeypatch.chdir(REPO_ROOT)
+    ladder = load_settings(REPO_ROOT / "recipes" / "studies" / name)
+    base = load_settings(
+        DEFAULT_STUDY if name == "ladder_small.yaml" else REPO_ROOT / "recipes/studies/narang_gpu.yaml"
+    )
+    schedule = {"lr_scheduler_type", "lr_scheduler_kwargs", "num_warmup_steps", "max_train_steps"}
+    differ = {k for k in vars(base) if getattr(base, k) != getattr(ladder, k)}
+    assert differ <= {"variants", "glue_tasks", "ladder", *schedule}, differ
+    assert len(ladder.variants) >= 6 and len(ladder.seeds) >= 3 and ladder.glue_tasks == []
+    assert {"Vanilla Transformer", "SwiGLU", "RMS Norm", "Block sharing", "Switch Transformer",
+            "Lightweight convolution"} <= set(ladder.variants)  # fmt: skip
+    parsed = parse_ladder(ladder)
+    assert len(parsed.hidden_sizes) * len(parsed.budgets) >= 4
+    fields = planned_tokenizer_fields(ladder.family, ladder.tokenizer_vocab_size)
+    compute = [
+        count_training_flops(
+            build_variant_config(ladder_size_settings(ladder, h), "Vanilla Transformer", fields),
+            ladder.block_size,
+            target_length(ladder),
+        ).total
+        * budget.train_steps
+        for h in parsed.hidden_sizes
+        for budget in parsed.budgets
+    ]
+    assert max(compute) >= 10 * min(compute)
+    if not Path(ladder.paper_table).is_file():
+        pytest.skip(f"reference table not found at {ladder.paper_table}")
+    check_settings(ladder)  # every row at every size, every budget's schedule
