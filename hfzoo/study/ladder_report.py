@@ -412,13 +412,16 @@ def _plot_losses(n: dict, fits: dict | None, path: Path) -> None:
         extrapolated = n.get("extrapolation", {}).get("rows", {})
         for r, e in extrapolated.items():
             if "final" in e:
-                interval = e["final"]["interval"] or [e["final"]["predicted"]] * 2
+                predicted = e["final"]["predicted"]
+                low_end, high_end = e["final"]["interval"] or [predicted] * 2
+                # a percentile interval need not contain the full-data estimate (a refit from the best start may
+                # land a hair outside the replicates' range): the bar then ends at the estimate
                 axes.errorbar(
                     [e["final"]["compute"]],
-                    [e["final"]["predicted"]],
+                    [predicted],
                     fmt="x",
                     color=colours.get(r),
-                    yerr=[[e["final"]["predicted"] - interval[0]], [interval[1] - e["final"]["predicted"]]],
+                    yerr=[[max(0.0, predicted - low_end)], [max(0.0, high_end - predicted)]],
                 )
     axes.set_xscale("log")
     axes.set_yscale("log")
