@@ -378,6 +378,7 @@ def _extrapolation(laws, cells, paper, table, confidence) -> dict:
             entry[stage] = {
                 "compute": c,
                 "predicted": float(fit.predict(c, r)),
+                "reducible": float(fit.predict(c, r)) - fit.parameters()["E"],  # the row's term above the shared E
                 "interval": _interval(_replicate_loss(result, fit, r, c), confidence),
             }
             if r in table:
