@@ -13,25 +13,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer
-
 from ..data.glue import get_glue_task
 from ..models.flops import count_training_flops
 from ..models.modern import row_pretrain_args
 from .arguments import glue_argv, pretrain_argv
 from .configs import (
     _row_changes,
-    _tokenizer_fields,
-    build_variant_config,
     count_parameters,
     pretraining_model_class,
     target_length,
 )
 from .processes import run_stage
 from .protocol import BASELINE, EARLY_FRACTION, NO_PRETRAINING
-from .runs import run_key
+from .runs import start_run
 from .settings import StudySettings
-from .storage import RUN_KEY_FILE, _read_json, _write_json
+from .storage import _read_json
 
 
 def _glue_task_score(task: str, results: dict[str, Any]) -> tuple[float, dict[str, float]]:
@@ -73,11 +69,7 @@ def execute_run(
     """
     if variant == NO_PRETRAINING:
         return _execute_without_pretraining(settings, seed, folder, tokenizer_dir, subsets, launcher, num_processes)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = build_variant_config(settings, variant, _tokenizer_fields(tokenizer))
-    folder.mkdir(parents=True, exist_ok=True)
-    _write_json(folder / RUN_KEY_FILE, run_key(settings, variant, seed, config))
-    config.save_pretrained(folder)  # config.json: the variant's model, read by the pretraining recipe
+    tokenizer, config = start_run(settings, variant, seed, folder, tokenizer_dir)
     timing: dict[str, float] = {}
 
     pretrain_dir = folder / "pretrain"
@@ -194,11 +186,7 @@ def _execute_without_pretraining(
     """
     from accelerate.utils import set_seed
 
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = build_variant_config(settings, BASELINE, _tokenizer_fields(tokenizer))
-    folder.mkdir(parents=True, exist_ok=True)
-    _write_json(folder / RUN_KEY_FILE, run_key(settings, NO_PRETRAINING, seed, config))
-    config.save_pretrained(folder)
+    tokenizer, config = start_run(settings, NO_PRETRAINING, seed, folder, tokenizer_dir, row=BASELINE)
     timing: dict[str, float] = {}
     init_dir = folder / "init"
     if not (init_dir / "config.json").is_file():

@@ -32,24 +32,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
 
 from ..models.flops import count_training_flops
 from ..models.modern import row_pretrain_args
 from .arguments import pretrain_argv
 from .configs import (
     _row_changes,
-    _tokenizer_fields,
-    build_variant_config,
     count_parameters,
     ladder_size_settings,
     pretraining_model_class,
     target_length,
 )
 from .processes import run_stage
-from .runs import run_key
+from .runs import start_run
 from .settings import StudySettings
-from .storage import RUN_KEY_FILE, _read_json, _write_json
+from .storage import _read_json
 
 #: The keys of a study file's `ladder` mapping.
 LADDER_KEYS = ("hidden_sizes", "token_budgets", "cooldown_fraction")
@@ -259,11 +256,7 @@ def execute_ladder_run(
     """
     ladder = parse_ladder(settings)
     sized = ladder_size_settings(settings, hidden_size)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = build_variant_config(sized, variant, _tokenizer_fields(tokenizer))
-    folder.mkdir(parents=True, exist_ok=True)
-    _write_json(folder / RUN_KEY_FILE, run_key(sized, variant, seed, config))
-    config.save_pretrained(folder)
+    tokenizer, config = start_run(sized, variant, seed, folder, tokenizer_dir)
     timing: dict[str, float] = {}
     longest, smaller = ladder.budgets[-1], ladder.budgets[:-1]
     main_dir = folder / "pretrain"
@@ -276,6 +269,8 @@ def execute_ladder_run(
         shutil.rmtree(main_dir)  # a budget still to branch lost its checkpoint: train the longest run again
         results = None
     if results is None:
+        if not checkpoints.is_dir():
+            shutil.rmtree(main_dir, ignore_errors=True)  # killed before its first checkpoint: start again
         extra: dict[str, Any] = {"resume_from_checkpoint": "latest"} if checkpoints.is_dir() else {}
         if interval is not None:
             extra |= {"checkpointing_steps": interval, "checkpoints_total_limit": longest.train_steps // interval + 1}

@@ -11,12 +11,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoConfig, PreTrainedConfig
+from transformers import AutoConfig, AutoTokenizer, PreTrainedConfig, PreTrainedTokenizerBase
 
-from .configs import build_variant_config, ladder_size_settings
+from .configs import _tokenizer_fields, build_variant_config, ladder_size_settings
 from .protocol import BASELINE, NO_PRETRAINING
 from .settings import StudySettings
-from .storage import RECORD_FILE, RUN_KEY_FILE, _read_json
+from .storage import RECORD_FILE, RUN_KEY_FILE, _read_json, _write_json
 
 
 def _slug(name: str) -> str:
@@ -52,6 +52,24 @@ def _config_values(config: PreTrainedConfig) -> dict[str, Any]:
 def run_key(settings: StudySettings, variant: str, seed: int, config: PreTrainedConfig) -> dict[str, Any]:
     """What one run trains: `{"variant", "family", "seed", "config"}` (the resolved config as plain JSON)."""
     return {"variant": variant, "family": settings.family, "seed": seed, "config": _config_values(config)}
+
+
+def start_run(
+    settings: StudySettings, variant: str, seed: int, folder: Path, tokenizer_dir: str, row: str | None = None
+) -> tuple[PreTrainedTokenizerBase, PreTrainedConfig]:
+    """Open a run's folder: its config as `config.json` and its key as `run.json`.
+
+    The config is `row`'s (default: `variant`'s) with the study's tokenizer; the key (`run_key`) names `variant`.
+
+    Returns:
+        `(tokenizer, config)`.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = build_variant_config(settings, row or variant, _tokenizer_fields(tokenizer))
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_json(folder / RUN_KEY_FILE, run_key(settings, variant, seed, config))
+    config.save_pretrained(folder)  # config.json: the model the recipes build
+    return tokenizer, config
 
 
 def _held_key(folder: Path) -> dict[str, Any] | None:

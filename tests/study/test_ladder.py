@@ -114,7 +114,7 @@ def test_every_budget_is_recorded_with_its_flops_and_the_checkpoints_are_removed
         assert not (folder / "pretrain" / "checkpoints").exists()
         assert (folder / "budget_10" / "model.safetensors").is_file()
     report = json.loads((root / "out" / "ladder.json").read_text())
-    assert report["runs"] == len(records) and report["bootstrap_replicates"] == 20
+    assert report["runs"] == 2 * len(records) and report["bootstrap_replicates"] == 20  # (run, budget) losses
     assert all((root / "out" / name).is_file() for name in ("ladder.md", "ladder_loss_vs_compute.png"))
     small = {r["variant"]: r for r in records if r["hidden_size"] == 16}
     large = {r["variant"]: r for r in records if r["hidden_size"] == 32}
