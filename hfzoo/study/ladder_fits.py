@@ -154,7 +154,7 @@ def missing_cells(settings, runs: list[dict]) -> list[dict]:
         [{`variant`, `hidden_size`, `train_tokens`, `missing_seeds`}] in plan order (a budget without a finite loss
         counts as missing).
     """
-    ladder = getattr(settings, "ladder", None) or {}
+    ladder = settings.ladder or {}
     done = {(r["variant"], r["hidden_size"], r["train_tokens"], r["seed"]) for r in runs}
     out = []
     for variant in settings.variants:

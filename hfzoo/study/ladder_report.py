@@ -102,7 +102,7 @@ def _iv(interval, digits: int = 3, si: bool = False) -> str:
 
 def _markdown(settings, n: dict) -> list[str]:
     family = FAMILIES[settings.family]
-    ladder = getattr(settings, "ladder", None) or {}
+    ladder = settings.ladder or {}
     cells, laws = n["cells"], n.get("compute_laws", {})
     level = f"{round(100 * n['confidence'])} %"
     lines = [

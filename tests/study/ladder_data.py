@@ -73,6 +73,7 @@ def ladder_records(
 def ladder_settings(paper_table, laws=LAWS, seeds=(0, 1, 2), hidden_sizes=HIDDEN_SIZES, budgets=TOKEN_BUDGETS):
     """The default study's settings with these rows, seeds and ladder."""
     settings = load_settings("recipes/studies/narang_small.yaml")
-    settings = dataclasses.replace(settings, variants=list(laws), seeds=list(seeds), paper_table=str(paper_table))
-    settings.ladder = {"hidden_sizes": list(hidden_sizes), "token_budgets": list(budgets), "cooldown_fraction": 0.2}
-    return settings
+    ladder = {"hidden_sizes": list(hidden_sizes), "token_budgets": list(budgets), "cooldown_fraction": 0.2}
+    return dataclasses.replace(
+        settings, variants=list(laws), seeds=list(seeds), paper_table=str(paper_table), ladder=ladder
+    )
