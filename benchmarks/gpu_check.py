@@ -8,10 +8,12 @@ Sections (each a fresh set of processes; `--sections` picks some):
   eager case's.
 - `recipe`: the pretraining recipe itself (`accelerate launch recipes/pretrain.py`, bf16, `--torch_compile`,
   `--streaming`: the data pipeline included) for `--recipe_steps` steps on a Gutenberg shard, with a tokenizer
-  trained first; its own logged tokens/s and MFU of the optimizer steps (`all_results.json`), next to the
-  benchmark's compiled MFU.
-- `deepspeed`: the same recipe under DeepSpeed ZeRO-2 and ZeRO-3 (one process; NCCL on a GPU, gloo on the CPU),
-  uncompiled; the held-out loss after `--recipe_steps` steps next to the plain (non-DeepSpeed) run's.
+  trained first; its own logged tokens/s and MFU (`train_history.json`) over the windows after its first (the
+  first holds compilation and warm-up; comparable with the training section's compiled MFU), and over all its
+  steps (`all_results.json`).
+- `deepspeed`: the same recipe under DeepSpeed ZeRO-2 and ZeRO-3 (one process each; NCCL on a GPU, gloo on the
+  CPU), uncompiled; the held-out loss after `--recipe_steps` steps next to the plain (non-DeepSpeed) run's. The
+  three runs are launched at once (their losses are compared, not their speed).
 - `generation`: greedy generation tokens/s at batch 1 and 8, dynamic cache eager and static cache with a compiled
   decoding step (`CompileConfig(mode="reduce-overhead")`, CUDA graphs, on a GPU), hfzoo vs transformers
   (`benchmarks/generation.py`).
@@ -22,7 +24,8 @@ A section that fails is reported as one `FAILED` row with the end of its error, 
 run; the command then exits with status 1. Each section's wall seconds are a row of their own.
 
 Usage (prints one markdown table; `--output_json` also writes its rows; `--profile_dir DIR` also writes a
-`torch.profiler` operator table of each training case to DIR):
+`torch.profiler` operator table of each training case to DIR; `--log_dir DIR` keeps each recipe launch's output
+there; progress, with each launch's wall seconds, goes to standard error):
 
     python benchmarks/gpu_check.py                          # one GPU: gpt2 at seq 1024, bf16 (minutes on one H100)
     python benchmarks/gpu_check.py --device cpu --tiny      # every section at a tiny size on the CPU
@@ -44,6 +47,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parent
@@ -63,7 +67,7 @@ SCALES = {
         "recipe_config": ("gpt2", "vocab_size=50257"),
         "generation": "--size base --new_tokens 128 --repeats 3".split(),
         "flex": "--size base --seq_len 1024 --batch_size 8 --steps 10 --repeats 1 --mode train --compile_only".split(),
-        "tokenizer_characters": "20000000",
+        "tokenizer_characters": "4000000",
         "tokenizer_vocab": "8192",
     },
     "tiny": {
@@ -142,23 +146,95 @@ def training_rows(args: argparse.Namespace, scale: dict) -> list[dict]:
     return rows
 
 
-def _launch(config: str, argv: list[str], env: dict[str, str]) -> dict:
-    """`accelerate launch --config_file accelerate_configs/CONFIG recipes/pretrain.py ARGV`; its all_results.json."""
+def _free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (each concurrent launch gets its own rendezvous port)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Launch:
+    """One running `accelerate launch ... recipes/pretrain.py` (`start_launch`), its output going to `log`."""
+
+    name: str
+    command: list[str]
+    output_dir: Path
+    log: Path
+    process: subprocess.Popen
+    started: float
+
+
+def start_launch(name: str, config: str, argv: list[str], env: dict[str, str], log_dir: Path) -> Launch:
+    """Start `accelerate launch --config_file accelerate_configs/CONFIG recipes/pretrain.py ARGV` (one process).
+
+    Its output goes to `log_dir/recipe-NAME.txt`; it gets a rendezvous port of its own, so that several can run at
+    once. `ARGV` must hold `--output_dir`.
+    """
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                str(REPO / "accelerate_configs" / config), "--num_processes", "1",
-               str(REPO / "recipes" / "pretrain.py"), *argv]  # fmt: skip
-    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed:\n{proc.stderr[-4000:]}")
+               "--main_process_port", str(_free_port()), str(REPO / "recipes" / "pretrain.py"), *argv]  # fmt: skip
+    log = log_dir / f"recipe-{name}.txt"
+    with open(log, "w") as handle:  # the child keeps its own descriptor
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
+    print(f"recipe launch {name}: started (output in {log})", file=sys.stderr, flush=True)
     output_dir = Path(argv[argv.index("--output_dir") + 1])
-    return json.loads((output_dir / "all_results.json").read_text())
+    return Launch(name, command, output_dir, log, process, time.perf_counter())
+
+
+def finish_launch(launch: Launch) -> dict:
+    """Wait for a launch; its `all_results.json`, with `launch_seconds` (wall) and `log_history` (its records).
+
+    Raises:
+        SystemExit: the launch failed (the end of its output is in the message).
+    """
+    returncode = launch.process.wait()
+    seconds = time.perf_counter() - launch.started
+    print(f"recipe launch {launch.name}: exit {returncode} after {seconds:.0f} s", file=sys.stderr, flush=True)
+    if returncode != 0:
+        tail = launch.log.read_text(errors="replace")[-4000:]
+        raise SystemExit(f"{' '.join(launch.command)} failed:\n{tail}")
+    results = json.loads((launch.output_dir / "all_results.json").read_text())
+    results["launch_seconds"] = seconds
+    results["log_history"] = json.loads((launch.output_dir / "train_history.json").read_text())["log_history"]
+    return results
+
+
+def steady_rate(log_history: list[dict]) -> tuple[float, float, str]:
+    """Tokens/s and MFU (fraction) of a run's logged windows after its first (which holds compilation and warm-up).
+
+    Args:
+        log_history: the run's training records (`train_history.json`), each with `step`, `step_seconds` (the
+            window's optimizer-step seconds), `tokens_per_second` and, where a peak is known, `mfu`.
+
+    Returns:
+        `(tokens_per_second, mfu, steps)`: the windows' total tokens over their total seconds, their
+        time-weighted MFU (NaN without one), and which steps they cover (e.g. "11-50"); NaNs and "" when the
+        run logged a single window.
+    """
+    first, rest = log_history[:1], log_history[1:]
+    seconds = sum(r["step_seconds"] for r in rest)
+    if not first or not rest or seconds <= 0:
+        return math.nan, math.nan, ""
+    tokens = sum(r["tokens_per_second"] * r["step_seconds"] for r in rest)
+    mfu = sum(r["mfu"] * r["step_seconds"] for r in rest) / seconds if all("mfu" in r for r in rest) else math.nan
+    return tokens / seconds, mfu, f"{first[0]['step'] + 1}-{rest[-1]['step']}"
 
 
 def recipe_runs(args: argparse.Namespace, scale: dict, workdir: Path, deepspeed: bool) -> list[dict]:
-    """The recipe's own speed, compiled; and DeepSpeed ZeRO-2/3 losses next to a plain run's."""
+    """The recipe's own speed, compiled; and DeepSpeed ZeRO-2/3 losses next to a plain run's.
+
+    The compiled run goes alone (it is timed); the plain, ZeRO-2 and ZeRO-3 runs, whose losses are compared and
+    whose speed is not, run at the same time. Each launch's output is kept in `args.log_dir` (default: `workdir`).
+    """
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    log_dir = Path(args.log_dir) if args.log_dir else workdir
+    log_dir.mkdir(parents=True, exist_ok=True)
     shard = Path(args.data_dir) / "gutenberg" / "pg_top100_en.00.jsonl.xz"
     tokenizer = workdir / "tokenizer"
+    start = time.perf_counter()
     subprocess.run(
         [
             sys.executable,
@@ -180,8 +256,10 @@ def recipe_runs(args: argparse.Namespace, scale: dict, workdir: Path, deepspeed:
         env=env,
         capture_output=True,
     )
+    print(f"recipe: tokenizer trained in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     preset, overrides = scale["recipe_config"]
     block = str(scale["seq_len"])
+    logging_steps = max(1, args.recipe_steps // 5)  # the first record holds compilation; the others are timed
     common = [
         "--train_file",
         str(shard),
@@ -211,26 +289,45 @@ def recipe_runs(args: argparse.Namespace, scale: dict, workdir: Path, deepspeed:
         "--attn_implementation",
         "sdpa",
         "--logging_steps",
-        "10",
+        str(logging_steps),
         "--seed",
         "0",
     ]
     single = "single_gpu.yaml" if args.device == "cuda" else "cpu_single_process.yaml"
     rows = []
-    compiled = _launch(single, [*common, "--torch_compile", "--output_dir", str(workdir / "compiled")], env)
+    argv = [*common, "--torch_compile", "--output_dir", str(workdir / "compiled")]
+    compiled = finish_launch(start_launch("compiled", single, argv, env, log_dir))
+    shape = f"{preset}, {args.precision}, {scale['batch_size']} x {block}, streamed data"
+    tokens_per_s, mfu, steps = steady_rate(compiled["log_history"])
+    rows.append(_row("recipe", f"tokens/s, compiled, steps {steps}", tokens_per_s, None, "tokens/s", shape))
+    note = "compare: training, MFU, compiled"
+    rows.append(_row("recipe", f"MFU, compiled, steps {steps}", 100 * mfu, None, "%", note))
     rows.append(
         _row(
             "recipe",
-            f"tokens/s ({args.recipe_steps} steps, compiled)",
+            f"tokens/s, compiled, all {args.recipe_steps} steps",
             compiled["train_step_tokens_per_second"],
             None,
             "tokens/s",
-            f"{preset}, {args.precision}, streamed data",
+            "the first window's compilation and warm-up included",
         )
     )
-    rows.append(_row("recipe", "MFU (compiled)", 100 * (compiled["train_mfu"] or math.nan), None, "%"))
+    rows.append(_row("recipe", "launch wall time, compiled", compiled["launch_seconds"], None, "s"))
     if deepspeed:
-        plain = _launch(single, [*common, "--output_dir", str(workdir / "plain")], env)
+        launches = [start_launch("plain", single, [*common, "--output_dir", str(workdir / "plain")], env, log_dir)]
+        for stage in (2, 3):
+            argv = [*common, "--output_dir", str(workdir / f"zero{stage}")]
+            launches.append(start_launch(f"zero{stage}", f"deepspeed_zero{stage}.yaml", argv, env, log_dir))
+        failures = []
+        results = {}
+        for launch in launches:  # wait for all of them, even after a failure
+            try:
+                results[launch.name] = finish_launch(launch)
+            except SystemExit as error:
+                failures.append(str(error))
+        if failures:
+            raise SystemExit("\n".join(failures))
+        plain = results["plain"]
         rows.append(
             _row(
                 "deepspeed",
@@ -238,20 +335,22 @@ def recipe_runs(args: argparse.Namespace, scale: dict, workdir: Path, deepspeed:
                 plain["eval_loss"],
                 plain["eval_loss"],
                 "nats",
+                "uncompiled; plain, ZeRO-2 and ZeRO-3 launched at once",
             )
         )
         for stage in (2, 3):
-            run = _launch(f"deepspeed_zero{stage}.yaml", [*common, "--output_dir", str(workdir / f"zero{stage}")], env)
             rows.append(
                 _row(
                     "deepspeed",
                     f"eval loss after {args.recipe_steps} steps, ZeRO-{stage}",
-                    run["eval_loss"],
+                    results[f"zero{stage}"]["eval_loss"],
                     plain["eval_loss"],
                     "nats",
                     "reference: the plain run",
                 )
             )
+        wall = max(r["launch_seconds"] for r in results.values())
+        rows.append(_row("deepspeed", "launch wall time, the three at once", wall, None, "s"))
     return rows
 
 
@@ -343,6 +442,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--data_dir", default=default_data, help="the real data (gutenberg/)")
     parser.add_argument("--output_json", default=None, help="also write the rows here")
     parser.add_argument("--profile_dir", default=None, help="also profile each training case (operator tables)")
+    parser.add_argument("--log_dir", default=None, help="keep each recipe launch's output here (recipe-NAME.txt)")
     args = parser.parse_args(argv)
     import torch
 

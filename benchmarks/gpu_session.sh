@@ -5,7 +5,8 @@
 #
 # Usage: bash benchmarks/gpu_session.sh [--tiny] [--budget SECONDS] STAGE...
 #   check    benchmarks/gpu_check.py, one section at a time, each with its own time limit (so that a slow
-#            section leaves time to the next), with --profile_dir
+#            section leaves time to the next), with --profile_dir and --log_dir (the recipe launches' output,
+#            there even when the section runs out of time)
 #   readme   README command 1 (recipes/gutenberg_decoder.sh)
 #   study    the README's GPU study command (recipes/studies/narang_gpu.yaml, 8 processes)
 #   --tiny   the same at a tiny size on the CPU (a rehearsal)
@@ -100,7 +101,8 @@ for stage in "${stages[@]}"; do
                 sections=("$name")
                 [ "$name" = recipe ] && sections=(recipe deepspeed)
                 limited "check-$name" "${section##*:}" python3 benchmarks/gpu_check.py "${check_args[@]}" \
-                    --sections "${sections[@]}" --output_json "$out/check-$name.json" --profile_dir "$out/profiles"
+                    --sections "${sections[@]}" --output_json "$out/check-$name.json" --profile_dir "$out/profiles" \
+                    --log_dir "$out/launch-logs"
             done ;;
         readme)
             OUTPUT_DIR=$out/readme1 limited readme1 "${T_README:-240}" bash recipes/gutenberg_decoder.sh "${readme_args[@]}" ;;

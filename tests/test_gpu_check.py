@@ -7,6 +7,7 @@ many minutes.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -17,13 +18,37 @@ from helpers.paths import REPO_ROOT
 
 from hfzoo.training.precision import resolve_mixed_precision
 
-pytestmark = pytest.mark.slow
+CHECK = REPO_ROOT / "benchmarks" / "gpu_check.py"
 
 
+def load_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", CHECK)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_recipe_rate_leaves_out_the_first_window_and_weights_the_others_by_their_time():
+    history = [  # the first window holds compilation: 10 steps of 100 tokens in 50 s
+        {"step": 10, "step_seconds": 50.0, "tokens_per_second": 20.0, "mfu": 0.001},
+        {"step": 20, "step_seconds": 1.0, "tokens_per_second": 1000.0, "mfu": 0.4},
+        {"step": 30, "step_seconds": 4.0, "tokens_per_second": 250.0, "mfu": 0.1},
+    ]
+    tokens_per_s, mfu, steps = load_check().steady_rate(history)
+    assert tokens_per_s == pytest.approx(2000 / 5)  # 2 x 1,000 tokens in 5 s, not the mean of the rates
+    assert mfu == pytest.approx((0.4 * 1 + 0.1 * 4) / 5)
+    assert steps == "11-30"
+    without_peak = [{k: v for k, v in r.items() if k != "mfu"} for r in history]
+    assert math.isnan(load_check().steady_rate(without_peak)[1])
+    assert all(math.isnan(v) for v in load_check().steady_rate(history[:1])[:2])  # one window: nothing to time
+
+
+@pytest.mark.slow
 def test_the_gpu_check_runs_every_section_on_the_cpu(tmp_path, data_dir):
     out = tmp_path / "check.json"
-    command = [sys.executable, str(REPO_ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--tiny",
-               "--recipe_steps", "4", "--data_dir", str(data_dir), "--output_json", str(out)]  # fmt: skip
+    command = [sys.executable, str(CHECK), "--device", "cpu", "--tiny", "--recipe_steps", "4", "--data_dir",
+               str(data_dir), "--output_json", str(out), "--log_dir", str(tmp_path / "logs")]  # fmt: skip
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = json.loads(out.read_text())["rows"]
@@ -38,6 +63,11 @@ def test_the_gpu_check_runs_every_section_on_the_cpu(tmp_path, data_dir):
     for kind in ("eager", "compiled"):
         assert cases[f"tokens/s, {kind}"]["reference"] > 0  # transformers' rate beside hfzoo's
     assert cases["compile time (first step minus eager's)"]["hfzoo"] > 0
+    # the recipe logs every step at this size: its rate without the first (compiling) step is far above the whole run's
+    steady, whole = cases["tokens/s, compiled, steps 2-4"]["hfzoo"], cases["tokens/s, compiled, all 4 steps"]["hfzoo"]
+    assert steady > whole and cases["MFU, compiled, steps 2-4"]["hfzoo"] > 0
+    for name in ("compiled", "plain", "zero2", "zero3"):  # each launch's output is kept
+        assert "Running training" in (tmp_path / "logs" / f"recipe-{name}.txt").read_text()
     # DeepSpeed trains the same model: its held-out loss after the same steps is the plain run's, up to rounding
     plain = cases["eval loss after 4 steps, plain"]["hfzoo"]
     for stage in (2, 3):
