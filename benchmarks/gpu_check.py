@@ -199,6 +199,13 @@ def finish_launch(launch: Launch) -> dict:
     results = json.loads((launch.output_dir / "all_results.json").read_text())
     results["launch_seconds"] = seconds
     results["log_history"] = json.loads((launch.output_dir / "train_history.json").read_text())["log_history"]
+    tokens_per_s, mfu, steps = steady_rate(results["log_history"])
+    print(  # already in the log should a later launch run out of time
+        f"recipe launch {launch.name}: eval loss {results['eval_loss']:.4f}; steps {steps or '-'}: "
+        f"{tokens_per_s:,.0f} tokens/s, MFU {100 * mfu:.2f}%",
+        file=sys.stderr,
+        flush=True,
+    )
     return results
 
 

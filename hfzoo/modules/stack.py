@@ -355,7 +355,9 @@ class HfzooStack:
         Raises:
             ValueError: a cache holding positions under gradient checkpointing in training with gradients.
         """
-        if self.is_activation_checkpointing and self.training and torch.is_grad_enabled():
+        # `is_activation_checkpointing` walks every submodule: asked last, so that inference (generation) never pays
+        # for it, nor guards on the whole module tree when its forward is compiled.
+        if self.training and torch.is_grad_enabled() and self.is_activation_checkpointing:
             if cache is not None:
                 self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
                 held = self_cache.get_seq_length()
