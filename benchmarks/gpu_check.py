@@ -146,15 +146,6 @@ def training_rows(args: argparse.Namespace, scale: dict) -> list[dict]:
     return rows
 
 
-def _free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (each concurrent launch gets its own rendezvous port)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclass
 class Launch:
     """One running `accelerate launch ... recipes/pretrain.py` (`start_launch`), its output going to `log`."""
@@ -173,9 +164,11 @@ def start_launch(name: str, config: str, argv: list[str], env: dict[str, str], l
     Its output goes to `log_dir/recipe-NAME.txt`; it gets a rendezvous port of its own, so that several can run at
     once. `ARGV` must hold `--output_dir`.
     """
+    from accelerate.utils.other import get_free_port
+
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                str(REPO / "accelerate_configs" / config), "--num_processes", "1",
-               "--main_process_port", str(_free_port()), str(REPO / "recipes" / "pretrain.py"), *argv]  # fmt: skip
+               "--main_process_port", str(get_free_port()), str(REPO / "recipes" / "pretrain.py"), *argv]  # fmt: skip
     log = log_dir / f"recipe-{name}.txt"
     with open(log, "w") as handle:  # the child keeps its own descriptor
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
