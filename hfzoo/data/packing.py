@@ -4,14 +4,19 @@ Each document is cleaned (`hfzoo.data.loading.clean_text`) and tokenized with th
 post-processing, so the family's separator tokens mark document boundaries (the decoder tokenizer
 starts every document with `<|endoftext|>`). The token streams are then concatenated and cut into
 `block_size` blocks, dropping the incomplete tail, as transformers' `run_clm.py` `group_texts` does.
+A streamed split (`pack_stream`) is cut into the same blocks on the fly by `PackedStream`.
 """
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator
 from itertools import chain
+from typing import Any
 
 import datasets
 import numpy as np
+import torch
 
 from .loading import clean_text, column_names
 
@@ -135,6 +140,105 @@ def tokenize_and_pack(
     return packed
 
 
+class PackedStream(torch.utils.data.IterableDataset):
+    """Blocks cut on the fly from a stream of tokenized documents, with a resumable position.
+
+    The blocks are `group_texts`' over consecutive groups of `group_size` documents (the packing calls of
+    `tokenize_and_pack`, so a streamed split and the same split loaded whole give the same blocks, each group's
+    tail shorter than a block dropped), but each block is yielded as soon as its tokens have been read: the
+    first block waits for one tokenizer batch (`TOKENIZE_BATCH_SIZE` documents), not for a whole group, and
+    memory holds that batch and fewer than `block_size` carried tokens.
+
+    Iterating gives one pass (the documents' epoch). `state_dict` is the position after the last block
+    yielded (its epoch, the documents' own `state_dict` at the start of the current document, the tokens
+    carried into it, and how many of its blocks were yielded); `load_state_dict` restores the epoch, and the
+    next pass of that epoch continues with the block that followed.
+
+    Args:
+        documents: a stream (`datasets.IterableDataset`) of rows with an `input_ids` list of ints, one
+            document each.
+        block_size: tokens per block (>= 2).
+        with_labels: also yield a `labels` copy of each block (causal LM).
+        group_size: documents per group (default `PACK_BATCH_SIZE`).
+        max_blocks: yield at most this many blocks per pass (None: all).
+
+    Raises:
+        ValueError: `block_size < 2`, `group_size < 1` or `max_blocks < 0`.
+    """
+
+    def __init__(
+        self,
+        documents: datasets.IterableDataset,
+        block_size: int,
+        with_labels: bool = True,
+        group_size: int | None = None,
+        max_blocks: int | None = None,
+    ) -> None:
+        group_size = PACK_BATCH_SIZE if group_size is None else group_size
+        if block_size < 2:
+            raise ValueError(f"--block_size must be at least 2, got {block_size}")
+        if group_size < 1 or (max_blocks is not None and max_blocks < 0):
+            raise ValueError(f"group_size must be >= 1 and max_blocks >= 0, got {group_size} and {max_blocks}")
+        self.documents = documents
+        self.block_size, self.with_labels = block_size, with_labels
+        self.group_size, self.max_blocks = group_size, max_blocks
+        self._position: dict[str, Any] | None = None  # after the last block yielded
+        self._resume: dict[str, Any] | None = None  # from load_state_dict, for the next pass
+
+    @property
+    def epoch(self) -> int:
+        """The documents' epoch (the current pass)."""
+        return self.documents.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the documents' epoch (the next pass)."""
+        self.documents.set_epoch(epoch)
+
+    def _start(self) -> dict[str, Any]:
+        return self._here(None, [], 0, 0, 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last block yielded (a copy), or the one loaded for the next pass."""
+        return copy.deepcopy(self._resume or self._position or self._start())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state` (a `state_dict`): its epoch becomes the current one, and that pass continues."""
+        self._resume = copy.deepcopy(state)
+        self.documents.set_epoch(state["epoch"])
+
+    def __iter__(self) -> Iterator[dict[str, list[int]]]:
+        """Yield one pass of blocks: `{"input_ids": [block_size ints]}` (and `labels`, a copy)."""
+        position, self._resume = self._resume, None
+        if position is None or position["epoch"] != self.epoch:
+            position = self._start()
+        elif position["documents"] is not None:
+            self.documents.load_state_dict(position["documents"])
+        self._position = copy.deepcopy(position)
+        size, count = self.block_size, position["blocks"]
+        before, carry = position["documents"], list(position["carry"])
+        in_group, skip = position["group_documents"], position["document_blocks"]
+        if self.max_blocks is not None and count >= self.max_blocks:
+            return
+        for row in self.documents:
+            after = self.documents.state_dict()  # the documents' position once this one is read
+            if in_group == self.group_size:  # a new group: the last one's tail is dropped
+                carry, in_group = [], 0
+            tokens = carry + list(row["input_ids"])
+            for start in range(skip * size, len(tokens) - size + 1, size):
+                block = tokens[start : start + size]
+                count += 1
+                self._position = self._here(before, carry, in_group, start // size + 1, count)
+                yield {"input_ids": block, "labels": list(block)} if self.with_labels else {"input_ids": block}
+                if self.max_blocks is not None and count >= self.max_blocks:
+                    return
+            before, carry, in_group, skip = after, tokens[len(tokens) // size * size :], in_group + 1, 0
+            self._position = self._here(before, carry, in_group, 0, count)
+
+    def _here(self, documents, carry: list[int], group_documents: int, document_blocks: int, blocks: int) -> dict:
+        return {"epoch": self.epoch, "documents": documents, "carry": carry, "group_documents": group_documents,
+                "document_blocks": document_blocks, "blocks": blocks}  # fmt: skip
+
+
 def pack_stream(
     raw: datasets.IterableDataset,
     tokenizer,
@@ -142,11 +246,13 @@ def pack_stream(
     block_size: int,
     clean: bool = True,
     with_labels: bool = True,
-) -> datasets.IterableDataset:
+    max_blocks: int | None = None,
+) -> PackedStream:
     """Tokenize and pack a streamed split on the fly: the blocks `tokenize_and_pack` cuts from the same documents.
 
-    Nothing is read until the result is iterated, and memory stays bounded (`PACK_BATCH_SIZE` tokenized
-    documents at a time), so the source may be larger than memory or disk.
+    Nothing is read until the result is iterated, blocks come as soon as their documents are tokenized, and
+    memory stays bounded (`TOKENIZE_BATCH_SIZE` documents and one block's tokens at a time; see `PackedStream`),
+    so the source may be larger than memory or disk.
 
     Args:
         raw: a streamed split (`datasets.IterableDataset`) with a `text_column_name` column.
@@ -155,9 +261,11 @@ def pack_stream(
         block_size: tokens per block (>= 2).
         clean: apply `clean_text` before tokenizing.
         with_labels: add a `labels` column (a copy of `input_ids`, for the causal LM objective).
+        max_blocks: yield at most this many blocks per pass (None: all).
 
     Returns:
-        An `IterableDataset` of `input_ids` (and `labels`) rows, lists of `block_size` ints.
+        A `PackedStream` of `input_ids` (and `labels`) rows, lists of `block_size` ints, with `set_epoch`,
+        `state_dict` and `load_state_dict`.
 
     Raises:
         ValueError: `block_size < 2`.
@@ -170,7 +278,7 @@ def pack_stream(
         batch_size=TOKENIZE_BATCH_SIZE,
         remove_columns=column_names(raw),
     )
-    return tokenized.map(group_texts(block_size, with_labels), batched=True, batch_size=PACK_BATCH_SIZE)
+    return PackedStream(tokenized, block_size, with_labels, max_blocks=max_blocks)
 
 
 def token_counts(dataset: datasets.Dataset, vocab_size: int, column: str = "input_ids") -> np.ndarray:

@@ -3,11 +3,11 @@
 Documents are read lazily (`datasets` streaming), split between processes with
 `datasets.distributed.split_dataset_by_node` (whole files per process when their number divides evenly,
 else every `num_processes`-th document), then tokenized and packed on the fly
-(`hfzoo.data.packing.pack_stream`), so no two processes train on the same block and nothing is
-materialized in memory or on disk. `StreamingTrainLoader` batches a process's stream and is registered
-with accelerate's checkpointing: a checkpoint stores every process's position in its stream
-(`IterableDataset.state_dict`), and a resumed run continues with exactly the blocks the uninterrupted
-run would have seen. Streams are read in order (no shuffle buffer, whose contents a checkpoint could
+(`hfzoo.data.packing.pack_stream`: each block as soon as its documents are tokenized), so no two processes
+train on the same block and nothing is materialized in memory or on disk. `StreamingTrainLoader` batches a
+process's stream and is registered with accelerate's checkpointing: a checkpoint stores every process's
+position in its stream (`PackedStream.state_dict`), and a resumed run continues with exactly the blocks the
+uninterrupted run would have seen. Streams are read in order (no shuffle buffer, whose contents a checkpoint could
 not restore).
 """
 
@@ -23,7 +23,7 @@ from accelerate.utils import gather_object, send_to_device
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader
 
-from ..data.packing import pack_stream
+from ..data.packing import PackedStream, pack_stream
 
 
 def stream_blocks(
@@ -38,7 +38,7 @@ def stream_blocks(
     max_eval_samples: int | None = None,
     process_index: int = 0,
     num_processes: int = 1,
-) -> tuple[datasets.IterableDataset, datasets.IterableDataset]:
+) -> tuple[PackedStream, PackedStream]:
     """Pack the streamed `train` and `validation` splits into blocks; the training stream is this process's shard.
 
     Args:
@@ -54,15 +54,12 @@ def stream_blocks(
         num_processes: the world size.
 
     Returns:
-        `(train, validation)` `IterableDataset`s of blocks; the validation stream is whole on every process.
+        `(train, validation)` `PackedStream`s of blocks; the validation stream is whole on every process.
     """
     train = split_dataset_by_node(raw["train"], rank=process_index, world_size=num_processes)
-    train = pack_stream(train, tokenizer, text_column_name, block_size, clean, with_labels)
-    validation = pack_stream(raw["validation"], tokenizer, text_column_name, block_size, clean, with_labels)
-    if max_train_samples is not None:
-        train = train.take(max_train_samples)
-    if max_eval_samples is not None:
-        validation = validation.take(max_eval_samples)
+    train = pack_stream(train, tokenizer, text_column_name, block_size, clean, with_labels, max_train_samples)
+    validation = pack_stream(raw["validation"], tokenizer, text_column_name, block_size, clean, with_labels,
+                             max_eval_samples)  # fmt: skip
     return train, validation
 
 
@@ -83,7 +80,7 @@ class StreamingTrainLoader:
 
     def __init__(
         self,
-        dataset: datasets.IterableDataset,
+        dataset: PackedStream,
         batch_size: int,
         collate_fn: Callable,
         accelerator: Accelerator,

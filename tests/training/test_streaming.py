@@ -4,12 +4,14 @@ exact resume after a SIGKILL from the stream's saved position, and lazy reading 
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
 from helpers.launch import GLOBAL_BATCH, check_two_processes, launch, recipe_args
@@ -17,7 +19,14 @@ from helpers.pretraining import base_args
 from safetensors.torch import load_file
 
 from hfzoo.data.loading import clean_text, load_raw_datasets
-from hfzoo.data.packing import tokenize_and_pack
+from hfzoo.data.packing import (
+    PACK_BATCH_SIZE,
+    TOKENIZE_BATCH_SIZE,
+    PackedStream,
+    group_texts,
+    pack_stream,
+    tokenize_and_pack,
+)
 from hfzoo.pretraining.arguments import parse_pretrain_args
 from hfzoo.pretraining.loop import main
 from hfzoo.tokenization import train_bpe_tokenizer
@@ -63,7 +72,66 @@ def test_streamed_blocks_are_the_map_style_blocks(books_jsonl, tokenizer):
     streamed = [row["input_ids"] for row in train]
     assert len(streamed) == len(packed) > 100
     assert streamed == packed["input_ids"]  # every block, in order
-    assert all(row["labels"] == row["input_ids"] for row in train.take(3))
+    assert all(row["labels"] == row["input_ids"] for row in itertools.islice(train, 3))
+
+
+@pytest.fixture
+def documents():
+    """A new stream of 60 token-id documents of 0-200 tokens (some shorter than a block, some multiples of 16).
+
+    A new one each call: a stream keeps a loaded position for every later pass of its epoch (`datasets`).
+    """
+    generator = torch.Generator().manual_seed(0)
+    lengths = [int(n) for n in torch.randint(0, 200, (57,), generator=generator)] + [16, 32, 0]
+    rows = [list(range(1000 * i, 1000 * i + n)) for i, n in enumerate(lengths)]
+    return lambda: datasets.Dataset.from_dict({"input_ids": rows}).to_iterable_dataset()
+
+
+def test_packed_stream_cuts_group_texts_blocks_from_each_group_of_documents(documents):
+    rows = [row["input_ids"] for row in documents()]
+    expected = []
+    for start in range(0, len(rows), 7):  # the map-style path's packing calls of 7 documents
+        expected += group_texts(16)({"input_ids": rows[start : start + 7]})["input_ids"]
+    streamed = list(PackedStream(documents(), 16, group_size=7))
+    assert [row["input_ids"] for row in streamed] == expected and len(expected) > 40
+    assert all(row["labels"] == row["input_ids"] for row in streamed)
+    assert [row["input_ids"] for row in PackedStream(documents(), 16, False, 7, max_blocks=5)] == expected[:5]
+    assert list(PackedStream(documents(), 16, False, 7, max_blocks=5))[0].keys() == {"input_ids"}
+
+
+def test_packed_stream_resumes_after_every_block(documents):
+    """A position saved after any block (inside a document, at a document's or a group's end) continues exactly."""
+    whole = [row["input_ids"] for row in PackedStream(documents(), 16, group_size=7, max_blocks=60)]
+    for taken in range(len(whole) + 1):
+        stream = PackedStream(documents(), 16, group_size=7, max_blocks=60)
+        head = [row["input_ids"] for row in itertools.islice(stream, taken)]
+        resumed = PackedStream(documents(), 16, group_size=7, max_blocks=60)
+        resumed.load_state_dict(stream.state_dict())
+        assert head + [row["input_ids"] for row in resumed] == whole, taken
+    # A position saved in a later pass brings its pass back; a saved position belongs to its pass only.
+    stream = PackedStream(documents(), 16, group_size=7)
+    assert len(list(stream)) > 60
+    stream.set_epoch(1)
+    next(iter(stream))
+    resumed = PackedStream(documents(), 16, group_size=7)
+    resumed.load_state_dict(stream.state_dict())
+    assert resumed.epoch == 1 and next(iter(resumed))["input_ids"] == whole[1]
+    resumed.set_epoch(2)
+    assert [row["input_ids"] for row in itertools.islice(resumed, 3)] == whole[:3]
+
+
+def test_first_streamed_block_waits_for_one_tokenizer_batch_not_a_packing_group(tokenizer):
+    read = []
+
+    def books():
+        for i in range(5 * TOKENIZE_BATCH_SIZE):
+            read.append(i)
+            yield {"text": f"Chapter {i}. " + "It was a dark and stormy night, and the rain fell. " * 40}
+
+    stream = pack_stream(datasets.IterableDataset.from_generator(books), tokenizer, "text", 64)
+    read.clear()  # `from_generator` read the first document for its features
+    next(iter(stream))
+    assert 0 < len(read) <= TOKENIZE_BATCH_SIZE < PACK_BATCH_SIZE
 
 
 def test_two_processes_read_disjoint_shards(books_jsonl, tokenizer):
@@ -115,13 +183,19 @@ def test_sigkill_and_resume_latest_continue_with_the_uninterrupted_blocks(books_
     # steps 1..4 are the records saved in step_4 (the killed run's), 5..14 were trained after the resume
     assert sorted(losses[out]) == list(range(1, 15))
     assert all(losses[out][s] == losses[full][s] for s in losses[out])  # on the same blocks, with the same weights
+    # Resumed in the second pass (step 12): the saved pass and position come back, not the first pass.
+    late = tmp_path / "late"
+    main([*streaming_run_args(books_jsonl, tokenizer_dir, late), "--resume_from_checkpoint",
+          str(full / "checkpoints" / "step_12")])  # fmt: skip
+    c = load_file(late / "model.safetensors")
+    assert all(torch.equal(a[k], c[k]) for k in a)
 
 
 def test_streaming_reads_lazily_from_a_file_larger_than_the_run_needs(books_jsonl, tokenizer_dir, tmp_path):
     """A 40 MB file whose last line is not JSON: a streamed run never gets there; the map-style one would fail.
 
-    Packing concatenates up to 1000 documents at a time (`PACK_BATCH_SIZE`), so the run reads a few thousand
-    2,000-character documents (training, and the held-out stream: every 4th document) of the ~20,000.
+    The run reads a few hundred 2,000-character documents (training, and the held-out stream: every 4th
+    document) of the ~20,000.
     """
     big = tmp_path / "big.jsonl"
     text = " ".join(json.loads(line)["text"] for line in books_jsonl.read_text().splitlines())
