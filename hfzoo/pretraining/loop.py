@@ -317,6 +317,10 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
             model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
         )
+        # Its batches are lists of examples, collated and sent to the device by the training loop: accelerate's
+        # device placement of each batch would only walk every token id of every example (a host cost of
+        # several milliseconds a step at 16 x 128 tokens, larger than a small model's GPU step).
+        train_dataloader.device = None
     return PretrainingRun(
         args=args,
         accelerator=accelerator,
@@ -420,6 +424,7 @@ def accumulation_step(
     micro_batches: list[dict[str, torch.Tensor]],
     objective: str,
     max_grad_norm: float,
+    forward_kwargs: dict[str, bool] | None = None,
 ) -> tuple[torch.Tensor, float | None]:
     """One optimizer step over a window of micro-batches, with the loss normalised over the global batch.
 
@@ -438,6 +443,8 @@ def accumulation_step(
         objective: a name in `hfzoo.training.objectives.OBJECTIVES` (how its labels are counted:
             `Objective.count_predicted_tokens`).
         max_grad_norm: clip the global gradient norm to this (0: no clipping; the norm is still measured).
+        forward_kwargs: more keyword arguments of every forward (default: `no_cache_kwargs(model)`, looked up
+            on each call; a training loop looks them up once).
 
     A step whose gradient norm is not finite is not applied: neither the optimizer nor the scheduler
     steps (under DeepSpeed, the engine skips it itself; under fp16, the loss scaler does).
@@ -451,10 +458,11 @@ def accumulation_step(
     weight = accelerator.num_processes * len(micro_batches) / global_count.clamp(min=1).float()
     total = torch.zeros((), dtype=torch.float32, device=accelerator.device)
     grad_norm = None
-    no_cache = no_cache_kwargs(model)  # a KV cache is of no use here (and makes compiled layers specialize)
+    if forward_kwargs is None:
+        forward_kwargs = no_cache_kwargs(model)
     for batch, count in zip(micro_batches, counts):
         with accelerator.accumulate(model):
-            loss = model(**batch, **no_cache).loss
+            loss = model(**batch, **forward_kwargs).loss
             accelerator.backward(loss * (count * weight))
             if accelerator.sync_gradients:
                 norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
@@ -572,6 +580,9 @@ def train(run: PretrainingRun) -> dict[str, float]:
         history, eval_history = _resumed_history(run, completed_steps, eval_seed)
     run.train_history = {"log_history": history, "eval_history": eval_history}  # saved with every checkpoint
     first_window = True
+    # A KV cache is of no use in training (and makes compiled layers specialize); looked up once, not every step
+    # (unwrapping the prepared model asks importlib's package metadata whether DeepSpeed is installed).
+    no_cache = no_cache_kwargs(model)
     last_saved = completed_steps  # a resumed run's starting point is already a checkpoint
     # A run resumed from its last checkpoint has nothing left to train.
     epochs = range(start_epoch, run.num_train_epochs) if completed_steps < run.max_train_steps else range(0)
@@ -602,6 +613,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
                 micro_batches,
                 args.objective,
                 args.max_grad_norm,
+                no_cache,
             )
             completed_steps += 1
             if run.nonfinite_guard.check(completed_steps, loss, grad_norm):  # raises unless skips are allowed
