@@ -355,6 +355,8 @@ class HfzooStack:
         Raises:
             ValueError: a cache holding positions under gradient checkpointing in training with gradients.
         """
+        if cache is None and not (use_cache and self.is_causal):
+            return None  # nothing to drop or create, with or without gradient checkpointing (a training loop's case)
         # `is_activation_checkpointing` walks every submodule: asked last, so that inference (generation) never pays
         # for it, nor guards on the whole module tree when its forward is compiled.
         if self.training and torch.is_grad_enabled() and self.is_activation_checkpointing:

@@ -10,11 +10,12 @@ import pytest
 import torch
 from huggingface_hub.errors import StrictDataclassClassValidationError
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PreTrainedModel
 
 import hfzoo
 from hfzoo import HfzooDecoderConfig, HfzooDecoderForCausalLM, HfzooDecoderModel
 from hfzoo.compat import output_cache
+from hfzoo.modules.stack import HfzooStack
 
 TINY = dict(
     vocab_size=97,
@@ -232,6 +233,28 @@ def test_gradient_checkpointing_gives_same_gradients():
         model(ids, labels=ids).loss.backward()
         grads.append(model.model.layers[0].mlp.up_proj.weight.grad.clone())
     torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_the_module_walk_of_gradient_checkpointing_is_asked_only_where_it_decides_the_cache(monkeypatch):
+    """`is_activation_checkpointing` walks every submodule; a training step without a cache must not pay for it."""
+    asked = []
+    walk = PreTrainedModel.is_activation_checkpointing.fget
+
+    def counted(self):
+        if isinstance(self, HfzooStack):
+            asked.append(1)
+        return walk(self)
+
+    monkeypatch.setattr(PreTrainedModel, "is_activation_checkpointing", property(counted))
+    ids = torch.randint(0, TINY["vocab_size"], (2, 8))
+    for checkpointing in (False, True):
+        model = tiny_model(seed=7).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        assert model(ids, labels=ids, use_cache=False).past_key_values is None and not asked
+        # Where a cache would be created, the walk decides: none under checkpointing, a new one otherwise.
+        assert (model(ids, labels=ids).past_key_values is None) is checkpointing and asked
+        asked.clear()
 
 
 def test_hidden_states_and_attentions_are_returned():
