@@ -214,7 +214,7 @@ class PackedStream(torch.utils.data.IterableDataset):
         elif position["documents"] is not None:
             self.documents.load_state_dict(position["documents"])
         self._position = copy.deepcopy(position)
-        size, count = self.block_size, position["blocks"]
+        cut, count = group_texts(self.block_size, self.with_labels), position["blocks"]
         before, carry = position["documents"], list(position["carry"])
         in_group, skip = position["group_documents"], position["document_blocks"]
         if self.max_blocks is not None and count >= self.max_blocks:
@@ -224,14 +224,15 @@ class PackedStream(torch.utils.data.IterableDataset):
             if in_group == self.group_size:  # a new group: the last one's tail is dropped
                 carry, in_group = [], 0
             tokens = carry + list(row["input_ids"])
-            for start in range(skip * size, len(tokens) - size + 1, size):
-                block = tokens[start : start + size]
+            blocks = cut({"input_ids": [tokens]})  # this document's complete blocks, with the carried tokens
+            for index in range(skip, len(blocks["input_ids"])):
                 count += 1
-                self._position = self._here(before, carry, in_group, start // size + 1, count)
-                yield {"input_ids": block, "labels": list(block)} if self.with_labels else {"input_ids": block}
+                self._position = self._here(before, carry, in_group, index + 1, count)
+                yield {key: column[index] for key, column in blocks.items()}
                 if self.max_blocks is not None and count >= self.max_blocks:
                     return
-            before, carry, in_group, skip = after, tokens[len(tokens) // size * size :], in_group + 1, 0
+            used = len(blocks["input_ids"]) * self.block_size
+            before, carry, in_group, skip = after, tokens[used:], in_group + 1, 0
             self._position = self._here(before, carry, in_group, 0, count)
 
     def _here(self, documents, carry: list[int], group_documents: int, document_blocks: int, blocks: int) -> dict:
@@ -268,10 +269,8 @@ def pack_stream(
         `state_dict` and `load_state_dict`.
 
     Raises:
-        ValueError: `block_size < 2`.
+        ValueError: `block_size < 2` (from `PackedStream`, before anything is read).
     """
-    if block_size < 2:
-        raise ValueError(f"--block_size must be at least 2, got {block_size}")
     tokenized = raw.map(
         tokenize_function(tokenizer, text_column_name, clean),
         batched=True,
