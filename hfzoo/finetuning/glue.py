@@ -62,7 +62,7 @@ from ..training.arguments import (
 from ..training.compilation import compile_model
 from ..training.optimization import create_optimizer, create_scheduler
 from ..training.precision import MIXED_PRECISION_CHOICES
-from ..training.throughput import Throughput, resolve_peak_tflops
+from ..training.throughput import SequenceClassificationFlops, Throughput, resolve_peak_tflops
 from .adapters import (
     PEFT_METHODS,
     build_peft_config,
@@ -416,7 +416,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
             resolve_peak_tflops(accelerator.device, accelerator.mixed_precision, args.peak_tflops),
             accelerator.num_processes,
         ),
-        non_embedding_parameters=non_embedding_parameters,
+        flops=SequenceClassificationFlops(base.config, non_embedding_parameters, args.max_length, accelerator.device),
         precision=precision,
     )
 

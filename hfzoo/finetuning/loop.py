@@ -32,7 +32,7 @@ from ..data.glue import GlueTask
 from ..metrics import load_glue_metric
 from ..training.compilation import no_cache_kwargs
 from ..training.precision import PrecisionChoice
-from ..training.throughput import Throughput, sequence_classification_flops
+from ..training.throughput import SequenceClassificationFlops, Throughput
 
 
 @dataclass
@@ -55,7 +55,7 @@ class GlueRun:
     num_train_epochs: int
     resume_path: Path | None = None
     throughput: Throughput | None = None  # TFLOP/s and MFU of the logged windows (None: tokens/s only)
-    non_embedding_parameters: int = 0  # the `N` of the model FLOPs (`sequence_classification_flops`)
+    flops: SequenceClassificationFlops | None = None  # a batch's model FLOPs (None: not counted)
     precision: PrecisionChoice | None = None  # the precision it trains in and why (`--mixed_precision`)
 
 
@@ -241,9 +241,6 @@ def train_glue(run: GlueRun) -> GlueProgress:
     window_tokens = torch.zeros((), device=accelerator.device)
     window_flops = torch.zeros((), dtype=torch.float64, device=accelerator.device)
     window_batches, window_start = 0, time.perf_counter()
-    config = accelerator.unwrap_model(model).config
-    if hasattr(accelerator.unwrap_model(model), "get_base_model"):
-        config = accelerator.unwrap_model(model).get_base_model().config
     no_cache = no_cache_kwargs(model)  # a KV cache is of no use here (and makes compiled layers specialize)
     while progress.epoch < run.num_train_epochs:
         if progress.step >= run.max_train_steps and progress.batches_done == 0:
@@ -265,10 +262,8 @@ def train_glue(run: GlueRun) -> GlueProgress:
             progress.batches_done += 1
             window_loss += loss.detach().float()
             window_tokens += batch["attention_mask"].sum()
-            if run.throughput is not None:  # tensors: no host sync until the log line
-                window_flops += sequence_classification_flops(
-                    config, run.non_embedding_parameters, batch["attention_mask"]
-                )
+            if run.throughput is not None and run.flops is not None:  # tensors: no host sync until the log line
+                window_flops += run.flops(batch["attention_mask"])
             window_batches += 1
             if not accelerator.sync_gradients:
                 continue

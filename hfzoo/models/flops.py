@@ -1,7 +1,8 @@
 """Model FLOPs of training (forward + backward), counted from a config: "Ops" of the study and MFU of a run.
 
 `count_training_flops(config, seq_len, decoder_seq_len)` returns the FLOPs of one training sequence of
-any hfzoo family; `FlopsCount.per_token` divides by the tokens the model processed. The convention:
+any hfzoo family with its language-model head, `count_classification_flops(config, seq_len)` those of its
+sequence classifier (GLUE finetuning); `FlopsCount.per_token` divides by the tokens the model processed. The convention:
 
 - **Weights, 6N** (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", §2.1: C ~ 6N per
   token; PaLM, Chowdhery et al. 2022, App. B). Every weight of a matrix product applied to a token costs
@@ -68,9 +69,10 @@ from ..modules.attention import HfzooAttention, key_value_heads
 from ..modules.embeddings import adaptive_input_clusters, adaptive_softmax_clusters
 from ..modules.mixers import TOKEN_MIXERS
 from ..modules.stack import LAYER_STACKS, LAYER_TYPES
+from .decoder.configuration_decoder import HfzooDecoderConfig
 from .encoder.configuration_encoder import HfzooEncoderConfig
 
-__all__ = ["FlopsCount", "count_training_flops", "weights_per_token"]
+__all__ = ["FlopsCount", "count_classification_flops", "count_training_flops", "weights_per_token"]
 
 #: Forward + backward FLOPs per weight per token (2 forward, 4 backward).
 TRAINING_FLOPS_PER_WEIGHT = 6
@@ -280,6 +282,40 @@ def weights_per_token(config, stack: str) -> int:
     return _stack_cost(config, _layout(config, stack), 1).weights
 
 
+def _check_lengths(config, seq_len: int, decoder_seq_len: int | None) -> None:
+    """Refuse non-positive lengths, and a decoder length given or missing for the wrong family."""
+    encoder_decoder = getattr(config, "is_encoder_decoder", False)
+    if seq_len < 1 or (decoder_seq_len is not None and decoder_seq_len < 1):
+        raise ValueError(f"sequence lengths must be positive, got {seq_len} and {decoder_seq_len}")
+    if encoder_decoder != (decoder_seq_len is not None):
+        raise ValueError(
+            "decoder_seq_len is required for an encoder-decoder and only for one "
+            f"(is_encoder_decoder={encoder_decoder}, decoder_seq_len={decoder_seq_len})"
+        )
+
+
+def _stacks_cost(config, seq_len: int, decoder_seq_len: int | None) -> tuple[float, float, int]:
+    """The stacks' part of one sequence, without any head.
+
+    Returns:
+        `(weights, attention, tokens)`: the matrix-product weights applied, summed over the tokens they apply
+        to (not yet multiplied by `TRAINING_FLOPS_PER_WEIGHT`); the attention and transform FLOPs (training);
+        the tokens processed (encoder + decoder positions for an encoder-decoder).
+    """
+    layouts = config.stack_layouts()
+    encoder = _stack_cost(config, layouts[0], seq_len)
+    if decoder_seq_len is None:
+        return encoder.weights, encoder.attention, seq_len
+    # The decoder's cross-attention reads the encoder's outputs (compressed by a funnel encoder).
+    decoder = _stack_cost(config, layouts[1], decoder_seq_len)
+    weights = encoder.weights + encoder.out_len * decoder.cross_key_value + decoder.weights
+    attention = encoder.attention + decoder.attention + decoder.cross_pair_flops * decoder_seq_len * encoder.out_len
+    if config.transparent_attention:  # Bapna et al. 2018: N + 1 encoder outputs mixed per cross-attention
+        cross_attentions = sum("s" in layer for layer in layouts[1].sublayers(config))
+        weights += encoder.out_len * cross_attentions * (len(layouts[0].sublayers(config)) + 1) * config.hidden_size
+    return weights, attention, seq_len + decoder_seq_len
+
+
 def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = None) -> FlopsCount:
     """Training FLOPs (forward + backward) of one sequence for an hfzoo model with its LM head.
 
@@ -297,25 +333,43 @@ def count_training_flops(config, seq_len: int, decoder_seq_len: int | None = Non
     Raises:
         ValueError: a non-positive length, or `decoder_seq_len` given or missing for the wrong family.
     """
-    encoder_decoder = getattr(config, "is_encoder_decoder", False)
-    if seq_len < 1 or (decoder_seq_len is not None and decoder_seq_len < 1):
-        raise ValueError(f"sequence lengths must be positive, got {seq_len} and {decoder_seq_len}")
-    if encoder_decoder != (decoder_seq_len is not None):
-        raise ValueError(
-            "decoder_seq_len is required for an encoder-decoder and only for one "
-            f"(is_encoder_decoder={encoder_decoder}, decoder_seq_len={decoder_seq_len})"
-        )
-    flops_per_weight = TRAINING_FLOPS_PER_WEIGHT
+    _check_lengths(config, seq_len, decoder_seq_len)
+    weights, attention, tokens = _stacks_cost(config, seq_len, decoder_seq_len)
+    head_tokens = seq_len if decoder_seq_len is None else decoder_seq_len  # the LM head reads every output
     head = weights_per_token(config, "head")
-    layouts = config.stack_layouts()
-    encoder = _stack_cost(config, layouts[0], seq_len)
-    if not encoder_decoder:
-        return FlopsCount(flops_per_weight * (encoder.weights + seq_len * head), encoder.attention, seq_len)
-    # The decoder's cross-attention reads the encoder's outputs (compressed by a funnel encoder).
-    decoder = _stack_cost(config, layouts[1], decoder_seq_len)
-    weights = encoder.weights + encoder.out_len * decoder.cross_key_value + decoder.weights + decoder_seq_len * head
-    attention = encoder.attention + decoder.attention + decoder.cross_pair_flops * decoder_seq_len * encoder.out_len
-    if config.transparent_attention:  # Bapna et al. 2018: N + 1 encoder outputs mixed per cross-attention
-        cross_attentions = sum("s" in layer for layer in layouts[1].sublayers(config))
-        weights += encoder.out_len * cross_attentions * (len(layouts[0].sublayers(config)) + 1) * config.hidden_size
-    return FlopsCount(flops_per_weight * weights, attention, seq_len + decoder_seq_len)
+    return FlopsCount(TRAINING_FLOPS_PER_WEIGHT * (weights + head_tokens * head), attention, tokens)
+
+
+def count_classification_flops(config, seq_len: int) -> FlopsCount:
+    """Training FLOPs (forward + backward) of one sequence for an hfzoo sequence classifier.
+
+    The model is the family's `...ForSequenceClassification` (what GLUE finetuning trains): the stacks as in
+    `count_training_flops`, an encoder-decoder's decoder reading the source itself (`seq_len` decoder positions,
+    as BART's classifier does), and the classification head instead of the LM head: a decoder's `score`
+    (hidden -> `num_labels`) on every position, whose last real one is pooled; an encoder's and an
+    encoder-decoder's `SequenceClassificationHead` (dense hidden -> hidden, then hidden -> `num_labels`) on the
+    one pooled position. Mixture-of-experts layers count the experts a token is sent to, a Universal Transformer
+    its recurrent steps, a funnel its pooled lengths: the same rules as pretraining's count
+    (`tests/finetuning/test_classification_flops.py` checks it against torch's `FlopCounterMode` for every
+    Table 1 row).
+
+    Args:
+        config: an hfzoo config (decoder, encoder or encoder-decoder) with its `num_labels`.
+        seq_len: tokens of the sequence.
+
+    Returns:
+        A `FlopsCount` (`tokens`: the positions processed, encoder + decoder for an encoder-decoder).
+
+    Raises:
+        ValueError: a non-positive length.
+    """
+    encoder_decoder = getattr(config, "is_encoder_decoder", False)
+    decoder_seq_len = seq_len if encoder_decoder else None
+    _check_lengths(config, seq_len, decoder_seq_len)
+    weights, attention, tokens = _stacks_cost(config, seq_len, decoder_seq_len)
+    hidden, labels = config.hidden_size, config.num_labels
+    if isinstance(config, HfzooDecoderConfig):
+        head = seq_len * hidden * labels
+    else:
+        head = hidden * hidden + hidden * labels
+    return FlopsCount(TRAINING_FLOPS_PER_WEIGHT * (weights + head), attention, tokens)

@@ -41,7 +41,8 @@ from pathlib import Path
 
 import torch
 
-from ..models.flops import count_training_flops
+from ..configuration_utils import HfzooConfig
+from ..models.flops import count_classification_flops, count_training_flops
 from .precision import cpu_capability
 
 logger = logging.getLogger(__name__)
@@ -49,13 +50,13 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DATASHEET_PEAK_TFLOPS",
     "PeakTflops",
+    "SequenceClassificationFlops",
     "Throughput",
     "cpu_peak_cache_file",
     "datasheet_peak_tflops",
     "measure_cpu_peak_tflops",
     "pretraining_flops_per_token",
     "resolve_peak_tflops",
-    "sequence_classification_flops",
 ]
 
 #: Square matmul size of the CPU micro-benchmark.
@@ -277,30 +278,74 @@ def pretraining_flops_per_token(
     return count_training_flops(config, block_size, target_length).total / raw_block_size
 
 
-def sequence_classification_flops(config, non_embedding_parameters: int, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Training FLOPs of a padded batch of a sequence classifier (GLUE finetuning), counted on its real tokens.
+class SequenceClassificationFlops:
+    """Training FLOPs of a sequence classifier's padded batches (GLUE finetuning), counted on their real tokens.
 
-    `6 N` per token over the `N` non-embedding parameters (Kaplan et al. 2020 §2.1; the classifier head
-    included), plus PaLM's attention term `12 d_attn T^2` per attention layer and sequence of `T` real
-    tokens (an encoder-decoder classifier runs its input through both stacks: its decoder layers count
-    self- and cross-attention). Frozen weights (PEFT) are counted like trained ones, as MFU does.
+    A sequence's FLOPs depend on its length alone, so they are tabulated per length (once, up to the widest
+    batch seen) and a batch's FLOPs are one lookup on its device: no host sync per batch.
+
+    - An hfzoo model: `hfzoo.models.flops.count_classification_flops`, its architecture's own count (the
+      experts a token is sent to, a Universal Transformer's recurrent steps, a funnel's pooled lengths, ...;
+      the rules of pretraining's MFU).
+    - Any other model (e.g. a BERT from the Hub): `6 N` per token over its `N` non-embedding parameters
+      (Kaplan et al. 2020 §2.1; the classifier head included) plus PaLM's attention term `12 d_attn T^2` per
+      attention layer and sequence of `T` real tokens (an encoder-decoder's decoder layers count self- and
+      cross-attention).
+
+    Frozen weights (PEFT) are counted like trained ones, as MFU does; adapter weights (LoRA's low-rank
+    products) and prefix tokens are not counted.
 
     Args:
-        config: the model's config (any transformers config with `num_hidden_layers`, `hidden_size`,
-            `num_attention_heads`; `head_dim`, `num_decoder_layers` when present).
-        non_embedding_parameters: the model's parameters without its embedding tables.
-        attention_mask: `(batch_size, seq_len)`, 1 at real tokens.
+        config: the model's config (the base model's under PEFT); an hfzoo config needs its `num_labels`.
+        non_embedding_parameters: `N` of a model that is not an hfzoo model (not used for hfzoo models).
+        max_length: the longest sequence expected (tokens; the tokenizer's truncation), tabulated at once.
+        device: where the batches' attention masks are.
 
-    Returns:
-        A float64 scalar tensor on `attention_mask`'s device (no host sync).
+    Raises:
+        ValueError: `max_length` < 1.
     """
-    lengths = attention_mask.sum(-1, dtype=torch.float64)
-    heads = config.num_attention_heads
-    width = heads * (getattr(config, "head_dim", None) or config.hidden_size // heads)
-    layers = config.num_hidden_layers
-    if getattr(config, "is_encoder_decoder", False):
-        layers += 2 * (getattr(config, "num_decoder_layers", None) or config.num_hidden_layers)
-    return 6 * non_embedding_parameters * lengths.sum() + 12 * layers * width * (lengths**2).sum()
+
+    def __init__(self, config, non_embedding_parameters: int = 0, max_length: int = 128, device=None) -> None:
+        if max_length < 1:
+            raise ValueError(f"max_length must be at least 1 token, got {max_length}")
+        self.config = config
+        self.non_embedding_parameters = non_embedding_parameters
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.table = self._tabulate(max_length)
+
+    def sequence_flops(self, seq_len: int) -> float:
+        """Training FLOPs of one sequence of `seq_len` real tokens (0 for an empty one)."""
+        if seq_len == 0:
+            return 0.0
+        if isinstance(self.config, HfzooConfig):
+            return float(count_classification_flops(self.config, seq_len).total)
+        config = self.config
+        heads = config.num_attention_heads
+        width = heads * (getattr(config, "head_dim", None) or config.hidden_size // heads)
+        layers = config.num_hidden_layers
+        if getattr(config, "is_encoder_decoder", False):
+            layers += 2 * (getattr(config, "num_decoder_layers", None) or config.num_hidden_layers)
+        return float(6 * self.non_embedding_parameters * seq_len + 12 * layers * width * seq_len**2)
+
+    def _tabulate(self, max_length: int) -> torch.Tensor:
+        """`(max_length + 1,)` float64 FLOPs of every length from 0, on `self.device`."""
+        flops = [self.sequence_flops(length) for length in range(max_length + 1)]
+        return torch.tensor(flops, dtype=torch.float64, device=self.device)
+
+    def __call__(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The batch's training FLOPs: the sum over its rows of their sequences' FLOPs.
+
+        Args:
+            attention_mask: `(batch_size, seq_len)`, 1 at real tokens (any integer or bool dtype).
+
+        Returns:
+            A float64 scalar tensor on `attention_mask`'s device (no host sync).
+        """
+        if attention_mask.shape[-1] >= len(self.table):  # wider than tabulated (known from the shape alone)
+            self.table = self._tabulate(attention_mask.shape[-1])
+        table = self.table.to(attention_mask.device)
+        lengths = attention_mask.sum(-1)
+        return table[lengths].sum()
 
 
 @dataclass

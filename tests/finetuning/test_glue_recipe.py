@@ -12,13 +12,21 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.glue_files import LAYOUTS, write_glue_dir, write_tsv
-from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, BertConfig, BertForMaskedLM
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+)
 
 import hfzoo  # noqa: F401
 from hfzoo.data.glue import GLUE_TASKS, load_glue
 from hfzoo.finetuning.adapters import build_peft_config, count_parameters, load_peft_model, wrap_with_peft
 from hfzoo.finetuning.glue import main as finetune
 from hfzoo.metrics import load_glue_metric
+from hfzoo.models.flops import count_classification_flops
 from hfzoo.models.presets import build_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -234,17 +242,17 @@ def test_progress_bar_history_and_training_curves(checkpoints, glue_dir, tmp_pat
     assert curves["validation loss"] == [[r["step"], r["eval_loss"]] for r in history["eval_history"]]
     assert [s for s, _ in curves["learning rate"]] == [1, 2, 3, 4, 5, 6]
     assert all(v > 0 for _, v in curves["tokens/s"]) and len(curves["tokens/s"]) == 6
-    # Throughput: 6 N per real token (N: non-embedding parameters, LoRA's included) + 12 L d_attn T per token
-    # for sequences of T <= 32 tokens; TFLOP/s and MFU against --peak_tflops in every record and the results.
-    base = AutoModelForSequenceClassification.from_pretrained(checkpoints["encoder-tiny"], num_labels=2)
-    config = base.config
-    low = 6 * base.num_parameters(exclude_embeddings=True)
-    high = 6 * (low // 6 + results["trainable_parameters"]) + 12 * config.num_hidden_layers * config.hidden_size * 32
+    # Throughput: the classifier's model FLOPs of each row's real tokens (`count_classification_flops`; LoRA's
+    # products not counted), so a window's FLOPs per token lie between the least and the most a sequence of
+    # T <= 32 tokens spends per token; TFLOP/s and MFU against --peak_tflops in every record and the results.
+    config = AutoConfig.from_pretrained(checkpoints["encoder-tiny"], num_labels=2)
+    per_token = [count_classification_flops(config, length).per_token for length in range(1, 33)]
+    low, high = min(per_token), max(per_token)
     for record in history["log_history"]:
-        assert low < record["flops_per_token"] < high
+        assert low <= record["flops_per_token"] <= high
         assert record["tflops"] == pytest.approx(record["tokens_per_second"] * record["flops_per_token"] / 1e12)
         assert record["mfu"] == pytest.approx(record["tflops"] / 0.5)
-    assert low < results["flops_per_token"] < high
+    assert low <= results["flops_per_token"] <= high
     assert results["train_mfu"] == pytest.approx(results["train_tflops"] / 0.5) and results["peak_tflops"] == 0.5
 
 

@@ -1,4 +1,6 @@
-"""`FlopCounterMode` counting what `hfzoo.models.flops` counts, for the FLOPs tests.
+"""`FlopCounterMode` counting what `hfzoo.models.flops` counts, and the Table 1 rows' configs, for the FLOPs tests.
+
+`row_config(row)` builds a Table 1 row's encoder-decoder config on the smallest base it resolves on.
 
 - The chunked cross-entropy of the LM heads (`hfzoo.modules.embeddings.chunked_linear_cross_entropy`)
   accumulates the output layer's weight gradient with `Tensor.addmm_`, which torch's counter does not know; it
@@ -13,6 +15,10 @@
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, conv_backward_flop, conv_flop
+from transformers import AutoConfig
+
+from hfzoo.models.narang import resolve_row
+from hfzoo.models.presets import build_config
 
 
 def _addmm_flops(self_shape, mat1_shape, mat2_shape, *args, out_shape=None, **kwargs) -> int:
@@ -52,3 +58,45 @@ def flop_counter() -> FlopCounterMode:
             torch.ops.aten.convolution_backward: _conv_backward_flops,
         },
     )
+
+
+# Small bases for the row check: two layers where the row resolves on them; six layers and heads for the depth
+# rows (which scale layers and heads by 2, 3/2, 2/3 and 1/2). FlopCounterMode is slow, so the smaller the better.
+ROW_BASES = [
+    dict(
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_decoder_layers=2,
+        num_attention_heads=2,
+        head_dim=4,
+        intermediate_size=24,
+        vocab_size=64,
+    ),
+    dict(
+        hidden_size=24,
+        num_hidden_layers=6,
+        num_decoder_layers=6,
+        num_attention_heads=6,
+        head_dim=4,
+        intermediate_size=48,
+        vocab_size=64,
+    ),
+]
+
+
+def row_config(row: str):
+    """The row's config on the smallest base it resolves on."""
+    for fields in ROW_BASES:
+        base = build_config("narang-vanilla", fields).to_dict()
+        for key in ("model_type", "transformers_version", "architectures", "num_key_value_heads"):
+            base.pop(key, None)  # (multi-head attention follows a row's number of heads)
+        try:
+            fields = {**base, **resolve_row(row, base)}
+        except ValueError:
+            continue
+        if fields.get("router_type") == "switch":  # no token over capacity: every token reaches its expert
+            fields["expert_capacity_factor"] = fields["num_experts"]
+        if fields.get("moe_layer_interval", 1) > fields["num_hidden_layers"]:
+            fields["moe_layer_interval"] = fields["num_hidden_layers"]  # keep one expert layer per stack
+        return AutoConfig.for_model("hfzoo_encoder_decoder", **fields)
+    raise AssertionError(f"{row} resolves on none of the bases")

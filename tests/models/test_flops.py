@@ -12,12 +12,12 @@ import math
 
 import pytest
 import torch
-from helpers.flop_counting import flop_counter
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+from helpers.flop_counting import flop_counter, row_config
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
 import hfzoo  # noqa: F401
 from hfzoo.models.flops import count_training_flops, weights_per_token
-from hfzoo.models.narang import TABLE_1_ROWS, resolve_row
+from hfzoo.models.narang import TABLE_1_ROWS
 from hfzoo.models.presets import build_config
 
 H, LAYERS, HEADS, HEAD_DIM, FF, VOCAB = 16, 2, 2, 8, 32, 64  # d_attn = HEADS * HEAD_DIM = 16
@@ -128,48 +128,6 @@ def test_bad_lengths_are_refused():
         count_training_flops(build_config("encoder-decoder-tiny", SMALL), T)
     with pytest.raises(ValueError, match="must be positive"):
         count_training_flops(decoder, 0)
-
-
-# Small bases for the row check: two layers where the row resolves on them; six layers and heads for the depth
-# rows (which scale layers and heads by 2, 3/2, 2/3 and 1/2). FlopCounterMode is slow, so the smaller the better.
-ROW_BASES = [
-    dict(
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_decoder_layers=2,
-        num_attention_heads=2,
-        head_dim=4,
-        intermediate_size=24,
-        vocab_size=64,
-    ),
-    dict(
-        hidden_size=24,
-        num_hidden_layers=6,
-        num_decoder_layers=6,
-        num_attention_heads=6,
-        head_dim=4,
-        intermediate_size=48,
-        vocab_size=64,
-    ),
-]
-
-
-def row_config(row: str):
-    """The row's config on the smallest base it resolves on."""
-    for fields in ROW_BASES:
-        base = build_config("narang-vanilla", fields).to_dict()
-        for key in ("model_type", "transformers_version", "architectures", "num_key_value_heads"):
-            base.pop(key, None)  # (multi-head attention follows a row's number of heads)
-        try:
-            fields = {**base, **resolve_row(row, base)}
-        except ValueError:
-            continue
-        if fields.get("router_type") == "switch":  # no token over capacity: every token reaches its expert
-            fields["expert_capacity_factor"] = fields["num_experts"]
-        if fields.get("moe_layer_interval", 1) > fields["num_hidden_layers"]:
-            fields["moe_layer_interval"] = fields["num_hidden_layers"]  # keep one expert layer per stack
-        return AutoConfig.for_model("hfzoo_encoder_decoder", **fields)
-    raise AssertionError(f"{row} resolves on none of the bases")
 
 
 @pytest.mark.parametrize("row", list(TABLE_1_ROWS))

@@ -20,7 +20,6 @@ from hfzoo.training.throughput import (
     datasheet_peak_tflops,
     pretraining_flops_per_token,
     resolve_peak_tflops,
-    sequence_classification_flops,
 )
 
 
@@ -106,17 +105,6 @@ def test_pretraining_flops_per_token_counts_per_text_token():
     assert pretraining_flops_per_token(config, 16, 20, 6) == count_training_flops(config, 16, 6).total / 20
     decoder = build_config("decoder-tiny", "vocab_size=128")
     assert pretraining_flops_per_token(decoder, 32, 32) == count_training_flops(decoder, 32).per_token
-
-
-def test_sequence_classification_flops_hand_count():
-    config = build_config("encoder-tiny", "vocab_size=128")  # 2 layers, d_attn 64
-    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
-    flops = sequence_classification_flops(config, 1000, mask)
-    assert flops.dtype == torch.float64
-    assert flops.item() == 6 * 1000 * 8 + 12 * 2 * 64 * (3**2 + 5**2)
-    seq2seq = build_config("encoder-decoder-tiny", "vocab_size=128,num_decoder_layers=3")
-    # encoder self-attention (2 layers) + decoder self- and cross-attention (3 layers each)
-    assert sequence_classification_flops(seq2seq, 0, mask).item() == 12 * (2 + 2 * 3) * 64 * (9 + 25)
 
 
 def test_an_mfu_above_100_percent_measures_the_cpu_peak_again(tmp_path, monkeypatch):
