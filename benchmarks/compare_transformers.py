@@ -99,7 +99,7 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
     from hfzoo import convert
     from hfzoo.models.flops import count_training_flops
     from hfzoo.models.presets import build_config
-    from hfzoo.training.compilation import compile_regions, no_cache_kwargs
+    from hfzoo.training.compilation import compile_regions, no_cache_kwargs, separate_compile_caches_by_cpu_capability
     from hfzoo.training.throughput import Throughput, resolve_peak_tflops
 
     device = torch.device(args.device)
@@ -116,6 +116,7 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
     model.to(device).train()
     if implementation.endswith("-compiled"):
         options = {"mode": args.compile_mode} if args.compile_mode else {}
+        separate_compile_caches_by_cpu_capability()  # also for --compile_scope model
         if args.compile_scope == "model" or not compile_regions(model, **options):
             model.compile(**options)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")

@@ -73,7 +73,7 @@ def run_case(backend: str, compiled: bool, args: argparse.Namespace) -> dict:
 
     import hfzoo  # noqa: F401  (registers the hfzoo classes with the Auto classes)
     from hfzoo.models.presets import build_config
-    from hfzoo.training.compilation import compile_regions
+    from hfzoo.training.compilation import compile_regions, separate_compile_caches_by_cpu_capability
 
     device = torch.device(args.device)
     if args.mode == "train" and backend == "flex_attention" and device.type == "cpu":
@@ -84,6 +84,8 @@ def run_case(backend: str, compiled: bool, args: argparse.Namespace) -> dict:
     config = build_config("t5-v1.0", overrides)
     model = transformers.AutoModelForSeq2SeqLM.from_config(config, attn_implementation=backend).to(device)
     model.train(args.mode == "train")
+    if compiled:
+        separate_compile_caches_by_cpu_capability()  # also for --compile_scope model
     if compiled and (args.compile_scope == "model" or not compile_regions(model)):
         model.compile()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) if args.mode == "train" else None

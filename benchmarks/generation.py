@@ -41,6 +41,7 @@ from transformers import CompileConfig
 import hfzoo  # noqa: F401  (registers the Auto classes)
 from hfzoo.convert import hfzoo_to_gpt2
 from hfzoo.models.presets import build_config
+from hfzoo.training.compilation import separate_compile_caches_by_cpu_capability
 
 SIZES = {
     "small": "vocab_size=8192,hidden_size=256,num_hidden_layers=4,num_attention_heads=4,intermediate_size=1024",
@@ -71,6 +72,7 @@ def static_compiled_options(device: torch.device) -> dict:
     """
     if device.type == "cuda":
         return {"cache_implementation": "static", "compile_config": CompileConfig(mode="reduce-overhead")}
+    separate_compile_caches_by_cpu_capability()  # inductor's C++ for this CPU's vector width
     compile_config = CompileConfig(mode="default")
     compile_config._compile_all_devices = True  # transformers compiles generation on GPUs only unless told
     return {"cache_implementation": "static", "compile_config": compile_config}

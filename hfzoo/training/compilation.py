@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -54,7 +55,38 @@ __all__ = [
     "compile_repeated_blocks",
     "compile_requested",
     "no_cache_kwargs",
+    "separate_compile_caches_by_cpu_capability",
 ]
+
+#: The environment variable that sets the CPU vector instruction set of torch's kernels and of inductor's
+#: generated C++ (`default`, `avx2`, `avx512`, ...; hfzoo.training.precision reads it for the capability class).
+CPU_CAPABILITY_VARIABLE = "ATEN_CPU_CAPABILITY"
+
+
+def separate_compile_caches_by_cpu_capability() -> str | None:
+    """Key `torch.compile`'s on-disk caches by `ATEN_CPU_CAPABILITY` when it is set, before hfzoo compiles.
+
+    Inductor generates its CPU kernels for the vector width `ATEN_CPU_CAPABILITY` allows (`avx2`: 8 floats;
+    an AVX-512 host's default: 16), but torch 2.13's FX graph cache leaves that setting out of its key. On
+    a host where some runs are capped (`ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`, how an AVX-512 or
+    AMX host behaves as an AVX2 one) and others are not, a run then loads the other width's kernels from the
+    cache: an uncapped run after a capped one corrupted the heap and aborted, a capped run after an uncapped
+    one computed wrong losses or NaN (`tests/training/test_compile.py`). Adding the setting to
+    `torch.compiler.config.cache_key_tag` (torch's own tag "included in the cache key generation for all
+    torch compile caching") gives each its own entries. Without the variable, nothing changes.
+
+    Returns:
+        The tag now in effect when the variable is set (a tag already there is kept, with this appended),
+        else None.
+    """
+    value = os.environ.get(CPU_CAPABILITY_VARIABLE, "").strip().lower()
+    if not value:
+        return None
+    part = f"{CPU_CAPABILITY_VARIABLE}={value}"
+    tag = torch.compiler.config.cache_key_tag
+    if part not in tag.split(";"):
+        torch.compiler.config.cache_key_tag = f"{tag};{part}" if tag else part
+    return torch.compiler.config.cache_key_tag
 
 
 def compile_requested(args: argparse.Namespace) -> bool:
@@ -102,6 +134,7 @@ def compile_repeated_blocks(model: torch.nn.Module, **compile_kwargs) -> list[st
         The qualified names of the compiled lists (`["model.layers"]` for a decoder, `["model.encoder.layers",
         "model.decoder.layers"]` for an encoder-decoder); empty when the model has none (nothing compiled).
     """
+    separate_compile_caches_by_cpu_capability()
     compiled, seen = [], set()
 
     def visit(name: str, module: torch.nn.Module) -> None:
@@ -138,6 +171,7 @@ def compile_output_layer(model: torch.nn.Module, **compile_kwargs) -> str | None
     Returns:
         The output layer's qualified name (`"lm_head"`) when its loss was compiled, else None.
     """
+    separate_compile_caches_by_cpu_capability()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     if head is None or not hasattr(head, "compile_loss") or not head.compile_loss(**compile_kwargs):
@@ -209,6 +243,7 @@ def compile_model(model: torch.nn.Module, args: argparse.Namespace, accelerator:
             logger.info(f"--torch_compile: {', '.join(regions)} compiled as regions ({options})")
             return True
         logger.info("--torch_compile: no repeated layers to compile regionally, compiling the whole model")
+    separate_compile_caches_by_cpu_capability()
     model.compile(**options)
     logger.info(f"--torch_compile: model compiled ({options})")
     return True

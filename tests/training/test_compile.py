@@ -227,3 +227,55 @@ def test_regional_compile_generates_the_eager_tokens_and_compiles_once():
     assert graphs > 0 and frames["ok"] == frames["total"] > 0
     assert torch.equal(model.generate(prompt, **options), expected)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
+def test_a_cpu_capability_cap_gets_compile_caches_of_its_own(monkeypatch):
+    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert compilation.separate_compile_caches_by_cpu_capability() is None
+    assert torch.compiler.config.cache_key_tag == ""
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", " AVX2 ")
+    assert compilation.separate_compile_caches_by_cpu_capability() == "ATEN_CPU_CAPABILITY=avx2"
+    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "mine")
+    compilation.separate_compile_caches_by_cpu_capability()
+    assert compilation.separate_compile_caches_by_cpu_capability() == "mine;ATEN_CPU_CAPABILITY=avx2"  # once
+
+
+#: One compiled training forward of a 16-wide decoder (one compiled graph for its layers) next to the eager one.
+CAPPED_COMPILE_SCRIPT = """
+import json, torch, transformers, hfzoo
+from hfzoo.models.presets import build_config
+from hfzoo.training.compilation import compile_repeated_blocks
+torch.manual_seed(0)
+config = build_config("decoder-small", "hidden_size=16,num_attention_heads=2,intermediate_size=64,vocab_size=512")
+model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").train()
+ids = torch.randint(0, 512, (16, 128))
+eager = model(ids, labels=ids, use_cache=False).loss.item()
+compile_repeated_blocks(model)
+print("RESULT", json.dumps({"eager": eager, "compiled": model(ids, labels=ids, use_cache=False).loss.item()}))
+"""
+
+
+@pytest.mark.slow
+def test_compiled_runs_with_and_without_an_avx2_cap_share_no_kernels(tmp_path):
+    """Uncapped, capped to AVX2, uncapped again, on one inductor cache: each run computes the eager loss.
+
+    Without `separate_compile_caches_by_cpu_capability`, on an AVX-512 host, the capped run loaded the 16-lane
+    kernels (a wrong loss) and the last run the 8-lane ones (heap corruption, the process aborted). On an
+    AVX2-only host the cap changes nothing and the three runs agree anyway.
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TOKENIZERS_PARALLELISM="false")
+    capped = {**env, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    for name, run_env in (("uncapped", env), ("capped", capped), ("uncapped again", env)):
+        done = subprocess.run(
+            [sys.executable, "-c", CAPPED_COMPILE_SCRIPT], env=run_env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stderr[-2000:]}"
+        result = json.loads(done.stdout.split("RESULT", 1)[1])
+        assert result["compiled"] == pytest.approx(result["eager"], rel=1e-5), name
