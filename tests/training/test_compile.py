@@ -230,15 +230,18 @@ def test_regional_compile_generates_the_eager_tokens_and_compiles_once():
 
 
 def test_a_cpu_capability_cap_gets_compile_caches_of_its_own(monkeypatch):
-    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "")
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
-    assert compilation.separate_compile_caches_by_cpu_capability() is None
-    assert torch.compiler.config.cache_key_tag == ""
-    monkeypatch.setenv("ATEN_CPU_CAPABILITY", " AVX2 ")
-    assert compilation.separate_compile_caches_by_cpu_capability() == "ATEN_CPU_CAPABILITY=avx2"
-    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "mine")
-    compilation.separate_compile_caches_by_cpu_capability()
-    assert compilation.separate_compile_caches_by_cpu_capability() == "mine;ATEN_CPU_CAPABILITY=avx2"  # once
+    # torch's config module restores itself (monkeypatch's undo would delete, i.e. hide, the config entry)
+    before = torch.compiler.config.cache_key_tag
+    with torch.compiler.config.patch(cache_key_tag=""):
+        monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+        assert compilation.separate_compile_caches_by_cpu_capability() is None
+        assert torch.compiler.config.cache_key_tag == ""
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", " AVX2 ")
+        assert compilation.separate_compile_caches_by_cpu_capability() == "ATEN_CPU_CAPABILITY=avx2"
+        torch.compiler.config.cache_key_tag = "mine"
+        compilation.separate_compile_caches_by_cpu_capability()
+        assert compilation.separate_compile_caches_by_cpu_capability() == "mine;ATEN_CPU_CAPABILITY=avx2"  # once
+    assert torch.compiler.config.cache_key_tag == before
 
 
 #: One compiled training forward of a 16-wide decoder (one compiled graph for its layers) next to the eager one.
