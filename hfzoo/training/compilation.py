@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from collections.abc import Callable
 
 import torch
@@ -43,6 +42,7 @@ from accelerate.utils.other import is_repeated_blocks
 
 from ..modeling_utils import accepted_keywords
 from .arguments import TORCH_COMPILE_SCOPES
+from .precision import aten_cpu_capability
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +57,6 @@ __all__ = [
     "no_cache_kwargs",
     "separate_compile_caches_by_cpu_capability",
 ]
-
-#: The environment variable that sets the CPU vector instruction set of torch's kernels and of inductor's
-#: generated C++ (`default`, `avx2`, `avx512`, ...; hfzoo.training.precision reads it for the capability class).
-CPU_CAPABILITY_VARIABLE = "ATEN_CPU_CAPABILITY"
 
 
 def separate_compile_caches_by_cpu_capability() -> str | None:
@@ -79,10 +75,10 @@ def separate_compile_caches_by_cpu_capability() -> str | None:
         The tag now in effect when the variable is set (a tag already there is kept, with this appended),
         else None.
     """
-    value = os.environ.get(CPU_CAPABILITY_VARIABLE, "").strip().lower()
+    value = aten_cpu_capability()
     if not value:
         return None
-    part = f"{CPU_CAPABILITY_VARIABLE}={value}"
+    part = f"ATEN_CPU_CAPABILITY={value}"
     tag = torch.compiler.config.cache_key_tag
     if part not in tag.split(";"):
         torch.compiler.config.cache_key_tag = f"{tag};{part}" if tag else part

@@ -36,6 +36,7 @@ __all__ = [
     "MIXED_PRECISION_CHOICES",
     "CpuCapability",
     "PrecisionChoice",
+    "aten_cpu_capability",
     "cpu_capability",
     "resolve_mixed_precision",
 ]
@@ -106,6 +107,15 @@ class CpuCapability:
         return f"{self.cpu_class} (capped by {', '.join(self.caps)}; the CPU itself: {self.hardware_class})"
 
 
+def aten_cpu_capability() -> str:
+    """The `ATEN_CPU_CAPABILITY` setting as torch reads it: lower case, stripped; "" when unset.
+
+    It caps the vector instruction set of torch's own CPU kernels and of the C++ inductor generates
+    (`default`, `avx2`, `avx512`, ...).
+    """
+    return os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+
+
 def cpu_capability() -> CpuCapability:
     """This CPU's capability class, honouring `ATEN_CPU_CAPABILITY` and `ONEDNN_MAX_CPU_ISA` (module docstring).
 
@@ -126,7 +136,7 @@ def cpu_capability() -> CpuCapability:
         hardware = "other"
     rank = CPU_CLASSES.index
     effective, caps = hardware, []
-    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    aten = aten_cpu_capability()
     aten_cap = ATEN_CAPABILITY_CLASSES.get(aten)  # avx512 (or a value torch ignores) caps nothing here
     if aten_cap is not None and rank(aten_cap) < rank(effective):
         effective = aten_cap
