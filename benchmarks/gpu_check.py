@@ -39,6 +39,7 @@ Data: `--data_dir` (default `$HFZOO_DATA_DIR`, else `../shared/data` beside the 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -223,11 +224,25 @@ def steady_rate(log_history: list[dict]) -> tuple[float, float, str]:
     return tokens / seconds, mfu, f"{first[0]['step'] + 1}-{rest[-1]['step']}"
 
 
-def recipe_runs(args: argparse.Namespace, scale: dict, workdir: Path, deepspeed: bool) -> list[dict]:
-    """The recipe's own speed, compiled; and DeepSpeed ZeRO-2/3 losses next to a plain run's.
+@dataclass
+class RecipeSetup:
+    """What the recipe and DeepSpeed launches share: a tokenizer trained once, their common arguments."""
 
-    The compiled run goes alone (it is timed); the plain, ZeRO-2 and ZeRO-3 runs, whose losses are compared and
-    whose speed is not, run at the same time. Each launch's output is kept in `args.log_dir` (default: `workdir`).
+    common: list[str]
+    env: dict[str, str]
+    log_dir: Path
+    workdir: Path
+    single: str  # the one-process accelerate config of this device
+    shape: str  # the note of the recipe rows
+
+
+def recipe_setup(args: argparse.Namespace, scale: dict, workdir: Path) -> RecipeSetup:
+    """Train the recipes' tokenizer on a Gutenberg shard and assemble the launches' common arguments.
+
+    Each launch's output is kept in `args.log_dir` (default: `workdir`).
+
+    Raises:
+        subprocess.CalledProcessError: the tokenizer training failed.
     """
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     log_dir = Path(args.log_dir) if args.log_dir else workdir
@@ -294,12 +309,17 @@ def recipe_runs(args: argparse.Namespace, scale: dict, workdir: Path, deepspeed:
         "0",
     ]
     single = "single_gpu.yaml" if args.device == "cuda" else "cpu_single_process.yaml"
-    rows = []
-    argv = [*common, "--torch_compile", "--output_dir", str(workdir / "compiled")]
-    compiled = finish_launch(start_launch("compiled", single, argv, env, log_dir))
     shape = f"{preset}, {args.precision}, {scale['batch_size']} x {block}, streamed data"
+    return RecipeSetup(common, env, log_dir, workdir, single, shape)
+
+
+def recipe_rows(args: argparse.Namespace, setup: RecipeSetup) -> list[dict]:
+    """The recipe's own speed, compiled (one launch, alone, since it is timed)."""
+    rows = []
+    argv = [*setup.common, "--torch_compile", "--output_dir", str(setup.workdir / "compiled")]
+    compiled = finish_launch(start_launch("compiled", setup.single, argv, setup.env, setup.log_dir))
     tokens_per_s, mfu, steps = steady_rate(compiled["log_history"])
-    rows.append(_row("recipe", f"tokens/s, compiled, steps {steps}", tokens_per_s, None, "tokens/s", shape))
+    rows.append(_row("recipe", f"tokens/s, compiled, steps {steps}", tokens_per_s, None, "tokens/s", setup.shape))
     note = "compare: training, MFU, compiled"
     rows.append(_row("recipe", f"MFU, compiled, steps {steps}", 100 * mfu, None, "%", note))
     rows.append(
@@ -313,44 +333,58 @@ def recipe_runs(args: argparse.Namespace, scale: dict, workdir: Path, deepspeed:
         )
     )
     rows.append(_row("recipe", "launch wall time, compiled", compiled["launch_seconds"], None, "s"))
-    if deepspeed:
-        launches = [start_launch("plain", single, [*common, "--output_dir", str(workdir / "plain")], env, log_dir)]
-        for stage in (2, 3):
-            argv = [*common, "--output_dir", str(workdir / f"zero{stage}")]
-            launches.append(start_launch(f"zero{stage}", f"deepspeed_zero{stage}.yaml", argv, env, log_dir))
-        failures = []
-        results = {}
-        for launch in launches:  # wait for all of them, even after a failure
-            try:
-                results[launch.name] = finish_launch(launch)
-            except SystemExit as error:
-                failures.append(str(error))
-        if failures:
-            raise SystemExit("\n".join(failures))
-        plain = results["plain"]
+    return rows
+
+
+def deepspeed_rows(args: argparse.Namespace, setup: RecipeSetup) -> list[dict]:
+    """DeepSpeed ZeRO-2/3 losses next to a plain run's: the three launched at once (their speed is not compared).
+
+    Raises:
+        SystemExit: DeepSpeed does not import here, or a launch failed (the end of its output is in the message).
+    """
+    probe = subprocess.run([sys.executable, "-c", "import deepspeed"], capture_output=True, text=True, env=setup.env)
+    if probe.returncode != 0:  # say so once, not in each launch's traceback
+        raise SystemExit(f"deepspeed does not import here: {probe.stderr.strip().splitlines()[-1:]}")
+    rows = []
+    common, env, log_dir, single, workdir = setup.common, setup.env, setup.log_dir, setup.single, setup.workdir
+    launches = [start_launch("plain", single, [*common, "--output_dir", str(workdir / "plain")], env, log_dir)]
+    for stage in (2, 3):
+        argv = [*common, "--output_dir", str(workdir / f"zero{stage}")]
+        launches.append(start_launch(f"zero{stage}", f"deepspeed_zero{stage}.yaml", argv, env, log_dir))
+    failures = []
+    results = {}
+    for launch in launches:  # wait for all of them, even after a failure
+        try:
+            results[launch.name] = finish_launch(launch)
+        except SystemExit as error:
+            failures.append(str(error))
+    if failures:
+        raise SystemExit("\n".join(failures))
+    plain = results["plain"]
+    rows.append(
+        _row(
+            "deepspeed",
+            f"eval loss after {args.recipe_steps} steps, plain",
+            plain["eval_loss"],
+            plain["eval_loss"],
+            "nats",
+            "uncompiled; plain, ZeRO-2 and ZeRO-3 launched at once",
+        )
+    )
+    for stage in (2, 3):
         rows.append(
             _row(
                 "deepspeed",
-                f"eval loss after {args.recipe_steps} steps, plain",
-                plain["eval_loss"],
+                f"eval loss after {args.recipe_steps} steps, ZeRO-{stage}",
+                results[f"zero{stage}"]["eval_loss"],
                 plain["eval_loss"],
                 "nats",
-                "uncompiled; plain, ZeRO-2 and ZeRO-3 launched at once",
+                "reference: the plain run",
             )
         )
-        for stage in (2, 3):
-            rows.append(
-                _row(
-                    "deepspeed",
-                    f"eval loss after {args.recipe_steps} steps, ZeRO-{stage}",
-                    results[f"zero{stage}"]["eval_loss"],
-                    plain["eval_loss"],
-                    "nats",
-                    "reference: the plain run",
-                )
-            )
-        wall = max(r["launch_seconds"] for r in results.values())
-        rows.append(_row("deepspeed", "launch wall time, the three at once", wall, None, "s"))
+    wall = max(r["launch_seconds"] for r in results.values())
+    rows.append(_row("deepspeed", "launch wall time, the three at once", wall, None, "s"))
+
     return rows
 
 
@@ -475,10 +509,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     if "training" in args.sections:
         run_section("training", lambda: training_rows(args, scale))
-    if {"recipe", "deepspeed"} & set(args.sections):
+    if {"recipe", "deepspeed"} & set(args.sections):  # one tokenizer for both; a DeepSpeed failure keeps the recipe's
         with tempfile.TemporaryDirectory(prefix="hfzoo-gpu-check-") as tmp:
-            deepspeed = "deepspeed" in args.sections
-            run_section("recipe", lambda: recipe_runs(args, scale, Path(tmp), deepspeed=deepspeed))
+            setup = functools.cache(lambda: recipe_setup(args, scale, Path(tmp)))
+            if "recipe" in args.sections:
+                run_section("recipe", lambda: recipe_rows(args, setup()))
+            if "deepspeed" in args.sections:
+                run_section("deepspeed", lambda: deepspeed_rows(args, setup()))
     if "generation" in args.sections:
         run_section("generation", lambda: generation_rows(args, scale))
     if "flex" in args.sections:

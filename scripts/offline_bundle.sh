@@ -21,9 +21,11 @@ rm -rf "$out" && mkdir -p "$out/wheels" "$out/shared/data/gutenberg" "$out/share
     "$out/shared/data/wikitext-2" "$out/shared/reference"
 pin() { sed -n "s/^$1==\([^ ;#]*\).*/$1==\1/p" constraints/tested.txt; }
 # hfzoo's needs that a CUDA machine image with torch does not bring at these versions (pure Python, or small).
+# DeepSpeed's own requirements come along too: accelerate imports DeepSpeed wherever it is installed, so a DeepSpeed
+# missing one of them (0.19.8 imports einops) breaks every accelerate run, not only the DeepSpeed ones.
 packages="transformers huggingface-hub tokenizers datasets dill multiprocess evaluate peft hjson pydantic
 pydantic-core annotated-types typing-inspection httpx2 httpcore2 truststore idna click fsspec typing-extensions
-regex"
+regex einops msgpack ninja py-cpuinfo"
 specs=()
 for name in $packages; do
     spec=$(pin "$name")
@@ -35,6 +37,35 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" 
     -d "$out/wheels" "${specs[@]}"
 # DeepSpeed publishes a source distribution only: build a wheel with its ops off (needs torch here).
 DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation -w "$out/wheels" "$(pin deepspeed)"
+# Every requirement of a bundled wheel (for that Python on x86-64 Linux) must be bundled or be one the GPU machine
+# brings: torch, accelerate, and the requirements of its transformers and huggingface_hub (the bundle's newer ones
+# shadow those), plus pandas, pyarrow, requests and xxhash, which datasets imported on the H200 machine.
+image="torch accelerate numpy packaging pyyaml safetensors tqdm psutil filelock typer hf-xet anyio h11 requests pandas
+pyarrow xxhash"
+python3 - "$out/wheels" "$py" $image <<'PY' || exit 2
+import glob, os, sys, zipfile
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+folder, version, image = sys.argv[1], sys.argv[2], {canonicalize_name(name) for name in sys.argv[3:]}
+environment = {"python_version": version, "python_full_version": version + ".0", "sys_platform": "linux",
+               "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix", "extra": "",
+               "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+wheels = sorted(glob.glob(os.path.join(folder, "*.whl")))
+bundled = {canonicalize_name(parse_wheel_filename(os.path.basename(w))[0]) for w in wheels}
+missing = {}
+for wheel in wheels:
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = archive.read(metadata).decode().splitlines()
+    for line in (line for line in lines if line.startswith("Requires-Dist:")):
+        requirement = Requirement(line.split(":", 1)[1])
+        name = canonicalize_name(requirement.name)
+        if (requirement.marker is None or requirement.marker.evaluate(environment)) and name not in bundled | image:
+            missing.setdefault(name, []).append(os.path.basename(wheel).split("-")[0])
+if missing:
+    sys.exit("scripts/offline_bundle.sh: requirements neither bundled nor on the GPU machine: "
+             + "; ".join(f"{name} (of {', '.join(sorted(set(of)))})" for name, of in sorted(missing.items())))
+PY
 cp "$data/gutenberg/pg_top100_en.00.jsonl.xz" "$out/shared/data/gutenberg/"
 python3 - "$data/gutenberg/pg_top100_en.01.jsonl.xz" "$out/shared/data/gutenberg/pg_top100_en.01.jsonl.xz" <<'PY'
 import json, lzma, sys

@@ -7,9 +7,11 @@ many minutes.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -42,6 +44,18 @@ def test_the_recipe_rate_leaves_out_the_first_window_and_weights_the_others_by_t
     without_peak = [{k: v for k, v in r.items() if k != "mfu"} for r in history]
     assert math.isnan(load_check().steady_rate(without_peak)[1])
     assert all(math.isnan(v) for v in load_check().steady_rate(history[:1])[:2])  # one window: nothing to time
+
+
+def test_a_deepspeed_that_does_not_import_fails_its_section_before_any_launch(tmp_path):
+    fake = tmp_path / "site" / "deepspeed"  # as a DeepSpeed missing one of its requirements
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import einops_not_installed_here\n")
+    check = load_check()
+    env = {**os.environ, "PYTHONPATH": str(fake.parent)}
+    setup = check.RecipeSetup([], env, tmp_path, tmp_path, "cpu_single_process.yaml", "")
+    with pytest.raises(SystemExit, match="deepspeed does not import here.*einops_not_installed_here"):
+        check.deepspeed_rows(argparse.Namespace(recipe_steps=4), setup)
+    assert not list(tmp_path.glob("recipe-*.txt"))  # nothing was launched
 
 
 @pytest.mark.slow
