@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.glue_files import LAYOUTS, write_glue_dir, write_tsv
+from helpers.pretraining import restored_steps, tag_saved_history
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -25,6 +26,7 @@ import hfzoo  # noqa: F401
 from hfzoo.data.glue import GLUE_TASKS, load_glue
 from hfzoo.finetuning.adapters import build_peft_config, count_parameters, load_peft_model, wrap_with_peft
 from hfzoo.finetuning.glue import main as finetune
+from hfzoo.finetuning.loop import GLUE_STATE
 from hfzoo.metrics import load_glue_metric
 from hfzoo.models.flops import count_classification_flops
 from hfzoo.models.presets import build_config
@@ -274,17 +276,21 @@ def test_resume_from_checkpoint_continues_exactly(resume_step, order, checkpoint
     full = finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "full", "mrpc", *common))
     assert sorted(p.name for p in (tmp_path / "full" / "checkpoints").iterdir()) == ["step_2", "step_4", "step_6"]
     checkpoint = tmp_path / "full" / "checkpoints" / f"step_{resume_step}"
+    tag_saved_history(checkpoint, GLUE_STATE)
     resumed = finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "resumed", "mrpc", *common,
                             "--resume_from_checkpoint", str(checkpoint)))  # fmt: skip
     for key in ("eval_accuracy", "eval_f1", "eval_loss", "last_epoch_eval_loss", "best_epoch", "final_train_loss"):
         assert resumed[key] == full[key], key
     a, b = _trainable(tmp_path / "full"), _trainable(tmp_path / "resumed")
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    # it really resumed: the steps up to the checkpoint are its records, the others trained, none twice
+    assert restored_steps(tmp_path / "resumed") == (list(range(1, 7)), list(range(1, resume_step + 1)))
     history = {n: json.loads((tmp_path / n / "train_history.json").read_text()) for n in ("full", "resumed")}
     for records in (history["full"]["log_history"], history["resumed"]["log_history"]):
         for record in records:
             assert record.pop("tokens_per_second") > 0 and record.pop("tflops") > 0  # wall-clock dependent
             record.pop("mfu")
+            record.pop("restored", None)
     assert history["resumed"] == history["full"]  # the resumed run carries the earlier records along
 
 

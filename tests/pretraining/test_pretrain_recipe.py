@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.pretraining import TINY_OVERRIDES, base_args, run_main_expecting_error
+from helpers.pretraining import TINY_OVERRIDES, base_args, restored_steps, run_main_expecting_error, tag_saved_history
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer
 
@@ -154,6 +154,7 @@ def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tmp_path, small
     full = tmp_path / "full"
     main(base_args(small_jsonl_xz, tokenizer_dir, full, *common))
     resumed = tmp_path / "resumed"
+    tag_saved_history(full / "checkpoints" / "step_6")
     main(base_args(small_jsonl_xz, tokenizer_dir, resumed, *common,
                    "--resume_from_checkpoint", str(full / "checkpoints" / "step_6")))  # fmt: skip
     a, b = load_file(full / "model.safetensors"), load_file(resumed / "model.safetensors")
@@ -164,9 +165,10 @@ def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tmp_path, small
     assert loss[0] == pytest.approx(loss[1], abs=1e-6)
     # And it really resumed (no step before 6 was trained again), yet its history keeps the steps before the
     # resume: the same training and validation records as the uninterrupted run's (validation at step 6 too).
+    assert restored_steps(resumed) == (list(range(1, 13)), list(range(1, 7)))
     history = [json.loads((d / "train_history.json").read_text()) for d in (full, resumed)]
-    assert [r["step"] for r in history[1]["log_history"]] == [r["step"] for r in history[0]["log_history"]]
-    assert history[1]["log_history"][:6] == history[0]["log_history"][:6]  # the checkpoint's records, as saved
+    restored = [{k: v for k, v in r.items() if k != "restored"} for r in history[1]["log_history"][:6]]
+    assert restored == history[0]["log_history"][:6]  # the checkpoint's records, as saved
     for a, b in zip(history[0]["log_history"], history[1]["log_history"]):
         assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-5), a["step"]
     assert [r["step"] for r in history[1]["eval_history"]] == [r["step"] for r in history[0]["eval_history"]] == [

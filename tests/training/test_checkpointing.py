@@ -13,7 +13,7 @@ import shutil
 import accelerate.checkpointing
 import pytest
 import torch
-from helpers.pretraining import base_args, run_main_expecting_error
+from helpers.pretraining import base_args, restored_steps, run_main_expecting_error, tag_saved_history
 from safetensors.torch import load_file
 
 from hfzoo.pretraining.loop import main
@@ -142,7 +142,7 @@ def test_masked_lm_resumes_bit_exactly(streaming, tmp_path, small_jsonl_xz, fami
     """The masks drawn after a resume are the uninterrupted run's: the loop collates each micro-batch (not the
     loader, one batch ahead) and loader iterators do not draw from torch's global RNG."""
     common = ["--objective", "mlm", "--max_train_steps", "6", "--checkpointing_steps", "3", "--learning_rate", "3e-3",
-              *(["--streaming"] if streaming else [])]  # fmt: skip
+              "--logging_steps", "1", *(["--streaming"] if streaming else [])]  # fmt: skip
 
     def args(out, *extra):
         argv = base_args(small_jsonl_xz, family_tokenizers["encoder"], out, *common, *extra)
@@ -150,7 +150,9 @@ def test_masked_lm_resumes_bit_exactly(streaming, tmp_path, small_jsonl_xz, fami
         return argv
 
     main(args(tmp_path / "full"))
+    tag_saved_history(tmp_path / "full" / "checkpoints" / "step_3")
     main(args(tmp_path / "resumed", "--resume_from_checkpoint", str(tmp_path / "full" / "checkpoints" / "step_3")))
+    assert restored_steps(tmp_path / "resumed") == ([1, 2, 3, 4, 5, 6], [1, 2, 3])  # resumed, not started over
     full, resumed = (
         load_file(tmp_path / "full" / "model.safetensors"),
         load_file(tmp_path / "resumed" / "model.safetensors"),
