@@ -89,12 +89,14 @@ def test_latest_skips_incomplete_and_corrupt_checkpoints_and_resumes_bit_exactly
         find_latest_checkpoint(only_damaged)
 
     # `latest` resumes from step_2 and ends bit for bit where the uninterrupted run ended.
+    tag_saved_history(ckpts / "step_2")
     results = main(base_args(small_jsonl_xz, tokenizer_dir, out, *COMMON, "--resume_from_checkpoint", "latest"))
     assert results["train_steps"] == 6
     saved = json.loads((ckpts / "step_2" / "train_history.json").read_text())["log_history"]
     history = json.loads((out / "train_history.json").read_text())["log_history"]
     # steps 1-2 are step_2's saved records (not trained again), 3-6 were trained after the resume
     assert [r["step"] for r in history] == [1, 2, 3, 4, 5, 6] and history[:2] == saved
+    assert restored_steps(out) == ([1, 2, 3, 4, 5, 6], [1, 2])  # resumed, not started over
     resumed = load_file(out / "model.safetensors")
     assert all(torch.equal(resumed[k], reference_weights[k]) for k in reference_weights)
     resumed_optimizer = _optimizer_state(ckpts / "step_6")

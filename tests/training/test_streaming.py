@@ -15,7 +15,7 @@ import datasets
 import pytest
 import torch
 from helpers.launch import GLOBAL_BATCH, check_two_processes, launch, recipe_args
-from helpers.pretraining import base_args
+from helpers.pretraining import base_args, restored_steps, tag_saved_history
 from safetensors.torch import load_file
 
 from hfzoo.data.loading import clean_text, load_raw_datasets
@@ -175,7 +175,9 @@ def test_sigkill_and_resume_latest_continue_with_the_uninterrupted_blocks(books_
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     assert not (out / "model.safetensors").exists() and (out / "checkpoints" / "step_4").is_dir()
+    tag_saved_history(out / "checkpoints" / "step_4")
     main([*argv, "--resume_from_checkpoint", "latest"])  # from step 4: its second save was torn by the kill
+    assert restored_steps(out) == (list(range(1, 15)), [1, 2, 3, 4])  # resumed, not started over
     a, b = load_file(full / "model.safetensors"), load_file(out / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     history = {d: json.loads((d / "train_history.json").read_text())["log_history"] for d in (full, out)}
@@ -185,10 +187,12 @@ def test_sigkill_and_resume_latest_continue_with_the_uninterrupted_blocks(books_
     assert all(losses[out][s] == losses[full][s] for s in losses[out])  # on the same blocks, with the same weights
     # Resumed in the second pass (step 12): the saved pass and position come back, not the first pass.
     late = tmp_path / "late"
+    tag_saved_history(full / "checkpoints" / "step_12")
     main([*streaming_run_args(books_jsonl, tokenizer_dir, late), "--resume_from_checkpoint",
           str(full / "checkpoints" / "step_12")])  # fmt: skip
     c = load_file(late / "model.safetensors")
     assert all(torch.equal(a[k], c[k]) for k in a)
+    assert restored_steps(late) == (list(range(1, 15)), list(range(1, 13)))
 
 
 def test_streaming_reads_lazily_from_a_file_larger_than_the_run_needs(books_jsonl, tokenizer_dir, tmp_path):
