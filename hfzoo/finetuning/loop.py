@@ -14,7 +14,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -30,7 +29,9 @@ from tqdm.auto import tqdm
 
 from ..data.glue import GlueTask
 from ..metrics import load_glue_metric
+from ..training.checkpointing import CHECKPOINT_DIR, find_latest_checkpoint, verify_checkpoint, write_manifest
 from ..training.compilation import no_cache_kwargs
+from ..training.faults import CheckpointError
 from ..training.precision import PrecisionChoice
 from ..training.throughput import SequenceClassificationFlops, Throughput
 
@@ -98,9 +99,8 @@ def evaluate_glue(model, dataloader, task: GlueTask, accelerator: Accelerator, m
     return {**{k: float(v) for k, v in metric.compute().items()}, "loss": loss_sum / max(count, 1)}
 
 
-#: Resumable checkpoints: `<output_dir>/checkpoints/step_N` (left out of hub uploads, `hfzoo.hub.IGNORE_PATTERNS`).
-CHECKPOINT_DIR = "checkpoints"
-#: The loop's state in a checkpoint (written last: a folder without it is incomplete).
+#: The loop's state in a checkpoint `<output_dir>/checkpoints/step_N` (`CHECKPOINT_DIR`, as pretraining's; left out
+#: of hub uploads, `hfzoo.hub.IGNORE_PATTERNS`), written before the folder's manifest.
 GLUE_STATE = "glue_state.json"
 #: The best epoch's trainable weights in a checkpoint (kept for the final selection).
 BEST_WEIGHTS = "best_epoch_trainable.safetensors"
@@ -133,20 +133,26 @@ class GlueProgress:
 
 
 def resolve_glue_resume(args: argparse.Namespace) -> Path | None:
-    """The checkpoint folder `--resume_from_checkpoint` names (`latest`: the newest in `--output_dir`, if any).
+    """The checkpoint folder `--resume_from_checkpoint` names, checked against its manifest.
+
+    `latest`: the newest intact checkpoint in `--output_dir` (`hfzoo.training.checkpointing.find_latest_checkpoint`:
+    unfinished saves and damaged folders are skipped with a warning), or None when there is none.
 
     Raises:
-        ValueError: a folder that is not a complete GLUE checkpoint.
+        ValueError: a folder that is not a complete GLUE checkpoint, or one whose files do not match its manifest
+            (`CheckpointError`, naming the file); `latest` with checkpoints of which none is intact.
     """
     if not args.resume_from_checkpoint:
         return None
     if args.resume_from_checkpoint == "latest":
-        root = Path(args.output_dir) / CHECKPOINT_DIR
-        done = [p for p in root.glob("step_*") if re.fullmatch(r"step_\d+", p.name) and (p / GLUE_STATE).is_file()]
-        return max(done, key=lambda p: int(p.name.split("_")[1])) if done else None
+        return find_latest_checkpoint(args.output_dir, state_file=GLUE_STATE)
     path = Path(args.resume_from_checkpoint)
     if not (path / GLUE_STATE).is_file():
         raise ValueError(f"--resume_from_checkpoint {path}: not a GLUE checkpoint folder (no {GLUE_STATE})")
+    try:
+        verify_checkpoint(path, state_file=GLUE_STATE)
+    except CheckpointError as err:
+        raise CheckpointError(f"--resume_from_checkpoint {path}: {err}") from None
     return path
 
 
@@ -163,10 +169,12 @@ def _load_trainable_state(run: GlueRun, state: dict[str, torch.Tensor]) -> None:
 
 
 def save_glue_checkpoint(run: GlueRun, progress: GlueProgress, best_state: dict[str, torch.Tensor] | None) -> Path:
-    """Save a resumable checkpoint atomically: accelerate's state, the best epoch's weights, then `GLUE_STATE`.
+    """Save a resumable checkpoint atomically: accelerate's state, the best epoch's weights, `GLUE_STATE`, a manifest.
 
     Every process writes its part to `checkpoints/step_N.tmp`; the main process then adds the best
-    epoch's trainable weights and the loop state and renames the folder to `checkpoints/step_N`.
+    epoch's trainable weights, the loop state and, last, `manifest.json` (every file's size and sha256,
+    `hfzoo.training.checkpointing.write_manifest`, checked before a resume), and renames the folder to
+    `checkpoints/step_N`.
 
     Returns:
         The checkpoint folder.
@@ -183,6 +191,7 @@ def save_glue_checkpoint(run: GlueRun, progress: GlueProgress, best_state: dict[
         if best_state is not None:
             save_file(best_state, tmp / BEST_WEIGHTS)
         (tmp / GLUE_STATE).write_text(json.dumps(dataclasses.asdict(progress), indent=1))
+        write_manifest(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -160,15 +160,17 @@ def write_manifest(folder: Path) -> dict[str, Any]:
     return manifest
 
 
-def verify_checkpoint(folder: str | os.PathLike) -> None:
+def verify_checkpoint(folder: str | os.PathLike, state_file: str = TRAINING_STATE) -> None:
     """Check a checkpoint folder against its manifest: every file present, of its size, with its sha256.
 
     Sizes are checked first (a truncated file fails without reading anything), then digests. A folder
-    written by an older hfzoo (no manifest, but a `training_state.json`) cannot be verified: it is
+    written by an older hfzoo (no manifest, but its loop state `state_file`) cannot be verified: it is
     accepted with a warning, after a check of its weight files' headers.
 
     Args:
         folder: a `checkpoints/step_N` folder.
+        state_file: the loop state every checkpoint of the run holds (`training_state.json` for pretraining,
+            `hfzoo.finetuning.loop.GLUE_STATE` for GLUE finetuning).
 
     Raises:
         CheckpointError: the reason, naming the file (missing, truncated, or corrupt).
@@ -176,7 +178,7 @@ def verify_checkpoint(folder: str | os.PathLike) -> None:
     folder = Path(folder)
     manifest_file = folder / MANIFEST
     if not manifest_file.is_file():
-        if (folder / TRAINING_STATE).is_file():
+        if (folder / state_file).is_file():
             logger.warning(f"checkpoint {folder} has no {MANIFEST} (written by an older hfzoo): not verified")
             try:
                 check_weight_files(folder)
@@ -201,7 +203,9 @@ def verify_checkpoint(folder: str | os.PathLike) -> None:
             raise CheckpointError(f"{path}: corrupt (its sha256 differs from {MANIFEST})")
 
 
-def find_latest_checkpoint(output_dir: str | os.PathLike, verify: bool = True) -> Path | None:
+def find_latest_checkpoint(
+    output_dir: str | os.PathLike, verify: bool = True, state_file: str = TRAINING_STATE
+) -> Path | None:
     """Return the newest intact checkpoint folder under `output_dir/checkpoints`, or None.
 
     Newer folders that are incomplete (`step_N.tmp`: the save was interrupted) or fail verification
@@ -210,6 +214,7 @@ def find_latest_checkpoint(output_dir: str | os.PathLike, verify: bool = True) -
     Args:
         output_dir: the run's output folder.
         verify: check each candidate against its manifest (False: only completeness).
+        state_file: the loop state of the run's checkpoints (see `verify_checkpoint`).
 
     Returns:
         The checkpoint folder, or None when there is none.
@@ -225,8 +230,8 @@ def find_latest_checkpoint(output_dir: str | os.PathLike, verify: bool = True) -
             continue
         try:
             if verify:
-                verify_checkpoint(path)
-            elif not ((path / MANIFEST).is_file() or (path / TRAINING_STATE).is_file()):
+                verify_checkpoint(path, state_file)
+            elif not ((path / MANIFEST).is_file() or (path / state_file).is_file()):
                 raise CheckpointError(f"incomplete: no {MANIFEST} (its save did not finish)")
         except CheckpointError as err:
             logger.warning(f"skipping checkpoint {path}: {err}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,8 @@ from hfzoo.finetuning.loop import GLUE_STATE
 from hfzoo.metrics import load_glue_metric
 from hfzoo.models.flops import count_classification_flops
 from hfzoo.models.presets import build_config
+from hfzoo.training.checkpointing import MANIFEST, verify_checkpoint
+from hfzoo.training.faults import CheckpointError
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = "hidden_size=32,intermediate_size=64,num_attention_heads=4,max_position_embeddings=160"
@@ -301,6 +304,47 @@ def test_resume_latest_without_checkpoint_starts_fresh_and_bad_folder_is_refused
     with pytest.raises(SystemExit, match="not a GLUE checkpoint folder"):
         finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "other", "rte",
                       "--resume_from_checkpoint", str(tmp_path / "run")))  # fmt: skip
+
+
+def test_damaged_checkpoints_are_named_and_latest_resumes_from_the_newest_intact_one(
+    checkpoints, glue_dir, tmp_path, caplog
+):
+    """Each checkpoint's manifest lists its files; a resume checks them, as pretraining's (docs/reliability.md)."""
+    common = ("--max_train_steps", "6", "--checkpointing_steps", "2", "--logging_steps", "1")
+    out, root = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    full = finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "mrpc", *common))
+    for step in (2, 4, 6):
+        folder = root / f"step_{step}"
+        listed = set(json.loads((folder / MANIFEST).read_text())["files"])
+        assert listed == {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {MANIFEST}
+        assert GLUE_STATE in listed and "model.safetensors" in listed
+    legacy = tmp_path / "legacy" / "step_2"  # written before checkpoints had manifests: accepted, with a warning
+    shutil.copytree(root / "step_2", legacy)
+    (legacy / MANIFEST).unlink()
+    verify_checkpoint(legacy, state_file=GLUE_STATE)
+    with pytest.raises(CheckpointError, match="incomplete"):  # a folder without its loop state is an unfinished save
+        verify_checkpoint(legacy)
+    weights_6 = root / "step_6" / "model.safetensors"
+    with open(weights_6, "r+b") as f:  # one bit flipped: the same size
+        f.seek(weights_6.stat().st_size - 10)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 1]))
+    optimizer_4 = root / "step_4" / "optimizer.bin"
+    os.truncate(optimizer_4, 100)
+    with pytest.raises(SystemExit, match=re.escape(f"{weights_6}: corrupt (its sha256 differs from {MANIFEST})")):
+        finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "other", "mrpc", *common,
+                      "--resume_from_checkpoint", str(root / "step_6")))  # fmt: skip
+    tag_saved_history(root / "step_2", GLUE_STATE)
+    with caplog.at_level("WARNING", logger="hfzoo.training.checkpointing"):
+        resumed = finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "mrpc", *common,
+                                "--resume_from_checkpoint", "latest"))  # fmt: skip
+    warnings = [r.getMessage() for r in caplog.records]
+    assert any(w.startswith(f"skipping checkpoint {root / 'step_6'}: {weights_6}: corrupt") for w in warnings)
+    assert any(w.startswith(f"skipping checkpoint {root / 'step_4'}: {optimizer_4}: truncated") for w in warnings)
+    assert restored_steps(out)[1] == [1, 2]  # from step_2, the newest intact one
+    for key in ("eval_accuracy", "eval_f1", "eval_loss", "final_train_loss"):
+        assert resumed[key] == full[key], key
 
 
 def test_best_epoch_weights_are_saved_and_reported_with_the_last(checkpoints, glue_dir, tmp_path, monkeypatch):
