@@ -127,6 +127,15 @@ def test_a_branched_budget_equals_the_separate_run_of_that_budget(inputs, ladder
     study = ladder_study(inputs, tmp_path / "s.yaml", ladder={**LADDER, "token_budgets": [1280]}, max_train_steps=10)
     separate = main(["--study", str(study), "--output_dir", str(tmp_path / "out"), *FAST_REPORT])
     branched = {(r["variant"], r["hidden_size"]): r["budgets"][0] for r in records}
+    # The branch did start from the longest run's checkpoint at step 8: its history carries that run's records of
+    # steps 1-8 as they were saved, wall-clock figures included (a budget trained from step 0 measures its own).
+    for record in records:
+        folder = run_dir(root / "out", record["variant"], record["seed"], record["hidden_size"])
+        longest, branch = (json.loads((folder / name / "train_history.json").read_text())["log_history"]
+                           for name in ("pretrain", "budget_10"))  # fmt: skip
+        assert [r["step"] for r in branch] == [r["step"] for r in longest][: len(branch)] and len(branch) > 8
+        saved = [r for r in longest if r["step"] <= 8]
+        assert saved and branch[: len(saved)] == saved, (branch, longest)
     for record in separate:
         alone = record["budgets"][0]
         assert alone["branched_from_step"] is None and alone["train_steps"] == 10
