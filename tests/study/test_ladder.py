@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.pretraining import restored_steps, tag_saved_history
 from helpers.study import REPO_ROOT, VARIANTS, expect_refusal, tiny_study
 from transformers import AutoTokenizer
 
@@ -158,6 +159,9 @@ def test_a_killed_ladder_continues_to_the_same_losses(inputs, ladder_run, tmp_pa
     first, second = (run_dir(tmp_path / "out", v, 0, 32) for v in VARIANTS)
     assert (first / "result.json").is_file() and not (second / "result.json").exists()
     assert (second / "pretrain" / "checkpoints" / "step_8").is_dir()
+    tag_saved_history(second / "pretrain" / "checkpoints" / "step_8")
     resumed = main(argv)
+    # the second run resumed from its checkpoint at step 8 (restoring those steps' records), not from step 0
+    assert restored_steps(second / "pretrain") == (list(range(1, 21)), list(range(1, 9)))
     losses = {(r["variant"], r["hidden_size"]): [b["final_loss"] for b in r["budgets"]] for r in records}
     assert {(r["variant"], r["hidden_size"]): [b["final_loss"] for b in r["budgets"]] for r in resumed} == losses
