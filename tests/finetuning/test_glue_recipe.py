@@ -438,9 +438,13 @@ def test_torch_compile_trains_like_eager_and_saves_the_eager_keys(checkpoints, g
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
     AutoModel.from_pretrained(checkpoints["decoder-tiny"], config=config).save_pretrained(ckpt)
     AutoTokenizer.from_pretrained(checkpoints["decoder-tiny"]).save_pretrained(ckpt)
-    results = {}
+    results, graphs = {}, {}
     for name, extra in (("eager", []), ("compiled", ["--torch_compile", "--torch_compile_backend", "aot_eager"])):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
         results[name] = finetune(argv(ckpt, glue_dir, tmp_path / name, "sst2", "--peft", "none", *extra))
+        graphs[name] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs["eager"] == 0 < graphs["compiled"], graphs  # the compiled run did run compiled graphs
     assert results["compiled"]["eval_loss"] == pytest.approx(results["eager"]["eval_loss"], rel=1e-5)
     keys = {name: list(load_file(tmp_path / name / "model.safetensors")) for name in results}
     assert keys["compiled"] == keys["eager"] and not any("_orig_mod" in k for k in keys["compiled"])

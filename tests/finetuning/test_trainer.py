@@ -15,6 +15,19 @@ from hfzoo.finetuning.adapters import default_lora_target_modules
 FAMILY_LMS = ("decoder-clm", "encoder-mlm", "encoder-decoder-seq2seq")
 
 
+def count_layer_runs(model) -> dict[str, int]:
+    """Count, per layer the checkpointing flag is set on, the calls of its sub-blocks (in forward passes and in the
+    backward pass's recomputation, which calls the layer's `forward` and so its sub-blocks again)."""
+    runs = {}
+    for name, layer in model.named_modules():
+        if name and hasattr(layer, "gradient_checkpointing"):
+            runs[name] = 0
+            for block in layer.children():
+                block.register_forward_pre_hook(lambda block, args, name=name: runs.__setitem__(name, runs[name] + 1))
+    assert runs
+    return runs
+
+
 def assert_same_training(run_a, run_b, atol: float) -> None:
     (model_a, losses_a), (model_b, losses_b) = run_a, run_b
     assert len(losses_a) == len(losses_b) == 3
@@ -52,9 +65,10 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path, head):
 @pytest.mark.parametrize("head", FAMILY_LMS)
 def test_gradient_checkpointing_changes_nothing(tmp_path, head):
     examples = dataset(head)
-    runs = []
+    runs, layer_runs = [], []
     for checkpointing in (False, True):
         model = build(head)
+        layer_runs.append(count_layer_runs(model))
         trainer, losses = train(
             model,
             tmp_path / str(checkpointing),
@@ -66,6 +80,9 @@ def test_gradient_checkpointing_changes_nothing(tmp_path, head):
         assert model.is_activation_checkpointing is checkpointing
         runs.append((model, losses))
     assert_same_training(runs[0], runs[1], atol=1e-6)
+    # ... and checkpointing did happen: the backward passes ran every layer's sub-blocks again
+    assert set(layer_runs[1]) == set(layer_runs[0])
+    assert all(layer_runs[1][name] > count > 0 for name, count in layer_runs[0].items()), layer_runs
 
 
 @pytest.mark.compat
@@ -77,7 +94,13 @@ def test_gradient_checkpointing_gives_the_same_gradients(head):
         model = build(head).train()
         if checkpointing:
             model.activation_checkpointing_enable()
-        model(**batch).loss.backward()
+        runs = count_layer_runs(model)
+        loss = model(**batch).loss
+        forward_runs = dict(runs)
+        assert all(forward_runs.values())
+        loss.backward()
+        # the backward pass recomputes every layer under checkpointing (and none without)
+        assert all((runs[name] > count) is checkpointing for name, count in forward_runs.items()), runs
         grads.append({name: param.grad for name, param in model.named_parameters()})
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=1e-6, msg=name)

@@ -319,14 +319,19 @@ def test_torch_compile_trains_like_eager_and_saves_the_eager_keys(small_jsonl_xz
 
     Both scopes: the repeated layers (the default, regional compilation) and the whole model.
     """
-    results = {}
+    results, graphs = {}, {}
     compiled = ["--torch_compile", "--torch_compile_backend", "aot_eager"]
     runs = (("eager", []), ("compiled", compiled), ("compiled-model", [*compiled, "--torch_compile_scope", "model"]))
     for name, extra in runs:
         argv = base_args(small_jsonl_xz, tokenizer_dir, tmp_path / name, *extra)
         argv[argv.index(TINY_OVERRIDES)] += ",hidden_dropout_prob=0.0,attention_probs_dropout_prob=0.0"
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
         results[name] = main(argv)
+        graphs[name] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs["eager"] == 0, graphs
     keys = {name: list(load_file(tmp_path / name / "model.safetensors")) for name in results}
     for name in ("compiled", "compiled-model"):
+        assert graphs[name] > 0, (name, graphs)  # the run did run compiled graphs
         assert results[name]["eval_loss"] == pytest.approx(results["eager"]["eval_loss"], rel=1e-4), name
         assert keys[name] == keys["eager"] and not any("_orig_mod" in k for k in keys[name]), name

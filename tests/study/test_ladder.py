@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.pretraining import restored_steps, tag_saved_history
 from helpers.study import REPO_ROOT, VARIANTS, expect_refusal, tiny_study
 from transformers import AutoTokenizer
 
@@ -127,6 +128,15 @@ def test_a_branched_budget_equals_the_separate_run_of_that_budget(inputs, ladder
     study = ladder_study(inputs, tmp_path / "s.yaml", ladder={**LADDER, "token_budgets": [1280]}, max_train_steps=10)
     separate = main(["--study", str(study), "--output_dir", str(tmp_path / "out"), *FAST_REPORT])
     branched = {(r["variant"], r["hidden_size"]): r["budgets"][0] for r in records}
+    # The branch did start from the longest run's checkpoint at step 8: its history carries that run's records of
+    # steps 1-8 as they were saved, wall-clock figures included (a budget trained from step 0 measures its own).
+    for record in records:
+        folder = run_dir(root / "out", record["variant"], record["seed"], record["hidden_size"])
+        longest, branch = (json.loads((folder / name / "train_history.json").read_text())["log_history"]
+                           for name in ("pretrain", "budget_10"))  # fmt: skip
+        assert [r["step"] for r in branch] == [r["step"] for r in longest][: len(branch)] and len(branch) > 8
+        saved = [r for r in longest if r["step"] <= 8]
+        assert saved and branch[: len(saved)] == saved, (branch, longest)
     for record in separate:
         alone = record["budgets"][0]
         assert alone["branched_from_step"] is None and alone["train_steps"] == 10
@@ -149,6 +159,9 @@ def test_a_killed_ladder_continues_to_the_same_losses(inputs, ladder_run, tmp_pa
     first, second = (run_dir(tmp_path / "out", v, 0, 32) for v in VARIANTS)
     assert (first / "result.json").is_file() and not (second / "result.json").exists()
     assert (second / "pretrain" / "checkpoints" / "step_8").is_dir()
+    tag_saved_history(second / "pretrain" / "checkpoints" / "step_8")
     resumed = main(argv)
+    # the second run resumed from its checkpoint at step 8 (restoring those steps' records), not from step 0
+    assert restored_steps(second / "pretrain") == (list(range(1, 21)), list(range(1, 9)))
     losses = {(r["variant"], r["hidden_size"]): [b["final_loss"] for b in r["budgets"]] for r in records}
     assert {(r["variant"], r["hidden_size"]): [b["final_loss"] for b in r["budgets"]] for r in resumed} == losses
