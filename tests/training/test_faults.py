@@ -234,6 +234,8 @@ def test_five_interruptions_of_mixed_kinds_end_bit_exact_with_the_uninterrupted_
     )
     assert [s.kind for s in segments] == [*kinds, "none"]  # every interruption happened before the run ended
     assert segments[-1].returncode == 0
+    # each process after the first resumed from a checkpoint (a run that started over would end the same)
+    assert segments[0].resumed_from is None and all(s.resumed_from for s in segments[1:]), segments
     for segment, following in zip(segments, segments[1:]):
         if segment.kind == "sigterm":
             assert segment.returncode == faults.EXIT_PREEMPTED
