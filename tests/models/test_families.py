@@ -231,7 +231,8 @@ def test_seq2seq_greedy_generation_same_with_and_without_cache(attn, num_decoder
         num_decoder_layers=num_decoder_layers,
     )
     ids, mask = padded_batch([10, 6], seed=4)
-    kwargs = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False)
+    # No token twice: at init greedy decoding repeats the start token, all cached keys the same.
+    kwargs = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, no_repeat_ngram_size=1)
     a = model.generate(ids, attention_mask=mask, use_cache=True, **kwargs)
     b = model.generate(ids, attention_mask=mask, use_cache=False, **kwargs)
     assert a.shape == (2, 21) and (a[:, 0] == 0).all()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.remote_code import run_remote_code
-from helpers.variant_checks import FAMILIES, TINY, build_model, check_variant, make_batch, run
+from helpers.variant_checks import FAMILIES, TINY, check_variant, checked_model, make_batch, run
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
@@ -429,7 +429,7 @@ def _load_every_case_as_remote_code(clean_python, root: Path) -> dict[str, tuple
         family, overrides, _ = case.values
         key = f"case{index}"
         try:
-            model = build_model(family, overrides, "eager")
+            model = checked_model(family, overrides, "eager")  # ReZero / Fixup branches switched on
             if family not in code_dirs:
                 code_dirs[family] = export_for_remote_code(model, root / key)
             else:
