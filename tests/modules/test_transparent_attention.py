@@ -106,10 +106,13 @@ def test_generation_is_the_same_with_and_without_the_cache(num_beams):
     model = build(seed=1)
     ids, mask, _ = batch()
     kwargs = dict(attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False, num_beams=num_beams)
+    # No token twice (at init greedy decoding repeats the start token), and the logits of every step compared.
+    kwargs.update(no_repeat_ngram_size=1, output_logits=True, return_dict_in_generate=True)
     with torch.no_grad():
         cached = model.generate(ids, use_cache=True, num_return_sequences=num_beams, **kwargs)
         uncached = model.generate(ids, use_cache=False, num_return_sequences=num_beams, **kwargs)
-    assert cached.shape == (2 * num_beams, 5) and torch.equal(cached, uncached)
+    assert cached.sequences.shape == (2 * num_beams, 5) and torch.equal(cached.sequences, uncached.sequences)
+    torch.testing.assert_close(torch.stack(cached.logits), torch.stack(uncached.logits), rtol=1e-4, atol=1e-5)
 
 
 def test_encoder_outputs_without_the_layer_outputs_are_refused():
