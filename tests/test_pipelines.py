@@ -42,12 +42,19 @@ def test_fill_mask(tmp_path, texts):
     torch.manual_seed(0)
     model = hfzoo.HfzooEncoderForMaskedLM(config_for(hfzoo.HfzooEncoderConfig, tokenizer))
     fill = pipeline("fill-mask", model=save(model, tokenizer, tmp_path), top_k=3)
-    out = fill(f"It was the best of {tokenizer.mask_token}.")
+    text = f"It was the best of {tokenizer.mask_token}."
+    out = fill(text)
     assert len(out) == 3
     for candidate in out:
         assert candidate["token"] not in tokenizer.all_special_ids
         assert candidate["sequence"].startswith("It was the best of")
-    assert [c["score"] for c in out] == sorted((c["score"] for c in out), reverse=True)
+    # The saved model's own top 3 at the mask, so a checkpoint loaded with other weights fails.
+    inputs = tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        logits = model.eval()(**inputs).logits[inputs["input_ids"] == tokenizer.mask_token_id]
+    scores, tokens = logits.softmax(-1)[0].topk(3)
+    assert [c["token"] for c in out] == tokens.tolist()
+    assert [c["score"] for c in out] == pytest.approx(scores.tolist(), rel=1e-4)
 
 
 @pytest.mark.compat
@@ -56,9 +63,15 @@ def test_text_generation(tmp_path, texts):
     torch.manual_seed(0)
     model = hfzoo.HfzooDecoderForCausalLM(config_for(hfzoo.HfzooDecoderConfig, tokenizer))
     generate = pipeline("text-generation", model=save(model, tokenizer, tmp_path))
-    out = generate("Once upon a time", max_new_tokens=10, do_sample=False)
+    # No token twice: at init greedy decoding repeats the last token, whatever the weights.
+    kwargs = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, no_repeat_ngram_size=1)
+    out = generate("Once upon a time", **kwargs)
     text = out[0]["generated_text"]
     assert text.startswith("Once upon a time") and len(text) > len("Once upon a time")
+    # The saved model's own continuation, so a checkpoint loaded with other weights fails.
+    ids = generate("Once upon a time", return_tensors=True, **kwargs)[0]["generated_token_ids"]
+    expected = model.eval().generate(**tokenizer("Once upon a time", return_tensors="pt"), **kwargs)
+    assert list(ids) == expected[0].tolist()
 
 
 @pytest.mark.compat
@@ -93,7 +106,15 @@ def test_text_classification(tmp_path, texts, family, config_class, model_class)
                         label2id={"NEGATIVE": 0, "POSITIVE": 1})  # fmt: skip
     model = model_class(config)
     classify = pipeline("text-classification", model=save(model, tokenizer, tmp_path), top_k=None)
-    out = classify(["a wonderful, moving story", "dull and far too long"])
-    for row in out:
-        assert {r["label"] for r in row} == {"NEGATIVE", "POSITIVE"}
-        assert sum(r["score"] for r in row) == pytest.approx(1.0, abs=1e-5)
+    reviews = ["a wonderful, moving story", "dull and far too long; it never ends, and nothing happens in it"]
+    for batch_size in (1, 2):  # 2: the shorter text is padded
+        out = classify(reviews, batch_size=batch_size)
+        for text, row in zip(reviews, out):
+            assert {r["label"] for r in row} == {"NEGATIVE", "POSITIVE"}
+            assert sum(r["score"] for r in row) == pytest.approx(1.0, abs=1e-5)
+            # The saved model's own probabilities on the text alone, unpadded.
+            with torch.no_grad():
+                probs = model.eval()(**tokenizer(text, return_tensors="pt")).logits.softmax(-1)[0]
+            assert {r["label"]: r["score"] for r in row} == pytest.approx(
+                {"NEGATIVE": probs[0].item(), "POSITIVE": probs[1].item()}, rel=0, abs=1e-6
+            )
