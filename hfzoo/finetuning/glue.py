@@ -70,7 +70,7 @@ from .adapters import (
     count_parameters,
     wrap_with_peft,
 )
-from .loop import GlueRun, resolve_glue_resume, train_glue
+from .loop import GlueRun, check_glue_resume_layout, resolve_glue_resume, train_glue
 from .outputs import glue_results, save_glue_outputs
 
 __all__ = [
@@ -341,6 +341,8 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
         check_prefix_fits(config, args.num_virtual_tokens, args.max_length)
     resume_path = resolve_glue_resume(args)
     accelerator = create_accelerator(args, sync_with_dataloader=True)
+    if resume_path is not None:
+        check_glue_resume_layout(resume_path, args, accelerator)
     precision = choose_mixed_precision(args)  # what the accelerator was created with
     accelerator.print(f"precision: {precision.reason}")
     set_seed(args.seed)

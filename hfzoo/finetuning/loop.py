@@ -120,6 +120,8 @@ class GlueProgress:
         best_metric: its value.
         throughput: training totals over the run's sessions: `tokens` (real tokens), `flops` (model
             FLOPs) and `seconds` (optimizer steps only; evaluations and checkpoints left out).
+        batch_layout: the processes and batch settings that wrote it (`glue_batch_layout`; None in checkpoints
+            of an older hfzoo): a resume must keep them (`check_glue_resume_layout`).
     """
 
     step: int = 0
@@ -130,6 +132,40 @@ class GlueProgress:
     best_epoch: int | None = None
     best_metric: float | None = None
     throughput: dict[str, float] = dataclasses.field(default_factory=lambda: {"tokens": 0, "flops": 0, "seconds": 0})
+    batch_layout: dict[str, int] | None = None
+
+
+def glue_batch_layout(args: argparse.Namespace, accelerator: Accelerator) -> dict[str, int]:
+    """`{"num_processes", "per_device_train_batch_size", "gradient_accumulation_steps"}` of this run."""
+    return {
+        "num_processes": accelerator.num_processes,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+    }
+
+
+def check_glue_resume_layout(resume_path: Path, args: argparse.Namespace, accelerator: Accelerator) -> None:
+    """Refuse a checkpoint written with other processes or batch settings, before any data is read.
+
+    A GLUE checkpoint's data position is the number of batches each process has trained in the current epoch
+    (`GlueProgress.batches_done`), and its random states are per process, so the run resumes exactly only with the
+    number of processes, `--per_device_train_batch_size` and `--gradient_accumulation_steps` that wrote it.
+    A checkpoint of an older hfzoo does not record them and is not checked.
+
+    Raises:
+        ValueError: one line naming both layouts.
+    """
+    saved = json.loads((resume_path / GLUE_STATE).read_text()).get("batch_layout")
+    here = glue_batch_layout(args, accelerator)
+    if saved is not None and saved != here:
+
+        def show(layout: dict[str, int]) -> str:
+            return ", ".join(f"{key} {value}" for key, value in layout.items())
+
+        raise ValueError(
+            f"--resume_from_checkpoint {resume_path}: written with {show(saved)}; this run has {show(here)}: its data "
+            "position counts each process's batches, so resume with the settings that wrote it"
+        )
 
 
 def resolve_glue_resume(args: argparse.Namespace) -> Path | None:
@@ -231,10 +267,11 @@ def train_glue(run: GlueRun) -> GlueProgress:
         accelerator.init_trackers(
             "glue", {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
         )
-    progress, best_state = GlueProgress(), None
-    if run.resume_path is not None:
+    progress, best_state = GlueProgress(batch_layout=glue_batch_layout(args, accelerator)), None
+    if run.resume_path is not None:  # with this run's layout (`check_glue_resume_layout`)
         accelerator.load_state(str(run.resume_path))
-        progress = GlueProgress(**json.loads((run.resume_path / GLUE_STATE).read_text()))
+        saved = json.loads((run.resume_path / GLUE_STATE).read_text())
+        progress = GlueProgress(**{**saved, "batch_layout": progress.batch_layout})
         if (run.resume_path / BEST_WEIGHTS).is_file():
             best_state = load_file(run.resume_path / BEST_WEIGHTS)
         accelerator.print(f"resumed from {run.resume_path} at step {progress.step}")

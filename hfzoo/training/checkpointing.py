@@ -380,10 +380,12 @@ def _check_resume_topology(
     A checkpoint written by N processes resumes in a run of M processes of the same engine: DeepSpeed
     (ZeRO partitions, resharded through DeepSpeed's universal checkpoint by `load_checkpoint`),
     FSDP2 (`torch.distributed.checkpoint` folders, which reshard on load) or plain (DDP / one process:
-    whole weights and optimizer state). The data position is the step count, which maps to the same samples
-    only when the global batch (processes x per-device batch x accumulation) is unchanged, so a changed global
-    batch is refused, as is a changed engine or ZeRO stage and, when the world size changes, a streaming run
-    (each process holds its own position in its shard of the stream).
+    whole weights and optimizer state). The data position of map-style data is the step count, which maps to the
+    same samples only when the global batch (processes x per-device batch x accumulation) is unchanged, so a
+    changed global batch is refused whether or not the number of processes changes (a stream's position is in
+    blocks: a streaming run may change its batch with the same processes), as is a changed engine or ZeRO stage
+    and, when the world size changes, a streaming run (each process holds its own position in its shard of the
+    stream).
 
     Args:
         resume_path: the checkpoint folder.
@@ -413,14 +415,15 @@ def _check_resume_topology(
     saved_stage = state.get("zero_stage")
     if saved_stage is not None and run["zero_stage"] is not None and saved_stage != run["zero_stage"]:
         raise ValueError(f"{prefix}: a checkpoint cannot change its ZeRO stage (use the stage that wrote it)")
-    if saved_processes == run["num_processes"]:
-        return None
+    batch_changed = saved_batch is not None and run["global_batch"] is not None and saved_batch != run["global_batch"]
+    if saved_processes == run["num_processes"] and not (batch_changed and not getattr(args, "streaming", False)):
+        return None  # (a stream's position is in blocks, not steps: a stream may change its batch)
     if saved_batch is None:
         raise ValueError(
             f"{prefix}: it does not record its global batch (written by an older hfzoo), so it resumes only "
             f"with {saved_processes} process(es) ({consolidate})"
         )
-    if run["global_batch"] is not None and saved_batch != run["global_batch"]:
+    if batch_changed:
         raise ValueError(
             f"{prefix}: the data position is the step count, so the global batch must stay {saved_batch} "
             f"({resume_batch_hint(saved_batch, run['num_processes'], getattr(args, 'gradient_accumulation_steps', 1))})"

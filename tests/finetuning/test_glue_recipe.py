@@ -347,6 +347,35 @@ def test_damaged_checkpoints_are_named_and_latest_resumes_from_the_newest_intact
         assert resumed[key] == full[key], key
 
 
+@pytest.mark.parametrize(
+    ("change", "value"), [("--per_device_train_batch_size", "8"), ("--gradient_accumulation_steps", "2")]
+)
+def test_a_resume_with_other_batch_settings_is_refused_before_any_data_is_read(
+    change, value, checkpoints, glue_dir, tmp_path
+):
+    """The data position counts each process's batches: other batch settings would train on other examples."""
+    common = ("--max_train_steps", "4", "--checkpointing_steps", "2")
+    finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "full", "mrpc", *common))
+    checkpoint = tmp_path / "full" / "checkpoints" / "step_2"
+    assert json.loads((checkpoint / GLUE_STATE).read_text())["batch_layout"] == {
+        "num_processes": 1, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1}  # fmt: skip
+    resumed = argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "other", "mrpc", *common,
+                   "--resume_from_checkpoint", str(checkpoint))  # fmt: skip
+    if change in resumed:
+        resumed[resumed.index(change) + 1] = value
+    else:
+        resumed += [change, value]
+    with pytest.raises(SystemExit) as exc:
+        finetune(resumed)
+    message = str(exc.value.code)
+    assert (
+        f"--resume_from_checkpoint {checkpoint}: written with num_processes 1, per_device_train_batch_size 4, "
+        in message
+    )
+    assert f"{change.removeprefix('--')} {value}" in message and "\n" not in message.strip()
+    assert not (tmp_path / "other" / "all_results.json").exists()
+
+
 def test_best_epoch_weights_are_saved_and_reported_with_the_last(checkpoints, glue_dir, tmp_path, monkeypatch):
     """Epoch 1 scores best (a scripted dev metric): its weights are saved, the last epoch's metrics reported too."""
     from hfzoo.finetuning import loop as glue_loop

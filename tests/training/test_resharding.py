@@ -167,11 +167,15 @@ FSDP_2 = {"num_processes": 2, "distributed_type": "FSDP", "zero_stage": None, "g
         (FSDP_2, (DistributedType.FSDP, 4), _args(2, 2), "the global batch must stay 8 (set "
          "--per_device_train_batch_size 1 with --gradient_accumulation_steps 2 or --per_device_train_batch_size 2 "
          "with --gradient_accumulation_steps 1)"),
+        (FSDP_2, (DistributedType.FSDP, 2), _args(8), "this run has 2 process(es) with FSDP, global batch 16: the "
+         "data position is the step count, so the global batch must stay 8 (set --per_device_train_batch_size 4 "
+         "with --gradient_accumulation_steps 1 or --per_device_train_batch_size 2 with --gradient_accumulation_steps "
+         "2)"),
         ({**FSDP_2, "global_batch": None}, (DistributedType.FSDP, 1), _args(8), "it does not record its global batch"),
         (FSDP_2, (DistributedType.FSDP, 1), _args(8, streaming=True), "a streaming run's data position is per process"),
     ],
     ids=["engine", "engine-to-ddp", "zero-stage", "global-batch", "no-batch-fits", "accumulation-kept",
-         "older-checkpoint", "streaming"],
+         "same-processes-other-batch", "older-checkpoint", "streaming"],
 )  # fmt: skip
 def test_a_checkpoint_that_cannot_be_resharded_is_refused_in_one_line(saved, run, args, expected, tmp_path):
     with pytest.raises(ValueError) as err:
@@ -186,6 +190,10 @@ def test_a_checkpoint_that_can_be_resharded_reports_its_world(tmp_path):
     assert _check_resume_topology(checkpoint, _accelerator(DistributedType.DEEPSPEED, 1, 3), _args(8)) == 2
     assert _check_resume_topology(checkpoint, _accelerator(DistributedType.DEEPSPEED, 4, 3), _args(2)) == 2
     assert _check_resume_topology(checkpoint, _accelerator(DistributedType.DEEPSPEED, 2, 3), _args(4)) is None
+    assert _check_resume_topology(checkpoint, _accelerator(DistributedType.DEEPSPEED, 2, 3), _args(2, 2)) is None
+    # a stream's position is in blocks, not steps: with the same processes it may change its batch
+    streamed = _args(8, streaming=True)
+    assert _check_resume_topology(checkpoint, _accelerator(DistributedType.DEEPSPEED, 2, 3), streamed) is None
 
 
 def test_a_deepspeed_checkpoint_in_a_ddp_run_is_refused_before_training(
