@@ -16,6 +16,7 @@ import psutil
 import pytest
 import torch
 from helpers.launch import GLOBAL_BATCH, STEPS, check_two_processes, launch, launch_command, launch_env, recipe_args
+from helpers.pretraining import restored_steps, tag_saved_history
 from safetensors.torch import load_file
 
 from hfzoo.pretraining import loop as pretraining
@@ -166,7 +167,10 @@ def test_kill_while_writing_a_checkpoint_leaves_the_previous_one_loadable(
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     assert (out / "checkpoints" / "step_8.tmp").is_dir()  # the torn save
     assert find_latest_checkpoint(out) == out / "checkpoints" / "step_4"
+    tag_saved_history(out / "checkpoints" / "step_4")
     results = main([*argv, "--resume_from_checkpoint", "latest"])
+    # Resumed from step_4, not started over (which, with the same seed, would give the same losses and weights).
+    assert restored_steps(out) == (list(range(1, STEPS + 1)), [1, 2, 3, 4])
     got, want = losses(out), losses(single_process_run)
     assert sorted(got) == list(range(1, STEPS + 1))  # steps 1-4 from the checkpoint, 5-16 resumed
     for step in got:

@@ -26,6 +26,7 @@ from helpers.launch import (
     start_nodes,
     torchrun_node_command,
 )
+from helpers.pretraining import restored_steps, tag_saved_history
 
 from hfzoo.training.checkpointing import find_latest_checkpoint
 
@@ -98,6 +99,7 @@ def test_two_nodes_lose_one_node_then_resume_from_the_last_checkpoint(
 
     # Both nodes relaunched with `latest` (DDP: the torchrun form, no accelerate config) finish the run with the
     # uninterrupted run's losses (steps 1-4 from the checkpoint's records, the others trained again from step 5).
+    tag_saved_history(latest)
     port = free_port()
     resume = argv("run", "--resume_from_checkpoint", "latest")
     if config == "ddp.yaml":
@@ -105,6 +107,8 @@ def test_two_nodes_lose_one_node_then_resume_from_the_last_checkpoint(
     else:
         commands = [node_command(config, r, port, resume) for r in (0, 1)]
     run_nodes(commands, tmp_path, tmp_path / "logs2")
+    # Resumed from step_4, not started over (which, with the same seed, would give the same losses).
+    assert restored_steps(out) == (list(range(1, STEPS + 1)), [1, 2, 3, 4])
     got, want = losses(out), losses(reference)
     assert sorted(got) == list(range(1, STEPS + 1))  # 1..4: the records step_4 saved; 5..: trained after the resume
     for step in got:

@@ -233,8 +233,11 @@ def test_two_process_streamed_run_reads_disjoint_shards_and_resumes_exactly(book
     state = torch.load(tmp_path / "full" / "checkpoints" / "step_2" / "custom_checkpoint_0.pkl", weights_only=False)
     assert state["num_processes"] == 2 and len(state["positions"]) == 2  # each process's place in its shard
     resumed = [a if a != str(tmp_path / "full") else str(tmp_path / "resumed") for a in argv]
+    tag_saved_history(tmp_path / "full" / "checkpoints" / "step_2")
     launch(
         "ddp.yaml", [*resumed, "--resume_from_checkpoint", str(tmp_path / "full" / "checkpoints" / "step_2")], tmp_path
     )
+    # Resumed from step_2, not started over (which, with the same seed, would end with the same weights).
+    assert restored_steps(tmp_path / "resumed") == ([1, 2, 3, 4], [1, 2])
     a, b = load_file(tmp_path / "full" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
