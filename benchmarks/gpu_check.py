@@ -384,7 +384,6 @@ def deepspeed_rows(args: argparse.Namespace, setup: RecipeSetup) -> list[dict]:
         )
     wall = max(r["launch_seconds"] for r in results.values())
     rows.append(_row("deepspeed", "launch wall time, the three at once", wall, None, "s"))
-
     return rows
 
 

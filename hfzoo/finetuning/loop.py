@@ -29,9 +29,8 @@ from tqdm.auto import tqdm
 
 from ..data.glue import GlueTask
 from ..metrics import load_glue_metric
-from ..training.checkpointing import CHECKPOINT_DIR, find_latest_checkpoint, verify_checkpoint, write_manifest
+from ..training.checkpointing import CHECKPOINT_DIR, resolve_resume_argument, write_manifest
 from ..training.compilation import no_cache_kwargs
-from ..training.faults import CheckpointError
 from ..training.precision import PrecisionChoice
 from ..training.throughput import SequenceClassificationFlops, Throughput
 
@@ -171,8 +170,8 @@ def check_glue_resume_layout(resume_path: Path, args: argparse.Namespace, accele
 def resolve_glue_resume(args: argparse.Namespace) -> Path | None:
     """The checkpoint folder `--resume_from_checkpoint` names, checked against its manifest.
 
-    `latest`: the newest intact checkpoint in `--output_dir` (`hfzoo.training.checkpointing.find_latest_checkpoint`:
-    unfinished saves and damaged folders are skipped with a warning), or None when there is none.
+    `latest`: the newest intact checkpoint in `--output_dir` (unfinished saves and damaged folders are skipped with
+    a warning), or None when there is none (`hfzoo.training.checkpointing.resolve_resume_argument`).
 
     Raises:
         ValueError: a folder that is not a complete GLUE checkpoint, or one whose files do not match its manifest
@@ -180,16 +179,7 @@ def resolve_glue_resume(args: argparse.Namespace) -> Path | None:
     """
     if not args.resume_from_checkpoint:
         return None
-    if args.resume_from_checkpoint == "latest":
-        return find_latest_checkpoint(args.output_dir, state_file=GLUE_STATE)
-    path = Path(args.resume_from_checkpoint)
-    if not (path / GLUE_STATE).is_file():
-        raise ValueError(f"--resume_from_checkpoint {path}: not a GLUE checkpoint folder (no {GLUE_STATE})")
-    try:
-        verify_checkpoint(path, state_file=GLUE_STATE)
-    except CheckpointError as err:
-        raise CheckpointError(f"--resume_from_checkpoint {path}: {err}") from None
-    return path
+    return resolve_resume_argument(args.resume_from_checkpoint, args.output_dir, GLUE_STATE, "GLUE checkpoint")
 
 
 def _trainable_state(run: GlueRun) -> dict[str, torch.Tensor]:

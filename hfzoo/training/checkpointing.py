@@ -243,17 +243,35 @@ def find_latest_checkpoint(
     return None
 
 
-def _resolve_resume_here(args: argparse.Namespace) -> Path | None:
-    if args.resume_from_checkpoint == "latest":
-        path = find_latest_checkpoint(args.output_dir)
+def resolve_resume_argument(
+    resume_from_checkpoint: str,
+    output_dir: str | os.PathLike,
+    state_file: str = TRAINING_STATE,
+    what: str = "checkpoint",
+) -> Path | None:
+    """The verified checkpoint folder `--resume_from_checkpoint` names, in the process that reads it.
+
+    Args:
+        resume_from_checkpoint: a checkpoint folder, or `latest`: the newest intact one in `output_dir`
+            (`find_latest_checkpoint`), None (with a warning) when there is none.
+        output_dir: the run's output folder.
+        state_file: the loop state every checkpoint of the run holds (see `verify_checkpoint`).
+        what: the kind of folder, for messages (`"GLUE checkpoint"`).
+
+    Raises:
+        CheckpointError: a folder without `state_file`, or whose files do not match its manifest (one line naming
+            the file); `latest` with checkpoints of which none is intact.
+    """
+    if resume_from_checkpoint == "latest":
+        path = find_latest_checkpoint(output_dir, state_file=state_file)
         if path is None:
-            logger.warning(f"--resume_from_checkpoint latest: no checkpoint in {args.output_dir}; starting fresh")
+            logger.warning(f"--resume_from_checkpoint latest: no checkpoint in {output_dir}; starting fresh")
         return path
-    path = Path(args.resume_from_checkpoint)
-    if not (path / TRAINING_STATE).is_file():
-        raise CheckpointError(f"--resume_from_checkpoint {path}: not a checkpoint folder (no {TRAINING_STATE})")
+    path = Path(resume_from_checkpoint)
+    if not (path / state_file).is_file():
+        raise CheckpointError(f"--resume_from_checkpoint {path}: not a {what} folder (no {state_file})")
     try:
-        verify_checkpoint(path)
+        verify_checkpoint(path, state_file)
     except CheckpointError as err:
         raise CheckpointError(f"--resume_from_checkpoint {path}: {err}") from None
     return path
@@ -273,7 +291,7 @@ def _resolve_resume(args: argparse.Namespace, accelerator: Accelerator | None = 
     path, error = None, None
     if accelerator is None or accelerator.is_main_process:
         try:
-            path = _resolve_resume_here(args)
+            path = resolve_resume_argument(args.resume_from_checkpoint, args.output_dir)
         except CheckpointError as err:
             error = str(err)
     if accelerator is not None:
