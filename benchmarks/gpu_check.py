@@ -244,7 +244,7 @@ def recipe_setup(args: argparse.Namespace, scale: dict, workdir: Path) -> Recipe
     Raises:
         subprocess.CalledProcessError: the tokenizer training failed.
     """
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    env = dict(os.environ)  # the tokenizer on every core, as in a user's run (streamed data is tokenized as it trains)
     log_dir = Path(args.log_dir) if args.log_dir else workdir
     log_dir.mkdir(parents=True, exist_ok=True)
     shard = Path(args.data_dir) / "gutenberg" / "pg_top100_en.00.jsonl.xz"

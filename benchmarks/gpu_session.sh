@@ -53,7 +53,7 @@ for name, body in {**{k: f'exec python3 -c "{v}" "$@"' for k, v in code.items()}
         f.write(f"#!/bin/sh\n{body}\n")
     os.chmod(os.path.join(bin_dir, name), 0o755)
 PY
-export PATH="$bin:$PATH" VIRTUAL_ENV=${VIRTUAL_ENV:-$site} TOKENIZERS_PARALLELISM=false
+export PATH="$bin:$PATH" VIRTUAL_ENV=${VIRTUAL_ENV:-$site}
 [ -e ../shared ] || ln -s "$repo/.offline/shared" ../shared
 export HFZOO_DATA_DIR=${HFZOO_DATA_DIR:-$repo/../shared/data}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || true

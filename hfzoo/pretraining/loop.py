@@ -86,7 +86,7 @@ class PretrainingRun:
     resume_path: Path | None
     block_size: int
     raw_block_size: int  # text tokens per packed block (span: before corruption)
-    train_collator: Any = None  # applied by the loop to each micro-batch's examples (None: batches come collated)
+    train_collator: Any  # the loop collates each micro-batch's examples (both loaders yield lists of examples)
     nonfinite_guard: faults.NonFiniteGuard | None = None
     flops_per_token: float = 0.0  # training FLOPs per text token (`hfzoo.training.throughput`)
     throughput: Throughput | None = None  # turns tokens and seconds into TFLOP/s and MFU
@@ -337,7 +337,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         resume_path=resume_path,
         block_size=block_size,
         raw_block_size=raw_block_size,
-        train_collator=None if args.streaming else collator,
+        train_collator=collator,
         resharded_from=resharded_from,
         nonfinite_guard=faults.NonFiniteGuard(
             args.max_nonfinite_steps,
@@ -407,7 +407,7 @@ def _streaming_loaders(args, accelerator: Accelerator, tokenizer, objective, col
     )
     logger.info(f"streaming blocks of {raw_block_size} tokens; process {accelerator.process_index} reads its shard")
     train_dataloader = StreamingTrainLoader(
-        train_dataset, args.per_device_train_batch_size, collator, accelerator, args.gradient_accumulation_steps
+        train_dataset, args.per_device_train_batch_size, accelerator, args.gradient_accumulation_steps
     )
     accelerator.register_for_checkpointing(train_dataloader)  # its position is saved with every checkpoint
     eval_dataloader = DeviceLoader(
@@ -594,8 +594,9 @@ def train(run: PretrainingRun) -> dict[str, float]:
         if epoch == start_epoch and skip_batches:
             loader = accelerator.skip_first_batches(run.train_dataloader, skip_batches)
         for micro_batches in _windows(loader, args.gradient_accumulation_steps):
-            if run.train_collator is not None:  # lists of examples: collate each micro-batch now
-                micro_batches = [send_to_device(run.train_collator(b), accelerator.device) for b in micro_batches]
+            # Lists of examples: each micro-batch is collated (random masking/corruption: torch's RNG, here in step
+            # order) and placed on the device now.
+            micro_batches = [send_to_device(run.train_collator(b), accelerator.device) for b in micro_batches]
             if first_window:
                 # Which blocks each process trains on (sums of token ids per row): different on every process.
                 row_sums = micro_batches[0]["input_ids"].sum(dim=-1).tolist()

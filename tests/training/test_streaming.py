@@ -9,7 +9,10 @@ import json
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import datasets
 import pytest
@@ -17,6 +20,7 @@ import torch
 from helpers.launch import GLOBAL_BATCH, check_two_processes, launch, recipe_args
 from helpers.pretraining import base_args, restored_steps, tag_saved_history
 from safetensors.torch import load_file
+from torch.utils.data import DataLoader
 
 from hfzoo.data.loading import clean_text, load_raw_datasets
 from hfzoo.data.packing import (
@@ -30,7 +34,7 @@ from hfzoo.data.packing import (
 from hfzoo.pretraining.arguments import parse_pretrain_args
 from hfzoo.pretraining.loop import main
 from hfzoo.tokenization import train_bpe_tokenizer
-from hfzoo.training.streaming import stream_blocks
+from hfzoo.training.streaming import StreamingTrainLoader, stream_blocks
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -168,7 +172,7 @@ def streaming_run_args(books_jsonl, tokenizer_dir, output_dir, *extra):
 def test_sigkill_and_resume_latest_continue_with_the_uninterrupted_blocks(books_jsonl, tokenizer_dir, tmp_path):
     """40 blocks in batches of 4: 10 steps a pass, so the 14 steps cross into a second pass of the stream."""
     full = tmp_path / "full"
-    main(streaming_run_args(books_jsonl, tokenizer_dir, full))
+    main(streaming_run_args(books_jsonl, tokenizer_dir, full, "--checkpointing_steps", "2"))  # keeps 6, 8, ..., 14
     out = tmp_path / "killed"
     argv = streaming_run_args(books_jsonl, tokenizer_dir, out)
     proc = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "helpers" / "kill_during_save.py"), *argv],
@@ -193,6 +197,13 @@ def test_sigkill_and_resume_latest_continue_with_the_uninterrupted_blocks(books_
     c = load_file(late / "model.safetensors")
     assert all(torch.equal(a[k], c[k]) for k in a)
     assert restored_steps(late) == (list(range(1, 15)), list(range(1, 13)))
+    # Saved after the first pass's last batch (step 10): the resumed pass has no batch left, the next one follows.
+    edge = tmp_path / "edge"
+    tag_saved_history(full / "checkpoints" / "step_10")
+    main([*streaming_run_args(books_jsonl, tokenizer_dir, edge), "--resume_from_checkpoint",
+          str(full / "checkpoints" / "step_10")])  # fmt: skip
+    assert all(torch.equal(a[k], v) for k, v in load_file(edge / "model.safetensors").items())
+    assert restored_steps(edge) == (list(range(1, 15)), list(range(1, 11)))
 
 
 def test_streaming_reads_lazily_from_a_file_larger_than_the_run_needs(books_jsonl, tokenizer_dir, tmp_path):
@@ -241,3 +252,67 @@ def test_two_process_streamed_run_reads_disjoint_shards_and_resumes_exactly(book
     assert restored_steps(tmp_path / "resumed") == ([1, 2, 3, 4], [1, 2])
     a, b = load_file(tmp_path / "full" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _loader(stream: PackedStream, batch_size: int = 2, **kwargs) -> StreamingTrainLoader:
+    """A one-process loader of `stream` (rank 0 of 1)."""
+    return StreamingTrainLoader(stream, batch_size, SimpleNamespace(process_index=0, num_processes=1), **kwargs)
+
+
+def test_read_ahead_loader_gives_the_stream_s_batches_and_resumes_after_each_one_taken(documents):
+    """The reading thread runs ahead, but a position saved after any batch the loop took resumes with the next."""
+    whole = [[row["input_ids"] for row in batch] for batch in DataLoader(PackedStream(documents(), 16), batch_size=3,
+                                                                          collate_fn=list)]  # fmt: skip
+    assert len(whole) > 10
+    for taken in range(len(whole) + 1):
+        loader = _loader(PackedStream(documents(), 16), 3, prefetch_batches=4)
+        batches = iter(loader)
+        head = [[row["input_ids"] for row in batch] for batch in itertools.islice(batches, taken)]
+        state = loader.state_dict()  # the reader is ahead by now, its position is not the one saved
+        batches.close()
+        resumed = _loader(PackedStream(documents(), 16), 3)
+        resumed.load_state_dict(state)
+        assert head + [[row["input_ids"] for row in batch] for batch in resumed] == whole, taken
+    # After a whole pass, the next pass of the same stream starts again from its first batch.
+    loader = _loader(PackedStream(documents(), 16), 3)
+    assert len(list(loader)) == len(whole)
+    loader.set_epoch(1)
+    assert [row["input_ids"] for row in next(iter(loader))] == whole[0]
+
+
+def test_documents_are_read_on_a_thread_bounded_ahead_of_the_loop_and_stopped_with_the_pass():
+    read = []  # (document index, thread) as each is read and tokenized
+
+    def tokenize(row, index):
+        read.append((index, threading.get_ident()))
+        return {"input_ids": list(range(16 * index, 16 * index + 16))}  # one block each
+
+    documents = datasets.Dataset.from_dict({"text": ["x"] * 400}).to_iterable_dataset()
+    stream = PackedStream(documents.map(tokenize, with_indices=True, remove_columns=["text"]), 16)
+    loader = _loader(stream, 2, prefetch_batches=3)
+    batches = iter(loader)
+    first = next(batches)
+    assert [row["input_ids"][0] for row in first] == [0, 16]
+    deadline = time.monotonic() + 30
+    while len(read) < 2 * (1 + 3) and time.monotonic() < deadline:  # the reader fills the 3 free places
+        time.sleep(0.01)
+    time.sleep(0.5)
+    assert 2 * (1 + 3) <= len(read) < 40  # ahead of the loop, but not through the 400 documents
+    assert threading.get_ident() not in {thread for _, thread in read}
+    batches.close()
+    assert not any(thread.name == "hfzoo-stream-reader" for thread in threading.enumerate())
+
+
+def test_an_error_while_reading_ahead_is_raised_in_the_training_loop():
+    def tokenize(row, index):
+        if index == 7:
+            raise OSError(f"document {index}: unreadable")
+        return {"input_ids": list(range(16))}
+
+    documents = datasets.Dataset.from_dict({"text": ["x"] * 20}).to_iterable_dataset()
+    loader = _loader(PackedStream(documents.map(tokenize, with_indices=True, remove_columns=["text"]), 16), 2)
+    taken = []
+    with pytest.raises(OSError, match="document 7: unreadable"):
+        for batch in loader:
+            taken.append(batch)
+    assert len(taken) == 3  # the 7 blocks read before the error, in batches of 2
