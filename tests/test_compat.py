@@ -7,11 +7,13 @@ field); these tests run on whichever release is installed (CI runs them on the l
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 import pytest
 import torch
 from helpers.trainer import HEADS, build, dataset, train
+from helpers.variant_checks import check_cached_generation
 from transformers import DynamicCache
 from transformers.utils.generic import TransformersKwargs
 
@@ -168,23 +170,17 @@ PROMPTS = [("decoder-clm", "left"), ("encoder-decoder-seq2seq", "left"), ("encod
 def test_generation_with_the_cache_equals_generation_without(head, padding_side, cache_implementation, num_beams):
     model = build(head, seed=1).eval()
     ids, mask = padded_prompts(padding_side)
-    kwargs = dict(attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False, num_beams=num_beams)
-    with torch.no_grad():
-        cached = model.generate(ids, use_cache=True, cache_implementation=cache_implementation, **kwargs)
-        uncached = model.generate(ids, use_cache=False, **kwargs)
-    assert cached.shape[1] == (ids.shape[1] if head == "decoder-clm" else 1) + 8
-    assert torch.equal(cached, uncached), (cached, uncached)
+    # the same tokens and logits of every step, no token twice
+    cache = {"cache_implementation": cache_implementation}
+    cached = check_cached_generation(model, ids, mask, max_new_tokens=8, num_beams=num_beams, cache_kwargs=cache)
+    assert cached.sequences.shape[1] == (ids.shape[1] if head == "decoder-clm" else 1) + 8
 
 
 def test_right_padded_decoder_rows_continue_after_their_padding():
     """A right-padded decoder prompt is extended after its padding; the cache must not change that."""
     model = build("decoder-clm", seed=1).eval()
     ids, mask = padded_prompts("right")
-    kwargs = dict(attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False)
-    with torch.no_grad():
-        assert torch.equal(
-            model.generate(ids, use_cache=True, **kwargs), model.generate(ids, use_cache=False, **kwargs)
-        )
+    check_cached_generation(model, ids, mask, max_new_tokens=4)  # the same tokens and logits of every step
 
 
 # Gradient checkpointing ------------------------------------------------------------------------------------------
@@ -228,6 +224,5 @@ def test_generate_from_a_model_in_training_mode_keeps_its_cache():
     model.activation_checkpointing_enable()
     model.train()
     ids, mask = padded_prompts("left")
-    kwargs = dict(attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
-    cached = model.generate(ids, use_cache=True, **kwargs)
-    assert torch.equal(cached, model.eval().generate(ids, use_cache=False, **kwargs))
+    # the tokens and logits of every step of the model in eval mode without the cache, no token twice
+    check_cached_generation(model, ids, mask, max_new_tokens=6, reference=copy.deepcopy(model).eval())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.variant_checks import check_cached_generation
 from transformers import T5Config, T5ForConditionalGeneration
 
 from hfzoo import HfzooEncoderDecoderConfig, HfzooEncoderDecoderForConditionalGeneration
@@ -165,18 +166,24 @@ def test_greedy_generation_with_kv_cache_matches(version):
     t5 = random_t5("d48-l3x2-h3-kv12", version)
     model = t5_to_hfzoo(t5, attn_implementation="sdpa")
     batch = padded_batch(t5.config.vocab_size, "right")
-    kwargs = dict(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        max_new_tokens=9,  # past the 7-token max distance of the decoder bias
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    with torch.no_grad():
-        expected = t5.generate(**kwargs, use_cache=True)
-        assert torch.equal(model.generate(**kwargs, use_cache=True), expected)
-        assert torch.equal(model.generate(**kwargs, use_cache=False), expected)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    kwargs = dict(max_new_tokens=9, eos_token_id=None, pad_token_id=0)  # past the decoder bias's 7-token max distance
+    # the same tokens and logits of every step with and without the cache (no token twice: check_cached_generation)
+    cached = check_cached_generation(model, ids, mask, **kwargs)
+    with torch.no_grad():  # and T5's own cached generation
+        expected = t5.generate(
+            ids,
+            attention_mask=mask,
+            use_cache=True,
+            min_new_tokens=9,
+            do_sample=False,
+            no_repeat_ngram_size=1,
+            output_logits=True,
+            return_dict_in_generate=True,
+            **kwargs,
+        )
+    assert torch.equal(cached.sequences, expected.sequences)
+    torch.testing.assert_close(torch.stack(cached.logits), torch.stack(expected.logits), rtol=0, atol=TOLERANCE)
 
 
 def test_state_dict_input_without_tied_copies_and_key_errors():

@@ -232,42 +232,73 @@ def generation_prompt(family: str) -> tuple[torch.Tensor, torch.Tensor]:
     return prompt, mask
 
 
-def check_generation_cache(family: str, overrides: dict, attn: str = "sdpa") -> None:
-    """Greedy generation gives the same tokens and logits with and without the KV cache (decoder, encoder-decoder).
+def check_cached_generation(
+    model,
+    prompt: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    max_new_tokens: int = 4,
+    reference=None,
+    cache_kwargs: dict | None = None,
+    repeat_tokens: bool = False,
+    **kwargs,
+):
+    """Greedy generation with the KV cache gives the tokens and the logits of every step that it gives without.
 
     At init (tied embeddings) greedy decoding repeats the last token: the encoder-decoder would decode its
     start token over and over, every cached key and value the same, so that no misplaced position or cache
     slot could change a logit. No token is generated twice (`no_repeat_ngram_size=1`), and the logits of
-    every step are compared, not only their argmax. Switch routing keeps the tokens-only check on repeated
-    tokens: its expert capacity counts the tokens of each call, so decoding with a cache may keep tokens a
-    full forward drops (`hfzoo.modules.experts`). Skipped for the encoder and for configs with
-    `use_cache=False` (a variant without a KV cache).
+    every step are compared, not only their argmax.
+
+    Args:
+        model: the model generating with its cache.
+        prompt: the prompt (decoder) or the source (encoder-decoder), `(batch_size, seq_len)`.
+        attention_mask: its mask, or None.
+        max_new_tokens: tokens generated (also the minimum, so that no row stops early).
+        reference: the model generating without a cache (default `model`), e.g. one on another backend.
+        cache_kwargs: `generate` arguments for the cached run only (e.g. `cache_implementation`).
+        repeat_tokens: compare the tokens only, on ordinary greedy decoding (for Switch routing, whose
+            expert capacity counts the tokens of each call, `hfzoo.modules.experts`).
+        **kwargs: further `generate` arguments for both runs.
+
+    Returns:
+        The cached run's `generate` output (`sequences`, `logits`, `past_key_values`).
+    """
+    kwargs = dict(
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        **({} if repeat_tokens else {"no_repeat_ngram_size": 1}),
+        **({} if attention_mask is None else {"attention_mask": attention_mask}),
+        **kwargs,
+    )
+    with torch.no_grad():
+        cached = model.generate(prompt, use_cache=True, **(cache_kwargs or {}), **kwargs)
+        uncached = (model if reference is None else reference).generate(prompt, use_cache=False, **kwargs)
+    assert torch.equal(cached.sequences, uncached.sequences), (cached.sequences, uncached.sequences)
+    if not repeat_tokens:
+        torch.testing.assert_close(torch.stack(cached.logits), torch.stack(uncached.logits), rtol=1e-4, atol=1e-5)
+    return cached
+
+
+def check_generation_cache(family: str, overrides: dict, attn: str = "sdpa") -> None:
+    """`check_cached_generation` on a variant (decoder, encoder-decoder), from `generation_prompt`'s prompts.
+
+    Switch routing keeps the tokens-only check on repeated tokens: its expert capacity counts the tokens of
+    each call, so decoding with a cache may keep tokens a full forward drops (`hfzoo.modules.experts`).
+    Skipped for the encoder and for configs with `use_cache=False` (a variant without a KV cache).
     """
     if family == "encoder":
         return
     model = checked_model(family, overrides, attn)
     if not model.config.use_cache:
         return
-    capacity_per_call = model.config.num_experts and model.config.router_type == "switch"
+    capacity_per_call = bool(model.config.num_experts) and model.config.router_type == "switch"
     prompt, mask = generation_prompt(family)
-    kwargs = dict(
-        attention_mask=mask,
-        max_new_tokens=4,
-        min_new_tokens=4,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-        **({} if capacity_per_call else {"no_repeat_ngram_size": 1}),
-    )
-    with torch.no_grad():
-        cached = model.generate(prompt, use_cache=True, **kwargs)
-        uncached = model.generate(prompt, use_cache=False, **kwargs)
-    tokens = cached.sequences
+    tokens = check_cached_generation(model, prompt, mask, repeat_tokens=capacity_per_call).sequences
     assert tokens.shape[1] == (prompt.shape[1] if family == "decoder" else 1) + 4  # the prompt / the start token
-    assert torch.equal(tokens, uncached.sequences), (tokens, uncached.sequences)
-    if capacity_per_call:
-        return  # the cached steps route differently by design
-    torch.testing.assert_close(torch.stack(cached.logits), torch.stack(uncached.logits), rtol=1e-4, atol=1e-5)
 
 
 def check_eager_matches_sdpa(family: str, overrides: dict) -> None:

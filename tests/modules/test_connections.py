@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.variant_checks import FAMILIES, TINY, build_model, make_batch, run
+from helpers.variant_checks import FAMILIES, TINY, build_model, check_cached_generation, make_batch, run
 from huggingface_hub.errors import StrictDataclassClassValidationError
 
 from hfzoo import HfzooDecoderConfig, HfzooEncoderConfig, HfzooEncoderDecoderConfig
@@ -149,10 +149,8 @@ def test_greedy_tokens_are_the_same_with_a_dynamic_a_static_and_no_cache(family)
         if "value_residual" in name or "unet_skips" in name:
             randomize(parameter, seed=3)
     ids = torch.randint(2, TINY["vocab_size"], (2, 6), generator=torch.Generator().manual_seed(0))
-    uncached = model.generate(ids, max_new_tokens=6, do_sample=False, use_cache=False)
-    for cache in ("dynamic", "static"):
-        tokens = model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation=cache)
-        assert torch.equal(tokens, uncached), cache
+    for cache in ("dynamic", "static"):  # the same tokens and logits of every step as without a cache
+        check_cached_generation(model, ids, max_new_tokens=6, cache_kwargs={"cache_implementation": cache})
 
 
 def test_weights_count_and_start_as_modded_nanogpt():

@@ -16,7 +16,15 @@ import warnings
 
 import pytest
 import torch
-from helpers.variant_checks import FAMILIES, TINY, make_batch, run, valid_logits
+from helpers.variant_checks import (
+    FAMILIES,
+    TINY,
+    check_cached_generation,
+    generation_prompt,
+    make_batch,
+    run,
+    valid_logits,
+)
 from torch.nn.attention import flex_attention as torch_flex
 from torch.nn.attention.flex_attention import create_block_mask
 from transformers.integrations import flex_attention as transformers_flex
@@ -283,17 +291,10 @@ def test_flex_incremental_decoding_matches_eager_full_forward(scheme):
 
 @pytest.mark.parametrize("family", ["decoder", "encoder-decoder"])
 def test_flex_greedy_generation_equals_eager(family):
-    """Left-padded decoder prompts / right-padded sources; cached flex generation gives eager's tokens."""
-    batch = make_batch(family)
-    prompt, mask = batch.input_ids, batch.attention_mask
-    if family == "decoder":  # left padding
-        prompt, mask = batch.input_ids[:, :5].clone(), torch.ones(2, 5, dtype=torch.long)
-        prompt[1, :2], mask[1, :2] = TINY["pad_token_id"], 0
-    kwargs = dict(attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False)
-    with torch.no_grad():
-        eager = build(family, T5_SMALL, "eager").generate(prompt, use_cache=False, **kwargs)
-        flex = build(family, T5_SMALL, "flex_attention").generate(prompt, use_cache=True, **kwargs)
-    assert torch.equal(flex, eager)
+    """Left-padded decoder prompts / right-padded sources; cached flex generation gives eager's tokens and logits."""
+    prompt, mask = generation_prompt(family)
+    flex, eager = build(family, T5_SMALL, "flex_attention"), build(family, T5_SMALL, "eager")
+    check_cached_generation(flex, prompt, mask, reference=eager)  # the logits of every step, no token twice
 
 
 def test_flex_is_offered_to_score_biases_and_refused_to_shaw():

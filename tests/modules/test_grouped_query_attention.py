@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.variant_checks import FAMILIES, TINY, make_batch, run, valid_logits
+from helpers.variant_checks import FAMILIES, TINY, check_cached_generation, make_batch, run, valid_logits
 from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers.cache_utils import DynamicCache
 
@@ -110,10 +110,7 @@ def test_the_cache_holds_key_value_heads_and_equals_the_full_forward(attn, token
             steps.append(model(ids[:, position : position + 1], cache=cache, use_cache=True).logits)
     assert cache.layers[0].keys.shape == (2, 1, 10, config.head_dim)  # one key/value head, not four
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
-    with torch.no_grad():
-        cached = model.generate(ids[:1], max_new_tokens=6, do_sample=False, use_cache=True)
-        uncached = model.generate(ids[:1], max_new_tokens=6, do_sample=False, use_cache=False)
-    assert torch.equal(cached, uncached)
+    check_cached_generation(model, ids[:1], max_new_tokens=6)  # the same tokens and logits of every step
 
 
 def test_parameter_and_flop_counts_drop_by_the_missing_key_value_projections():
