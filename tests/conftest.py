@@ -18,16 +18,6 @@ from hfzoo.data.loading import clean_text
 from hfzoo.tokenization import train_bpe_tokenizer
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist (`-n N`) each worker process gets its share of the CPU cores for torch's threads, so
-    that N workers do not run N times as many threads as there are cores."""
-    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
-    if workers:
-        import torch
-
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(workers)))
-
-
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     path = shared_data_dir()
