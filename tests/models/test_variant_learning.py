@@ -13,8 +13,9 @@ within 200 steps, so it is held to the 20% only.
 
 The tokenizers are byte-level BPE with 40 merges (`hfzoo.tokenization.train_bpe_tokenizer`): with a
 vocabulary this small a tiny model learns in 200 steps. The selected cases are trained up front, in
-parallel, by worker processes of one CPU thread each, one per core (a tiny model runs about as fast on
-one thread as on two), each building a family's data and tokenizer once; each case takes a few seconds.
+parallel, by worker processes of one CPU thread each, one per core (a tiny model runs faster on one
+thread than on two that other processes share), each building a family's data and tokenizer once; each
+case takes a few seconds.
 
 A new variant adds its rows to `LEARNING_VARIANTS`, with the families where its paper defines it.
 """
