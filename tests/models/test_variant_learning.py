@@ -206,10 +206,13 @@ def train(model, data: FamilyData, steps: int = STEPS) -> None:
         optimizer.zero_grad()
 
 
+def case_id(overrides: dict) -> str:
+    """The row's overrides as `key=value,...` (empty for the preset's defaults)."""
+    return ",".join(f"{k}={v}" for k, v in overrides.items())
+
+
 CASES = [
-    pytest.param(
-        family, overrides, id=f"{family}:" + (",".join(f"{k}={v}" for k, v in overrides.items()) or "defaults")
-    )
+    pytest.param(family, overrides, id=f"{family}:" + (case_id(overrides) or "defaults"))
     for overrides, families in LEARNING_VARIANTS
     for family in families
 ]
@@ -223,10 +226,6 @@ _FAMILY_DATA: dict[str, FamilyData] = {}
 def _start_worker(books: list[dict]) -> None:
     torch.set_num_threads(1)
     _BOOKS[:] = books
-
-
-def case_id(family: str, overrides: dict) -> str:
-    return ",".join(f"{k}={v}" for k, v in overrides.items())
 
 
 def learn(family: str, overrides: dict) -> dict:
@@ -248,7 +247,7 @@ def learn(family: str, overrides: dict) -> dict:
         model = FAMILIES[family][1](config)
         started = time.perf_counter()
         initial = validation_loss(model, data)
-        case = case_id(family, overrides)
+        case = case_id(overrides)
         steps = max((n for key, n in DECODER_STEPS.items() if case.startswith(key)), default=STEPS)
         steps = steps if family == "decoder" else STEPS
         train(model, data, steps)
@@ -280,15 +279,13 @@ def learned(request, gutenberg_books) -> dict[tuple[str, str], dict]:
     with ProcessPoolExecutor(
         workers, mp_context=context, initializer=_start_worker, initargs=(gutenberg_books,)
     ) as pool:
-        futures = {
-            (family, case_id(family, overrides)): pool.submit(learn, family, overrides) for family, overrides in cases
-        }
+        futures = {(family, case_id(overrides)): pool.submit(learn, family, overrides) for family, overrides in cases}
         return {key: future.result() for key, future in futures.items()}
 
 
 @pytest.mark.parametrize("family, overrides", CASES)
 def test_variant_learns(family, overrides, learned, record_property):
-    result = learned[family, case_id(family, overrides)]
+    result = learned[family, case_id(overrides)]
     assert "error" not in result, result.get("error")
     initial, final = result["initial"], result["final"]
     record_property("seconds", round(result["seconds"], 1))
