@@ -9,5 +9,6 @@ cd "$(dirname "$0")/.."
 HFZOO_CONSTRAINTS=none bash scripts/install.sh dev
 . .venv/bin/activate
 ruff check .
-python -m pytest -q -p no:cacheprovider tests "$@"
+# one pytest-xdist worker per core; each test file runs whole on one worker (its module fixtures are built once)
+python -m pytest -q -p no:cacheprovider -n auto --dist loadfile tests "$@"
 python scripts/constraints.py tested --check

@@ -18,6 +18,16 @@ from hfzoo.data.loading import clean_text
 from hfzoo.tokenization import train_bpe_tokenizer
 
 
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the test files holding `slow` tests first, then the others, each group in collection order.
+
+    `scripts/test.sh` runs the files on every core (pytest-xdist, `--dist loadfile`: a file runs whole on one
+    worker): the long files start first, and the many short ones fill the workers at the end.
+    """
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # a stable sort keeps each file's order
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     path = shared_data_dir()
