@@ -208,12 +208,20 @@ def test_below_the_training_core_no_module_imports_a_training_library():
 
 
 def test_importing_hfzoo_loads_no_training_code():
-    """`import hfzoo` loads none of the training core or the jobs, nor PEFT or DeepSpeed (transformers itself
-    may import accelerate when it is installed; without the `train` extra see `test_packaging.py`)."""
+    """`import hfzoo` loads none of the training core or the jobs, nor PEFT or DeepSpeed, and accelerate only if
+    transformers' own model code imports it (it does when accelerate is installed; without the `train` extra see
+    `test_packaging.py`)."""
+    accelerate = "print('accelerate' in sys.modules)"
     code = (
         "import sys, hfzoo\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('deepspeed', 'peft') or m.split('.')[:2] in "
-        "(['hfzoo', 'training'], ['hfzoo', 'pretraining'], ['hfzoo', 'finetuning'], ['hfzoo', 'study'])))"
+        "(['hfzoo', 'training'], ['hfzoo', 'pretraining'], ['hfzoo', 'finetuning'], ['hfzoo', 'study'])))\n"
+        + accelerate
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    baseline = "import sys, transformers.modeling_utils, transformers.generation\n" + accelerate
+    out, transformers_only = (
+        subprocess.run([sys.executable, "-c", c], capture_output=True, text=True, check=True).stdout.splitlines()
+        for c in (code, baseline)
+    )
+    assert out[-2:] == ["[]", transformers_only[-1]]
+    assert hfzoo.__version__
