@@ -14,7 +14,7 @@ other_release() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_path
 if [ -x .venv/bin/python ]; then
     export HFZOO_OTHER_RELEASE_SITE_PACKAGES=$(other_release .venv)
 fi
-python -m pytest -q -p no:cacheprovider -n auto --dist loadfile -m compat tests "$@"
+python -m pytest -q -p no:cacheprovider -n auto --dist loadfile --no-loadscope-reorder -m compat tests "$@"
 if [ -x .venv/bin/python ]; then
     HFZOO_OTHER_RELEASE_SITE_PACKAGES=$(other_release .venv-lowest) \
         .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_export.py -k other "$@"

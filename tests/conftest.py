@@ -22,7 +22,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     """Run the test files holding `slow` tests first, then the others, each group in collection order.
 
     `scripts/test.sh` runs the files on every core (pytest-xdist, `--dist loadfile`: a file runs whole on one
-    worker): the long files start first, and the many short ones fill the workers at the end.
+    worker; `--no-loadscope-reorder`: in this order, not by number of tests): the long files start first, and the
+    many short ones fill the workers at the end.
     """
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow)  # a stable sort keeps each file's order
