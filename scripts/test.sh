@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 HFZOO_CONSTRAINTS=none bash scripts/install.sh dev
 . .venv/bin/activate
 ruff check .
-# one pytest-xdist worker per core; each test file runs whole on one worker (its module fixtures are built once),
-# in collection order (tests/conftest.py puts the files holding slow tests first)
+# one pytest-xdist worker per core, each with its share of the cores' threads (tests/conftest.py sets torch's
+# threads and OMP_NUM_THREADS, which the processes a test starts inherit); each test file runs whole on one worker
+# (its module fixtures are built once), in collection order (tests/conftest.py puts the files holding slow tests first)
 python -m pytest -q -p no:cacheprovider -n auto --dist loadfile --no-loadscope-reorder tests "$@"
 python scripts/constraints.py tested --check

@@ -10,12 +10,48 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import torch
 from accelerate.state import AcceleratorState, GradientState
 from helpers import clean_env
 from helpers.paths import shared_data_dir
 
 from hfzoo.data.loading import clean_text
 from hfzoo.tokenization import train_bpe_tokenizer
+
+
+def _worker_threads() -> int | None:
+    """CPU threads per pytest-xdist worker: the cores divided among the workers (None outside xdist).
+
+    torch's default of one thread per core in every worker puts `workers x cores` threads on the cores; their
+    parallel regions then wait on threads that are not running (the whole suite on 2 cores: 2,169 s so, 1,515 s
+    with one thread per worker). The processes a test starts inherit `OMP_NUM_THREADS`, so that in-process runs
+    and the child processes they are compared with bit for bit use the same number of threads.
+    """
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers or "OMP_NUM_THREADS" in os.environ:  # not a worker, or the caller chose
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // int(workers))
+
+
+WORKER_THREADS = _worker_threads()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a pytest-xdist worker: `WORKER_THREADS` torch threads, and `OMP_NUM_THREADS` for the processes it starts."""
+    if WORKER_THREADS is not None:
+        os.environ["OMP_NUM_THREADS"] = str(WORKER_THREADS)
+        torch.set_num_threads(WORKER_THREADS)
+
+
+@pytest.fixture(autouse=True)
+def _worker_thread_count():
+    """Every test starts with the worker's thread count (a test or a job it runs in-process may change it)."""
+    if WORKER_THREADS is not None:
+        os.environ["OMP_NUM_THREADS"] = str(WORKER_THREADS)
+        if torch.get_num_threads() != WORKER_THREADS:
+            torch.set_num_threads(WORKER_THREADS)
+    yield
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
