@@ -72,7 +72,8 @@ def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool =
         The `Accelerator`.
 
     Raises:
-        ValueError: `--mixed_precision fp16` without a GPU, a multi-process launch that yields one
+        ValueError: `--mixed_precision fp16` or `--attn_implementation flex_attention` without a GPU (FlexAttention
+            has no backward pass on the CPU), a multi-process launch that yields one
             process, a DeepSpeed config that contradicts the recipe's arguments, or a launch config with keys or
             values its engine would ignore or refuse (`hfzoo.training.launch_config.check_launch`, checked first).
     """
@@ -88,6 +89,11 @@ def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool =
             else "mixed_precision fp16 (from the accelerate config)"
         )
         raise ValueError(f"{given} needs a GPU; on CPU use bf16 or no (or auto)")
+    if not on_gpu and getattr(args, "attn_implementation", None) == "flex_attention":
+        raise ValueError(
+            "--attn_implementation flex_attention cannot train on the CPU: PyTorch's FlexAttention has no backward "
+            "pass there; use sdpa or eager on the CPU (flex_attention trains on a GPU)"
+        )
     use_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes")
     use_fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true", "yes")
     launched = int(os.environ.get("WORLD_SIZE", "1"))

@@ -420,6 +420,16 @@ def test_lr_scheduler_kwargs_reach_the_schedule(checkpoints, glue_dir, tmp_path)
                       "--lr_scheduler_kwargs", '{"bogus": 1}'))  # fmt: skip
 
 
+def test_flex_attention_is_refused_on_the_cpu_before_the_data(checkpoints, glue_dir, tmp_path):
+    """PyTorch's FlexAttention has no backward pass on the CPU (see test_pretrain_recipe.py): refused up front."""
+    if torch.cuda.is_available():
+        pytest.skip("flex_attention trains on a GPU")
+    with pytest.raises(SystemExit, match="--attn_implementation flex_attention cannot train on the CPU"):
+        finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "run", "rte",
+                      "--attn_implementation", "flex_attention"))  # fmt: skip
+    assert not (tmp_path / "run" / "train_history.json").exists()
+
+
 def test_push_to_hub_a_stock_transformers_checkpoint(checkpoints, glue_dir, tmp_path, monkeypatch):
     """BERT (not hfzoo) with LoRA: the adapter folder is uploaded with a model card; checkpoints stay home."""
     from types import SimpleNamespace

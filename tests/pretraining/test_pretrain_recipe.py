@@ -268,6 +268,21 @@ def test_objective_bad_input(
     assert expected in run_main_expecting_error(argv, capsys)
 
 
+def test_flex_attention_is_refused_on_the_cpu_before_any_work(small_jsonl_xz, tokenizer_dir, tmp_path, capsys):
+    """PyTorch's FlexAttention has no backward pass on the CPU: the recipe says so before it reads any data."""
+    if torch.cuda.is_available():
+        pytest.skip("flex_attention trains on a GPU")
+    from torch.nn.attention.flex_attention import flex_attention
+
+    query = torch.randn(1, 1, 8, 8, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="backward on CPU"):  # the reason for the refusal still holds
+        flex_attention(query, query, query)
+    argv = base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "out", "--attn_implementation", "flex_attention")
+    message = run_main_expecting_error(argv, capsys)
+    assert "--attn_implementation flex_attention cannot train on the CPU" in message and "use sdpa or eager" in message
+    assert not (tmp_path / "out" / "checkpoints").exists() and not (tmp_path / "out" / "model.safetensors").exists()
+
+
 def test_training_curves_and_scheduler_kwargs(small_jsonl_xz, tokenizer_dir, tmp_path, monkeypatch):
     """training_curves.png holds the run's records (read back from the PNG); --lr_scheduler_kwargs shapes the schedule.
 
