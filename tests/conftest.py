@@ -23,9 +23,9 @@ def _worker_threads() -> int | None:
     """CPU threads per pytest-xdist worker: the cores divided among the workers (None outside xdist).
 
     torch's default of one thread per core in every worker puts `workers x cores` threads on the cores; their
-    parallel regions then wait on threads that are not running (the whole suite on 2 cores: 2,169 s so, 1,515 s
-    with one thread per worker). The processes a test starts inherit `OMP_NUM_THREADS`, so that in-process runs
-    and the child processes they are compared with bit for bit use the same number of threads.
+    parallel regions then wait on threads that are not running (the whole suite on 2 cores: 2,169 s that way,
+    1,515 s with one thread per worker). The processes a test starts inherit `OMP_NUM_THREADS`, so that
+    in-process runs and the child processes they are compared with bit for bit use the same number of threads.
     """
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not workers or "OMP_NUM_THREADS" in os.environ:  # not a worker, or the caller chose
@@ -37,21 +37,24 @@ def _worker_threads() -> int | None:
 WORKER_THREADS = _worker_threads()
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """In a pytest-xdist worker: `WORKER_THREADS` torch threads, and `OMP_NUM_THREADS` for the processes it starts."""
-    if WORKER_THREADS is not None:
-        os.environ["OMP_NUM_THREADS"] = str(WORKER_THREADS)
-        torch.set_num_threads(WORKER_THREADS)
-
-
-@pytest.fixture(autouse=True)
-def _worker_thread_count():
-    """Every test starts with the worker's thread count (a test or a job it runs in-process may change it)."""
+def _use_worker_threads() -> None:
     if WORKER_THREADS is not None:
         os.environ["OMP_NUM_THREADS"] = str(WORKER_THREADS)
         if torch.get_num_threads() != WORKER_THREADS:
             torch.set_num_threads(WORKER_THREADS)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a pytest-xdist worker: `WORKER_THREADS` torch threads, and `OMP_NUM_THREADS` for the processes it starts."""
+    _use_worker_threads()
+
+
+@pytest.fixture(autouse=True)
+def _worker_thread_count():
+    """After each test, the worker's thread count again (a test or a job it runs in-process may change it), so that
+    the next test and the module fixtures built before it start with it."""
     yield
+    _use_worker_threads()
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
