@@ -16,6 +16,7 @@ from helpers import clean_env
 from helpers.paths import shared_data_dir
 
 from hfzoo.data.loading import clean_text
+from hfzoo.study.parallel import cpu_cores
 from hfzoo.tokenization import train_bpe_tokenizer
 
 
@@ -30,8 +31,7 @@ def _worker_threads() -> int | None:
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not workers or "OMP_NUM_THREADS" in os.environ:  # not a worker, or the caller chose
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // int(workers))
+    return max(1, cpu_cores() // int(workers))
 
 
 WORKER_THREADS = _worker_threads()
