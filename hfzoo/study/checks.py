@@ -20,6 +20,7 @@ from ..finetuning import parse_glue_args
 from ..models.modern import STUDY_ROWS
 from ..models.narang import load_paper_table
 from ..pretraining import parse_pretrain_args
+from ..training.accelerator import check_device_arguments
 from ..training.optimization import create_scheduler
 from .arguments import glue_argv, glue_batch_size, pretrain_argv, sequences_per_device
 from .configs import _tokenizer_fields, build_variant_config, ladder_size_settings, planned_tokenizer_fields
@@ -166,11 +167,15 @@ def _check_ladder(settings: StudySettings, fields: dict[str, Any]) -> None:
 
 
 def _check_recipe_arguments(recipe: str, parse, argv: list[str]) -> None:
-    """Run a recipe's own argument checks on `argv`; raise ValueError with its message (argparse's included)."""
+    """Run a recipe's own argument checks on `argv`, then its device's; raise ValueError with the message.
+
+    The device's checks (`hfzoo.training.accelerator.check_device_arguments`) are the ones a run applies only
+    after the study's tokenizer and data are built. argparse's message is kept.
+    """
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            parse(argv)
+            check_device_arguments(parse(argv))
     except (SystemExit, ValueError) as err:
         reason = captured.getvalue().strip().splitlines()[-1] if captured.getvalue().strip() else str(err)
         raise ValueError(f"the {recipe} arguments are refused: {reason}") from None

@@ -47,6 +47,35 @@ def choose_mixed_precision(args: argparse.Namespace) -> PrecisionChoice:
     )
 
 
+def check_device_arguments(args: argparse.Namespace) -> None:
+    """Refuse the recipe arguments that the run's device cannot train with, before any data or model.
+
+    Called by `create_accelerator`, and by `hfzoo-study` on every run's arguments before the study starts.
+    The device is `run_device_type()`.
+
+    Args:
+        args: the recipe's arguments (`mixed_precision`, `attn_implementation`; either may be absent).
+
+    Raises:
+        ValueError: `fp16` mixed precision (from `--mixed_precision` or the accelerate config) without a GPU
+            (bf16 or fp32 are the CPU's), or `--attn_implementation flex_attention` without a GPU (PyTorch's
+            FlexAttention has no backward pass on the CPU).
+    """
+    precision = choose_mixed_precision(args)
+    if precision.mixed_precision == "fp16" and precision.device_type == "cpu":
+        given = (
+            "--mixed_precision fp16"
+            if precision.requested == "fp16"
+            else "mixed_precision fp16 (from the accelerate config)"
+        )
+        raise ValueError(f"{given} needs a GPU; on CPU use bf16 or no (or auto)")
+    if run_device_type() == "cpu" and getattr(args, "attn_implementation", None) == "flex_attention":
+        raise ValueError(
+            "--attn_implementation flex_attention cannot train on the CPU: PyTorch's FlexAttention has no backward "
+            "pass there; use sdpa or eager on the CPU (flex_attention trains on a GPU)"
+        )
+
+
 def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool = False) -> Accelerator:
     """Create the run's `Accelerator` for whatever `accelerate launch` started (one process, DDP or DeepSpeed).
 
@@ -72,28 +101,17 @@ def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool =
         The `Accelerator`.
 
     Raises:
-        ValueError: `--mixed_precision fp16` or `--attn_implementation flex_attention` without a GPU (FlexAttention
-            has no backward pass on the CPU), a multi-process launch that yields one
+        ValueError: arguments the device cannot train with (`check_device_arguments`: fp16 or
+            `--attn_implementation flex_attention` without a GPU), a multi-process launch that yields one
             process, a DeepSpeed config that contradicts the recipe's arguments, or a launch config with keys or
             values its engine would ignore or refuse (`hfzoo.training.launch_config.check_launch`, checked first).
     """
     check_launch()  # the launch config against its engine, before the engine starts (and before any data)
+    check_device_arguments(args)
     tune_glibc_malloc()
     disable_cudnn_sdpa()
     on_gpu = torch.cuda.is_available()
     precision = choose_mixed_precision(args)
-    if precision.mixed_precision == "fp16" and precision.device_type == "cpu":
-        given = (
-            "--mixed_precision fp16"
-            if precision.requested == "fp16"
-            else "mixed_precision fp16 (from the accelerate config)"
-        )
-        raise ValueError(f"{given} needs a GPU; on CPU use bf16 or no (or auto)")
-    if not on_gpu and getattr(args, "attn_implementation", None) == "flex_attention":
-        raise ValueError(
-            "--attn_implementation flex_attention cannot train on the CPU: PyTorch's FlexAttention has no backward "
-            "pass there; use sdpa or eager on the CPU (flex_attention trains on a GPU)"
-        )
     use_deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() in ("1", "true", "yes")
     use_fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true", "yes")
     launched = int(os.environ.get("WORLD_SIZE", "1"))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from helpers.study import DELETE, expect_refusal, tiny_study
+
+ON_A_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without a GPU")
 
 
 @pytest.mark.parametrize(
@@ -38,6 +41,18 @@ from helpers.study import DELETE, expect_refusal, tiny_study
         ({"train_batch_tokens": 100}, [], "train_batch_tokens=100 is not a multiple of block_size"),
         ({"glue_args": {"lora_dropout": 2}}, [], "the GLUE arguments are refused"),
         ({"lr_scheduler_type": "sometimes"}, [], "the pretraining arguments are refused"),
+        pytest.param(  # the run itself would refuse it only after the tokenizer and the data were built
+            {"mixed_precision": "fp16"},
+            [],
+            "the pretraining arguments are refused: --mixed_precision fp16 needs a GPU",
+            marks=ON_A_GPU,
+        ),
+        pytest.param(
+            {"attn_implementation": "flex_attention"},
+            [],
+            "the pretraining arguments are refused: --attn_implementation flex_attention cannot train on the CPU",
+            marks=ON_A_GPU,
+        ),
         ({}, ["--family", "gpt"], "family='gpt': choose one of ['encoder-decoder', 'decoder', 'encoder']"),
         (
             {"variants": ["Vanilla Transformer", "Funnel Transformer"]},
@@ -71,6 +86,8 @@ from helpers.study import DELETE, expect_refusal, tiny_study
         "batch-arithmetic",
         "bad-glue-args",
         "bad-pretrain-args",
+        "fp16-without-a-gpu",
+        "flex-attention-without-a-gpu",
         "unknown-family",
         "encoder-decoder-only-row",
         "cross-attention-row",
