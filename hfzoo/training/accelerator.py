@@ -69,7 +69,7 @@ def check_device_arguments(args: argparse.Namespace) -> None:
             else "mixed_precision fp16 (from the accelerate config)"
         )
         raise ValueError(f"{given} needs a GPU; on CPU use bf16 or no (or auto)")
-    if run_device_type() == "cpu" and getattr(args, "attn_implementation", None) == "flex_attention":
+    if precision.device_type == "cpu" and getattr(args, "attn_implementation", None) == "flex_attention":
         raise ValueError(
             "--attn_implementation flex_attention cannot train on the CPU: PyTorch's FlexAttention has no backward "
             "pass there; use sdpa or eager on the CPU (flex_attention trains on a GPU)"
