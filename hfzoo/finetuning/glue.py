@@ -52,8 +52,10 @@ from ..training.arguments import (
     add_muon_arguments,
     add_speed_arguments,
     check_muon_arguments,
+    check_scheduler_arguments,
     checkpointing_steps,
     muon_settings,
+    non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
@@ -102,7 +104,7 @@ def build_glue_parser() -> argparse.ArgumentParser:
     p.add_argument("--per_device_train_batch_size", type=positive_int, default=32)
     p.add_argument("--per_device_eval_batch_size", type=positive_int, default=128)
     p.add_argument("--learning_rate", type=positive_float, default=5e-5)
-    p.add_argument("--weight_decay", type=float, default=0.0)
+    p.add_argument("--weight_decay", type=non_negative_float, default=0.0, help="AdamW weight decay, >= 0")
     p.add_argument(
         "--optim",
         choices=("adamw_torch", "muon"),
@@ -332,6 +334,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
             that does not fit the position table), before any training.
     """
     task = get_glue_task(args.task_name)
+    check_scheduler_arguments(args)
     check_output_folder(args.output_dir)  # before any work: a run never ends unable to save its results
     check_model_path(args.model_name_or_path)
     if os.path.isdir(args.model_name_or_path):

@@ -16,10 +16,12 @@ import yaml
 from ..training.arguments import (
     SCHEDULERS,
     OneLineErrorParser,
+    adam_beta,
     add_muon_arguments,
     add_speed_arguments,
     check_muon_arguments,
     checkpointing_steps,
+    non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
@@ -156,12 +158,12 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     train.add_argument("--learning_rate", type=positive_float, default=5e-4, help="Peak AdamW learning rate.")
     train.add_argument(
         "--weight_decay",
-        type=float,
+        type=non_negative_float,
         default=0.0,
-        help="AdamW weight decay (not applied to biases, norms and embeddings' positions).",
+        help="AdamW weight decay, >= 0 (not applied to biases, norms and embeddings' positions).",
     )
-    train.add_argument("--adam_beta1", type=float, default=0.9)
-    train.add_argument("--adam_beta2", type=float, default=0.999)
+    train.add_argument("--adam_beta1", type=adam_beta, default=0.9, help="AdamW beta1, in [0, 1).")
+    train.add_argument("--adam_beta2", type=adam_beta, default=0.999, help="AdamW beta2, in [0, 1).")
     train.add_argument(
         "--optim",
         choices=("adamw_torch_fused", "adamw_torch", "muon"),

@@ -41,7 +41,7 @@ from ..models.presets import PRESETS, build_config, parse_overrides
 from ..outputs import removed_if_refused
 from ..training import faults
 from ..training.accelerator import choose_mixed_precision, create_accelerator
-from ..training.arguments import muon_settings
+from ..training.arguments import check_scheduler_arguments, muon_settings
 from ..training.checkpointing import (
     TRAIN_HISTORY_FILE,
     _check_resume_topology,
@@ -191,6 +191,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     Raises:
         ValueError, FileNotFoundError: bad input, with a message naming it.
     """
+    check_scheduler_arguments(args)
     prepare_output_dir(args.output_dir, checkpointing=args.checkpointing_steps is not None)
     accelerator = create_accelerator(args)
     precision = choose_mixed_precision(args)  # what the accelerator was created with

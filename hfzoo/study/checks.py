@@ -11,7 +11,6 @@ import io
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import AutoTokenizer
 
 from ..choices import choice_hint
@@ -21,7 +20,7 @@ from ..models.modern import STUDY_ROWS
 from ..models.narang import load_paper_table
 from ..pretraining import parse_pretrain_args
 from ..training.accelerator import check_device_arguments
-from ..training.optimization import create_scheduler
+from ..training.arguments import check_scheduler_arguments
 from .arguments import glue_argv, glue_batch_size, pretrain_argv, sequences_per_device
 from .configs import _tokenizer_fields, build_variant_config, ladder_size_settings, planned_tokenizer_fields
 from .ladder import budget_settings, parse_ladder
@@ -115,16 +114,19 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
         fields = planned_tokenizer_fields(settings.family, settings.tokenizer_vocab_size)
     for variant in settings.variants:
         build_variant_config(settings, variant, fields)
-    _check_ladder(settings, fields)
+    ladder = _check_ladder(settings, fields)
+    # the settings each pretraining stage runs with: a ladder's budgets each have their steps and schedule
+    stages = [budget_settings(settings, budget, {}) for budget in ladder.budgets] if ladder else [settings]
     scratch = Path("/nonexistent-study-check")
     tokenizer_path = settings.tokenizer_name or str(scratch)
     for variant in settings.variants:  # every row's arguments (a row may change them: the Muon rows)
-        argv = pretrain_argv(settings, tokenizer_path, scratch / "config.json", 0, scratch, num_processes, variant)
-        try:
-            _check_recipe_arguments("pretraining", parse_pretrain_args, argv)
-        except ValueError as err:
-            raise ValueError(f"variant {variant!r}: {err}") from None
-    pretrain = pretrain_argv(settings, tokenizer_path, scratch / "config.json", 0, scratch, num_processes)
+        for stage in stages:
+            argv = pretrain_argv(stage, tokenizer_path, scratch / "config.json", 0, scratch, num_processes, variant)
+            try:
+                _check_recipe_arguments("pretraining", parse_pretrain_args, argv)
+            except ValueError as err:
+                raise ValueError(f"variant {variant!r}: {err}") from None
+    pretrain = pretrain_argv(stages[-1], tokenizer_path, scratch / "config.json", 0, scratch, num_processes)
     for task in settings.glue_tasks:
         argv = glue_argv(settings, task, scratch, None, 0, scratch, num_processes)
         _check_recipe_arguments("GLUE", parse_glue_args, argv)
@@ -139,14 +141,17 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
     return {"tokenizer_fields": fields}
 
 
-def _check_ladder(settings: StudySettings, fields: dict[str, Any]) -> None:
-    """Refuse a bad ladder before any training: its keys, every row's config at every size, every budget's schedule.
+def _check_ladder(settings: StudySettings, fields: dict[str, Any]):
+    """Refuse a bad ladder before any training: its keys and every row's config at every size.
 
-    Each budget's schedule is built once, on a dummy parameter, so that bad `lr_scheduler_kwargs` fail here.
+    Each budget's recipe arguments, its schedule among them, are checked with the other runs' (`check_settings`).
+
+    Returns:
+        The parsed `Ladder`, or None for a study without one.
     """
     ladder = parse_ladder(settings)
     if ladder is None:
-        return
+        return None
     for hidden_size in ladder.hidden_sizes:
         sized = ladder_size_settings(settings, hidden_size)
         for variant in settings.variants:
@@ -154,28 +159,22 @@ def _check_ladder(settings: StudySettings, fields: dict[str, Any]) -> None:
                 build_variant_config(sized, variant, fields)
             except ValueError as err:
                 raise ValueError(f"ladder.hidden_sizes: {hidden_size}: {err}") from None
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    for budget in ladder.budgets:
-        staged = budget_settings(settings, budget, {})
-        create_scheduler(
-            settings.lr_scheduler_type,
-            optimizer,
-            num_warmup_steps=settings.num_warmup_steps,
-            num_training_steps=budget.train_steps,
-            scheduler_kwargs=staged.lr_scheduler_kwargs,
-        )
+    return ladder
 
 
 def _check_recipe_arguments(recipe: str, parse, argv: list[str]) -> None:
-    """Run a recipe's own argument checks on `argv`, then its device's; raise ValueError with the message.
+    """Run a recipe's own argument checks on `argv`, then its device's and its schedule's; raise ValueError.
 
-    The device's checks (`hfzoo.training.accelerator.check_device_arguments`) are the ones a run applies only
-    after the study's tokenizer and data are built. argparse's message is kept.
+    The device's checks (`hfzoo.training.accelerator.check_device_arguments`) and the schedule's
+    (`hfzoo.training.arguments.check_scheduler_arguments`) are the ones a run applies only after the study's
+    tokenizer and data are built. argparse's message is kept.
     """
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            check_device_arguments(parse(argv))
+            args = parse(argv)
+            check_device_arguments(args)
+            check_scheduler_arguments(args)
     except (SystemExit, ValueError) as err:
         reason = captured.getvalue().strip().splitlines()[-1] if captured.getvalue().strip() else str(err)
         raise ValueError(f"the {recipe} arguments are refused: {reason}") from None

@@ -11,10 +11,11 @@ import argparse
 import re
 from typing import Any
 
+import torch
 import yaml
 
 from ..choices import choice_hint
-from .optimization import MUON_ADJUST_LR_FNS, MuonSettings
+from .optimization import MUON_ADJUST_LR_FNS, MuonSettings, create_scheduler
 
 SCHEDULERS = (
     "linear",
@@ -72,6 +73,58 @@ def positive_float(value: str) -> float:
     return number
 
 
+def non_negative_float(value: str) -> float:
+    """Argparse type: a float >= 0 (a weight decay, a gradient-norm bound).
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or < 0.
+    """
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}") from None
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {number}")
+    return number
+
+
+def adam_beta(value: str) -> float:
+    """Argparse type for `--adam_beta1` / `--adam_beta2`: a float in [0, 1), the range AdamW accepts.
+
+    Source: Kingma & Ba 2015 ("Adam", Algorithm 1: beta1, beta2 in [0, 1)); torch.optim.AdamW raises on
+    other values, but only once the optimizer is built, after the data is read.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or outside [0, 1).
+    """
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {value!r}") from None
+    if not 0 <= number < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {number}")
+    return number
+
+
+def torch_compile_backend(value: str) -> str:
+    """Argparse type for `--torch_compile_backend`: a backend name `torch.compile` knows.
+
+    The names are `torch.compiler.list_backends(exclude_tags=())`: torch's own backends (debug and
+    experimental ones included) and those that installed packages register through the
+    `torch_dynamo_backends` entry point. Without this check an unknown name fails only at the first
+    compiled call, after the data is read.
+
+    Raises:
+        argparse.ArgumentTypeError: an unknown backend; the message lists the known ones.
+    """
+    import torch.compiler
+
+    known = torch.compiler.list_backends(exclude_tags=())
+    if value not in known:
+        raise argparse.ArgumentTypeError(f"unknown torch.compile backend {value!r}; known backends: {', '.join(known)}")
+    return value
+
+
 #: `--torch_compile_mode` choices (torch.compile's modes, as transformers' `TrainingArguments.torch_compile_mode`).
 TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 #: `--torch_compile_scope` choices (`hfzoo.training.compilation.compile_model`): each block of the repeated layers,
@@ -113,6 +166,7 @@ def add_speed_arguments(group) -> None:
     )
     group.add_argument(
         "--torch_compile_backend",
+        type=torch_compile_backend,
         default=None,
         help="torch.compile backend (default inductor; implies --torch_compile).",
     )
@@ -238,3 +292,29 @@ def muon_settings(args: argparse.Namespace) -> MuonSettings | None:
         return None
     given = {field: getattr(args, flag) for flag, field in MUON_FLAGS.items() if getattr(args, flag) is not None}
     return MuonSettings(**given)
+
+
+def check_scheduler_arguments(args: argparse.Namespace) -> None:
+    """Build the learning-rate schedule of `args` once, on a dummy parameter, before any data is read.
+
+    A `--lr_scheduler_kwargs` argument the schedule does not take, or a required one missing (`min_lr` or
+    `min_lr_rate` for `cosine_with_min_lr`), otherwise fails only when a job builds the schedule after reading
+    and tokenizing the data. The total is `--max_train_steps` when given, else a long placeholder (the real total
+    is known once the data is counted; the job builds the schedule again then). The jobs call it first thing.
+
+    Args:
+        args: parsed arguments with `lr_scheduler_type`, `lr_scheduler_kwargs`, `num_warmup_steps` and
+            `max_train_steps`.
+
+    Raises:
+        ValueError: `create_scheduler`'s one-line message naming `--lr_scheduler_type` and `--lr_scheduler_kwargs`.
+    """
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    total = args.max_train_steps or args.num_warmup_steps + 1_000_000
+    create_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=args.num_warmup_steps,
+        num_training_steps=total,
+        scheduler_kwargs=args.lr_scheduler_kwargs,
+    )

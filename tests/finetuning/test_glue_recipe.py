@@ -175,6 +175,24 @@ def test_bad_input_fails_before_training(change, message, checkpoints, glue_dir,
     assert not out.exists()  # nothing trained or written
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--weight_decay", "-0.1", "--weight_decay: must be >= 0, got -0.1"),
+        ("--torch_compile_backend", "indcutor", "unknown torch.compile backend 'indcutor'; known backends: "),
+    ],
+    ids=["weight-decay", "compile-backend"],
+)
+def test_bad_flag_values_are_refused_when_parsed(flag, value, message, checkpoints, glue_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "sst2", flag, value))
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert message in error and "\n" not in error
+    assert not out.exists()
+
+
 @pytest.mark.slow
 def test_sweep_writes_markdown_and_json_tables(checkpoints, glue_dir, tmp_path):
     out = tmp_path / "sweep"
@@ -415,9 +433,11 @@ def test_lr_scheduler_kwargs_reach_the_schedule(checkpoints, glue_dir, tmp_path)
                   "cosine_with_min_lr", "--lr_scheduler_kwargs", '{"min_lr_rate": 0.5}'))  # fmt: skip
     rates = [r["learning_rate"] for r in json.loads((out / "train_history.json").read_text())["log_history"]]
     assert rates[-1] == pytest.approx(0.5e-3)  # the floor of cosine_with_min_lr: min_lr_rate x --learning_rate 1e-3
+    # refused before the model and the data are read: a missing data folder is not reached
     with pytest.raises(SystemExit, match=r"--lr_scheduler_kwargs \{'bogus': 1\}: .*bogus"):
-        finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "bad", "rte", "--lr_scheduler_type", "cosine",
-                      "--lr_scheduler_kwargs", '{"bogus": 1}'))  # fmt: skip
+        finetune(argv(checkpoints["encoder-tiny"], tmp_path / "no-data", tmp_path / "bad", "rte", "--lr_scheduler_type",
+                      "cosine", "--lr_scheduler_kwargs", '{"bogus": 1}'))  # fmt: skip
+    assert not (tmp_path / "bad").exists()
 
 
 def test_flex_attention_is_refused_on_the_cpu_before_the_data(checkpoints, glue_dir, tmp_path):

@@ -39,10 +39,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
         (lambda a, tmp: a.extend(["--gradient_accumulation_steps", "0"]), "--gradient_accumulation_steps: must be a positive"),
         (lambda a, tmp: a.extend(["--config_name", "decoder-huge"]), "is neither a preset"),
         (lambda a, tmp: a.extend(["--resume_from_checkpoint", str(tmp / "nowhere")]), "not a checkpoint folder"),
+        (lambda a, tmp: a.extend(["--weight_decay", "-0.1"]), "--weight_decay: must be >= 0, got -0.1"),
+        (lambda a, tmp: a.extend(["--adam_beta1", "1.5"]), "--adam_beta1: must be in [0, 1), got 1.5"),
+        (lambda a, tmp: a.extend(["--adam_beta2", "1"]), "--adam_beta2: must be in [0, 1), got 1.0"),
+        (lambda a, tmp: a.extend(["--torch_compile_backend", "indcutor"]), "unknown torch.compile backend 'indcutor'; known backends: "),
     ],
     ids=[
         "missing-file", "empty-file", "text-column", "tokenizer-too-large", "block-size", "unknown-override",
-        "bad-override-value", "batch-size", "steps", "accumulation", "preset", "resume-path",
+        "bad-override-value", "batch-size", "steps", "accumulation", "preset", "resume-path", "weight-decay",
+        "adam-beta1", "adam-beta2", "compile-backend",
     ],
 )  # fmt: skip
 def test_bad_input_fails_before_training(change, expected, small_jsonl_xz, tokenizer_dir, tmp_path, capsys):
@@ -322,6 +327,12 @@ def test_bad_lr_scheduler_kwargs_fail_before_training(small_jsonl_xz, tokenizer_
         base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "out", "--lr_scheduler_type", "cosine_with_min_lr"), capsys
     )
     assert "--lr_scheduler_kwargs {}: One of min_lr or min_lr_rate should be set" in message
+    # refused before any file is read: a missing training file is not reached
+    argv = base_args(
+        tmp_path / "missing.jsonl", tokenizer_dir, tmp_path / "out", "--lr_scheduler_kwargs", '{"bogus": 1}'
+    )
+    message = run_main_expecting_error(argv, capsys)
+    assert "--lr_scheduler_type linear with --lr_scheduler_kwargs {'bogus': 1}: " in message
     message = run_main_expecting_error(
         base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "out", "--lr_scheduler_kwargs", "[1, 2]"), capsys
     )
