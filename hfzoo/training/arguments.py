@@ -1,8 +1,10 @@
-"""Command-line argument types and flags shared by the jobs' parsers (pretraining, GLUE finetuning, study).
+"""Command-line argument types, flags and checks shared by the jobs (pretraining, GLUE finetuning, study).
 
-Each type (`positive_int`, `positive_float`, `scheduler_kwargs`, ...) checks one value when the command line
-is parsed, so bad input fails in a second with a message naming the flag; `OneLineErrorParser` prints
-that message on one line. The pretraining parser itself is `hfzoo.pretraining.arguments`.
+Each type (`positive_int`, `positive_float`, `adam_beta`, `torch_compile_backend`, `scheduler_kwargs`, ...)
+checks one value when the command line is parsed, so bad input fails in a second with a message naming the
+flag; `OneLineErrorParser` prints that message on one line. `check_muon_arguments` and
+`check_scheduler_arguments` check values together, before any data is read. The pretraining parser itself is
+`hfzoo.pretraining.arguments`.
 """
 
 from __future__ import annotations
@@ -117,8 +119,6 @@ def torch_compile_backend(value: str) -> str:
     Raises:
         argparse.ArgumentTypeError: an unknown backend; the message lists the known ones.
     """
-    import torch.compiler
-
     known = torch.compiler.list_backends(exclude_tags=())
     if value not in known:
         raise argparse.ArgumentTypeError(f"unknown torch.compile backend {value!r}; known backends: {', '.join(known)}")
