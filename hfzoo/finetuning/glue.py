@@ -76,14 +76,50 @@ from .loop import GlueRun, check_glue_resume_layout, resolve_glue_resume, train_
 from .outputs import glue_results, save_glue_outputs
 
 __all__ = [
+    "DEFAULT_MAX_LENGTH",
     "build_glue_model",
     "build_glue_parser",
     "load_glue_data",
     "main",
     "parse_glue_args",
     "prepare_glue",
+    "resolve_max_length",
     "run_glue",
 ]
+
+
+#: `--max_length` when not given (run_glue's `max_seq_length`), lowered to a smaller model's position table.
+DEFAULT_MAX_LENGTH = 128
+
+
+def resolve_max_length(config, max_length: int | None) -> int:
+    """The tokens per example: `--max_length`, or its default within the model's position table.
+
+    Truncation to `max_length` keeps examples within the position table only when `max_length` itself fits
+    there: a longer one would fail mid-training at the first example over `max_position_embeddings` tokens.
+
+    Args:
+        config: the model config; a config without `max_position_embeddings` (T5's relative positions) or with
+            `position_embedding_type="none"` has no limit.
+        max_length: `--max_length` (tokens), or None for `DEFAULT_MAX_LENGTH`.
+
+    Returns:
+        `max_length` when given; otherwise `min(DEFAULT_MAX_LENGTH, max_position_embeddings)`.
+
+    Raises:
+        ValueError: a given `max_length` longer than `max_position_embeddings`; the message gives both numbers.
+    """
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is None or getattr(config, "position_embedding_type", None) == "none":
+        return max_length or DEFAULT_MAX_LENGTH
+    if max_length is None:
+        return min(DEFAULT_MAX_LENGTH, limit)
+    if max_length > limit:
+        raise ValueError(
+            f"--max_length {max_length} is longer than the model's max_position_embeddings={limit}; "
+            f"use --max_length <= {limit}"
+        )
+    return max_length
 
 
 def build_glue_parser() -> argparse.ArgumentParser:
@@ -94,7 +130,13 @@ def build_glue_parser() -> argparse.ArgumentParser:
     p.add_argument("--data_dir", default=None, help="folder in the GLUE layout (<dir>/SST-2/train.tsv, ...)")
     p.add_argument("--train_file", default=None, help="training file: TSV in the task's GLUE layout, CSV or JSON")
     p.add_argument("--validation_file", default=None, help="dev file: TSV in the task's GLUE layout, CSV or JSON")
-    p.add_argument("--max_length", type=positive_int, default=128, help="tokens per example after truncation")
+    p.add_argument(
+        "--max_length",
+        type=positive_int,
+        default=None,
+        help=f"tokens per example after truncation (default {DEFAULT_MAX_LENGTH}, or the model's "
+        "max_position_embeddings when smaller; a larger value than that is refused)",
+    )
     p.add_argument("--pad_to_max_length", action="store_true", help="pad every batch to --max_length")
     p.add_argument(
         "--group_by_length",
@@ -209,7 +251,8 @@ def load_glue_data(args: argparse.Namespace, task: GlueTask, tokenizer, accelera
 
     Args:
         args: `data_dir` / `train_file` / `validation_file`, `max_train_samples` (a seeded random
-            subset), `max_eval_samples` (the first rows), `max_length`, `pad_to_max_length`, `seed`.
+            subset), `max_eval_samples` (the first rows), `max_length` (as `resolve_max_length` gives it; None
+            is refused), `pad_to_max_length`, `seed`.
         task: the GLUE task.
         tokenizer: the model's tokenizer.
         accelerator: the main process tokenizes first (datasets' cache serves the others).
@@ -219,8 +262,11 @@ def load_glue_data(args: argparse.Namespace, task: GlueTask, tokenizer, accelera
         `validation_matched` and `validation_mismatched`); columns are the tokenizer's plus `labels`.
 
     Raises:
-        ValueError, FileNotFoundError: missing files or bad rows (see `hfzoo.data.glue.load_glue`).
+        ValueError, FileNotFoundError: missing files or bad rows (see `hfzoo.data.glue.load_glue`); `max_length`
+            None (`prepare_glue` resolves it).
     """
+    if args.max_length is None:
+        raise ValueError("load_glue_data needs args.max_length: resolve it with resolve_max_length(config, ...)")
     raw = load_glue(task, args.data_dir, args.train_file, args.validation_file)
     if args.max_train_samples is not None and args.max_train_samples < len(raw["train"]):
         raw["train"] = raw["train"].shuffle(seed=args.seed).select(range(args.max_train_samples))
@@ -330,8 +376,8 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
         A `GlueRun` whose model, optimizer, scheduler and dataloaders are `accelerator.prepare`d.
 
     Raises:
-        ValueError, FileNotFoundError: bad input (unknown task, missing files, bad rows, a prefix
-            that does not fit the position table), before any training.
+        ValueError, FileNotFoundError: bad input (unknown task, missing files, bad rows, a `--max_length`
+            or a prefix that does not fit the position table), before any training.
     """
     task = get_glue_task(args.task_name)
     check_scheduler_arguments(args)
@@ -339,8 +385,9 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
     check_model_path(args.model_name_or_path)
     if os.path.isdir(args.model_name_or_path):
         check_weight_files(args.model_name_or_path)  # names a truncated or corrupt weight file, before any work
+    config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    args.max_length = resolve_max_length(config, args.max_length)
     if args.peft == "prefix":
-        config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
         check_prefix_fits(config, args.num_virtual_tokens, args.max_length)
     resume_path = resolve_glue_resume(args)
     accelerator = create_accelerator(args, sync_with_dataloader=True)
@@ -439,8 +486,8 @@ def run_glue(args: argparse.Namespace) -> dict[str, Any]:
         The results dict written to `all_results.json` (see `glue_results`).
 
     Raises:
-        ValueError, FileNotFoundError: bad input (unknown task, missing files, bad rows, a prefix
-            that does not fit the position table), before any training.
+        ValueError, FileNotFoundError: bad input (unknown task, missing files, bad rows, a `--max_length`
+            or a prefix that does not fit the position table), before any training.
     """
     run = prepare_glue(args)
     start = time.perf_counter()

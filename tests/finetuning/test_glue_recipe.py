@@ -26,6 +26,7 @@ from transformers import (
 import hfzoo  # noqa: F401
 from hfzoo.data.glue import GLUE_TASKS, load_glue
 from hfzoo.finetuning.adapters import build_peft_config, count_parameters, load_peft_model, wrap_with_peft
+from hfzoo.finetuning.glue import DEFAULT_MAX_LENGTH, resolve_max_length
 from hfzoo.finetuning.glue import main as finetune
 from hfzoo.finetuning.loop import GLUE_STATE
 from hfzoo.metrics import load_glue_metric
@@ -148,6 +149,10 @@ def test_lora_trains_under_three_percent_of_minilm(tmp_path):
         ("missing-column", r"lacks column\(s\) \['sentence2'\]"),
         ("bad-label", "label 'maybe' is not one of"),
         ("prefix-too-long", r"--num_virtual_tokens 150 \+ --max_length 32 = 182 positions exceeds"),
+        (
+            "max-length",
+            r"--max_length 1000 is longer than the model's max_position_embeddings=\d+; use --max_length <=",
+        ),
     ],
 )
 def test_bad_input_fails_before_training(change, message, checkpoints, glue_dir, tmp_path, capsys):
@@ -162,6 +167,8 @@ def test_bad_input_fails_before_training(change, message, checkpoints, glue_dir,
         write_tsv(data / "RTE" / "dev.tsv", "rte", header=["index", "sentence1", "hypothesis", "label"])
     elif change == "bad-label":
         write_tsv(data / "RTE" / "train.tsv", "rte", rows=[(("a", "b"), "maybe", None)])
+    elif change == "max-length":  # refused even though truncation would keep RTE's short examples within it
+        extra = ["--max_length", "1000"]
     else:
         extra = ["--peft", "prefix", "--num_virtual_tokens", "150"]
     out = tmp_path / "out"
@@ -173,6 +180,16 @@ def test_bad_input_fails_before_training(change, message, checkpoints, glue_dir,
     assert re.search(message, str(exit_info.value)), str(exit_info.value)
     assert "\n" not in str(exit_info.value)
     assert not out.exists()  # nothing trained or written
+
+
+def test_max_length_defaults_to_what_the_position_table_holds():
+    small = build_config("encoder-tiny", "max_position_embeddings=64")
+    large = build_config("encoder-tiny", "max_position_embeddings=512")
+    assert resolve_max_length(small, None) == 64 < DEFAULT_MAX_LENGTH
+    assert resolve_max_length(large, None) == DEFAULT_MAX_LENGTH
+    assert resolve_max_length(small, 64) == 64 and resolve_max_length(large, 300) == 300
+    with pytest.raises(ValueError, match="--max_length 65 is longer than the model's max_position_embeddings=64"):
+        resolve_max_length(small, 65)
 
 
 @pytest.mark.parametrize(
