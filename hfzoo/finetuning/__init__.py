@@ -16,9 +16,10 @@ _EXPORTS = {
     "cli": "glue",
     "main": "glue",
     "parse_glue_args": "glue",
+    "resolve_max_length": "glue",
 }
 
-__all__ = ["cli", "main", "parse_glue_args"]
+__all__ = ["cli", "main", "parse_glue_args", "resolve_max_length"]
 
 
 def __getattr__(name: str):

@@ -59,6 +59,7 @@ from ..training.arguments import (
     non_negative_int,
     positive_float,
     positive_int,
+    random_seed,
     scheduler_kwargs,
 )
 from ..training.compilation import compile_model
@@ -183,7 +184,7 @@ def build_glue_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="save the last epoch's weights (default: the best epoch's by the task's main metric)",
     )
-    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--seed", type=random_seed, default=42)
     p.add_argument(
         "--mixed_precision",
         choices=MIXED_PRECISION_CHOICES,

@@ -16,6 +16,7 @@ import importlib
 _EXPORTS = {
     "PretrainingRun": "loop",
     "build_pretrain_parser": "arguments",
+    "check_block_size": "loop",
     "cli": "loop",
     "main": "loop",
     "pack_pretraining_data": "loop",
@@ -26,6 +27,7 @@ _EXPORTS = {
 __all__ = [
     "PretrainingRun",
     "build_pretrain_parser",
+    "check_block_size",
     "cli",
     "main",
     "pack_pretraining_data",

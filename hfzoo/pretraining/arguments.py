@@ -25,6 +25,7 @@ from ..training.arguments import (
     non_negative_int,
     positive_float,
     positive_int,
+    random_seed,
     scheduler_kwargs,
 )
 from ..training.objectives import OBJECTIVES
@@ -205,7 +206,7 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
         help="auto (default): bf16 on a GPU or CPU that computes it natively (Ampere and later; AVX512-BF16 or AMX "
         "CPUs), else fp32, unless the accelerate config names bf16 or fp16 (hfzoo.training.precision); no: fp32.",
     )
-    train.add_argument("--seed", type=int, default=42, help="Random seed.")
+    train.add_argument("--seed", type=random_seed, default=42, help="Random seed.")
     train.add_argument(
         "--max_nonfinite_steps",
         type=non_negative_int,
@@ -222,7 +223,7 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     )
     train.add_argument(
         "--eval_seed",
-        type=int,
+        type=random_seed,
         default=None,
         help="Seed of the validation batches' random masking / span corruption (default: --seed). Fix it to "
         "compare runs of different seeds on the same held-out examples.",

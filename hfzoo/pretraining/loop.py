@@ -140,9 +140,22 @@ def build_model_config(args: argparse.Namespace, tokenizer) -> transformers.PreT
     return config
 
 
-def _check_block_size(args: argparse.Namespace, config) -> int:
+def check_block_size(block_size: int | None, config) -> int:
+    """The tokens per training block: `--block_size`, else 1024 or the model's position table when smaller.
+
+    Args:
+        block_size: `--block_size` (tokens), or None for the default.
+        config: the model config; one without `max_position_embeddings` or with `position_embedding_type="none"`
+            has no limit.
+
+    Returns:
+        The block size in tokens.
+
+    Raises:
+        ValueError: a `block_size` larger than `max_position_embeddings`; the message gives both numbers.
+    """
     max_positions = getattr(config, "max_position_embeddings", None)
-    block_size = args.block_size or min(1024, max_positions or 1024)
+    block_size = block_size or min(1024, max_positions or 1024)
     if max_positions is not None and getattr(config, "position_embedding_type", "learned") != "none":
         if block_size > max_positions:
             raise ValueError(f"--block_size {block_size} is larger than max_position_embeddings={max_positions}")
@@ -227,7 +240,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         resharded_from = _check_resume_topology(resume_path, accelerator, args)
         if resharded_from is not None and accelerator.distributed_type == DistributedType.DEEPSPEED:
             enable_universal_checkpoint_loading(accelerator)
-    block_size = _check_block_size(args, config)
+    block_size = check_block_size(args.block_size, config)
     objective = get_objective(args.objective)
     collator, raw_block_size = objective.build_collator(args, tokenizer, block_size)
     check_input_files(args.train_file, args.validation_file, args.streaming)  # every process, before any waits

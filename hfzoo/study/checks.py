@@ -15,12 +15,12 @@ from transformers import AutoTokenizer
 
 from ..choices import choice_hint
 from ..data.glue import get_glue_task
-from ..finetuning import parse_glue_args
+from ..finetuning import parse_glue_args, resolve_max_length
 from ..models.modern import STUDY_ROWS
 from ..models.narang import load_paper_table
-from ..pretraining import parse_pretrain_args
+from ..pretraining import check_block_size, parse_pretrain_args
 from ..training.accelerator import check_device_arguments
-from ..training.arguments import check_scheduler_arguments
+from ..training.arguments import MAX_SEED, check_scheduler_arguments
 from .arguments import glue_argv, glue_batch_size, pretrain_argv, sequences_per_device
 from .configs import _tokenizer_fields, build_variant_config, ladder_size_settings, planned_tokenizer_fields
 from .ladder import budget_settings, parse_ladder
@@ -32,9 +32,10 @@ from .settings import StudySettings, _glue_files
 def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str, Any]:
     """Refuse bad settings before anything is trained; return what the runs need.
 
-    Checks: at least one variant and seed, known and distinct variant names, at least `EARLY_FRACTION`
-    steps, the data, tokenizer, GLUE and paper files, every variant's config (built with the planned
-    vocabulary), the recipes' own argument checks on every run's arguments, and the batch arithmetic.
+    Checks: at least one variant and seed, known and distinct variant names, distinct seeds in [0, 2**32 - 1],
+    at least `EARLY_FRACTION` steps, the data, tokenizer, GLUE and paper files, every variant's config (built with
+    the planned vocabulary) with `block_size` and `glue_max_length` within its position table, the recipes' own
+    argument checks on every run's arguments, and the batch arithmetic.
 
     Args:
         settings: from `load_settings`.
@@ -62,6 +63,9 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
         values = getattr(settings, key)
         if len(set(values)) != len(values):
             raise ValueError(f"{key}: {values} lists an entry twice")
+    out_of_range = [s for s in settings.seeds if not 0 <= s <= MAX_SEED]
+    if out_of_range:
+        raise ValueError(f"seeds: {out_of_range} outside [0, {MAX_SEED}] (the seeds NumPy's generator accepts)")
     slugs = [_slug(v) for v in settings.variants]
     if len(set(slugs)) != len(slugs):
         raise ValueError(f"variants: {settings.variants} contain two names with the same folder name")
@@ -112,8 +116,17 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
         fields = _tokenizer_fields(tokenizer)
     else:  # the ids the study's tokenizer will get, its planned size
         fields = planned_tokenizer_fields(settings.family, settings.tokenizer_vocab_size)
-    for variant in settings.variants:
-        build_variant_config(settings, variant, fields)
+    for variant in settings.variants:  # the lengths each run's recipes refuse only once the tokenizer is built
+        config = build_variant_config(settings, variant, fields)
+        try:
+            check_block_size(settings.block_size, config)
+        except ValueError as err:
+            raise ValueError(f"variant {variant!r}: the pretraining arguments are refused: {err}") from None
+        try:
+            if settings.glue_tasks:
+                resolve_max_length(config, settings.glue_max_length)
+        except ValueError as err:
+            raise ValueError(f"variant {variant!r}: the GLUE arguments are refused: {err}") from None
     ladder = _check_ladder(settings, fields)
     # the settings each pretraining stage runs with: a ladder's budgets each have their steps and schedule
     stages = [budget_settings(settings, budget, {}) for budget in ladder.budgets] if ladder else [settings]

@@ -1,8 +1,8 @@
 """Command-line argument types, flags and checks shared by the jobs (pretraining, GLUE finetuning, study).
 
-Each type (`positive_int`, `positive_float`, `adam_beta`, `torch_compile_backend`, `scheduler_kwargs`, ...)
-checks one value when the command line is parsed, so bad input fails in a second with a message naming the
-flag; `OneLineErrorParser` prints that message on one line. `check_muon_arguments` and
+Each type (`positive_int`, `positive_float`, `random_seed`, `adam_beta`, `torch_compile_backend`,
+`scheduler_kwargs`, ...) checks one value when the command line is parsed, so bad input fails in a second with a
+message naming the flag; `OneLineErrorParser` prints that message on one line. `check_muon_arguments` and
 `check_scheduler_arguments` check values together, before any data is read. The pretraining parser itself is
 `hfzoo.pretraining.arguments`.
 """
@@ -58,6 +58,26 @@ def non_negative_int(value: str) -> int:
         argparse.ArgumentTypeError: not an integer, or < 0.
     """
     return _int_at_least(value, 0, "an integer >= 0")
+
+
+#: The largest seed every random generator a run seeds accepts (`accelerate.utils.set_seed` seeds NumPy's, whose
+#: seeds are 32-bit: 0 to 2**32 - 1).
+MAX_SEED = 2**32 - 1
+
+
+def random_seed(value: str) -> int:
+    """Argparse type for `--seed` / `--eval_seed`: an integer in [0, `MAX_SEED`].
+
+    Python's and torch's generators take any integer, NumPy's only this range; without this check a negative
+    seed fails in `set_seed` ("Seed must be between 0 and 2**32 - 1"), after the data is read.
+
+    Raises:
+        argparse.ArgumentTypeError: not an integer, or outside [0, 2**32 - 1].
+    """
+    number = _int_at_least(value, 0, f"an integer in [0, {MAX_SEED}]")
+    if number > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, {MAX_SEED}], got {number}")
+    return number
 
 
 def positive_float(value: str) -> float:

@@ -43,11 +43,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
         (lambda a, tmp: a.extend(["--adam_beta1", "1.5"]), "--adam_beta1: must be in [0, 1), got 1.5"),
         (lambda a, tmp: a.extend(["--adam_beta2", "1"]), "--adam_beta2: must be in [0, 1), got 1.0"),
         (lambda a, tmp: a.extend(["--torch_compile_backend", "indcutor"]), "unknown torch.compile backend 'indcutor'; known backends: "),
+        (lambda a, tmp: a.extend(["--seed", "-1"]), "--seed: must be an integer in [0, 4294967295], got -1"),
+        (lambda a, tmp: a.extend(["--eval_seed", str(2**32)]), "--eval_seed: must be an integer in [0, 4294967295], got 4294967296"),
     ],
     ids=[
         "missing-file", "empty-file", "text-column", "tokenizer-too-large", "block-size", "unknown-override",
         "bad-override-value", "batch-size", "steps", "accumulation", "preset", "resume-path", "weight-decay",
-        "adam-beta1", "adam-beta2", "compile-backend",
+        "adam-beta1", "adam-beta2", "compile-backend", "seed", "eval-seed",
     ],
 )  # fmt: skip
 def test_bad_input_fails_before_training(change, expected, small_jsonl_xz, tokenizer_dir, tmp_path, capsys):

@@ -7,6 +7,7 @@ import torch
 from helpers.study import DELETE, expect_refusal, tiny_study
 
 ON_A_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without a GPU")
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "head_dim": 16, "num_hidden_layers": 2}
 
 
 @pytest.mark.parametrize(
@@ -67,6 +68,19 @@ ON_A_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="refused only wi
             "encoder-decoder (hfzoo_encoder_decoder) only",
         ),
         ({"config_name": "decoder-tiny", "config_overrides": {}}, [], "config_name 'decoder-tiny' is a hfzoo_decoder"),
+        ({"seeds": [0, -1]}, [], "seeds: [-1] outside [0, 4294967295]"),
+        (
+            {"config_overrides": {**TINY, "max_position_embeddings": 16}},
+            [],
+            "variant 'Vanilla Transformer': the pretraining arguments are refused: --block_size 32 is larger than "
+            "max_position_embeddings=16",
+        ),
+        (
+            {"config_overrides": {**TINY, "max_position_embeddings": 64}, "glue_max_length": 100},
+            [],
+            "variant 'Vanilla Transformer': the GLUE arguments are refused: --max_length 100 is longer than the "
+            "model's max_position_embeddings=64",
+        ),
     ],
     ids=[
         "unknown-variant",
@@ -92,6 +106,9 @@ ON_A_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="refused only wi
         "encoder-decoder-only-row",
         "cross-attention-row",
         "base-of-another-family",
+        "negative-seed",
+        "block-beyond-the-position-table",
+        "glue-length-beyond-the-position-table",
     ],
 )
 def test_bad_input_is_refused_before_anything_is_trained(changes, flags, expected, inputs, tmp_path, capsys):
