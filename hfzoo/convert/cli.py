@@ -153,12 +153,20 @@ def main(argv: list[str] | None = None) -> None:
         argv: arguments without the program name (default: `sys.argv[1:]`).
 
     Raises:
-        SystemExit: an argparse error, or a one-line `error: ...` for a checkpoint that cannot be converted.
+        SystemExit: an argparse error (among them an `--output_dir` that is the source folder itself, which the
+            conversion would overwrite; a GGUF file may be written there), or a one-line `error: ...` for a
+            checkpoint that cannot be converted.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.outtype is not None and args.to != "gguf":
         parser.error(f"--outtype {args.outtype} needs --to gguf")
+    source = Path(args.model_name_or_path).expanduser()
+    if args.to == "auto" and source.is_dir() and Path(args.output_dir).expanduser().resolve() == source.resolve():
+        parser.error(
+            f"--output_dir {args.output_dir} is the source checkpoint folder: the converted weights and config "
+            "would overwrite it; give another folder"
+        )
     target = args.output_dir
     try:
         with removed_if_refused(args.output_dir):  # a refused conversion leaves no empty output folder behind

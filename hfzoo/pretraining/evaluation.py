@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, default_data_collator
 
-from ..data.loading import check_input_files, clean_text, load_local_files
+from ..data.loading import check_input_files, check_text_column, clean_text, load_local_files
 from ..data.packing import tokenize_and_pack
 from ..integrity import check_weight_files
 from ..modules.positions import ABSOLUTE_POSITION_EMBEDDINGS
@@ -275,8 +275,9 @@ def main(argv: list[str] | None = None) -> dict:
     Raises:
         SystemExit: bad input (one-line `error: ...`), among it a prompt plus `--max_new_tokens` beyond the
             model's position limit (before any evaluation), an unknown `--lm_eval_tasks` name or a missing task
-            file, a masked LM (neither a causal LM nor an encoder-decoder); greedy generation with the KV cache
-            differing from generation without it (after the record with both is written).
+            file, a `--text_column_name` that a `--validation_file` lacks or an empty `--prompt` (both before the
+            model is loaded), a masked LM (neither a causal LM nor an encoder-decoder); greedy generation with the
+            KV cache differing from generation without it (after the record with both is written).
     """
     args = parse_evaluate_args(argv)
     with removed_if_refused(None if args.output_file is None else Path(args.output_file).expanduser().parent):
@@ -372,7 +373,13 @@ def _evaluate(args: argparse.Namespace) -> dict:
         if args.output_file:
             check_output_file(args.output_file)  # before any work: a run never ends unable to save its metrics
         check_input_files(None, args.validation_file)
+        if args.prompt == "":
+            raise ValueError("--prompt is empty: give the text to continue, or leave --prompt out")
         tasks = _check_lm_eval(args)
+        texts = {}  # every file read and its text column checked before the model is loaded
+        for file in args.validation_file:
+            texts[file] = load_local_files([file], "--validation_file", sample_by="document", check=False)
+            check_text_column(texts[file], args.text_column_name, f"--validation_file {file}")
     except (ValueError, FileNotFoundError, ImportError) as err:
         raise SystemExit(f"error: {err}") from None
     try:
@@ -404,7 +411,7 @@ def _evaluate(args: argparse.Namespace) -> dict:
     results = {}
     for file in args.validation_file:
         try:
-            raw = datasets.DatasetDict(validation=load_local_files([file], "--validation_file", sample_by="document"))
+            raw = datasets.DatasetDict(validation=texts[file])
             packed = tokenize_and_pack(raw, tokenizer, args.text_column_name, block_size)["validation"]
         except (ValueError, FileNotFoundError) as err:
             raise SystemExit(f"error: {err}") from None

@@ -40,7 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the arguments of `hfzoo-train-tokenizer` (see `--help`).
 
     Raises:
-        SystemExit: an argparse error.
+        SystemExit: an argparse error, among them `--num_extra_ids` with a family other than encoder-decoder
+            (only span corruption uses sentinel tokens).
     """
     parser = argparse.ArgumentParser(prog="hfzoo-train-tokenizer", description=__doc__.split("\n\n")[0])
     data = parser.add_argument_group("data")
@@ -74,7 +75,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="which family's special tokens and post-processor to use (default: decoder)",
     )
     model.add_argument(
-        "--num_extra_ids", type=int, default=100, help="sentinel tokens <extra_id_N> (encoder-decoder only)"
+        "--num_extra_ids",
+        type=int,
+        default=None,
+        help="sentinel tokens <extra_id_N> of span corruption (encoder-decoder only; default 100)",
     )
     for role in ("bos", "eos", "pad", "unk", "cls", "sep", "mask"):
         model.add_argument(f"--{role}_token", default=None, help=f"override the family's {role} token")
@@ -82,7 +86,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--additional_special_tokens", nargs="*", default=None, help="further special tokens (never split)"
     )
     parser.add_argument("--output_dir", required=True, help="where save_pretrained writes the tokenizer")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.num_extra_ids is None:
+        args.num_extra_ids = 100 if args.model_family == "encoder-decoder" else 0
+    elif args.model_family != "encoder-decoder":
+        parser.error(
+            f"--num_extra_ids {args.num_extra_ids}: sentinel tokens are for --model_family encoder-decoder "
+            f"(span corruption), not {args.model_family}"
+        )
+    return args
 
 
 def load_text_dataset(args: argparse.Namespace) -> tuple[datasets.IterableDataset, str]:

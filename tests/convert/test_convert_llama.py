@@ -292,3 +292,14 @@ def test_cli_refuses_a_rotary_decoder_that_does_not_map_naming_every_field(tmp_p
     with pytest.raises(SystemExit, match=r"norm_position='post' \(needs 'pre'\), unet_skips=True \(needs False\)"):
         main(["--model_name_or_path", str(source), "--output_dir", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_to_convert_a_folder_into_itself(tmp_path, capsys):
+    source = tmp_path / "hfzoo"
+    HfzooDecoderForCausalLM(build_config("llama-tiny", vocab_size=VOCAB)).save_pretrained(source)
+    before = {f.name: f.read_bytes() for f in source.iterdir()}
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model_name_or_path", str(source), "--output_dir", f"{tmp_path}/./hfzoo"])
+    assert exit_info.value.code == 2
+    assert f"--output_dir {tmp_path}/./hfzoo is the source checkpoint folder" in capsys.readouterr().err
+    assert {f.name: f.read_bytes() for f in source.iterdir()} == before  # the source is untouched

@@ -178,3 +178,21 @@ def test_a_missing_output_folder_is_created_and_the_metrics_saved(checkpoint, tm
     out = tmp_path / "nodir" / "sub" / "eval.json"
     results = evaluate(checkpoint, out)
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (
+            ["--text_column_name", "body"],
+            "error: --text_column_name 'body' is not a column of --validation_file {file}; its columns are ['text']",
+        ),
+        (["--prompt", ""], "error: --prompt is empty: give the text to continue, or leave --prompt out"),
+    ],
+    ids=["text-column", "empty-prompt"],
+)
+def test_bad_input_is_refused_before_the_model_is_loaded(extra, expected, checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setattr(evaluation, "AutoTokenizer", None)  # loading the tokenizer (or the model) would fail here
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate(checkpoint, tmp_path / "eval.json", *extra)
+    assert exit_info.value.code == expected.format(file=checkpoint / "text.txt")

@@ -396,3 +396,18 @@ def test_cli_bad_input_exits_with_one_line_message(cli, tmp_path, case, message)
         cli.main(argv + ["--output_dir", str(tmp_path / "out")])
     assert "\n" not in str(excinfo.value)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder"])
+def test_cli_refuses_sentinels_outside_the_encoder_decoder_family(cli, family, capsys):
+    argv = ["--train_file", "a.txt", "--output_dir", "o", "--model_family", family]
+    assert cli.parse_args(argv).num_extra_ids == 0
+    assert cli.parse_args([*argv[:-1], "encoder-decoder"]).num_extra_ids == 100
+    assert cli.parse_args([*argv[:-1], "encoder-decoder", "--num_extra_ids", "7"]).num_extra_ids == 7
+    with pytest.raises(SystemExit) as excinfo:
+        cli.parse_args([*argv, "--num_extra_ids", "5"])
+    assert excinfo.value.code == 2
+    assert (
+        f"--num_extra_ids 5: sentinel tokens are for --model_family encoder-decoder (span corruption), not {family}"
+        in capsys.readouterr().err
+    )
