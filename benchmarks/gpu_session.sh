@@ -57,18 +57,29 @@ export PATH="$bin:$PATH" VIRTUAL_ENV=${VIRTUAL_ENV:-$site}
 [ -e ../shared ] || ln -s "$repo/.offline/shared" ../shared
 export HFZOO_DATA_DIR=${HFZOO_DATA_DIR:-$repo/../shared/data}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || true
-python3 - <<'PY'
-import importlib, sys
+python3 - <<'PY' || exit 1
+import importlib, re, sys, tomllib
 import torch
 print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.cuda.is_available(),
       torch.cuda.get_device_name() if torch.cuda.is_available() else "")
-for name in ("transformers", "huggingface_hub", "tokenizers", "accelerate", "datasets", "peft", "deepspeed",
-             "evaluate", "safetensors", "triton", "numpy", "pyarrow"):
+# hfzoo's own requirements (the core and the train extra: every stage imports them) by their module names
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+modules = {"scikit-learn": "sklearn", "pyyaml": "yaml"}
+required = [re.match(r"[A-Za-z0-9_.-]+", spec)[0].lower() for spec in
+            project["dependencies"] + project["optional-dependencies"]["train"]]
+missing = []
+for name in required + ["deepspeed", "triton", "pyarrow"]:
+    module_name = modules.get(name, name.replace("-", "_"))
     try:
-        module = importlib.import_module(name)
-        print(f"{name} {getattr(module, '__version__', '?')} ({module.__file__.split('/site-packages')[0]})")
+        module = importlib.import_module(module_name)
+        where = (getattr(module, "__file__", None) or "?").split("/site-packages")[0]
+        print(f"{name} {getattr(module, '__version__', '?')} ({where})")
     except Exception as error:  # a missing package shows here, before any stage
         print(f"{name}: IMPORT FAILED: {error!r}")
+        missing += [name] if name in required else []
+if missing:  # every stage would fail on it: stop now, naming them
+    sys.exit(f"benchmarks/gpu_session.sh: hfzoo's requirements {missing} do not import here; add their wheels to "
+             ".offline/wheels (scripts/offline_bundle.sh)")
 import hfzoo  # noqa: F401
 PY
 # accelerate imports DeepSpeed wherever its metadata says it is installed: one that fails to import would fail every

@@ -37,13 +37,15 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" 
     -d "$out/wheels" "${specs[@]}"
 # DeepSpeed publishes a source distribution only: build a wheel with its ops off (needs torch here).
 DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation -w "$out/wheels" "$(pin deepspeed)"
-# Every requirement of a bundled wheel (for that Python on x86-64 Linux) must be bundled or be one the GPU machine
-# brings: torch, accelerate, and the requirements of its transformers and huggingface_hub (the bundle's newer ones
-# shadow those), plus pandas, pyarrow, requests and xxhash, which datasets imported on the H200 machine.
+# hfzoo's own requirements (the core and the train extra) and every requirement of a bundled wheel (for that Python
+# on x86-64 Linux) must be bundled or be one the GPU machine brings: torch, accelerate, and the requirements of its
+# transformers and huggingface_hub (the bundle's newer ones shadow those), plus pandas, pyarrow, requests and xxhash,
+# which datasets imported on the H200 machine, and matplotlib, scikit-learn and scipy, with which the training
+# curves and the study's GLUE metrics were made there (their wheels would not fit in the 64 MiB carried along).
 image="torch accelerate numpy packaging pyyaml safetensors tqdm psutil filelock typer hf-xet anyio h11 requests pandas
-pyarrow xxhash"
+pyarrow xxhash matplotlib scikit-learn scipy"
 python3 - "$out/wheels" "$py" $image <<'PY' || exit 2
-import glob, os, sys, zipfile
+import glob, os, sys, tomllib, zipfile
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 folder, version, image = sys.argv[1], sys.argv[2], {canonicalize_name(name) for name in sys.argv[3:]}
@@ -53,6 +55,11 @@ environment = {"python_version": version, "python_full_version": version + ".0",
 wheels = sorted(glob.glob(os.path.join(folder, "*.whl")))
 bundled = {canonicalize_name(parse_wheel_filename(os.path.basename(w))[0]) for w in wheels}
 missing = {}
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+for spec in project["dependencies"] + project["optional-dependencies"]["train"]:
+    name = canonicalize_name(Requirement(spec).name)
+    if name not in bundled | image:
+        missing.setdefault(name, []).append("hfzoo")
 for wheel in wheels:
     with zipfile.ZipFile(wheel) as archive:
         metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
