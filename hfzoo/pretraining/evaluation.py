@@ -376,10 +376,6 @@ def _evaluate(args: argparse.Namespace) -> dict:
         if args.prompt == "":
             raise ValueError("--prompt is empty: give the text to continue, or leave --prompt out")
         tasks = _check_lm_eval(args)
-        texts = {}  # every file read and its text column checked before the model is loaded
-        for file in args.validation_file:
-            texts[file] = load_local_files([file], "--validation_file", sample_by="document", check=False)
-            check_text_column(texts[file], args.text_column_name, f"--validation_file {file}")
     except (ValueError, FileNotFoundError, ImportError) as err:
         raise SystemExit(f"error: {err}") from None
     try:
@@ -388,6 +384,16 @@ def _evaluate(args: argparse.Namespace) -> dict:
         backend = harness_backend(AutoConfig.from_pretrained(args.model_name_or_path))
         if backend == "seq2seq" and args.prompt:
             raise ValueError("--prompt continues a prompt with a causal LM; this checkpoint is an encoder-decoder")
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"error: --model_name_or_path {args.model_name_or_path}: {str(err).splitlines()[0]}") from None
+    try:
+        texts = {}  # every file read and its text column checked before the model is loaded
+        for file in args.validation_file:
+            texts[file] = load_local_files([file], "--validation_file", sample_by="document", check=False)
+            check_text_column(texts[file], args.text_column_name, f"--validation_file {file}")
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+    try:
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
         auto_class = AutoModelForSeq2SeqLM if backend == "seq2seq" else AutoModelForCausalLM
         model = auto_class.from_pretrained(args.model_name_or_path).eval()
