@@ -63,7 +63,7 @@ from ..training.arguments import (
     scheduler_kwargs,
 )
 from ..training.compilation import compile_model
-from ..training.optimization import create_optimizer, create_scheduler
+from ..training.optimization import create_optimizer, create_scheduler, warmup_outlasts_training
 from ..training.precision import MIXED_PRECISION_CHOICES
 from ..training.throughput import SequenceClassificationFlops, Throughput, resolve_peak_tflops
 from .adapters import (
@@ -439,6 +439,8 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
     )
     steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
     max_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
+    if warning := warmup_outlasts_training(args.num_warmup_steps, max_steps):
+        accelerator.print(f"warning: {warning}")
     scheduler = create_scheduler(
         args.lr_scheduler_type,
         optimizer,

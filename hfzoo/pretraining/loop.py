@@ -56,7 +56,7 @@ from ..training.checkpointing import (
 )
 from ..training.compilation import compile_model, no_cache_kwargs
 from ..training.objectives import get_objective
-from ..training.optimization import create_optimizer, create_scheduler
+from ..training.optimization import create_optimizer, create_scheduler, warmup_outlasts_training
 from ..training.plots import plot_training_curves
 from ..training.precision import PrecisionChoice
 from ..training.streaming import DeviceLoader, StreamingTrainLoader, stream_blocks
@@ -317,6 +317,8 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
             )
         max_train_steps = args.max_train_steps or args.num_train_epochs * steps_per_epoch
         num_train_epochs = math.ceil(max_train_steps / steps_per_epoch)
+    if warning := warmup_outlasts_training(args.num_warmup_steps, max_train_steps):
+        logger.warning(warning)
     # accelerate steps the scheduler once per process per optimizer step (run_clm_no_trainer does the same).
     lr_scheduler = create_scheduler(
         args.lr_scheduler_type,

@@ -355,6 +355,30 @@ def _check_muon_settings(muon: MuonSettings) -> None:
 MUON_ADJUST_LR_FNS = ("original", "match_rms_adamw")
 
 
+def warmup_outlasts_training(num_warmup_steps: int, num_training_steps: int) -> str | None:
+    """A warning when the linear warmup does not end before training does, else None.
+
+    With `num_warmup_steps >= num_training_steps` the learning rate is still rising when the run ends: the
+    last step trains at `num_training_steps / num_warmup_steps` of the peak (`--learning_rate`) at most. Runs
+    shortened with `--max_train_steps` for a quick look do this on purpose, so the jobs log this rather than
+    refuse.
+
+    Args:
+        num_warmup_steps: optimizer steps of warmup (`--num_warmup_steps`).
+        num_training_steps: optimizer steps of the run.
+
+    Returns:
+        The one-line warning, or None when the warmup ends within the run.
+    """
+    if num_warmup_steps < num_training_steps or num_training_steps < 1:
+        return None
+    return (
+        f"--num_warmup_steps {num_warmup_steps} is not below the run's {num_training_steps} optimizer steps: the "
+        f"learning rate is still warming up when training ends (at most {num_training_steps / num_warmup_steps:.0%} "
+        "of --learning_rate)"
+    )
+
+
 def create_scheduler(
     name: str,
     optimizer: torch.optim.Optimizer,

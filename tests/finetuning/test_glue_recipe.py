@@ -456,6 +456,20 @@ def test_lr_scheduler_kwargs_reach_the_schedule(checkpoints, glue_dir, tmp_path)
         finetune(argv(checkpoints["encoder-tiny"], tmp_path / "no-data", tmp_path / "bad", "rte", "--lr_scheduler_type",
                       "cosine", "--lr_scheduler_kwargs", '{"bogus": 1}'))  # fmt: skip
     assert not (tmp_path / "bad").exists()
+    with pytest.raises(SystemExit, match=r"--lr_scheduler_type constant has no warmup \(--num_warmup_steps 2 would"):
+        finetune(argv(checkpoints["encoder-tiny"], tmp_path / "no-data", tmp_path / "bad", "rte", "--lr_scheduler_type",
+                      "constant", "--num_warmup_steps", "2"))  # fmt: skip
+
+
+def test_a_warmup_longer_than_the_run_is_reported(checkpoints, glue_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "rte", "--logging_steps", "1", "--num_warmup_steps", "5"))
+    assert (
+        "warning: --num_warmup_steps 5 is not below the run's 3 optimizer steps: the learning rate is still warming "
+        "up when training ends (at most 60% of --learning_rate)" in capsys.readouterr().out
+    )
+    rates = [r["learning_rate"] for r in json.loads((out / "train_history.json").read_text())["log_history"]]
+    assert rates == pytest.approx([2e-4, 4e-4, 6e-4])
 
 
 def test_flex_attention_is_refused_on_the_cpu_before_the_data(checkpoints, glue_dir, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -339,6 +340,29 @@ def test_bad_lr_scheduler_kwargs_fail_before_training(small_jsonl_xz, tokenizer_
         base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "out", "--lr_scheduler_kwargs", "[1, 2]"), capsys
     )
     assert "expected a mapping" in message
+    # transformers' constant schedule ignores a warmup and its arguments: both refused with it, before the data
+    constant = ["--lr_scheduler_type", "constant"]
+    argv = base_args(tmp_path / "missing.jsonl", tokenizer_dir, tmp_path / "out", *constant, "--num_warmup_steps", "5")
+    message = run_main_expecting_error(argv, capsys)
+    assert "--lr_scheduler_type constant has no warmup (--num_warmup_steps 5 would be ignored); use " in message
+    argv = base_args(tmp_path / "missing.jsonl", tokenizer_dir, tmp_path / "out", *constant, "--lr_scheduler_kwargs",
+                     '{"num_cycles": 2}')  # fmt: skip
+    message = run_main_expecting_error(argv, capsys)
+    assert "--lr_scheduler_type constant takes no arguments (--lr_scheduler_kwargs {'num_cycles': 2} would" in message
+
+
+def test_a_warmup_longer_than_the_run_is_logged(small_jsonl_xz, tokenizer_dir, tmp_path, caplog):
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING):
+        main(base_args(small_jsonl_xz, tokenizer_dir, out, "--num_warmup_steps", "10", "--logging_steps", "1",
+                       "--learning_rate", "1e-3"))  # fmt: skip
+    expected = (
+        "--num_warmup_steps 10 is not below the run's 4 optimizer steps: the learning rate is still warming up "
+        "when training ends (at most 40% of --learning_rate)"
+    )
+    assert expected in caplog.text
+    history = json.loads((out / "train_history.json").read_text())["log_history"]
+    assert [r["learning_rate"] for r in history] == pytest.approx([1e-4, 2e-4, 3e-4, 4e-4])  # still rising
 
 
 @pytest.mark.slow

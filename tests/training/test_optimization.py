@@ -16,6 +16,7 @@ from hfzoo.training.optimization import (
     create_scheduler,
     muon_parameters,
     no_weight_decay,
+    warmup_outlasts_training,
 )
 
 # The hidden layers' linear maps of the tiny models: attention (self and cross) and feed-forward matrices.
@@ -168,3 +169,9 @@ def test_each_parameter_steps_as_its_own_optimizer_alone_would():
     for n, p in named.items():
         torch.testing.assert_close(p.detach(), copies[n].detach(), rtol=0, atol=0, msg=n)
     assert sorted(set(groups.values())) == ["adamw", "adamw-decay", "muon"]
+
+
+def test_a_warmup_that_outlasts_training_is_reported():
+    assert warmup_outlasts_training(0, 10) is None and warmup_outlasts_training(9, 10) is None
+    assert warmup_outlasts_training(10, 10).startswith("--num_warmup_steps 10 is not below the run's 10 optimizer")
+    assert "(at most 25% of --learning_rate)" in warmup_outlasts_training(40, 10)
