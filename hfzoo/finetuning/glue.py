@@ -202,14 +202,24 @@ def build_glue_parser() -> argparse.ArgumentParser:
     p.add_argument("--hub_token", default=None)
     g = p.add_argument_group("PEFT")
     g.add_argument("--peft", choices=PEFT_METHODS, default="lora", help="lora | prefix | none (full finetuning)")
-    g.add_argument("--lora_r", type=positive_int, default=8)
-    g.add_argument("--lora_alpha", type=positive_float, default=16)
-    g.add_argument("--lora_dropout", type=float, default=0.1)
-    g.add_argument("--target_modules", nargs="+", default=None, help="LoRA modules (default: per family)")
-    g.add_argument("--num_virtual_tokens", type=positive_int, default=20, help="prefix length (tokens)")
-    g.add_argument("--prefix_projection", action="store_true", help="reparametrize the prefix with an MLP")
+    # None: not given (each method's flags are refused with another --peft; `parse_glue_args` fills the defaults)
+    g.add_argument("--lora_r", type=positive_int, default=None, help="--peft lora: the rank (default 8)")
+    g.add_argument("--lora_alpha", type=positive_float, default=None, help="--peft lora: the scale (default 16)")
+    g.add_argument("--lora_dropout", type=float, default=None, help="--peft lora: dropout in [0, 1) (default 0.1)")
+    g.add_argument("--target_modules", nargs="+", default=None, help="--peft lora: modules (default: per family)")
+    g.add_argument(
+        "--num_virtual_tokens", type=positive_int, default=None, help="--peft prefix: prefix length (default 20)"
+    )
+    g.add_argument("--prefix_projection", action="store_true", help="--peft prefix: reparametrize it with an MLP")
     g.add_argument("--prefix_hidden_size", type=positive_int, default=None, help="hidden size of that MLP")
     return p
+
+
+#: The flags of each PEFT method and their defaults (a flag of another method than `--peft` is refused).
+PEFT_METHOD_FLAGS = {
+    "lora": {"lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.1, "target_modules": None},
+    "prefix": {"num_virtual_tokens": 20, "prefix_projection": False, "prefix_hidden_size": None},
+}
 
 
 def parse_glue_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -217,7 +227,8 @@ def parse_glue_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     Raises:
         SystemExit: an argparse error (one line), a bad `--muon_*` value, a `--muon_*` flag without
-            `--optim muon`, or `--optim muon` with PEFT (`--peft` other than `none`).
+            `--optim muon`, `--optim muon` with PEFT (`--peft` other than `none`), a LoRA or prefix flag with
+            another `--peft` (`PEFT_METHOD_FLAGS`), or `--prefix_hidden_size` without `--prefix_projection`.
         ValueError: an unknown task; `--lora_dropout` outside [0, 1).
     """
     parser = build_glue_parser()
@@ -227,6 +238,15 @@ def parse_glue_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.optim == "muon" and args.peft != "none":
         # LoRA's low-rank factors and prefix tuning's prefixes are not the hidden layers' weight matrices Muon is for.
         parser.error(f"--optim muon needs --peft none (full finetuning), got --peft {args.peft}")
+    for method, defaults in PEFT_METHOD_FLAGS.items():
+        given = [f"--{name}" for name in defaults if getattr(args, name) not in (None, False)]
+        if given and args.peft != method:  # another method would ignore them
+            parser.error(f"{', '.join(given)}: --peft {method} only; with --peft {args.peft} they would be ignored")
+        for name, default in defaults.items():
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+    if args.prefix_hidden_size is not None and not args.prefix_projection:
+        parser.error("--prefix_hidden_size is the hidden size of --prefix_projection's MLP: give both or neither")
     if not 0.0 <= args.lora_dropout < 1.0:
         raise ValueError(f"--lora_dropout must be in [0, 1), got {args.lora_dropout}")
     return args

@@ -26,7 +26,7 @@ from transformers import (
 import hfzoo  # noqa: F401
 from hfzoo.data.glue import GLUE_TASKS, load_glue
 from hfzoo.finetuning.adapters import build_peft_config, count_parameters, load_peft_model, wrap_with_peft
-from hfzoo.finetuning.glue import DEFAULT_MAX_LENGTH, resolve_max_length
+from hfzoo.finetuning.glue import DEFAULT_MAX_LENGTH, parse_glue_args, resolve_max_length
 from hfzoo.finetuning.glue import main as finetune
 from hfzoo.finetuning.loop import GLUE_STATE
 from hfzoo.metrics import load_glue_metric
@@ -209,6 +209,29 @@ def test_bad_flag_values_are_refused_when_parsed(flag, value, message, checkpoin
     error = capsys.readouterr().err.strip()
     assert message in error and "\n" not in error
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--num_virtual_tokens", "5"], "--num_virtual_tokens: --peft prefix only; with --peft lora they would be"),
+        (["--peft", "prefix", "--lora_r", "4", "--target_modules", "q_proj"], "--lora_r, --target_modules: --peft lora only"),
+        (["--peft", "none", "--prefix_projection"], "--prefix_projection: --peft prefix only; with --peft none"),
+        (["--peft", "prefix", "--prefix_hidden_size", "32"], "--prefix_hidden_size is the hidden size of --prefix_projection's"),
+    ],
+    ids=["prefix-flag-with-lora", "lora-flags-with-prefix", "prefix-flag-with-full", "hidden-size-without-mlp"],
+)  # fmt: skip
+def test_a_peft_flag_that_the_method_would_ignore_is_refused(flags, message, capsys):
+    base = ["--task_name", "sst2", "--model_name_or_path", "m", "--output_dir", "o"]
+    with pytest.raises(SystemExit) as exit_info:
+        parse_glue_args(base + flags)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    # each method's flags, and the defaults of those not given
+    lora = parse_glue_args(base + ["--lora_r", "4"])
+    assert (lora.lora_r, lora.lora_alpha, lora.lora_dropout, lora.num_virtual_tokens) == (4, 16, 0.1, 20)
+    prefix = parse_glue_args([*base, "--peft", "prefix", "--num_virtual_tokens", "5", "--prefix_projection",
+                              "--prefix_hidden_size", "32"])  # fmt: skip
+    assert (prefix.num_virtual_tokens, prefix.prefix_projection, prefix.prefix_hidden_size) == (5, True, 32)
 
 
 @pytest.mark.slow
