@@ -60,6 +60,7 @@ from ..training.arguments import (
     positive_float,
     positive_int,
     random_seed,
+    resolve_choice_flags,
     scheduler_kwargs,
 )
 from ..training.compilation import compile_model
@@ -238,13 +239,7 @@ def parse_glue_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.optim == "muon" and args.peft != "none":
         # LoRA's low-rank factors and prefix tuning's prefixes are not the hidden layers' weight matrices Muon is for.
         parser.error(f"--optim muon needs --peft none (full finetuning), got --peft {args.peft}")
-    for method, defaults in PEFT_METHOD_FLAGS.items():
-        given = [f"--{name}" for name in defaults if getattr(args, name) not in (None, False)]
-        if given and args.peft != method:  # another method would ignore them
-            parser.error(f"{', '.join(given)}: --peft {method} only; with --peft {args.peft} they would be ignored")
-        for name, default in defaults.items():
-            if getattr(args, name) is None:
-                setattr(args, name, default)
+    resolve_choice_flags(parser, args, "peft", PEFT_METHOD_FLAGS)
     if args.prefix_hidden_size is not None and not args.prefix_projection:
         parser.error("--prefix_hidden_size is the hidden size of --prefix_projection's MLP: give both or neither")
     if not 0.0 <= args.lora_dropout < 1.0:

@@ -26,6 +26,7 @@ from ..training.arguments import (
     positive_float,
     positive_int,
     random_seed,
+    resolve_choice_flags,
     scheduler_kwargs,
 )
 from ..training.objectives import OBJECTIVES
@@ -60,10 +61,17 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
         "(encoder-decoder).",
     )
     objective = p.add_argument_group("objective")
-    objective.add_argument("--mlm_probability", type=float, default=0.15, help="mlm: fraction of tokens selected.")
+    # None: not given (another objective's flags are refused; `parse_pretrain_args` fills in `Objective.flags`)
+    objective.add_argument(
+        "--mlm_probability", type=float, default=None, help="mlm: fraction of tokens selected (default 0.15)."
+    )
     objective.add_argument("--whole_word_mask", action="store_true", help="mlm: select whole words.")
-    objective.add_argument("--noise_density", type=float, default=0.15, help="span: fraction of tokens corrupted.")
-    objective.add_argument("--mean_noise_span_length", type=float, default=3.0, help="span: mean span length.")
+    objective.add_argument(
+        "--noise_density", type=float, default=None, help="span: fraction of tokens corrupted (default 0.15)."
+    )
+    objective.add_argument(
+        "--mean_noise_span_length", type=float, default=None, help="span: mean span length (default 3)."
+    )
     data = p.add_argument_group("data")
     data.add_argument(
         "--train_file",
@@ -320,6 +328,7 @@ def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key in list(vars(args)):
         if key.startswith("_") and key.endswith("_from_cli"):
             delattr(args, key)
+    resolve_choice_flags(parser, args, "objective", {o.name: o.flags for o in OBJECTIVES.values()})
     if args.output_dir is None:
         parser.error("--output_dir is required")
     if not args.train_file and not args.dataset_name:

@@ -306,6 +306,36 @@ def check_muon_arguments(args: argparse.Namespace, parser: argparse.ArgumentPars
         parser.error(f"--muon_ns_steps must be at most 99, got {args.muon_ns_steps}")
 
 
+def resolve_choice_flags(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, option: str, flags: dict[str, dict[str, Any]]
+) -> None:
+    """Refuse the flags that belong to another value of `--option` than the chosen one; fill in the defaults.
+
+    Each value of `--option` (a PEFT method, a pretraining objective) has flags that only it reads: given with
+    another value they would be silently ignored. Those flags are parsed with default None (a store_true flag:
+    False) so that "given" can be told from "default".
+
+    Args:
+        parser: the parser (for its one-line error).
+        args: the parsed arguments; each flag not given is set to its default here.
+        option: the selecting option's name (`peft`, `objective`).
+        flags: `{value of --option: {flag name: default}}`.
+
+    Raises:
+        SystemExit: a flag of another value than `args.<option>` was given (argparse's error, naming the flags).
+    """
+    chosen = getattr(args, option)
+    for choice, defaults in flags.items():
+        given = [f"--{name}" for name in defaults if getattr(args, name) not in (None, False)]
+        if given and chosen != choice:
+            parser.error(
+                f"{', '.join(given)}: --{option} {choice} only; with --{option} {chosen} they would be ignored"
+            )
+        for name, default in defaults.items():
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+
+
 def muon_settings(args: argparse.Namespace) -> MuonSettings | None:
     """The `MuonSettings` of parsed arguments with `--optim muon` (defaults for flags not given), else None."""
     if args.optim != "muon":

@@ -15,6 +15,7 @@ never branches on the objective's name.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,8 @@ class Objective:
         predicts_every_token: every token of a block after the first is a target, so the add-one unigram
             perplexity of the same tokens is a comparable baseline.
         can_generate: the trained head generates text (`generate` after training, `--sample_prompt`).
+        flags: the recipe flags only this objective reads, with their defaults (`--mlm_probability 0.15`);
+            given with another `--objective` they are refused (`hfzoo.training.arguments.resolve_choice_flags`).
     """
 
     name: str
@@ -56,6 +59,7 @@ class Objective:
     shifts_labels: bool
     predicts_every_token: bool
     can_generate: bool
+    flags: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def count_predicted_tokens(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Number of labelled positions the loss averages over in `batch`.
@@ -144,6 +148,7 @@ OBJECTIVES = {
         shifts_labels=False,
         predicts_every_token=False,
         can_generate=False,
+        flags={"mlm_probability": 0.15, "whole_word_mask": False},
     ),
     "span": Objective(
         name="span",
@@ -153,5 +158,6 @@ OBJECTIVES = {
         shifts_labels=False,
         predicts_every_token=False,
         can_generate=True,
+        flags={"noise_density": 0.15, "mean_noise_span_length": 3.0},
     ),
 }

@@ -61,6 +61,33 @@ def test_bad_input_fails_before_training(change, expected, small_jsonl_xz, token
     assert not (tmp_path / "out").exists()  # nothing left on disk, not even an empty output folder
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--mlm_probability", "0.3"], "--mlm_probability: --objective mlm only; with --objective clm they would be ignored"),
+        (["--whole_word_mask"], "--whole_word_mask: --objective mlm only; with --objective clm"),
+        (["--objective", "mlm", "--noise_density", "0.3", "--mean_noise_span_length", "2"],
+         "--noise_density, --mean_noise_span_length: --objective span only; with --objective mlm they would be"),
+    ],
+    ids=["mlm-flag-with-clm", "whole-word-with-clm", "span-flags-with-mlm"],
+)  # fmt: skip
+def test_a_flag_of_another_objective_is_refused(flags, message, tmp_path, capsys):
+    base = ["--train_file", "t.jsonl", "--tokenizer_name", "tok", "--config_name", "decoder-tiny", "--output_dir",
+            str(tmp_path)]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        parse_pretrain_args(base + flags)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    config = tmp_path / "mlm.yaml"  # a value from --config counts as given
+    config.write_text("objective: mlm\nmlm_probability: 0.2\n")
+    with pytest.raises(SystemExit):
+        parse_pretrain_args([*base, "--config", str(config), "--objective", "span"])
+    assert "--mlm_probability: --objective mlm only; with --objective span" in capsys.readouterr().err
+    assert parse_pretrain_args([*base, "--config", str(config)]).mlm_probability == 0.2
+    # the defaults of the flags not given
+    span = parse_pretrain_args([*base, "--objective", "span", "--noise_density", "0.3"])
+    assert (span.noise_density, span.mean_noise_span_length, span.mlm_probability) == (0.3, 3.0, 0.15)
+
+
 def _empty(tmp):
     path = tmp / "empty.jsonl"
     path.write_text("")
