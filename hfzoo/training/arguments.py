@@ -356,22 +356,10 @@ def check_scheduler_arguments(args: argparse.Namespace) -> None:
         args: parsed arguments with `lr_scheduler_type`, `lr_scheduler_kwargs`, `num_warmup_steps` and
             `max_train_steps`.
 
-    transformers' `constant` schedule ignores both a warmup and schedule arguments: either is refused with it.
-
     Raises:
-        ValueError: `create_scheduler`'s one-line message naming `--lr_scheduler_type` and `--lr_scheduler_kwargs`;
-            `--num_warmup_steps` or `--lr_scheduler_kwargs` with `--lr_scheduler_type constant`.
+        ValueError: `create_scheduler`'s one-line message naming `--lr_scheduler_type` and `--lr_scheduler_kwargs`
+            (among them a warmup or schedule arguments with `constant`, which would ignore them).
     """
-    if args.lr_scheduler_type == "constant" and args.num_warmup_steps:
-        raise ValueError(
-            f"--lr_scheduler_type constant has no warmup (--num_warmup_steps {args.num_warmup_steps} would be "
-            "ignored); use --lr_scheduler_type constant_with_warmup"
-        )
-    if args.lr_scheduler_type == "constant" and args.lr_scheduler_kwargs:
-        raise ValueError(
-            f"--lr_scheduler_type constant takes no arguments (--lr_scheduler_kwargs {args.lr_scheduler_kwargs} "
-            "would be ignored)"
-        )
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     total = args.max_train_steps or args.num_warmup_steps + 1_000_000
     create_scheduler(

@@ -404,8 +404,19 @@ def create_scheduler(
 
     Raises:
         ValueError: an argument the schedule does not take, or a required one missing (one line naming
-            `--lr_scheduler_kwargs`).
+            `--lr_scheduler_kwargs`); a warmup or any schedule argument with `constant` (transformers'
+            `get_scheduler` ignores both for it).
     """
+    if name == "constant" and num_warmup_steps:
+        raise ValueError(
+            f"--lr_scheduler_type constant has no warmup (--num_warmup_steps {num_warmup_steps} would be ignored); "
+            "use --lr_scheduler_type constant_with_warmup"
+        )
+    if name == "constant" and scheduler_kwargs:
+        raise ValueError(
+            f"--lr_scheduler_type constant takes no arguments (--lr_scheduler_kwargs {scheduler_kwargs} would be "
+            "ignored)"
+        )
     try:
         return get_scheduler(
             name,
