@@ -21,7 +21,7 @@ import datasets
 
 from ..choices import choice_hint
 
-__all__ = ["GLUE_TASKS", "GlueTask", "get_glue_task", "load_glue", "read_glue_tsv"]
+__all__ = ["GLUE_TASKS", "GlueTask", "get_glue_task", "glue_files", "load_glue", "read_glue_tsv"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,17 +203,13 @@ def _parse_label(value: str, task: GlueTask, where: str) -> int | float:
     return task.tsv_labels.index(value)
 
 
-def load_glue(
+def glue_files(
     task: GlueTask | str,
     data_dir: str | Path | None = None,
     train_file: str | Path | None = None,
     validation_file: str | Path | None = None,
-) -> datasets.DatasetDict:
-    """Load a GLUE task's train and dev splits, from a folder in the GLUE layout, single files, or the hub.
-
-    Sources, first match wins: explicit `train_file` / `validation_file` (TSV in the task's layout,
-    or CSV / JSON lines with the hub's column names); `data_dir` (a folder with `<task folder>/train.tsv`
-    and the dev file(s), e.g. `shared/data/glue`); otherwise `datasets.load_dataset("nyu-mll/glue", task)`.
+) -> dict[str, Path] | None:
+    """The files `load_glue` reads for a task; those of `data_dir` are checked to exist (nothing is read).
 
     Args:
         task: the task or its name.
@@ -223,17 +219,17 @@ def load_glue(
             named `validation`).
 
     Returns:
-        A `DatasetDict` with `train` and the task's validation split(s) (`validation`, or MNLI's
-        `validation_matched` and `validation_mismatched`), columns as `read_glue_tsv`.
+        `{split: path}` with `train` and the dev split(s) (`validation`, or MNLI's `validation_matched`
+        and `validation_mismatched`); None when no source is given (`load_glue` then loads the hub's
+        `nyu-mll/glue`).
 
     Raises:
-        ValueError: an unknown task; files that `read_glue_tsv` refuses.
+        ValueError: an unknown task; a training file without a dev file or the reverse (and no `data_dir`).
         FileNotFoundError: `data_dir` lacks one of the task's files (the message lists what is expected).
     """
     task = get_glue_task(task) if isinstance(task, str) else task
     if data_dir is None and train_file is None and validation_file is None:
-        loaded = datasets.load_dataset("nyu-mll/glue", task.name)
-        return datasets.DatasetDict({k: v for k, v in loaded.items() if not k.startswith("test")})
+        return None
     files: dict[str, Path] = {}
     if data_dir is not None:
         folder = Path(data_dir) / task.folder
@@ -256,6 +252,42 @@ def load_glue(
         files["validation"] = Path(validation_file)
     if "train" not in files or not any(k.startswith("validation") for k in files):
         raise ValueError(f"GLUE {task.name}: give both a training and a validation file (or --data_dir)")
+    return files
+
+
+def load_glue(
+    task: GlueTask | str,
+    data_dir: str | Path | None = None,
+    train_file: str | Path | None = None,
+    validation_file: str | Path | None = None,
+) -> datasets.DatasetDict:
+    """Load a GLUE task's train and dev splits, from a folder in the GLUE layout, single files, or the hub.
+
+    Sources, first match wins: explicit `train_file` / `validation_file` (TSV in the task's layout,
+    or CSV / JSON lines with the hub's column names); `data_dir` (a folder with `<task folder>/train.tsv`
+    and the dev file(s), e.g. `shared/data/glue`); otherwise `datasets.load_dataset("nyu-mll/glue", task)`.
+    `glue_files` says which files that is.
+
+    Args:
+        task: the task or its name.
+        data_dir: folder in the GLUE layout.
+        train_file: a training file (overrides `data_dir`'s).
+        validation_file: a dev file (overrides `data_dir`'s; for MNLI it becomes the only dev split,
+            named `validation`).
+
+    Returns:
+        A `DatasetDict` with `train` and the task's validation split(s) (`validation`, or MNLI's
+        `validation_matched` and `validation_mismatched`), columns as `read_glue_tsv`.
+
+    Raises:
+        ValueError: an unknown task; files that `read_glue_tsv` refuses; see `glue_files`.
+        FileNotFoundError: a missing file (see `glue_files`).
+    """
+    task = get_glue_task(task) if isinstance(task, str) else task
+    files = glue_files(task, data_dir, train_file, validation_file)
+    if files is None:
+        loaded = datasets.load_dataset("nyu-mll/glue", task.name)
+        return datasets.DatasetDict({k: v for k, v in loaded.items() if not k.startswith("test")})
     return datasets.DatasetDict({split: _read_any(path, task) for split, path in files.items()})
 
 

@@ -7,6 +7,9 @@
 in this process with the task's defaults from `TASK_DEFAULTS` (3 epochs, as transformers'
 `run_glue_no_trainer.py`; SST-2 on a seeded 20,000-sentence training subset for 1 epoch), then the
 arguments after `--` (which override them).
+Every task's arguments and data files are checked before the first task trains, so a bad flag or a
+missing file does not stop the sweep after hours of finished tasks; the flags the sweep sets itself
+(`SWEEP_OWNED`) are refused after `--`, as is a duplicate task.
 After every task, `<output_dir>/results.json`, `results.md` (task, metric, value, epoch, trainable
 parameters, steps, wall time) and the bar chart `results.png` are rewritten, so an interrupted sweep
 keeps what it finished.
@@ -19,9 +22,11 @@ import json
 import sys
 from pathlib import Path
 
-from ..data.glue import GLUE_TASKS, get_glue_task
+from ..data.glue import GLUE_TASKS, get_glue_task, glue_files
+from ..training.arguments import OneLineErrorParser
 from ..training.plots import plot_results_bars
 from .glue import main as finetune
+from .glue import parse_glue_args
 
 #: Per-task arguments of the sweep (before the user's, which override them).
 TASK_DEFAULTS: dict[str, list[str]] = {
@@ -35,6 +40,56 @@ TASK_DEFAULTS: dict[str, list[str]] = {
     "rte": ["--num_train_epochs", "3"],
     "wnli": ["--num_train_epochs", "3"],
 }
+
+
+#: GLUE recipe arguments the sweep sets for every task, and why each is refused after `--` (where it would
+#: override the sweep for every task: every task's folder and row would hold one run).
+SWEEP_OWNED = {
+    "task_name": "each task's comes from --tasks",
+    "model_name_or_path": "give the sweep's --model_name_or_path",
+    "peft": "give the sweep's --peft",
+    "output_dir": "each task writes to <the sweep's --output_dir>/<task>",
+    "data_dir": "give the sweep's --data_dir",
+    "train_file": "one file cannot serve several tasks: give the sweep's --data_dir (a folder in the GLUE layout)",
+    "validation_file": "one file cannot serve several tasks: give the sweep's --data_dir (a folder in the GLUE layout)",
+}
+
+
+def task_arguments(task: str, args: argparse.Namespace) -> list[str]:
+    """The GLUE recipe's arguments for one task of the sweep, before the user's (`TASK_DEFAULTS` included)."""
+    task_argv = ["--task_name", task, "--model_name_or_path", args.model_name_or_path, "--peft", args.peft]
+    task_argv += ["--output_dir", str(Path(args.output_dir) / task), *TASK_DEFAULTS[task]]
+    if args.data_dir:
+        task_argv += ["--data_dir", args.data_dir]
+    return task_argv
+
+
+def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) -> None:
+    """Check every task's arguments and data files before the first task runs.
+
+    Each task's arguments are parsed as the GLUE recipe parses them (`parse_glue_args`), and the files of
+    `--data_dir` are checked to exist (`glue_files`; without `--data_dir` the hub's copy is loaded per task).
+
+    Args:
+        tasks: task names as `GLUE_TASKS` spells them.
+        args: the sweep's own arguments.
+        extra: the arguments after `--`.
+
+    Raises:
+        SystemExit: an argparse error of the GLUE recipe (its one-line message); a `SWEEP_OWNED` argument
+            after `--` (`error: ...` naming it and why); a bad value or a missing data file
+            (`error: ...`).
+    """
+    for task in tasks:
+        try:
+            expected = parse_glue_args(task_arguments(task, args))
+            given = parse_glue_args(task_arguments(task, args) + extra)
+            for name, reason in SWEEP_OWNED.items():
+                if getattr(given, name) != getattr(expected, name):
+                    raise ValueError(f"--{name} {getattr(given, name)} after `--`: {reason}")
+            glue_files(task, args.data_dir)
+        except (ValueError, FileNotFoundError) as err:
+            raise SystemExit(f"error: {err}") from None
 
 
 #: Columns of every row besides task, metric and value (from the task's `all_results.json`).
@@ -89,27 +144,31 @@ def main(argv: list[str] | None = None) -> list[dict]:
         The per-task results (as `hfzoo.finetuning.glue.run_glue` returns them).
 
     Raises:
-        SystemExit: an unknown task or bad arguments (before any training), or a task's bad input.
+        SystemExit: an unknown or repeated task, bad arguments, a sweep-owned argument after `--` or a missing
+            data file (all before any training: `check_sweep`), or a task's bad input found while it runs.
     """
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(prog="glue_sweep.py", description=__doc__.splitlines()[0])
+    parser = OneLineErrorParser(prog="glue_sweep.py", description=__doc__.splitlines()[0])
     parser.add_argument("--model_name_or_path", required=True)
     parser.add_argument("--tasks", nargs="+", required=True, help=f"from {sorted(GLUE_TASKS)}")
     parser.add_argument("--peft", choices=("lora", "prefix", "none"), required=True)
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--data_dir", default=None)
     args = parser.parse_args(argv)
-    tasks = [get_glue_task(t).name for t in args.tasks]  # unknown names fail before any training
+    try:
+        tasks = [get_glue_task(t).name for t in args.tasks]
+    except ValueError as err:
+        parser.error(f"--tasks: {err}")
+    if len(set(tasks)) < len(tasks):
+        parser.error(f"--tasks names a task twice: {args.tasks}")
+    check_sweep(tasks, args, extra)  # every task's flags and files, before any training
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for task in tasks:
-        task_argv = ["--task_name", task, "--model_name_or_path", args.model_name_or_path, "--peft", args.peft]
-        task_argv += ["--output_dir", str(output_dir / task), *TASK_DEFAULTS[task]]
-        if args.data_dir:
-            task_argv += ["--data_dir", args.data_dir]
+        task_argv = task_arguments(task, args)
         print(f"=== {task}: finetune_glue.py {' '.join(task_argv + extra)}", flush=True)
         results.append(finetune(task_argv + extra))
         write_tables(output_dir, results)

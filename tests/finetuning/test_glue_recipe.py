@@ -253,6 +253,40 @@ def test_sweep_writes_markdown_and_json_tables(checkpoints, glue_dir, tmp_path):
     assert bars == {f"{r['task']} {r['metric']}": r["value"] for r in table["rows"]}
 
 
+@pytest.mark.parametrize(
+    ("tasks", "extra", "message"),
+    [
+        (["rte", "mnli"], [], "GLUE mnli needs"),
+        (["rte", "stsb"], ["--task_name", "cola"], "--task_name cola after `--`: each task's comes from --tasks"),
+        (["rte", "stsb"], ["--task", "cola"], "--task_name cola after `--`"),  # argparse's abbreviation
+        (["rte", "stsb"], ["--output_dir=/nowhere/else"], "--output_dir /nowhere/else after `--`: each task writes"),
+        (["rte", "stsb"], ["--train_file", "x.tsv"], "--train_file x.tsv after `--`: one file cannot serve"),
+        (["rte", "stsb"], ["--peft", "none"], "--peft none after `--`: give the sweep's --peft"),
+        (["rte", "stsb"], ["--lora_dropout", "1.5"], "--lora_dropout must be in [0, 1), got 1.5"),
+        (["rte", "stsb"], ["--lora_r", "0"], "argument --lora_r: must be a positive integer, got 0"),
+        (["rte", "RTE"], [], "--tasks names a task twice: ['rte', 'RTE']"),
+        (["rte", "sst3"], [], "--tasks: unknown GLUE task 'sst3'"),
+    ],
+    ids=["later-task-missing-data", "task-name", "abbreviated", "output-dir", "train-file", "peft", "bad-value",
+         "argparse-error", "twice", "unknown-task"],
+)  # fmt: skip
+def test_sweep_refuses_bad_input_before_its_first_task(tasks, extra, message, checkpoints, tmp_path, capsys):
+    """Every task's flags and files are checked before the first trains; flags the sweep sets are refused after --."""
+    from hfzoo.finetuning.sweep import main as sweep
+
+    data = tmp_path / "glue"
+    write_glue_dir(data, "rte")
+    write_glue_dir(data, "stsb")
+    out = tmp_path / "sweep"
+    sweep_argv = ["--model_name_or_path", str(checkpoints["encoder-tiny"]), "--data_dir", str(data), "--peft", "lora",
+                  "--output_dir", str(out), "--tasks", *tasks, "--", "--max_train_steps", "1", *extra]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        sweep(sweep_argv)
+    error = str(exit_info.value.code) + capsys.readouterr().err
+    assert message in error, error
+    assert not out.exists()  # no task ran
+
+
 @pytest.mark.slow
 def test_accelerate_launch(checkpoints, glue_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
