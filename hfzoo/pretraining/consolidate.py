@@ -24,6 +24,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM,
 
 import hfzoo  # noqa: F401  (registers the hfzoo model types with the Auto classes)
 
+from ..outputs import check_output_folder, removed_if_refused
+from ..training.checkpointing import verify_checkpoint
+
 #: The sharded model folder accelerate writes under FSDP with `SHARDED_STATE_DICT` (`torch.distributed.checkpoint`).
 FSDP_MODEL_DIR = "pytorch_model_fsdp_0"
 _AUTO_CLASSES = {"clm": AutoModelForCausalLM, "mlm": AutoModelForMaskedLM, "span": AutoModelForSeq2SeqLM}
@@ -72,14 +75,29 @@ def consolidate_checkpoint(checkpoint_dir: str | Path, output_dir: str | Path) -
         `output_dir`.
 
     Raises:
-        FileNotFoundError: not a checkpoint folder of this recipe (no `config.json` / `training_state.json`).
-        ValueError: the saved weights do not cover the model's parameters (names the first missing ones).
+        FileNotFoundError: not a checkpoint folder of this recipe (no `config.json` / `training_state.json`;
+            for a run's output folder the message names its `checkpoints/step_N` folders).
+        ValueError: `output_dir` is the checkpoint folder or inside it, or an existing file; a checkpoint that
+            fails its manifest (`CheckpointError`: a missing, truncated or corrupt file, named) or names an
+            unknown objective; the saved weights do not cover the model's parameters (names the first missing
+            ones).
     """
     path, output = Path(checkpoint_dir), Path(output_dir)
     for name in ("config.json", "training_state.json"):
         if not (path / name).is_file():
-            raise FileNotFoundError(f"{path}: not a pretraining checkpoint folder (no {name})")
+            steps = sorted((path / "checkpoints").glob("step_*"), key=lambda p: (len(p.name), p.name))
+            hint = f"; give one of its checkpoints: {', '.join(map(str, steps))}" if steps else ""
+            raise FileNotFoundError(f"{path}: not a pretraining checkpoint folder (no {name}){hint}")
+    if output.expanduser().resolve().is_relative_to(path.resolve()):
+        # the files the checkpoint's manifest lists would change (a resume would then refuse it as corrupt)
+        raise ValueError(f"output folder {output} is the checkpoint folder or inside it: give another folder")
+    check_output_folder(output, "output folder")
+    verify_checkpoint(path)  # a truncated or corrupt file is named before anything is read
     objective = json.loads((path / "training_state.json").read_text()).get("objective", "clm")
+    if objective not in _AUTO_CLASSES:
+        raise ValueError(
+            f"{path / 'training_state.json'}: objective {objective!r} is not one of {sorted(_AUTO_CLASSES)}"
+        )
     config = AutoConfig.from_pretrained(path)
     model = _AUTO_CLASSES[objective].from_config(config)
     missing, unexpected = model.load_state_dict(load_checkpoint_state_dict(path), strict=False)
@@ -101,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("output_dir", help="Where to write the save_pretrained folder.")
     args = parser.parse_args(argv)
     try:
-        print(consolidate_checkpoint(args.checkpoint_dir, args.output_dir))
+        with removed_if_refused(args.output_dir):  # a refused checkpoint leaves no empty output folder behind
+            print(consolidate_checkpoint(args.checkpoint_dir, args.output_dir))
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
 
