@@ -267,17 +267,19 @@ def main(argv: list[str] | None = None) -> dict:
         argv: arguments without the program name (default: `sys.argv[1:]`).
 
     Returns:
-        `{file name: {"eval_loss", "perplexity", "blocks", "block_size", "tokens", "bytes", "bits_per_byte"}}`
-        (see `text_size` and `bits_per_byte`), plus `lm_eval` (`{task: {metric: value}}`, `run_lm_eval`) with
+        `{file key: {"eval_loss", "perplexity", "blocks", "block_size", "tokens", "bytes", "bits_per_byte"}}`
+        (see `text_size` and `bits_per_byte`; the key is the file's name, or its path where two files share a
+        name: `validation_file_names`), plus `lm_eval` (`{task: {metric: value}}`, `run_lm_eval`) with
         `--lm_eval_tasks` and `sample` (`greedy_sample`'s record) with `--prompt`; also written to
         `--output_file` (the metrics before the sample is generated, then everything).
 
     Raises:
         SystemExit: bad input (one-line `error: ...`), among it a prompt plus `--max_new_tokens` beyond the
             model's position limit (before any evaluation), an unknown `--lm_eval_tasks` name or a missing task
-            file, a `--text_column_name` that a `--validation_file` lacks or an empty `--prompt` (both before the
-            model is loaded), a masked LM (neither a causal LM nor an encoder-decoder); greedy generation with the
-            KV cache differing from generation without it (after the record with both is written).
+            file, a `--validation_file` given twice, a `--text_column_name` that a `--validation_file` lacks or
+            an empty `--prompt` (before the model is loaded), a masked LM (neither a causal LM nor an
+            encoder-decoder); greedy generation with the KV cache differing from generation without it (after
+            the record with both is written).
     """
     args = parse_evaluate_args(argv)
     with removed_if_refused(None if args.output_file is None else Path(args.output_file).expanduser().parent):
@@ -354,6 +356,35 @@ def seq2seq_batches(dataloader, start_token_id: int):
         yield {"input_ids": encoder, "attention_mask": torch.ones_like(encoder), "labels": blocks}
 
 
+#: Keys of `main`'s results that are not a validation file's.
+RESULT_KEYS = ("lm_eval", "sample")
+
+
+def validation_file_names(files: list[str]) -> dict[str, str]:
+    """The key of each `--validation_file` in the results: its file name, or the path as given where two share it.
+
+    Args:
+        files: the paths as given.
+
+    Returns:
+        `{path as given: key}`, the keys distinct and none of `RESULT_KEYS` (e.g. `wikitext-2/wiki.valid.tokens`
+        and `wikitext-103/wiki.valid.tokens` keep their paths, where one name would have held only the last).
+
+    Raises:
+        ValueError: a file given twice (the same file, however written).
+    """
+    seen: dict[Path, str] = {}
+    for file in files:
+        resolved = Path(file).expanduser().resolve()
+        if resolved in seen:
+            raise ValueError(f"--validation_file {file}: given twice (as {seen[resolved]} too)")
+        seen[resolved] = file
+    names = [Path(file).name for file in files]
+    return {
+        file: name if names.count(name) == 1 and name not in RESULT_KEYS else file for file, name in zip(files, names)
+    }
+
+
 def _check_lm_eval(args: argparse.Namespace) -> list[str]:
     """The `--lm_eval_tasks` names, their data and lm-eval itself checked (before the model is loaded)."""
     if args.lm_eval_tasks is None:
@@ -373,6 +404,7 @@ def _evaluate(args: argparse.Namespace) -> dict:
         if args.output_file:
             check_output_file(args.output_file)  # before any work: a run never ends unable to save its metrics
         check_input_files(None, args.validation_file)
+        names = validation_file_names(args.validation_file)
         if args.prompt == "":
             raise ValueError("--prompt is empty: give the text to continue, or leave --prompt out")
         tasks = _check_lm_eval(args)
@@ -435,9 +467,9 @@ def _evaluate(args: argparse.Namespace) -> dict:
         tokens, size = text_size(raw["validation"], tokenizer, args.text_column_name)
         metrics.update(blocks=len(packed), block_size=block_size, tokens=tokens, bytes=size)
         metrics["bits_per_byte"] = bits_per_byte(metrics["eval_loss"] * tokens, size)
-        results[Path(file).name] = metrics
+        results[names[file]] = metrics
         print(
-            f"{Path(file).name}: {len(packed)} blocks of {block_size} tokens, eval_loss {metrics['eval_loss']:.4f}, "
+            f"{names[file]}: {len(packed)} blocks of {block_size} tokens, eval_loss {metrics['eval_loss']:.4f}, "
             f"perplexity {metrics['perplexity']:.2f}, bits per byte {metrics['bits_per_byte']:.4f} "
             f"({tokens} tokens, {size} bytes)"
         )

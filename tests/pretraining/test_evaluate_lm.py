@@ -188,11 +188,27 @@ def test_a_missing_output_folder_is_created_and_the_metrics_saved(checkpoint, tm
             "error: --text_column_name 'body' is not a column of --validation_file {file}; its columns are ['text']",
         ),
         (["--prompt", ""], "error: --prompt is empty: give the text to continue, or leave --prompt out"),
+        (["--validation_file", "{folder}/../{name}/text.txt"], "error: --validation_file {folder}/../{name}/text.txt: "
+         "given twice (as {file} too)"),
     ],
-    ids=["text-column", "empty-prompt"],
-)
+    ids=["text-column", "empty-prompt", "file-twice"],
+)  # fmt: skip
 def test_bad_input_is_refused_before_the_model_is_loaded(extra, expected, checkpoint, tmp_path, monkeypatch):
     monkeypatch.setattr(evaluation, "AutoTokenizer", None)  # loading the tokenizer (or the model) would fail here
+    where = dict(file=checkpoint / "text.txt", folder=checkpoint, name=checkpoint.name)
     with pytest.raises(SystemExit) as exit_info:
-        evaluate(checkpoint, tmp_path / "eval.json", *extra)
-    assert exit_info.value.code == expected.format(file=checkpoint / "text.txt")
+        evaluate(checkpoint, tmp_path / "eval.json", *[a.format(**where) for a in extra])
+    assert exit_info.value.code == expected.format(**where)
+
+
+def test_files_that_share_a_name_keep_their_own_results(checkpoint, tmp_path):
+    """Two `valid.txt` (as WikiText-2's and WikiText-103's `wiki.valid.tokens`) are reported under their paths."""
+    for folder, repeats in (("a", 1), ("b", 3)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "valid.txt").write_text((TEXT * 4 + "\n") * 2 * repeats)
+    files = [str(tmp_path / "a" / "valid.txt"), str(tmp_path / "b" / "valid.txt"), str(checkpoint / "text.txt")]
+    results = main(["--model_name_or_path", str(checkpoint), "--validation_file", *files,
+                    "--output_file", str(tmp_path / "eval.json")])  # fmt: skip
+    assert list(results) == [*files[:2], "text.txt"]
+    assert results[files[0]]["tokens"] * 3 == results[files[1]]["tokens"]
+    assert json.loads((tmp_path / "eval.json").read_text()) == json.loads(json.dumps(results))
