@@ -65,6 +65,35 @@ def test_bad_input_files_are_refused_before_any_data_is_loaded(
     assert expected in run_main_expecting_error(argv, capsys)
 
 
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        (["--train_file", "{data}", "{data}"], "--train_file {data}: given twice (as {data} too); give each file once"),
+        (["--train_file", "{data}", "{tmp}/../{tmp_name}/data.jsonl.xz"],
+         "--train_file {tmp}/../{tmp_name}/data.jsonl.xz: given twice (as {data} too)"),
+        (["--train_file", "{data}", "--validation_file", "{other}", "{other}"], "--validation_file {other}: given twice"),
+        (["--train_file", "{data}", "{other}", "--validation_file", "./{rel}"],
+         "--validation_file ./{rel}: is also --train_file {other}; the validation loss would be measured on text the "
+         "model trains on"),
+    ],
+    ids=["train-file-twice", "train-file-twice-written-otherwise", "validation-file-twice", "validation-is-trained-on"],
+)  # fmt: skip
+def test_a_data_file_given_twice_is_refused_before_any_data_is_loaded(
+    files, expected, tmp_path, small_jsonl_xz, tokenizer_dir, no_data_work, capsys, monkeypatch
+):
+    """Twice in one list its rows would count twice (one copy split off for validation, the other trained on)."""
+    data, other = tmp_path / "data.jsonl.xz", tmp_path / "other.jsonl.xz"
+    data.write_bytes(small_jsonl_xz.read_bytes())
+    other.write_bytes(small_jsonl_xz.read_bytes())
+    monkeypatch.chdir(tmp_path.parent)
+    where = dict(data=data, other=other, tmp=tmp_path, tmp_name=tmp_path.name, rel=f"{tmp_path.name}/other.jsonl.xz")
+    argv = base_args(data, tokenizer_dir, tmp_path / "out")
+    argv[argv.index("--train_file") : argv.index("--train_file") + 2] = []
+    argv += [a.format(**where) for a in files]
+    assert expected.format(**where) in run_main_expecting_error(argv, capsys)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("compress", [False, True], ids=["jsonl", "jsonl.xz"])
 def test_invalid_utf8_names_the_file_and_the_byte_offset(compress, tmp_path, gutenberg_books, small_jsonl_xz,
                                                           tokenizer_dir, no_data_work, capsys):  # fmt: skip

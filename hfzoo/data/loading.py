@@ -280,12 +280,49 @@ def check_text_column(dataset: datasets.Dataset | datasets.IterableDataset, text
         )
 
 
+def check_distinct_files(
+    train_file: Sequence[str | os.PathLike] | None,
+    validation_file: Sequence[str | os.PathLike] | None = None,
+    arguments: tuple[str, str] = ("--train_file", "--validation_file"),
+) -> None:
+    """Refuse a data file given twice, however written (`a.jsonl`, `./a.jsonl`, an absolute path).
+
+    Nothing is read: the paths are compared resolved.
+
+    Args:
+        train_file: the training files.
+        validation_file: the validation files.
+        arguments: the names of the two, for messages (the study's keys are `train_file` / `validation_file`).
+
+    Raises:
+        ValueError: a file twice in `train_file` or in `validation_file` (its rows would count twice; split
+            off for validation, one copy would be trained on), or a validation file that is one of the training
+            files (the validation loss would be measured on text the model trains on).
+    """
+    seen: list[dict[Path, str]] = [{}, {}]
+    for files, argument, given in zip((train_file, validation_file), arguments, seen):
+        for file in files or []:
+            path = Path(file).expanduser().resolve()
+            if path in given:
+                raise ValueError(f"{argument} {file!s}: given twice (as {given[path]} too); give each file once")
+            given[path] = str(file)
+    trained, held_out = seen
+    for path, file in held_out.items():
+        if path in trained:
+            raise ValueError(
+                f"{arguments[1]} {file}: is also {arguments[0]} {trained[path]}; "
+                "the validation loss would be measured on text the model trains on"
+            )
+
+
 def check_input_files(
     train_file: Sequence[str] | None, validation_file: Sequence[str] | None = None, streaming: bool = False
 ) -> None:
     """Check every local training and validation file (`check_data_files`) before any of them is loaded.
 
-    Streamed data is checked on its first `STREAMING_SCAN_BYTES` bytes per file, other data in full.
+    Streamed data is checked on its first `STREAMING_SCAN_BYTES` bytes per file, other data in full. The
+    command lines also refuse a file given twice (`check_distinct_files`); this function does not, so that a
+    program may load one file as both splits.
 
     Raises:
         FileNotFoundError, ValueError: see `check_data_files`.

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from ..data.loading import check_distinct_files
 from ..training.arguments import (
     SCHEDULERS,
     OneLineErrorParser,
@@ -303,7 +304,8 @@ def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
         The parsed namespace.
 
     Raises:
-        SystemExit: (from argparse) an unknown flag or a bad value, with a message naming it.
+        SystemExit: (from argparse) an unknown flag or a bad value, with a message naming it; a data file given
+            twice, or as both a training and a validation file (`check_distinct_files`).
         ValueError, FileNotFoundError: a bad YAML file.
     """
     parser = build_pretrain_parser()
@@ -339,6 +341,10 @@ def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("give --tokenizer_name (train one with tokenizer_training/train_tokenizer.py)")
     if args.streaming and args.max_train_steps is None:
         parser.error("--streaming needs --max_train_steps (a stream's length is unknown)")
+    try:
+        check_distinct_files(args.train_file, args.validation_file)
+    except ValueError as err:
+        parser.error(str(err))
     if args.max_grad_norm < 0:
         parser.error(f"--max_grad_norm must be >= 0, got {args.max_grad_norm}")
     check_muon_arguments(args, parser)

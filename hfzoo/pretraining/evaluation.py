@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, default_data_collator
 
-from ..data.loading import check_input_files, check_text_column, clean_text, load_local_files
+from ..data.loading import check_distinct_files, check_input_files, check_text_column, clean_text, load_local_files
 from ..data.packing import tokenize_and_pack
 from ..integrity import check_weight_files
 from ..modules.positions import ABSOLUTE_POSITION_EMBEDDINGS
@@ -364,21 +364,12 @@ def validation_file_names(files: list[str]) -> dict[str, str]:
     """The key of each `--validation_file` in the results: its file name, or the path as given where two share it.
 
     Args:
-        files: the paths as given.
+        files: the paths as given, each file once (`hfzoo.data.loading.check_distinct_files`).
 
     Returns:
         `{path as given: key}`, the keys distinct and none of `RESULT_KEYS` (e.g. `wikitext-2/wiki.valid.tokens`
         and `wikitext-103/wiki.valid.tokens` keep their paths, where one name would have held only the last).
-
-    Raises:
-        ValueError: a file given twice (the same file, however written).
     """
-    seen: dict[Path, str] = {}
-    for file in files:
-        resolved = Path(file).expanduser().resolve()
-        if resolved in seen:
-            raise ValueError(f"--validation_file {file}: given twice (as {seen[resolved]} too)")
-        seen[resolved] = file
     names = [Path(file).name for file in files]
     return {
         file: name if names.count(name) == 1 and name not in RESULT_KEYS else file for file, name in zip(files, names)
@@ -403,6 +394,7 @@ def _evaluate(args: argparse.Namespace) -> dict:
     try:
         if args.output_file:
             check_output_file(args.output_file)  # before any work: a run never ends unable to save its metrics
+        check_distinct_files(None, args.validation_file)
         check_input_files(None, args.validation_file)
         names = validation_file_names(args.validation_file)
         if args.prompt == "":

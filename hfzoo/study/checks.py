@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 
 from ..choices import choice_hint
 from ..data.glue import get_glue_task
+from ..data.loading import check_distinct_files
 from ..finetuning import parse_glue_args, resolve_max_length
 from ..models.modern import STUDY_ROWS
 from ..models.narang import load_paper_table
@@ -33,7 +34,8 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
     """Refuse bad settings before anything is trained; return what the runs need.
 
     Checks: at least one variant and seed, known and distinct variant names, distinct seeds in [0, 2**32 - 1],
-    at least `EARLY_FRACTION` steps, the data, tokenizer, GLUE and paper files, every variant's config (built with
+    at least `EARLY_FRACTION` steps, the data (each file once, none both trained on and held out), tokenizer,
+    GLUE and paper files, every variant's config (built with
     the planned vocabulary) with `block_size` and `glue_max_length` within its position table, the recipes' own
     argument checks on every run's arguments, and the batch arithmetic.
 
@@ -90,6 +92,7 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
         for file in getattr(settings, key) or []:
             if not Path(file).is_file():
                 raise FileNotFoundError(f"{key}: {file}: no such file")
+    check_distinct_files(settings.train_file, settings.validation_file, ("train_file", "validation_file"))
     if settings.tokenizer_name is None and not (settings.tokenizer_train_file or settings.train_file):
         raise ValueError("tokenizer_name is null and there are no files to train the study's tokenizer on")
     if settings.paper_table is not None:

@@ -189,7 +189,7 @@ def test_a_missing_output_folder_is_created_and_the_metrics_saved(checkpoint, tm
         ),
         (["--prompt", ""], "error: --prompt is empty: give the text to continue, or leave --prompt out"),
         (["--validation_file", "{folder}/../{name}/text.txt"], "error: --validation_file {folder}/../{name}/text.txt: "
-         "given twice (as {file} too)"),
+         "given twice (as {file} too); give each file once"),
     ],
     ids=["text-column", "empty-prompt", "file-twice"],
 )  # fmt: skip

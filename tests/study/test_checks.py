@@ -117,3 +117,17 @@ def test_bad_input_is_refused_before_anything_is_trained(changes, flags, expecte
     message = expect_refusal(["--study", str(study), "--output_dir", str(tmp_path / "out"), *flags], capsys)
     assert message.startswith("error: ") and expected in message, message
     assert not (tmp_path / "out" / "tokenizer").exists() and not (tmp_path / "out" / "runs").exists()
+
+
+def test_a_validation_file_that_is_also_trained_on_is_refused(inputs, tmp_path, capsys):
+    """The held-out loss of every row would be measured on text the rows train on."""
+    study = tiny_study(inputs, tmp_path / "study.yaml", tokenizer_name=None, validation_file=[inputs["train"]])
+    message = expect_refusal(["--study", str(study), "--output_dir", str(tmp_path / "out")], capsys)
+    assert message == (
+        f"error: validation_file {inputs['train']}: is also train_file {inputs['train']}; the validation loss would "
+        "be measured on text the model trains on"
+    )
+    study = tiny_study(inputs, tmp_path / "study.yaml", train_file=[inputs["train"], inputs["train"]])
+    message = expect_refusal(["--study", str(study), "--output_dir", str(tmp_path / "out")], capsys)
+    assert message.startswith(f"error: train_file {inputs['train']}: given twice")
+    assert not (tmp_path / "out" / "tokenizer").exists() and not (tmp_path / "out" / "runs").exists()
