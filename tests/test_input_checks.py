@@ -73,8 +73,8 @@ def test_bad_input_files_are_refused_before_any_data_is_loaded(
          "--train_file {tmp}/../{tmp_name}/data.jsonl.xz: given twice (as {data} too)"),
         (["--train_file", "{data}", "--validation_file", "{other}", "{other}"], "--validation_file {other}: given twice"),
         (["--train_file", "{data}", "{other}", "--validation_file", "./{rel}"],
-         "--validation_file ./{rel}: is also --train_file {other}; the validation loss would be measured on text the "
-         "model trains on"),
+         "--validation_file ./{rel}: is also --train_file {other}; the validation metrics would be measured on text "
+         "the model trains on"),
     ],
     ids=["train-file-twice", "train-file-twice-written-otherwise", "validation-file-twice", "validation-is-trained-on"],
 )  # fmt: skip

@@ -297,7 +297,7 @@ def check_distinct_files(
     Raises:
         ValueError: a file twice in `train_file` or in `validation_file` (its rows would count twice; split
             off for validation, one copy would be trained on), or a validation file that is one of the training
-            files (the validation loss would be measured on text the model trains on).
+            files (the validation metrics would be measured on text the model trains on).
     """
     seen: list[dict[Path, str]] = [{}, {}]
     for files, argument, given in zip((train_file, validation_file), arguments, seen):
@@ -311,7 +311,7 @@ def check_distinct_files(
         if path in trained:
             raise ValueError(
                 f"{arguments[1]} {file}: is also {arguments[0]} {trained[path]}; "
-                "the validation loss would be measured on text the model trains on"
+                "the validation metrics would be measured on text the model trains on"
             )
 
 

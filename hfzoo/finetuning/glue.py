@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
 from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, load_glue
+from ..data.loading import check_distinct_files
 from ..data.sampling import EpochLengthGroupedSampler
 from ..integrity import check_weight_files
 from ..outputs import check_output_folder, removed_if_refused
@@ -229,7 +230,8 @@ def parse_glue_args(argv: list[str] | None = None) -> argparse.Namespace:
     Raises:
         SystemExit: an argparse error (one line), a bad `--muon_*` value, a `--muon_*` flag without
             `--optim muon`, `--optim muon` with PEFT (`--peft` other than `none`), a LoRA or prefix flag with
-            another `--peft` (`PEFT_METHOD_FLAGS`), or `--prefix_hidden_size` without `--prefix_projection`.
+            another `--peft` (`PEFT_METHOD_FLAGS`), `--prefix_hidden_size` without `--prefix_projection`, or a
+            `--validation_file` that is the `--train_file` (`check_distinct_files`).
         ValueError: an unknown task; `--lora_dropout` outside [0, 1).
     """
     parser = build_glue_parser()
@@ -242,6 +244,11 @@ def parse_glue_args(argv: list[str] | None = None) -> argparse.Namespace:
     resolve_choice_flags(parser, args, "peft", PEFT_METHOD_FLAGS)
     if args.prefix_hidden_size is not None and not args.prefix_projection:
         parser.error("--prefix_hidden_size is the hidden size of --prefix_projection's MLP: give both or neither")
+    if args.train_file is not None and args.validation_file is not None:
+        try:
+            check_distinct_files([args.train_file], [args.validation_file])
+        except ValueError as err:
+            parser.error(str(err))
     if not 0.0 <= args.lora_dropout < 1.0:
         raise ValueError(f"--lora_dropout must be in [0, 1), got {args.lora_dropout}")
     return args

@@ -234,6 +234,18 @@ def test_a_peft_flag_that_the_method_would_ignore_is_refused(flags, message, cap
     assert (prefix.num_virtual_tokens, prefix.prefix_projection, prefix.prefix_hidden_size) == (5, True, 32)
 
 
+def test_a_dev_file_that_is_the_training_file_is_refused(tmp_path, capsys):
+    """The dev metric would be measured on the examples the model was finetuned on."""
+    (tmp_path / "rte.tsv").write_text("")
+    base = ["--task_name", "rte", "--model_name_or_path", "m", "--output_dir", "o"]
+    with pytest.raises(SystemExit) as exit_info:
+        parse_glue_args(
+            [*base, "--train_file", str(tmp_path / "rte.tsv"), "--validation_file", f"{tmp_path}/./rte.tsv"]
+        )
+    assert exit_info.value.code == 2
+    assert f"--validation_file {tmp_path}/./rte.tsv: is also --train_file {tmp_path}/rte.tsv" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_sweep_writes_markdown_and_json_tables(checkpoints, glue_dir, tmp_path):
     out = tmp_path / "sweep"

@@ -124,7 +124,7 @@ def test_a_validation_file_that_is_also_trained_on_is_refused(inputs, tmp_path, 
     study = tiny_study(inputs, tmp_path / "study.yaml", tokenizer_name=None, validation_file=[inputs["train"]])
     message = expect_refusal(["--study", str(study), "--output_dir", str(tmp_path / "out")], capsys)
     assert message == (
-        f"error: validation_file {inputs['train']}: is also train_file {inputs['train']}; the validation loss would "
+        f"error: validation_file {inputs['train']}: is also train_file {inputs['train']}; the validation metrics would "
         "be measured on text the model trains on"
     )
     study = tiny_study(inputs, tmp_path / "study.yaml", train_file=[inputs["train"], inputs["train"]])
