@@ -26,7 +26,7 @@ from pathlib import Path
 
 import datasets
 
-from ..data.loading import check_text_column, iter_texts, load_local_files
+from ..data.loading import check_distinct_files, check_text_column, iter_texts, load_local_files
 from ..outputs import check_output_folder, removed_if_refused
 from ..tokenization import FAMILY_SPECIAL_TOKENS, TextBatches, train_bpe_tokenizer
 
@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     Raises:
         SystemExit: an argparse error, among them `--num_extra_ids` with a family other than encoder-decoder
-            (only span corruption uses sentinel tokens).
+            (only span corruption uses sentinel tokens) and a `--train_file` given twice (`check_distinct_files`).
     """
     parser = argparse.ArgumentParser(prog="hfzoo-train-tokenizer", description=__doc__.split("\n\n")[0])
     data = parser.add_argument_group("data")
@@ -94,6 +94,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"--num_extra_ids {args.num_extra_ids}: sentinel tokens are for --model_family encoder-decoder "
             f"(span corruption), not {args.model_family}"
         )
+    try:
+        check_distinct_files(args.train_file)  # a file twice would count its pairs twice
+    except ValueError as err:
+        parser.error(str(err))
     return args
 
 

@@ -411,3 +411,13 @@ def test_cli_refuses_sentinels_outside_the_encoder_decoder_family(cli, family, c
         f"--num_extra_ids 5: sentinel tokens are for --model_family encoder-decoder (span corruption), not {family}"
         in capsys.readouterr().err
     )
+
+
+def test_cli_refuses_a_training_file_given_twice(cli, tmp_path, capsys, monkeypatch):
+    """Its documents would count twice in the pair statistics."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as excinfo:
+        cli.parse_args(["--train_file", "a.txt", "b.txt", "--train_file", "./a.txt", "--output_dir", "o"])
+    assert excinfo.value.code == 2
+    assert "--train_file ./a.txt: given twice (as a.txt too); give each file once" in capsys.readouterr().err
+    assert cli.parse_args(["--train_file", "a.txt", "b.txt", "--output_dir", "o"]).train_file == ["a.txt", "b.txt"]
