@@ -292,6 +292,26 @@ def load_yaml_config(path: str, parser: argparse.ArgumentParser) -> dict[str, An
     return values
 
 
+def check_data_source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse local files and a hub dataset together, and a hub configuration without its dataset.
+
+    With both `--train_file` and `--dataset_name` the local files would be read and the hub dataset ignored;
+    `--dataset_config_name` alone would be ignored.
+
+    Raises:
+        SystemExit: argparse's one-line error naming the flags.
+    """
+    if args.train_file and args.dataset_name:
+        parser.error(
+            f"--train_file and --dataset_name {args.dataset_name}: give one data source, local files or a hub dataset "
+            "(the hub dataset would be ignored)"
+        )
+    if args.dataset_config_name and not args.dataset_name:
+        parser.error(
+            f"--dataset_config_name {args.dataset_config_name} is a configuration of --dataset_name: give both"
+        )
+
+
 def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the recipe's arguments: YAML defaults (`--config`), then command-line flags.
 
@@ -305,7 +325,8 @@ def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     Raises:
         SystemExit: (from argparse) an unknown flag or a bad value, with a message naming it; a data file given
-            twice, or as both a training and a validation file (`check_distinct_files`).
+            twice, or as both a training and a validation file (`check_distinct_files`); both `--train_file` and
+            `--dataset_name`, or `--dataset_config_name` without `--dataset_name` (`check_data_source`).
         ValueError, FileNotFoundError: a bad YAML file.
     """
     parser = build_pretrain_parser()
@@ -335,6 +356,7 @@ def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--output_dir is required")
     if not args.train_file and not args.dataset_name:
         parser.error("give --train_file or --dataset_name")
+    check_data_source(parser, args)
     if args.model_name_or_path is None and args.config_name is None:
         parser.error("give --config_name (a preset or config) or --model_name_or_path")
     if args.model_name_or_path is None and args.tokenizer_name is None:

@@ -29,6 +29,7 @@ import datasets
 from ..data.loading import check_distinct_files, check_text_column, iter_texts, load_local_files
 from ..outputs import check_output_folder, removed_if_refused
 from ..tokenization import FAMILY_SPECIAL_TOKENS, TextBatches, train_bpe_tokenizer
+from .arguments import check_data_source
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     Raises:
         SystemExit: an argparse error, among them `--num_extra_ids` with a family other than encoder-decoder
-            (only span corruption uses sentinel tokens) and a `--train_file` given twice (`check_distinct_files`).
+            (only span corruption uses sentinel tokens), a `--train_file` given twice (`check_distinct_files`), and
+            both `--train_file` and `--dataset_name` or `--dataset_config_name` alone (`check_data_source`).
     """
     parser = argparse.ArgumentParser(prog="hfzoo-train-tokenizer", description=__doc__.split("\n\n")[0])
     data = parser.add_argument_group("data")
@@ -98,6 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         check_distinct_files(args.train_file)  # a file twice would count its pairs twice
     except ValueError as err:
         parser.error(str(err))
+    check_data_source(parser, args)
     return args
 
 

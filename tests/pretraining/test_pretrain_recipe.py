@@ -46,11 +46,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
         (lambda a, tmp: a.extend(["--torch_compile_backend", "indcutor"]), "unknown torch.compile backend 'indcutor'; known backends: "),
         (lambda a, tmp: a.extend(["--seed", "-1"]), "--seed: must be an integer in [0, 4294967295], got -1"),
         (lambda a, tmp: a.extend(["--eval_seed", str(2**32)]), "--eval_seed: must be an integer in [0, 4294967295], got 4294967296"),
+        (lambda a, tmp: a.extend(["--dataset_name", "wikitext"]), "--train_file and --dataset_name wikitext: give one data source"),
+        (lambda a, tmp: a.extend(["--dataset_config_name", "wikitext-2-raw-v1"]), "--dataset_config_name wikitext-2-raw-v1 is a configuration of --dataset_name"),
     ],
     ids=[
         "missing-file", "empty-file", "text-column", "tokenizer-too-large", "block-size", "unknown-override",
         "bad-override-value", "batch-size", "steps", "accumulation", "preset", "resume-path", "weight-decay",
-        "adam-beta1", "adam-beta2", "compile-backend", "seed", "eval-seed",
+        "adam-beta1", "adam-beta2", "compile-backend", "seed", "eval-seed", "two-data-sources", "config-without-dataset",
     ],
 )  # fmt: skip
 def test_bad_input_fails_before_training(change, expected, small_jsonl_xz, tokenizer_dir, tmp_path, capsys):

@@ -421,3 +421,17 @@ def test_cli_refuses_a_training_file_given_twice(cli, tmp_path, capsys, monkeypa
     assert excinfo.value.code == 2
     assert "--train_file ./a.txt: given twice (as a.txt too); give each file once" in capsys.readouterr().err
     assert cli.parse_args(["--train_file", "a.txt", "b.txt", "--output_dir", "o"]).train_file == ["a.txt", "b.txt"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--dataset_name", "wikitext"], "--train_file and --dataset_name wikitext: give one data source"),
+        (["--dataset_config_name", "raw"], "--dataset_config_name raw is a configuration of --dataset_name: give both"),
+    ],
+    ids=["two-sources", "config-without-dataset"],
+)
+def test_cli_refuses_a_data_flag_it_would_ignore(cli, extra, message, capsys):
+    with pytest.raises(SystemExit) as excinfo:
+        cli.parse_args(["--train_file", "a.txt", "--output_dir", "o", *extra])
+    assert excinfo.value.code == 2 and message in capsys.readouterr().err
