@@ -222,11 +222,16 @@ def greedy_sample(model, tokenizer, prompt: str, max_new_tokens: int) -> dict:
     }
 
 
+#: Tokens `--prompt` is continued by when `--max_new_tokens` is not given.
+DEFAULT_MAX_NEW_TOKENS = 32
+
+
 def parse_evaluate_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the arguments of `hfzoo-evaluate-lm` (see `--help`).
 
     Raises:
-        SystemExit: an argparse error (one line).
+        SystemExit: an argparse error (one line), among them nothing to evaluate (no `--validation_file`,
+            `--lm_eval_tasks` or `--prompt`) and `--max_new_tokens` without `--prompt`.
     """
     p = OneLineErrorParser(
         prog="hfzoo-evaluate-lm",
@@ -243,7 +248,9 @@ def parse_evaluate_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="Text to continue greedily, with the KV cache and without it (the two must agree, else exit status 1).",
     )
-    p.add_argument("--max_new_tokens", type=positive_int, default=32)
+    p.add_argument(
+        "--max_new_tokens", type=positive_int, default=None, help="Tokens to generate after --prompt (default 32)."
+    )
     p.add_argument("--output_file", default=None, help="Write the metrics as JSON here.")
     p.add_argument(
         "--lm_eval_tasks",
@@ -257,7 +264,13 @@ def parse_evaluate_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="The data folder of --lm_eval_tasks, laid out as ../shared/data (default: $HFZOO_DATA_DIR, else that).",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not (args.validation_file or args.lm_eval_tasks or args.prompt is not None):
+        p.error("nothing to evaluate: give --validation_file, --lm_eval_tasks or --prompt")
+    if args.max_new_tokens is not None and args.prompt is None:
+        p.error(f"--max_new_tokens {args.max_new_tokens} is the length of --prompt's continuation: give --prompt")
+    args.max_new_tokens = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -379,8 +392,9 @@ def validation_file_names(files: list[str]) -> dict[str, str]:
 def _check_lm_eval(args: argparse.Namespace) -> list[str]:
     """The `--lm_eval_tasks` names, their data and lm-eval itself checked (before the model is loaded)."""
     if args.lm_eval_tasks is None:
-        if args.lm_eval_limit is not None:
-            raise ValueError("--lm_eval_limit needs --lm_eval_tasks")
+        for flag in ("lm_eval_limit", "data_dir"):
+            if getattr(args, flag) is not None:
+                raise ValueError(f"--{flag} needs --lm_eval_tasks")
         return []
     tasks = parse_task_names(args.lm_eval_tasks)
     args.data_dir = args.data_dir or default_data_dir()
