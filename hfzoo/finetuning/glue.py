@@ -52,6 +52,7 @@ from ..training.arguments import (
     OneLineErrorParser,
     add_muon_arguments,
     add_speed_arguments,
+    check_dependent_flags,
     check_muon_arguments,
     check_scheduler_arguments,
     checkpointing_steps,
@@ -198,7 +199,7 @@ def build_glue_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust_remote_code", action="store_true")
     add_speed_arguments(p)
     p.add_argument("--with_tracking", action="store_true", help="log to --report_to (tensorboard)")
-    p.add_argument("--report_to", default="tensorboard")
+    p.add_argument("--report_to", default=None, help="tracker(s) of --with_tracking: tensorboard (default), wandb, ...")
     p.add_argument("--push_to_hub", action="store_true")
     p.add_argument("--hub_model_id", default=None)
     p.add_argument("--hub_token", default=None)
@@ -231,7 +232,8 @@ def parse_glue_args(argv: list[str] | None = None) -> argparse.Namespace:
         SystemExit: an argparse error (one line), a bad `--muon_*` value, a `--muon_*` flag without
             `--optim muon`, `--optim muon` with PEFT (`--peft` other than `none`), a LoRA or prefix flag with
             another `--peft` (`PEFT_METHOD_FLAGS`), `--prefix_hidden_size` without `--prefix_projection`, or a
-            `--validation_file` that is the `--train_file` (`check_distinct_files`).
+            `--validation_file` that is the `--train_file` (`check_distinct_files`), or a flag given without the one it
+            acts with (`check_dependent_flags`: `--hub_model_id` without `--push_to_hub`, ...).
         ValueError: an unknown task; `--lora_dropout` outside [0, 1).
     """
     parser = build_glue_parser()
@@ -242,6 +244,7 @@ def parse_glue_args(argv: list[str] | None = None) -> argparse.Namespace:
         # LoRA's low-rank factors and prefix tuning's prefixes are not the hidden layers' weight matrices Muon is for.
         parser.error(f"--optim muon needs --peft none (full finetuning), got --peft {args.peft}")
     resolve_choice_flags(parser, args, "peft", PEFT_METHOD_FLAGS)
+    check_dependent_flags(parser, args)
     if args.prefix_hidden_size is not None and not args.prefix_projection:
         parser.error("--prefix_hidden_size is the hidden size of --prefix_projection's MLP: give both or neither")
     if args.train_file is not None and args.validation_file is not None:

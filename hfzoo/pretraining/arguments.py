@@ -20,6 +20,7 @@ from ..training.arguments import (
     adam_beta,
     add_muon_arguments,
     add_speed_arguments,
+    check_dependent_flags,
     check_muon_arguments,
     checkpointing_steps,
     non_negative_float,
@@ -248,7 +249,12 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     out.add_argument("--checkpoints_total_limit", type=positive_int, default=2, help="Keep the newest K checkpoints.")
     out.add_argument("--resume_from_checkpoint", type=str, default=None, help="'latest' or a checkpoint folder.")
     out.add_argument("--with_tracking", action="store_true", help="Log metrics with accelerate's trackers.")
-    out.add_argument("--report_to", type=str, default="tensorboard", help="Tracker(s): tensorboard, wandb, all, ...")
+    out.add_argument(
+        "--report_to",
+        type=str,
+        default=None,
+        help="Tracker(s) of --with_tracking: tensorboard (default), wandb, all, ...",
+    )
     out.add_argument("--logging_steps", type=positive_int, default=10, help="Log/progress-bar update interval.")
     out.add_argument("--push_to_hub", action="store_true", help="Upload the final model to the hub.")
     out.add_argument("--hub_model_id", type=str, default=None, help="Hub repo id (default: output_dir name).")
@@ -326,7 +332,9 @@ def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
     Raises:
         SystemExit: (from argparse) an unknown flag or a bad value, with a message naming it; a data file given
             twice, or as both a training and a validation file (`check_distinct_files`); both `--train_file` and
-            `--dataset_name`, or `--dataset_config_name` without `--dataset_name` (`check_data_source`).
+            `--dataset_name`, or `--dataset_config_name` without `--dataset_name` (`check_data_source`); a flag
+            given without the one it acts with (`check_dependent_flags`: `--hub_model_id` without `--push_to_hub`,
+            ...).
         ValueError, FileNotFoundError: a bad YAML file.
     """
     parser = build_pretrain_parser()
@@ -370,4 +378,5 @@ def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.max_grad_norm < 0:
         parser.error(f"--max_grad_norm must be >= 0, got {args.max_grad_norm}")
     check_muon_arguments(args, parser)
+    check_dependent_flags(parser, args)
     return args

@@ -157,7 +157,8 @@ def add_speed_arguments(group) -> None:
 
     The compile arguments have transformers' `TrainingArguments` names and meaning (a mode or backend
     given turns compilation on); `--torch_compile_scope` is hfzoo's (default `regions`: PyTorch's regional
-    compilation) and does not turn it on by itself. `hfzoo.training.compilation.compile_model` applies them.
+    compilation) and does not turn it on by itself: without compilation it is refused (`check_dependent_flags`).
+    `hfzoo.training.compilation.compile_model` applies them.
 
     Args:
         group: an `argparse` parser or argument group.
@@ -171,7 +172,7 @@ def add_speed_arguments(group) -> None:
     group.add_argument(
         "--torch_compile_scope",
         choices=TORCH_COMPILE_SCOPES,
-        default="regions",
+        default=None,
         help="What --torch_compile compiles. regions (default): each layer of the repeated layer stacks, compiled "
         "once and reused by every layer of a stack (PyTorch's regional compilation: the first step compiles one "
         "layer, not all of them), and the output layer with the loss as a region of its own; the embeddings and "
@@ -334,6 +335,35 @@ def resolve_choice_flags(
         for name, default in defaults.items():
             if getattr(args, name) is None:
                 setattr(args, name, default)
+
+
+#: Flags that act only with another one (flag -> the flag it needs): given without it they would be ignored.
+DEPENDENT_FLAGS = {"hub_model_id": "push_to_hub", "hub_token": "push_to_hub", "report_to": "with_tracking"}
+
+
+def check_dependent_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse a flag given without the flag it acts with, where it would be ignored.
+
+    `DEPENDENT_FLAGS`, and `--torch_compile_scope` without compilation (`--torch_compile`, `--torch_compile_mode`
+    or `--torch_compile_backend`). Those flags are parsed with default None so that "given" can be told from
+    "default"; `--report_to`'s default (`tensorboard`) is filled in here when `--with_tracking` is on.
+
+    Raises:
+        SystemExit: argparse's one-line error naming the flag, its value and the flag it needs.
+    """
+    for flag, needed in DEPENDENT_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None and not getattr(args, needed, False):
+            shown = "***" if flag == "hub_token" else value  # a token is not printed
+            parser.error(f"--{flag} {shown} needs --{needed} (without it, it would be ignored)")
+    compiling = args.torch_compile or args.torch_compile_mode or args.torch_compile_backend
+    if args.torch_compile_scope is not None and not compiling:
+        parser.error(
+            f"--torch_compile_scope {args.torch_compile_scope} needs --torch_compile (or --torch_compile_mode / "
+            "--torch_compile_backend, which imply it); without it the model runs eagerly"
+        )
+    if args.with_tracking and args.report_to is None:
+        args.report_to = "tensorboard"
 
 
 def muon_settings(args: argparse.Namespace) -> MuonSettings | None:

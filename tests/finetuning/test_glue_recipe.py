@@ -234,6 +234,26 @@ def test_a_peft_flag_that_the_method_would_ignore_is_refused(flags, message, cap
     assert (prefix.num_virtual_tokens, prefix.prefix_projection, prefix.prefix_hidden_size) == (5, True, 32)
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--hub_model_id", "me/x"], "--hub_model_id me/x needs --push_to_hub (without it, it would be ignored)"),
+        (["--hub_token", "hf_secret"], "--hub_token *** needs --push_to_hub"),
+        (["--report_to", "wandb"], "--report_to wandb needs --with_tracking"),
+        (["--torch_compile_scope", "model"], "--torch_compile_scope model needs --torch_compile (or --torch_compile_mode"),
+    ],
+    ids=["hub-id", "hub-token", "report-to", "compile-scope"],
+)  # fmt: skip
+def test_a_flag_without_the_flag_it_acts_with_is_refused(flags, message, capsys):
+    base = ["--task_name", "sst2", "--model_name_or_path", "m", "--output_dir", "o"]
+    with pytest.raises(SystemExit) as exit_info:
+        parse_glue_args(base + flags)
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in error and "hf_secret" not in error
+    assert parse_glue_args([*base, "--with_tracking"]).report_to == "tensorboard"  # the default, filled in
+    assert parse_glue_args([*base, "--torch_compile_backend", "eager", "--torch_compile_scope", "model"])
+
+
 def test_a_dev_file_that_is_the_training_file_is_refused(tmp_path, capsys):
     """The dev metric would be measured on the examples the model was finetuned on."""
     (tmp_path / "rte.tsv").write_text("")

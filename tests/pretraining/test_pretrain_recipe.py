@@ -48,11 +48,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
         (lambda a, tmp: a.extend(["--eval_seed", str(2**32)]), "--eval_seed: must be an integer in [0, 4294967295], got 4294967296"),
         (lambda a, tmp: a.extend(["--dataset_name", "wikitext"]), "--train_file and --dataset_name wikitext: give one data source"),
         (lambda a, tmp: a.extend(["--dataset_config_name", "wikitext-2-raw-v1"]), "--dataset_config_name wikitext-2-raw-v1 is a configuration of --dataset_name"),
+        (lambda a, tmp: a.extend(["--hub_model_id", "me/tiny"]), "--hub_model_id me/tiny needs --push_to_hub (without it, it would be ignored)"),
+        (lambda a, tmp: a.extend(["--report_to", "wandb"]), "--report_to wandb needs --with_tracking"),
+        (lambda a, tmp: a.extend(["--torch_compile_scope", "model"]), "--torch_compile_scope model needs --torch_compile"),
     ],
     ids=[
         "missing-file", "empty-file", "text-column", "tokenizer-too-large", "block-size", "unknown-override",
         "bad-override-value", "batch-size", "steps", "accumulation", "preset", "resume-path", "weight-decay",
         "adam-beta1", "adam-beta2", "compile-backend", "seed", "eval-seed", "two-data-sources", "config-without-dataset",
+        "hub-id-without-push", "report-to-without-tracking", "compile-scope-without-compile",
     ],
 )  # fmt: skip
 def test_bad_input_fails_before_training(change, expected, small_jsonl_xz, tokenizer_dir, tmp_path, capsys):
