@@ -270,10 +270,9 @@ def load_glue(
 
     Args:
         task: the task or its name.
-        data_dir: folder in the GLUE layout.
-        train_file: a training file (overrides `data_dir`'s).
-        validation_file: a dev file (overrides `data_dir`'s; for MNLI it becomes the only dev split,
-            named `validation`).
+        data_dir: folder in the GLUE layout (see `glue_files`).
+        train_file: a training file (see `glue_files`).
+        validation_file: a dev file (see `glue_files`).
 
     Returns:
         A `DatasetDict` with `train` and the task's validation split(s) (`validation`, or MNLI's
