@@ -65,6 +65,7 @@ from ..training.arguments import (
     resolve_choice_flags,
     scheduler_kwargs,
 )
+from ..training.checkpointing import check_resume_optimizer
 from ..training.compilation import compile_model
 from ..training.optimization import create_optimizer, create_scheduler, warmup_outlasts_training
 from ..training.precision import MIXED_PRECISION_CHOICES
@@ -76,7 +77,7 @@ from .adapters import (
     count_parameters,
     wrap_with_peft,
 )
-from .loop import GlueRun, check_glue_resume_layout, resolve_glue_resume, train_glue
+from .loop import GLUE_STATE, GlueRun, check_glue_resume_layout, resolve_glue_resume, train_glue
 from .outputs import glue_results, save_glue_outputs
 
 __all__ = [
@@ -419,6 +420,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
     accelerator = create_accelerator(args, sync_with_dataloader=True)
     if resume_path is not None:
         check_glue_resume_layout(resume_path, args, accelerator)
+        check_resume_optimizer(resume_path, args, GLUE_STATE)
     precision = choose_mixed_precision(args)  # what the accelerator was created with
     accelerator.print(f"precision: {precision.reason}")
     set_seed(args.seed)

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from ..data.glue import GlueTask
 from ..metrics import load_glue_metric
-from ..training.checkpointing import CHECKPOINT_DIR, resolve_resume_argument, write_manifest
+from ..training.checkpointing import CHECKPOINT_DIR, optimizer_arguments, resolve_resume_argument, write_manifest
 from ..training.compilation import no_cache_kwargs
 from ..training.precision import PrecisionChoice
 from ..training.throughput import SequenceClassificationFlops, Throughput
@@ -121,6 +121,9 @@ class GlueProgress:
             FLOPs) and `seconds` (optimizer steps only; evaluations and checkpoints left out).
         batch_layout: the processes and batch settings that wrote it (`glue_batch_layout`; None in checkpoints
             of an older hfzoo): a resume must keep them (`check_glue_resume_layout`).
+        optimizer_arguments: the optimizer hyperparameters that wrote it
+            (`hfzoo.training.checkpointing.optimizer_arguments`; None in checkpoints of an older hfzoo): a resume
+            must keep them (`check_resume_optimizer`).
     """
 
     step: int = 0
@@ -132,6 +135,7 @@ class GlueProgress:
     best_metric: float | None = None
     throughput: dict[str, float] = dataclasses.field(default_factory=lambda: {"tokens": 0, "flops": 0, "seconds": 0})
     batch_layout: dict[str, int] | None = None
+    optimizer_arguments: dict[str, Any] | None = None
 
 
 def glue_batch_layout(args: argparse.Namespace, accelerator: Accelerator) -> dict[str, int]:
@@ -257,11 +261,12 @@ def train_glue(run: GlueRun) -> GlueProgress:
         accelerator.init_trackers(
             "glue", {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
         )
-    progress, best_state = GlueProgress(batch_layout=glue_batch_layout(args, accelerator)), None
-    if run.resume_path is not None:  # with this run's layout (`check_glue_resume_layout`)
+    layout = {"batch_layout": glue_batch_layout(args, accelerator), "optimizer_arguments": optimizer_arguments(args)}
+    progress, best_state = GlueProgress(**layout), None
+    if run.resume_path is not None:  # with this run's layout and optimizer (checked in `prepare_glue`)
         accelerator.load_state(str(run.resume_path))
         saved = json.loads((run.resume_path / GLUE_STATE).read_text())
-        progress = GlueProgress(**{**saved, "batch_layout": progress.batch_layout})
+        progress = GlueProgress(**{**saved, **layout})
         if (run.resume_path / BEST_WEIGHTS).is_file():
             best_state = load_file(run.resume_path / BEST_WEIGHTS)
         accelerator.print(f"resumed from {run.resume_path} at step {progress.step}")

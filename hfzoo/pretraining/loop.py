@@ -47,6 +47,7 @@ from ..training.checkpointing import (
     _check_resume_topology,
     _resolve_resume,
     check_resume_config,
+    check_resume_optimizer,
     checkpoint_folder,
     complete_checkpoints,
     enable_universal_checkpoint_loading,
@@ -238,6 +239,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     if resume_path is not None:
         check_resume_config(resume_path, config)
         resharded_from = _check_resume_topology(resume_path, accelerator, args)
+        check_resume_optimizer(resume_path, args)
         if resharded_from is not None and accelerator.distributed_type == DistributedType.DEEPSPEED:
             enable_universal_checkpoint_loading(accelerator)
     block_size = check_block_size(args.block_size, config)

@@ -325,6 +325,65 @@ def check_resume_config(resume_path: Path, config) -> None:
         raise ValueError(f"--resume_from_checkpoint {resume_path}: saved with a different model config ({shown})")
 
 
+def optimizer_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The optimizer hyperparameters of a run, by flag name (`--optim`'s effective settings, defaults filled in).
+
+    These are what a checkpoint's optimizer state restores over a resuming run's (torch's
+    `Optimizer.load_state_dict` takes the saved param groups' `lr`, `weight_decay`, `betas`, ...; the schedule its
+    saved `base_lrs`): a resume with other values would silently train with the checkpoint's.
+
+    Args:
+        args: a recipe's arguments (`optim`, `learning_rate`, `weight_decay`, and `adam_beta1` / `adam_beta2`
+            and the `--muon_*` flags where the recipe has them).
+
+    Returns:
+        `{flag name: value}`, JSON-serializable (recorded in each checkpoint's state file).
+    """
+    from .arguments import MUON_FLAGS, muon_settings
+
+    values = {name: getattr(args, name) for name in ("optim", "learning_rate", "weight_decay", "adam_beta1",
+                                                      "adam_beta2") if hasattr(args, name)}  # fmt: skip
+    muon = muon_settings(args) if getattr(args, "optim", None) == "muon" else None
+    if muon is not None:
+        values.update({flag: getattr(muon, field) for flag, field in MUON_FLAGS.items()})
+    return values
+
+
+def check_resume_optimizer(resume_path: Path, args: argparse.Namespace, state_file: str = TRAINING_STATE) -> None:
+    """Refuse a resume whose optimizer hyperparameters differ from those its checkpoint was written with.
+
+    The checkpoint's optimizer state restores its own (`optimizer_arguments`), so this run's would be ignored
+    (another `--optim` would not load at all; the AdamW implementations `adamw_torch` and `adamw_torch_fused` share
+    their state and may change). A checkpoint of an older hfzoo does not record them and is not checked.
+
+    Args:
+        resume_path: the checkpoint folder.
+        args: this run's arguments.
+        state_file: the checkpoint's loop state holding `optimizer_arguments` (`training_state.json`, or
+            `hfzoo.finetuning.loop.GLUE_STATE`).
+
+    Raises:
+        ValueError: one line naming each differing flag with both values.
+    """
+    saved = json.loads((resume_path / state_file).read_text()).get("optimizer_arguments")
+    here = optimizer_arguments(args)
+
+    def comparable(name: str, value: Any) -> Any:  # fused and foreach AdamW keep the same state
+        return "adamw" if name == "optim" and str(value).startswith("adamw") else value
+
+    differ = [
+        name for name in saved or {} if name in here and comparable(name, saved[name]) != comparable(name, here[name])
+    ]
+    if differ:
+        there = ", ".join(f"--{name} {saved[name]}" for name in differ)
+        this = ", ".join(f"--{name} {here[name]}" for name in differ)
+        raise ValueError(
+            f"--resume_from_checkpoint {resume_path}: written with {there}; this run has {this}: a resume restores "
+            "the checkpoint's optimizer with its hyperparameters, so this run's would be ignored (resume with the "
+            "checkpoint's values, or start a new run from its weights)"
+        )
+
+
 #: `training_state.json`'s `distributed_type` -> the engine whose files the checkpoint holds (other values: "plain",
 #: accelerate's own `model.safetensors` + `optimizer.bin`, written by one process, DDP or MULTI_CPU).
 _ENGINES = {DistributedType.DEEPSPEED.value: "DeepSpeed", DistributedType.FSDP.value: "FSDP"}
@@ -608,6 +667,7 @@ def save_checkpoint(
             "max_train_steps": run.max_train_steps,
             "objective": args.objective,
             **_run_topology(accelerator, args),
+            "optimizer_arguments": optimizer_arguments(args),
             **(extra_state or {}),
         }
         (tmp / TRAINING_STATE).write_text(json.dumps(state))

@@ -501,6 +501,31 @@ def test_a_resume_with_other_batch_settings_is_refused_before_any_data_is_read(
     assert not (tmp_path / "other" / "all_results.json").exists()
 
 
+def test_a_resume_with_other_optimizer_settings_is_refused_before_any_data_is_read(
+    checkpoints, glue_dir, tmp_path, monkeypatch
+):
+    """The checkpoint's optimizer state restores its learning rate and weight decay: this run's would be ignored."""
+    from hfzoo.finetuning import glue
+
+    common = ("--max_train_steps", "2", "--checkpointing_steps", "1")
+    finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "full", "mrpc", *common))
+    checkpoint = tmp_path / "full" / "checkpoints" / "step_1"
+    assert json.loads((checkpoint / GLUE_STATE).read_text())["optimizer_arguments"] == {
+        "optim": "adamw_torch", "learning_rate": 1e-3, "weight_decay": 0.0}  # fmt: skip
+    resumed = argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "other", "mrpc", *common, "--weight_decay", "0.3",
+                   "--resume_from_checkpoint", str(checkpoint))  # fmt: skip
+    resumed[resumed.index("--learning_rate") + 1] = "0.5"
+    monkeypatch.setattr(glue, "load_glue_data", lambda *a, **k: pytest.fail("the data was read before the check"))
+    with pytest.raises(SystemExit) as exc:
+        finetune(resumed)
+    assert str(exc.value.code) == (
+        f"error: --resume_from_checkpoint {checkpoint}: written with --learning_rate 0.001, --weight_decay 0.0; this "
+        "run has --learning_rate 0.5, --weight_decay 0.3: a resume restores the checkpoint's optimizer with its "
+        "hyperparameters, so this run's would be ignored (resume with the checkpoint's values, or start a new run "
+        "from its weights)"
+    )
+
+
 def test_best_epoch_weights_are_saved_and_reported_with_the_last(checkpoints, glue_dir, tmp_path, monkeypatch):
     """Epoch 1 scores best (a scripted dev metric): its weights are saved, the last epoch's metrics reported too."""
     from hfzoo.finetuning import loop as glue_loop

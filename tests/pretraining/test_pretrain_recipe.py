@@ -420,3 +420,25 @@ def test_torch_compile_trains_like_eager_and_saves_the_eager_keys(small_jsonl_xz
         assert graphs[name] > 0, (name, graphs)  # the run did run compiled graphs
         assert results[name]["eval_loss"] == pytest.approx(results["eager"]["eval_loss"], rel=1e-4), name
         assert keys[name] == keys["eager"] and not any("_orig_mod" in k for k in keys[name]), name
+
+
+def test_a_resume_with_other_optimizer_settings_is_refused_and_the_adamw_implementation_may_change(
+    tmp_path, small_jsonl_xz, tokenizer_dir, capsys
+):
+    """The checkpoint's optimizer state restores its hyperparameters: another --learning_rate would be ignored."""
+    run = tmp_path / "run"
+    main(base_args(small_jsonl_xz, tokenizer_dir, run, "--max_train_steps", "1", "--checkpointing_steps", "1",
+                   "--learning_rate", "1e-3"))  # fmt: skip
+    checkpoint = run / "checkpoints" / "step_1"
+    argv = base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "other", "--max_train_steps", "2", "--learning_rate",
+                     "0.5", "--adam_beta2", "0.95", "--resume_from_checkpoint", str(checkpoint))  # fmt: skip
+    message = run_main_expecting_error(argv, capsys)
+    assert (
+        f"--resume_from_checkpoint {checkpoint}: written with --learning_rate 0.001, --adam_beta2 0.999; this run has "
+        "--learning_rate 0.5, --adam_beta2 0.95: a resume restores the checkpoint's optimizer" in message
+    )
+    # fused and foreach AdamW keep the same state: the implementation may change on a resume
+    results = main(base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "resumed", "--max_train_steps", "2",
+                             "--learning_rate", "1e-3", "--optim", "adamw_torch",
+                             "--resume_from_checkpoint", str(checkpoint)))  # fmt: skip
+    assert results["train_steps"] == 2
