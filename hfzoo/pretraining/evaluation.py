@@ -40,7 +40,7 @@ from ..data.packing import tokenize_and_pack
 from ..integrity import check_weight_files
 from ..modules.positions import ABSOLUTE_POSITION_EMBEDDINGS
 from ..outputs import check_output_file, removed_if_refused
-from ..training.arguments import OneLineErrorParser, positive_int
+from ..training.arguments import OneLineErrorParser, positive_int, refuse_flags_without
 from ..training.compilation import no_cache_kwargs
 from .harness import (
     available_tasks,
@@ -231,7 +231,8 @@ def parse_evaluate_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     Raises:
         SystemExit: an argparse error (one line), among them nothing to evaluate (no `--validation_file`,
-            `--lm_eval_tasks` or `--prompt`) and `--max_new_tokens` without `--prompt`.
+            `--lm_eval_tasks` or `--prompt`), `--max_new_tokens` without `--prompt`, and `--lm_eval_limit` or
+            `--data_dir` without `--lm_eval_tasks`.
     """
     p = OneLineErrorParser(
         prog="hfzoo-evaluate-lm",
@@ -267,8 +268,9 @@ def parse_evaluate_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not (args.validation_file or args.lm_eval_tasks or args.prompt is not None):
         p.error("nothing to evaluate: give --validation_file, --lm_eval_tasks or --prompt")
-    if args.max_new_tokens is not None and args.prompt is None:
-        p.error(f"--max_new_tokens {args.max_new_tokens} is the length of --prompt's continuation: give --prompt")
+    refuse_flags_without(
+        p, args, {"max_new_tokens": "prompt", "lm_eval_limit": "lm_eval_tasks", "data_dir": "lm_eval_tasks"}
+    )
     args.max_new_tokens = args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
     return args
 
@@ -392,9 +394,6 @@ def validation_file_names(files: list[str]) -> dict[str, str]:
 def _check_lm_eval(args: argparse.Namespace) -> list[str]:
     """The `--lm_eval_tasks` names, their data and lm-eval itself checked (before the model is loaded)."""
     if args.lm_eval_tasks is None:
-        for flag in ("lm_eval_limit", "data_dir"):
-            if getattr(args, flag) is not None:
-                raise ValueError(f"--{flag} needs --lm_eval_tasks")
         return []
     tasks = parse_task_names(args.lm_eval_tasks)
     args.data_dir = args.data_dir or default_data_dir()

@@ -337,25 +337,41 @@ def resolve_choice_flags(
                 setattr(args, name, default)
 
 
-#: Flags that act only with another one (flag -> the flag it needs): given without it they would be ignored.
+#: The recipes' flags that act only with another one (flag -> the flag it needs): without it they would be ignored.
 DEPENDENT_FLAGS = {"hub_model_id": "push_to_hub", "hub_token": "push_to_hub", "report_to": "with_tracking"}
 
 
-def check_dependent_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse a flag given without the flag it acts with, where it would be ignored.
+def refuse_flags_without(parser: argparse.ArgumentParser, args: argparse.Namespace, dependent: dict[str, str]) -> None:
+    """Refuse each flag of `dependent` given (not None) without the flag it acts with, where it would be ignored.
 
-    `DEPENDENT_FLAGS`, and `--torch_compile_scope` without compilation (`--torch_compile`, `--torch_compile_mode`
-    or `--torch_compile_backend`). Those flags are parsed with default None so that "given" can be told from
-    "default"; `--report_to`'s default (`tensorboard`) is filled in here when `--with_tracking` is on.
+    Args:
+        parser: the parser (for its one-line error).
+        args: the parsed arguments; the dependent flags parse with default None, so that "given" can be told
+            from "default".
+        dependent: `{flag name: the flag it needs}`.
+
+    Raises:
+        SystemExit: argparse's one-line error naming the flag, its value (a token's is not printed) and the flag
+            it needs.
+    """
+    for flag, needed in dependent.items():
+        value = getattr(args, flag, None)
+        if value is not None and not getattr(args, needed, False):
+            shown = "***" if flag.endswith("_token") else value  # a token (`--hub_token`) is not printed
+            parser.error(f"--{flag} {shown} needs --{needed} (without it, it would be ignored)")
+
+
+def check_dependent_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse a recipe flag given without the flag it acts with, where it would be ignored.
+
+    `DEPENDENT_FLAGS` (`refuse_flags_without`), and `--torch_compile_scope` without compilation (`--torch_compile`,
+    `--torch_compile_mode` or `--torch_compile_backend`); then `--report_to`'s default (`tensorboard`) is filled in
+    when `--with_tracking` is on.
 
     Raises:
         SystemExit: argparse's one-line error naming the flag, its value and the flag it needs.
     """
-    for flag, needed in DEPENDENT_FLAGS.items():
-        value = getattr(args, flag, None)
-        if value is not None and not getattr(args, needed, False):
-            shown = "***" if flag == "hub_token" else value  # a token is not printed
-            parser.error(f"--{flag} {shown} needs --{needed} (without it, it would be ignored)")
+    refuse_flags_without(parser, args, DEPENDENT_FLAGS)
     compiling = args.torch_compile or args.torch_compile_mode or args.torch_compile_backend
     if args.torch_compile_scope is not None and not compiling:
         parser.error(

@@ -218,19 +218,14 @@ def test_files_that_share_a_name_keep_their_own_results(checkpoint, tmp_path):
     ("argv", "message"),
     [
         ([], "nothing to evaluate: give --validation_file, --lm_eval_tasks or --prompt"),
-        (["--validation_file", "t.txt", "--max_new_tokens", "5"], "--max_new_tokens 5 is the length of --prompt's"),
+        (["--validation_file", "t.txt", "--max_new_tokens", "5"], "--max_new_tokens 5 needs --prompt (without it, it"),
+        (["--validation_file", "t.txt", "--data_dir", "d"], "--data_dir d needs --lm_eval_tasks (without it, it would"),
+        (["--validation_file", "t.txt", "--lm_eval_limit", "3"], "--lm_eval_limit 3 needs --lm_eval_tasks"),
     ],
-    ids=["nothing-to-do", "max-new-tokens-without-prompt"],
+    ids=["nothing-to-do", "max-new-tokens-without-prompt", "data-dir-without-tasks", "limit-without-tasks"],
 )
 def test_arguments_that_would_do_nothing_are_refused_when_parsed(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         evaluation.parse_evaluate_args(["--model_name_or_path", "m", *argv])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
     assert evaluation.parse_evaluate_args(["--model_name_or_path", "m", "--prompt", "a"]).max_new_tokens == 32
-
-
-def test_data_dir_without_harness_tasks_is_refused_before_the_model_is_loaded(checkpoint, tmp_path, monkeypatch):
-    monkeypatch.setattr(evaluation, "AutoTokenizer", None)  # loading the tokenizer (or the model) would fail here
-    with pytest.raises(SystemExit) as exit_info:
-        evaluate(checkpoint, tmp_path / "eval.json", "--data_dir", str(tmp_path))
-    assert exit_info.value.code == "error: --data_dir needs --lm_eval_tasks"
