@@ -337,6 +337,15 @@ def resolve_choice_flags(
                 setattr(args, name, default)
 
 
+def compile_requested(args: argparse.Namespace) -> bool:
+    """`--torch_compile`, or `--torch_compile_mode` / `--torch_compile_backend` (which imply it, as in transformers)."""
+    return bool(
+        getattr(args, "torch_compile", False)
+        or getattr(args, "torch_compile_mode", None)
+        or getattr(args, "torch_compile_backend", None)
+    )
+
+
 #: The recipes' flags that act only with another one (flag -> the flag it needs): without it they would be ignored.
 DEPENDENT_FLAGS = {"hub_model_id": "push_to_hub", "hub_token": "push_to_hub", "report_to": "with_tracking"}
 
@@ -372,8 +381,7 @@ def check_dependent_flags(parser: argparse.ArgumentParser, args: argparse.Namesp
         SystemExit: argparse's one-line error naming the flag, its value and the flag it needs.
     """
     refuse_flags_without(parser, args, DEPENDENT_FLAGS)
-    compiling = args.torch_compile or args.torch_compile_mode or args.torch_compile_backend
-    if args.torch_compile_scope is not None and not compiling:
+    if args.torch_compile_scope is not None and not compile_requested(args):
         parser.error(
             f"--torch_compile_scope {args.torch_compile_scope} needs --torch_compile (or --torch_compile_mode / "
             "--torch_compile_backend, which imply it); without it the model runs eagerly"

@@ -30,6 +30,7 @@ from safetensors import SafetensorError
 
 from ..integrity import WeightFileError, check_weight_files, file_sha256
 from ..outputs import check_output_folder
+from .arguments import MUON_FLAGS, muon_settings
 from .faults import (
     CheckpointError,
     NonFiniteError,
@@ -339,8 +340,6 @@ def optimizer_arguments(args: argparse.Namespace) -> dict[str, Any]:
     Returns:
         `{flag name: value}`, JSON-serializable (recorded in each checkpoint's state file).
     """
-    from .arguments import MUON_FLAGS, muon_settings
-
     values = {name: getattr(args, name) for name in ("optim", "learning_rate", "weight_decay", "adam_beta1",
                                                       "adam_beta2") if hasattr(args, name)}  # fmt: skip
     muon = muon_settings(args) if getattr(args, "optim", None) == "muon" else None

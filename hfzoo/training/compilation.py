@@ -41,7 +41,7 @@ from accelerate.utils import DistributedType, compile_regions_fsdp2, extract_mod
 from accelerate.utils.other import is_repeated_blocks
 
 from ..modeling_utils import accepted_keywords
-from .arguments import TORCH_COMPILE_SCOPES
+from .arguments import TORCH_COMPILE_SCOPES, compile_requested
 from .precision import aten_cpu_capability
 
 logger = logging.getLogger(__name__)
@@ -83,15 +83,6 @@ def separate_compile_caches_by_cpu_capability() -> str | None:
     if part not in tag.split(";"):
         torch.compiler.config.cache_key_tag = f"{tag};{part}" if tag else part
     return torch.compiler.config.cache_key_tag
-
-
-def compile_requested(args: argparse.Namespace) -> bool:
-    """`--torch_compile`, or `--torch_compile_mode` / `--torch_compile_backend` (which imply it, as in transformers)."""
-    return bool(
-        getattr(args, "torch_compile", False)
-        or getattr(args, "torch_compile_mode", None)
-        or getattr(args, "torch_compile_backend", None)
-    )
 
 
 def compile_blocker(config) -> str | None:
