@@ -211,6 +211,18 @@ def test_bad_flag_values_are_refused_when_parsed(flag, value, message, checkpoin
     assert not out.exists()
 
 
+#: The required arguments of a parse-only check.
+PARSE_BASE = ["--task_name", "sst2", "--model_name_or_path", "m", "--output_dir", "o"]
+
+
+def parse_refusal(argv: list[str], capsys) -> str:
+    """argparse's error (exit status 2) for `parse_glue_args(argv)`."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse_glue_args(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -222,10 +234,8 @@ def test_bad_flag_values_are_refused_when_parsed(flag, value, message, checkpoin
     ids=["prefix-flag-with-lora", "lora-flags-with-prefix", "prefix-flag-with-full", "hidden-size-without-mlp"],
 )  # fmt: skip
 def test_a_peft_flag_that_the_method_would_ignore_is_refused(flags, message, capsys):
-    base = ["--task_name", "sst2", "--model_name_or_path", "m", "--output_dir", "o"]
-    with pytest.raises(SystemExit) as exit_info:
-        parse_glue_args(base + flags)
-    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    base = PARSE_BASE
+    assert message in parse_refusal(base + flags, capsys)
     # each method's flags, and the defaults of those not given
     lora = parse_glue_args(base + ["--lora_r", "4"])
     assert (lora.lora_r, lora.lora_alpha, lora.lora_dropout, lora.num_virtual_tokens) == (4, 16, 0.1, 20)
@@ -245,11 +255,9 @@ def test_a_peft_flag_that_the_method_would_ignore_is_refused(flags, message, cap
     ids=["hub-id", "hub-token", "report-to", "compile-scope"],
 )  # fmt: skip
 def test_a_flag_without_the_flag_it_acts_with_is_refused(flags, message, capsys):
-    base = ["--task_name", "sst2", "--model_name_or_path", "m", "--output_dir", "o"]
-    with pytest.raises(SystemExit) as exit_info:
-        parse_glue_args(base + flags)
-    error = capsys.readouterr().err
-    assert exit_info.value.code == 2 and message in error and "hf_secret" not in error
+    base = PARSE_BASE
+    error = parse_refusal(base + flags, capsys)
+    assert message in error and "hf_secret" not in error
     assert parse_glue_args([*base, "--with_tracking"]).report_to == "tensorboard"  # the default, filled in
     assert parse_glue_args([*base, "--torch_compile_backend", "eager", "--torch_compile_scope", "model"])
 
@@ -257,13 +265,9 @@ def test_a_flag_without_the_flag_it_acts_with_is_refused(flags, message, capsys)
 def test_a_dev_file_that_is_the_training_file_is_refused(tmp_path, capsys):
     """The dev metric would be measured on the examples the model was finetuned on."""
     (tmp_path / "rte.tsv").write_text("")
-    base = ["--task_name", "rte", "--model_name_or_path", "m", "--output_dir", "o"]
-    with pytest.raises(SystemExit) as exit_info:
-        parse_glue_args(
-            [*base, "--train_file", str(tmp_path / "rte.tsv"), "--validation_file", f"{tmp_path}/./rte.tsv"]
-        )
-    assert exit_info.value.code == 2
-    assert f"--validation_file {tmp_path}/./rte.tsv: is also --train_file {tmp_path}/rte.tsv" in capsys.readouterr().err
+    files = ["--train_file", str(tmp_path / "rte.tsv"), "--validation_file", f"{tmp_path}/./rte.tsv"]
+    error = parse_refusal([*PARSE_BASE, *files], capsys)
+    assert f"--validation_file {tmp_path}/./rte.tsv: is also --train_file {tmp_path}/rte.tsv" in error
 
 
 @pytest.mark.slow
