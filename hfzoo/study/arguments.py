@@ -45,20 +45,10 @@ def _flag_list(flags: dict[str, Any]) -> list[str]:
     return argv
 
 
-def pretrain_argv(
-    settings: StudySettings,
-    tokenizer: str,
-    config_path: Path,
-    seed: int,
-    output: Path,
-    num_processes: int,
-    variant: str | None = None,
-) -> list[str]:
-    """The `hfzoo-pretrain` arguments of one run (the family's objective, evaluation every 1/8 of training).
-
-    The study's own flags, then its `pretrain_args`, then the row's pretraining arguments
-    (`hfzoo.models.modern.row_pretrain_args(variant)`, e.g. `--optim muon`); a later one wins.
-    """
+def _pretrain_flags(
+    settings: StudySettings, tokenizer: str, config_path: Path, seed: int, output: Path, num_processes: int
+) -> dict[str, Any]:
+    """The `hfzoo-pretrain` flags the study sets for one run, before its `pretrain_args` and the row's."""
     early_step = settings.max_train_steps // EARLY_FRACTION
     objective = FAMILIES[settings.family].objective
     corruption = {
@@ -86,6 +76,24 @@ def pretrain_argv(
         "eval_seed": settings.eval_seed,
         "output_dir": str(output),
     }  # fmt: skip
+    return flags
+
+
+def pretrain_argv(
+    settings: StudySettings,
+    tokenizer: str,
+    config_path: Path,
+    seed: int,
+    output: Path,
+    num_processes: int,
+    variant: str | None = None,
+) -> list[str]:
+    """The `hfzoo-pretrain` arguments of one run (the family's objective, evaluation every 1/8 of training).
+
+    The study's own flags, then its `pretrain_args`, then the row's pretraining arguments
+    (`hfzoo.models.modern.row_pretrain_args(variant)`, e.g. `--optim muon`); a later one wins.
+    """
+    flags = _pretrain_flags(settings, tokenizer, config_path, seed, output, num_processes)
     row = row_pretrain_args(variant) if variant is not None else {}
     return _flag_list({**flags, **settings.pretrain_args, **row})
 
@@ -102,12 +110,12 @@ def glue_batch_size(settings: StudySettings, num_processes: int) -> int:
     return settings.glue_train_batch_size // num_processes
 
 
-def glue_argv(
+def _glue_flags(
     settings: StudySettings, task: str, model: Path, train_subset: Path | None, seed: int, output: Path,
-    num_processes: int = 1,
-) -> list[str]:  # fmt: skip
-    """The `hfzoo-finetune-glue` arguments of one task of one run (full finetuning, the last epoch evaluated)."""
-    flags = {
+    num_processes: int,
+) -> dict[str, Any]:  # fmt: skip
+    """The `hfzoo-finetune-glue` flags the study sets for one task of one run, before its `glue_args`."""
+    return {
         "task_name": task,
         "model_name_or_path": str(model),
         "peft": "none",
@@ -125,4 +133,67 @@ def glue_argv(
         "seed": seed,
         "output_dir": str(output),
     }
+
+
+def glue_argv(
+    settings: StudySettings, task: str, model: Path, train_subset: Path | None, seed: int, output: Path,
+    num_processes: int = 1,
+) -> list[str]:  # fmt: skip
+    """The `hfzoo-finetune-glue` arguments of one task of one run (full finetuning, the last epoch evaluated)."""
+    flags = _glue_flags(settings, task, model, train_subset, seed, output, num_processes)
     return _flag_list({**flags, **settings.glue_args})
+
+
+# What to do instead of giving, in `pretrain_args` / `glue_args`, a recipe flag the study sets for its runs,
+# where that is not "change the study key of the same name instead".
+STUDY_FLAG_REMEDIES = {
+    "pretrain_args": {
+        "objective": "change the study key family instead",
+        "config_name": "change the study keys config_name, config_overrides or variants instead",
+        "per_device_train_batch_size": "change the study key train_batch_tokens instead",
+        "eval_steps": f"change the study key max_train_steps instead (the study validates every 1/{EARLY_FRACTION} "
+        "of training)",
+        "logging_steps": f"change the study key max_train_steps instead (the study logs every 1/{4 * EARLY_FRACTION} "
+        "of training)",
+        "mlm_probability": "change the study key noise_density instead",
+        "seed": "change the study key seeds instead (one run per seed)",
+        "output_dir": "change hfzoo-study's --output_dir instead (each run has its folder there)",
+    },
+    "glue_args": {
+        "task_name": "change the study key glue_tasks instead",
+        "model_name_or_path": "each run finetunes its own pretrained model",
+        "peft": "the study finetunes the whole model",
+        "save_last_epoch": "the study evaluates the last epoch",
+        "data_dir": "change the study key glue_data_dir instead",
+        "train_file": "change the study keys glue_data_dir or glue_max_train_samples instead (one fixed subset for "
+        "every run)",
+        "max_train_samples": "change the study key glue_max_train_samples instead",
+        "num_train_epochs": "change the study key glue_num_train_epochs instead",
+        "learning_rate": "change the study key glue_learning_rate instead",
+        "per_device_train_batch_size": "change the study key glue_train_batch_size instead",
+        "max_length": "change the study key glue_max_length instead",
+        "seed": "change the study key seeds instead (one run per seed)",
+        "output_dir": "change hfzoo-study's --output_dir instead (each run has its folder there)",
+    },
+}
+
+
+def study_set_flags(settings: StudySettings) -> dict[str, dict[str, str]]:
+    """The recipe flags the study sets for its runs, by settings key, each with what to change instead.
+
+    `{"pretrain_args": {flag: remedy, ...}, "glue_args": {...}}`: each flag of the family's pretraining command
+    or of the GLUE command that the study sets itself (`pretrain_argv`, `glue_argv`), whether or not it has a
+    value in this study, with the study key (or hfzoo-study flag) that sets it (`STUDY_FLAG_REMEDIES`).
+
+    Raises:
+        ValueError: the batch does not divide among one process's sequences (`sequences_per_device`).
+    """
+    scratch = Path("/study-set-flags")
+    sets = {
+        "pretrain_args": _pretrain_flags(settings, "", scratch, 0, scratch, 1),
+        "glue_args": _glue_flags(settings, "", scratch, None, 0, scratch, 1),
+    }
+    return {
+        key: {flag: STUDY_FLAG_REMEDIES[key].get(flag, f"change the study key {flag} instead") for flag in flags}
+        for key, flags in sets.items()
+    }

@@ -7,6 +7,7 @@ and steps, the files, every row's config and every run's recipe arguments.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from ..models.narang import load_paper_table
 from ..pretraining import check_block_size, parse_pretrain_args
 from ..training.accelerator import check_device_arguments
 from ..training.arguments import MAX_SEED, check_scheduler_arguments
-from .arguments import glue_argv, glue_batch_size, pretrain_argv, sequences_per_device
+from .arguments import glue_argv, glue_batch_size, pretrain_argv, sequences_per_device, study_set_flags
 from .configs import _tokenizer_fields, build_variant_config, ladder_size_settings, planned_tokenizer_fields
 from .ladder import budget_settings, parse_ladder
 from .protocol import EARLY_FRACTION, FAMILIES
@@ -37,7 +38,8 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
     at least `EARLY_FRACTION` steps, the data (each file once, none both trained on and held out), tokenizer,
     GLUE and paper files, every variant's config (built with
     the planned vocabulary) with `block_size` and `glue_max_length` within its position table, the recipes' own
-    argument checks on every run's arguments, and the batch arithmetic.
+    argument checks on every run's arguments, the batch arithmetic, and no `pretrain_args` / `glue_args` flag
+    that the study sets itself (`study_set_flags`: a seed or output folder there would give every run the same).
 
     Args:
         settings: from `load_settings`.
@@ -146,6 +148,7 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
     for task in settings.glue_tasks:
         argv = glue_argv(settings, task, scratch, None, 0, scratch, num_processes)
         _check_recipe_arguments("GLUE", parse_glue_args, argv)
+    _check_study_set_flags(settings, num_processes)
     if settings.tokenizer_name is not None:
         from ..training.objectives import get_objective
 
@@ -176,6 +179,41 @@ def _check_ladder(settings: StudySettings, fields: dict[str, Any]):
             except ValueError as err:
                 raise ValueError(f"ladder.hidden_sizes: {hidden_size}: {err}") from None
     return ladder
+
+
+def _check_study_set_flags(settings: StudySettings, num_processes: int) -> None:
+    """Refuse `pretrain_args` / `glue_args` that change a flag the study sets for its runs (`study_set_flags`).
+
+    Each recipe's arguments are parsed with and without them for two runs with different per-run values (seed,
+    folders, task), so a flag given by an abbreviation argparse accepts, or a value equal to one run's, is caught.
+    Called after the recipes' own checks passed on the same arguments.
+
+    Raises:
+        ValueError: naming the settings key, the flag and the study key to change instead.
+    """
+    bare = dataclasses.replace(settings, pretrain_args={}, glue_args={})
+    tasks = settings.glue_tasks
+    for key, remedies in study_set_flags(settings).items():
+        if key == "glue_args" and not tasks:  # no finetuning: glue_args are not used
+            continue
+        for seed in (0, 1):
+            folder = Path("/nonexistent-study-check") / f"run-{seed}"
+            if key == "pretrain_args":
+                parse = parse_pretrain_args
+                run = (str(folder / "tok"), folder / "config.json", seed, folder, num_processes)
+                expected, given = (pretrain_argv(s, *run) for s in (bare, settings))
+            else:
+                parse = parse_glue_args
+                run = (tasks[seed % len(tasks)], folder / "model", folder / "subset.tsv", seed, folder, num_processes)
+                expected, given = (glue_argv(s, *run) for s in (bare, settings))
+            expected, given = parse(expected), parse(given)
+            changed = [flag for flag in remedies if getattr(given, flag) != getattr(expected, flag)]
+            if changed:
+                flag = changed[0]
+                raise ValueError(
+                    f"{key}: sets --{flag} {getattr(given, flag)}, which the study sets for its runs (it would "
+                    f"override the study's value and what its report assumes); {remedies[flag]}"
+                )
 
 
 def _check_recipe_arguments(recipe: str, parse, argv: list[str]) -> None:

@@ -61,8 +61,9 @@ class StudySettings:
             `hfzoo.training.precision.resolve_mixed_precision`), `no`, `bf16` or `fp16`.
         attn_implementation: `eager`, `sdpa`, ...
         preprocessing_num_workers: processes for tokenization (null: one).
-        pretrain_args: further `hfzoo-pretrain` arguments for every run (mapping; true = a bare flag); they
-            override the study's own.
+        pretrain_args: further `hfzoo-pretrain` arguments for every run (mapping; true = a bare flag); a flag
+            the study sets itself (`hfzoo.study.arguments.study_set_flags`: seed, output folder, the flags of
+            the keys above) is refused by `check_settings`.
         glue_data_dir: a folder in the GLUE layout (null: the hub's `nyu-mll/glue`).
         glue_tasks: GLUE tasks to finetune on.
         glue_max_train_samples: training examples per task: a fixed random subset, the same for every run.
@@ -71,7 +72,8 @@ class StudySettings:
         glue_learning_rate: finetuning learning rate.
         glue_train_batch_size: finetuning examples per step over all processes.
         glue_max_length: tokens per example after truncation.
-        glue_args: further `hfzoo-finetune-glue` arguments for every task (mapping; override the study's).
+        glue_args: further `hfzoo-finetune-glue` arguments for every task (mapping; a flag the study sets
+            itself is refused, as in `pretrain_args`).
         paper_table: the paper's Table 1 as TSV (`load_paper_table`), or null for no comparison.
         ladder: null (every row at the base's size and `max_train_steps`), or a scale ladder (`hfzoo.study.ladder`):
             `{hidden_sizes: [...], token_budgets: [...], cooldown_fraction: 0.2}` trains every row at every

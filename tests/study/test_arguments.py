@@ -6,16 +6,20 @@ A study file's `pretrain_args: {optim: muon}` reaches its pretraining runs: they
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from pathlib import Path
 
 import yaml
 from transformers import AutoModelForSeq2SeqLM
 
+from hfzoo.finetuning import parse_glue_args
 from hfzoo.pretraining import parse_pretrain_args
-from hfzoo.study.arguments import pretrain_argv
+from hfzoo.study.arguments import glue_argv, pretrain_argv, study_set_flags
 from hfzoo.study.configs import build_variant_config
-from hfzoo.study.settings import load_settings
+from hfzoo.study.protocol import FAMILIES
+from hfzoo.study.settings import StudySettings, load_settings
 from hfzoo.training.arguments import muon_settings
 from hfzoo.training.optimization import MuonWithAdamW, create_optimizer
 
@@ -61,3 +65,27 @@ def test_eval_seed_fixes_the_validation_corruption(inputs, tmp_path):
     default = init_loss("--seed", "3")
     assert init_loss("--seed", "3", "--eval_seed", "3") == default  # default: --seed
     assert init_loss("--seed", "3", "--eval_seed", "4") != default  # other corruption of the same blocks
+
+
+def test_every_flag_the_study_sets_is_a_recipe_flag_with_a_remedy_naming_a_study_key(tmp_path):
+    """`study_set_flags` of every family: each flag is a dest of its recipe's parsed arguments, each remedy names
+    a study key (or hfzoo-study's --output_dir, or why the flag is fixed)."""
+    values = yaml.safe_load(DEFAULT_STUDY.read_text())
+    values.update(config_overrides=TINY)
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump(values))
+    fields = {field.name for field in dataclasses.fields(StudySettings)}
+    for family in FAMILIES:
+        settings = load_settings(study, {"family": family})
+        flags = study_set_flags(settings)
+        pretrain = parse_pretrain_args(pretrain_argv(settings, "t", tmp_path / "c.json", 0, tmp_path, 1))
+        glue = parse_glue_args(glue_argv(settings, "sst2", tmp_path, tmp_path / "s.tsv", 0, tmp_path, 1))
+        assert {"seed", "output_dir", "max_train_steps", "config_name"} <= set(flags["pretrain_args"])
+        assert {"seed", "output_dir", "task_name", "learning_rate"} <= set(flags["glue_args"])
+        for parsed, remedies in ((pretrain, flags["pretrain_args"]), (glue, flags["glue_args"])):
+            for flag, remedy in remedies.items():
+                assert hasattr(parsed, flag), (family, flag)
+                named = re.findall(r"study keys? ([\w, ]+?)(?: instead|$)", remedy)
+                keys = [k for part in named for k in re.split(r", | or ", part)]
+                assert all(k in fields for k in keys), (flag, remedy)
+                assert keys or "--output_dir" in remedy or "instead" not in remedy, (flag, remedy)

@@ -81,6 +81,26 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "h
             "variant 'Vanilla Transformer': the GLUE arguments are refused: --max_length 100 is longer than the "
             "model's max_position_embeddings=64",
         ),
+        (  # seed 0 is the first run's own: the second run would train with it too
+            {"pretrain_args": {"seed": 0}},
+            [],
+            "pretrain_args: sets --seed 0, which the study sets for its runs (it would override the study's value "
+            "and what its report assumes); change the study key seeds instead (one run per seed)",
+        ),
+        (  # an abbreviation argparse expands
+            {"pretrain_args": {"max_train_step": 100}},
+            [],
+            "pretrain_args: sets --max_train_steps 100, which the study sets for its runs (it would override the "
+            "study's value and what its report assumes); change the study key max_train_steps instead",
+        ),
+        (
+            {},
+            ["--pretrain_args", "{eval_steps: 3}"],
+            "change the study key max_train_steps instead (the study validates every 1/8",
+        ),
+        ({"glue_args": {"output_dir": "/tmp/one"}}, [], "glue_args: sets --output_dir /tmp/one, which the study sets"),
+        ({"glue_args": {"learning_rate": 0.5}}, [], "change the study key glue_learning_rate instead"),
+        ({"glue_args": {"peft": "lora"}}, [], "; the study finetunes the whole model"),
     ],
     ids=[
         "unknown-variant",
@@ -109,6 +129,12 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "h
         "negative-seed",
         "block-beyond-the-position-table",
         "glue-length-beyond-the-position-table",
+        "pretrain-args-seed",
+        "pretrain-args-abbreviated-study-flag",
+        "pretrain-args-eval-steps-flag",
+        "glue-args-output-dir",
+        "glue-args-learning-rate",
+        "glue-args-peft",
     ],
 )
 def test_bad_input_is_refused_before_anything_is_trained(changes, flags, expected, inputs, tmp_path, capsys):
