@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import functools
 import math
 import sys
@@ -38,6 +39,37 @@ from .modules.positions import (
 )
 from .modules.softcapping import check_softcapping_config
 from .modules.stack import BLOCK_SHARING, LAYER_STACKS, LAYER_TYPES, StackLayout, check_layer_connections
+
+#: How close (a `difflib` ratio) a keyword that is no field must be to a field's name to be refused as its misspelling.
+MISSPELLING_CUTOFF = 0.84
+
+
+def refuse_misspelled_fields(config_class: type, extra: dict[str, object]) -> None:
+    """Refuse a config keyword that is no field of `config_class` but nearly the name of one.
+
+    `PreTrainedConfig` keeps any keyword it has no field for as a plain attribute (saved with the config, read
+    by nothing), as it must for keys other libraries add. A near-miss of a field's name (`num_hiden_layers`,
+    `intermediat_size`, T5's `layer_norm_epsilon` for `layer_norm_eps`) would leave that field at its default
+    with no sign: such a keyword is refused. Other unknown keywords stay accepted.
+
+    Args:
+        config_class: the config class being built.
+        extra: the keywords `PreTrainedConfig` passes to `__post_init__` (those of no dataclass field).
+
+    Raises:
+        ValueError: naming the keyword, its value, the config class and the field it is close to (a `difflib`
+            ratio of at least `MISSPELLING_CUTOFF`).
+    """
+    fields = [field.name for field in dataclasses.fields(config_class)]
+    for key, value in extra.items():
+        if hasattr(config_class, key):  # a property or class attribute of the config (`use_return_dict`)
+            continue
+        close = difflib.get_close_matches(key, fields, n=1, cutoff=MISSPELLING_CUTOFF)
+        if close:
+            raise ValueError(
+                f"{key}={value!r} is not a field of {config_class.__name__} (it would be kept but read by nothing); "
+                f"did you mean {close[0]}?"
+            )
 
 
 def _is_int(value: object) -> bool:
@@ -355,7 +387,9 @@ class HfzooConfig(PreTrainedConfig):
             allowed set or range; the message names the field.
         ValueError: `hidden_size` not divisible by `num_attention_heads` when `head_dim` is not set; a
             position field set (to a non-default value) for a scheme that is not selected, e.g.
-            `rope_theta` with `position_embedding_type="alibi"`; `rotary` with an odd `head_dim`.
+            `rope_theta` with `position_embedding_type="alibi"`; `rotary` with an odd `head_dim`; a keyword
+            that is no field but a near-miss of one (`num_hiden_layers`, T5's `layer_norm_epsilon`:
+            `refuse_misspelled_fields`).
     """
 
     model_type = "hfzoo"
@@ -463,6 +497,7 @@ class HfzooConfig(PreTrainedConfig):
     final_logit_softcapping: float | int | None = None
 
     def __post_init__(self, **kwargs):
+        refuse_misspelled_fields(type(self), kwargs)
         heads = self.num_attention_heads
         if self.head_dim is None and _is_int(heads) and heads > 0 and _is_int(self.hidden_size):
             if self.hidden_size % self.num_attention_heads != 0:

@@ -553,3 +553,33 @@ FOUND = [
 def test_inputs_the_property_test_found_are_refused_naming_the_field(family, values, expected):
     message = refusal(family, values)
     assert message is not None and expected in message, message
+
+
+# --------------------------------------------------------------------------------------------- misspelt keywords
+
+
+@pytest.mark.parametrize("family", ALL)
+def test_a_misspelt_field_name_is_refused_and_other_unknown_keywords_are_kept(family, tmp_path):
+    """Every field of the config, misspelt (last letter dropped, a letter doubled, two letters swapped in a name
+    of 8 letters or more), is refused (PreTrainedConfig would keep it as an attribute that nothing reads);
+    keywords other libraries add (`sep_token_id`, any key of their own) still build, save and load; so do other
+    models' names for hfzoo's fields where they are far from them (GPT-2's `n_positions`)."""
+    config_class = FAMILIES[family][0]
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    for name in sorted(fields):
+        typos = {name[:-1], name[:3] + name[2] + name[3:]}
+        if len(name) >= 8:  # two letters swapped: a difflib ratio of (n - 1) / n
+            typos.add(name[:2] + name[3] + name[2] + name[4:])
+        for typo in typos:
+            if typo in fields or hasattr(config_class, typo) or typo == name:
+                continue
+            message = refusal(family, {typo: 4})
+            assert message is not None, f"{typo} (for {name}) was accepted by the {family} config"
+            assert (
+                message.startswith(f"{typo}=4 is not a field of {config_class.__name__}") and "did you mean" in message
+            )
+    assert "did you mean layer_norm_eps?" in refusal(family, {"layer_norm_epsilon": 1e-6})  # T5's name
+    config = config_class(**BASE, sep_token_id=3, n_positions=8, my_library_note="kept")
+    config.save_pretrained(tmp_path)
+    loaded = config_class.from_pretrained(tmp_path)
+    assert (loaded.sep_token_id, loaded.my_library_note) == (3, "kept")
