@@ -25,7 +25,7 @@ pin() { sed -n "s/^$1==\([^ ;#]*\).*/$1==\1/p" constraints/tested.txt; }
 # missing one of them (0.19.8 imports einops) breaks every accelerate run, not only the DeepSpeed ones.
 packages="transformers huggingface-hub tokenizers datasets dill multiprocess evaluate peft hjson pydantic
 pydantic-core annotated-types typing-inspection httpx2 httpcore2 truststore idna click fsspec typing-extensions
-regex einops msgpack ninja py-cpuinfo"
+regex einops msgpack ninja py-cpuinfo kernels tomlkit"
 specs=()
 for name in $packages; do
     spec=$(pin "$name")
