@@ -1,5 +1,6 @@
 """Everything checkable is checked before the expensive work: output folders, input files (type, encoding,
-text left after cleaning), damaged weight files, token ids outside the vocabulary."""
+text left after cleaning), damaged weight files, token, position and token-type ids outside their tables, model
+inputs whose shapes disagree (an attention mask of another length than the cached positions and tokens)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from helpers.paths import REPO_ROOT
 from helpers.pretraining import TINY_OVERRIDES, base_args, run_main_expecting_error
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, GPT2Config, GPT2LMHeadModel
 
+from hfzoo.compat import output_cache
 from hfzoo.data.loading import check_data_files
 from hfzoo.integrity import WeightFileError, check_weight_files
 from hfzoo.models.presets import build_config
@@ -235,3 +237,93 @@ def test_token_id_check_adds_no_graph_break_under_torch_compile():
     embeddings = AutoModelForCausalLM.from_config(build_config("decoder-tiny", TINY)).get_input_embeddings()
     explanation = torch._dynamo.explain(embeddings)(torch.tensor([[1, 2, 3]]))
     assert explanation.graph_break_count == 0
+
+
+@pytest.mark.parametrize("preset, auto_class", FAMILIES, ids=[f[0] for f in FAMILIES])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"attention_mask": torch.ones(1, 2)},
+         r"attention_mask has shape \(1, 2\), but the input is 1 x 3 tokens: expected \(1, 3\), 1 for each token"),
+        ({"attention_mask": torch.ones(1, 4)}, r"attention_mask has shape \(1, 4\), .*expected \(1, 3\)"),
+        ({"attention_mask": torch.ones(2, 3)}, r"attention_mask has shape \(2, 3\), .*expected \(1, 3\)"),
+        ({"attention_mask": torch.ones(3)}, r"attention_mask has shape \(3,\), .*expected \(1, 3\)"),
+        ({"input_ids": torch.tensor([1, 95, 0])},
+         r"input_ids must be \(batch_size, sequence_length\), got shape \(3,\) \(one sequence\? add a batch"),
+        ({"input_ids": None, "inputs_embeds": torch.zeros(1, 3, 31)},
+         r"inputs_embeds must be \(batch_size, sequence_length, hidden_size=32\), got shape \(1, 3, 31\)"),
+    ],
+    ids=["mask-short", "mask-long", "mask-batch", "mask-1d", "ids-1d", "embeds-width"],
+)  # fmt: skip
+def test_inputs_that_disagree_in_shape_are_refused(preset, auto_class, change, expected):
+    """transformers' masking would take a short mask's missing columns as padding and cut a long one."""
+    model = auto_class.from_config(build_config(preset, TINY)).eval()
+    inputs = {"input_ids": torch.tensor([[1, 95, 0]])}
+    if preset.startswith("encoder-decoder"):
+        inputs["decoder_input_ids"] = torch.tensor([[0, 1]])
+    with torch.no_grad():
+        model(**inputs, attention_mask=torch.ones(1, 3))  # the right shapes are accepted
+        with pytest.raises(ValueError, match=expected):
+            model(**{**inputs, **change})
+
+
+@pytest.mark.parametrize("preset, auto_class", FAMILIES[:2], ids=[f[0] for f in FAMILIES[:2]])
+def test_position_ids_of_another_length_or_beyond_the_table_are_refused(preset, auto_class):
+    model = auto_class.from_config(build_config(preset, TINY)).eval()
+    ids = torch.tensor([[1, 95, 0]])
+    with torch.no_grad():
+        model(input_ids=ids, position_ids=torch.tensor([[0, 1, 63]]))  # the last learned position is accepted
+        with pytest.raises(
+            ValueError,
+            match=r"position_ids must be \(batch_size or 1, sequence_length\) like the tokens \(1, 3\), "
+            r"got shape \(1, 2\)",
+        ):
+            model(input_ids=ids, position_ids=torch.tensor([[0, 1]]))
+        with pytest.raises(ValueError, match=r"position id 64 is outside \[0, max_position_embeddings=64\)"):
+            model(input_ids=ids, position_ids=torch.tensor([[0, 1, 64]]))
+
+
+def test_token_type_ids_outside_the_table_are_refused():
+    model = AutoModelForMaskedLM.from_config(build_config("encoder-tiny", TINY)).eval()
+    ids = torch.tensor([[1, 95, 0]])
+    with torch.no_grad():
+        model(input_ids=ids, token_type_ids=torch.tensor([[0, 1, 1]]))
+        with pytest.raises(ValueError, match=r"token type id 2 is outside \[0, type_vocab_size=2\)"):
+            model(input_ids=ids, token_type_ids=torch.tensor([[0, 1, 2]]))
+        with pytest.raises(ValueError, match=r"token_type_ids must be .*got shape \(1, 4\)"):
+            model(input_ids=ids, token_type_ids=torch.tensor([[0, 1, 1, 1]]))
+
+
+@pytest.mark.compat
+def test_a_mask_must_cover_the_cached_positions_and_the_new_tokens():
+    """With a cache, the mask is `(batch, past + new)`: one over the new tokens only is refused."""
+    model = AutoModelForCausalLM.from_config(build_config("decoder-tiny", TINY)).eval()
+    with torch.no_grad():
+        cache = output_cache(model(input_ids=torch.tensor([[1, 95, 0]]), use_cache=True))
+        step = torch.tensor([[4]])
+        with pytest.raises(
+            ValueError,
+            match=r"attention_mask has shape \(1, 1\), but the input is 1 x 1 tokens after "
+            r"3 cached positions \(a prefix or earlier tokens\): expected \(1, 4\)",
+        ):
+            model(input_ids=step, attention_mask=torch.ones(1, 1), cache=cache)
+        model(input_ids=step, attention_mask=torch.ones(1, 4), cache=cache)
+
+
+def test_the_encoder_decoder_checks_both_masks_of_its_decoder():
+    model = AutoModelForSeq2SeqLM.from_config(build_config("encoder-decoder-tiny", TINY)).eval()
+    inputs = {"input_ids": torch.tensor([[1, 95, 0]]), "decoder_input_ids": torch.tensor([[0, 1]])}
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"attention_mask has shape \(1, 3\), but the input is 1 x 2 tokens"):
+            model(**inputs, decoder_attention_mask=torch.ones(1, 3))
+        encoder_outputs = model.get_encoder()(input_ids=inputs["input_ids"])  # given: the encoder does not run
+        with pytest.raises(
+            ValueError,
+            match=r"the encoder's attention_mask has shape \(1, 2\), but the encoder "
+            r"output is 1 x 3 positions: expected \(1, 3\)",
+        ):
+            model(
+                encoder_outputs=encoder_outputs,
+                decoder_input_ids=inputs["decoder_input_ids"],
+                attention_mask=torch.ones(1, 2),
+            )

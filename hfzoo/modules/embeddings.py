@@ -56,11 +56,29 @@ ACCELERATOR_LOSS_CHUNK_BYTES = 2**30
 ACCELERATOR_VOCAB_MULTIPLE = 64
 
 
-def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
-    """Refuse token ids outside `[0, vocab_size)` before an embedding lookup.
+def out_of_range_id(ids: torch.Tensor, size: int) -> int | None:
+    """An id of `ids` outside `[0, size)`, or None: the one an embedding lookup of `size` rows would fail on.
 
-    Checked in eager mode only (one min/max pass over the ids and one host sync); skipped under
-    `torch.compile`, where the lookup itself fails on such an id.
+    Checked in eager mode only (one min/max pass over the ids and one host sync); None under `torch.compile`,
+    where the lookup itself fails on such an id.
+
+    Args:
+        ids: int64 indices of any shape (token, position or token-type ids).
+        size: the number of rows of the table they index.
+
+    Returns:
+        The smallest id when it is negative, else the largest when it is `>= size`; None when every id is in range.
+    """
+    if torch.compiler.is_compiling() or not ids.numel():
+        return None
+    low, high = torch.aminmax(ids)
+    if (low < 0) | (high >= size):
+        return int(low) if int(low) < 0 else int(high)
+    return None
+
+
+def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
+    """Refuse token ids outside `[0, vocab_size)` before an embedding lookup (eager mode: `out_of_range_id`).
 
     Args:
         input_ids: int64 token ids of any shape.
@@ -69,11 +87,8 @@ def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
     Raises:
         ValueError: an id `< 0` or `>= vocab_size`; the message gives it.
     """
-    if torch.compiler.is_compiling() or not input_ids.numel():
-        return
-    low, high = torch.aminmax(input_ids)
-    if (low < 0) | (high >= vocab_size):
-        bad = int(low) if int(low) < 0 else int(high)
+    bad = out_of_range_id(input_ids, vocab_size)
+    if bad is not None:
         raise ValueError(
             f"token id {bad} is outside the vocabulary: input ids must be in [0, vocab_size="
             f"{vocab_size}) (a tokenizer larger than the model's vocab_size, or ids from another one?)"

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .embeddings import out_of_range_id
+
 
 class LearnedPositionalEmbedding(nn.Embedding):
     """Learned absolute position embeddings (Vaswani et al. 2017 §3.5; GPT-2's `wpe`, BERT's `position_embeddings`).
@@ -39,11 +41,22 @@ class LearnedPositionalEmbedding(nn.Embedding):
         `position_ids` `(batch_size, seq_len)` int64 -> `(batch_size, seq_len, hidden_size)`.
 
     Raises:
-        IndexError: (from `nn.Embedding`) a position >= `max_position_embeddings`.
+        ValueError: a position outside `[0, max_position_embeddings)` (checked in eager mode, `out_of_range_id`;
+            under `torch.compile` the lookup itself fails on it).
     """
 
     def __init__(self, config) -> None:
         super().__init__(config.max_position_embeddings, config.hidden_size)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """Look up `position_ids` `(batch_size, seq_len)` int64: `(batch_size, seq_len, hidden_size)`."""
+        bad = out_of_range_id(position_ids, self.num_embeddings)
+        if bad is not None:
+            raise ValueError(
+                f"position id {bad} is outside [0, max_position_embeddings={self.num_embeddings}): learned "
+                f"positions have one embedding per position from 0"
+            )
+        return super().forward(position_ids)
 
 
 class SinusoidalPositionalEmbedding(nn.Module):

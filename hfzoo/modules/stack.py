@@ -51,7 +51,7 @@ from transformers.utils import logging
 from ..compat import cache_field
 from .attention import TransparentAttention
 from .connections import UNetSkips, ValueResidual
-from .embeddings import build_token_embedding
+from .embeddings import build_token_embedding, out_of_range_id
 from .evolved import EvolvedTransformerLayer
 from .experts import is_moe_layer, token_padding_mask
 from .funnel import FunnelLayerStack
@@ -213,6 +213,75 @@ class HfzooStackOutput(BaseModelOutputWithPastAndCrossAttentions):
     """
 
     layer_outputs: torch.FloatTensor | None = None
+
+
+def _shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    return tuple(tensor.shape)
+
+
+def check_stack_inputs(
+    hidden_size: int,
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    token_type_ids: torch.Tensor | None,
+    encoder_hidden_states: torch.Tensor | None,
+    encoder_attention_mask: torch.Tensor | None,
+    past_length: int | torch.Tensor,
+) -> None:
+    """Refuse inputs whose shapes disagree with each other, before any work (`HfzooStack.forward`).
+
+    An attention mask of another length than the tokens' would otherwise be padded or cut by
+    `transformers.masking_utils` (as in transformers' own models): a silently different result. Shapes only: no
+    host sync, except comparing a static cache's length (a tensor), which is skipped under `torch.compile`.
+
+    Args:
+        hidden_size: the stack's model width.
+        input_ids: must be `(batch_size, seq_len)`, or None.
+        inputs_embeds: must be `(batch_size, seq_len, hidden_size)`, or None (exactly one of the two is given).
+        attention_mask: a 2-D mask must be `(batch_size, past_len + seq_len)`; a 4-D one is taken as prepared.
+        position_ids: must be `(batch_size or 1, seq_len)`, or None.
+        token_type_ids: must be `(batch_size or 1, seq_len)`, or None.
+        encoder_hidden_states: `(batch_size, src_len, hidden_size)`, or None.
+        encoder_attention_mask: a 2-D mask must be `(batch_size, src_len)`.
+        past_length: the positions the cache holds before these tokens (a prefix, earlier tokens), an int or a
+            static cache's length tensor.
+
+    Raises:
+        ValueError: naming the input, its shape and the shape expected.
+    """
+    if input_ids is not None and input_ids.dim() != 2:
+        hint = " (one sequence? add a batch dimension: input_ids[None])" if input_ids.dim() == 1 else ""
+        raise ValueError(f"input_ids must be (batch_size, sequence_length), got shape {_shape(input_ids)}{hint}")
+    if inputs_embeds is not None and (inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != hidden_size):
+        raise ValueError(
+            f"inputs_embeds must be (batch_size, sequence_length, hidden_size={hidden_size}), got shape "
+            f"{_shape(inputs_embeds)}"
+        )
+    batch_size, seq_length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+    for name, ids in (("position_ids", position_ids), ("token_type_ids", token_type_ids)):
+        if ids is not None and (ids.dim() != 2 or ids.shape[0] not in (1, batch_size) or ids.shape[1] != seq_length):
+            raise ValueError(
+                f"{name} must be (batch_size or 1, sequence_length) like the tokens ({batch_size}, {seq_length}), "
+                f"got shape {_shape(ids)}"
+            )
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() != 4:
+        comparable = not (isinstance(past_length, torch.Tensor) and torch.compiler.is_compiling())
+        if comparable and _shape(attention_mask) != (batch_size, int(past_length) + seq_length):
+            cached = f" after {int(past_length)} cached positions (a prefix or earlier tokens)" if past_length else ""
+            raise ValueError(
+                f"attention_mask has shape {_shape(attention_mask)}, but the input is {batch_size} x {seq_length} "
+                f"tokens{cached}: expected ({batch_size}, {int(past_length) + seq_length}), 1 for each token and 0 "
+                f"for padding (or a prepared 4-D mask)"
+            )
+    if encoder_hidden_states is not None and isinstance(encoder_attention_mask, torch.Tensor):
+        expected = _shape(encoder_hidden_states)[:2]
+        if encoder_attention_mask.dim() != 4 and _shape(encoder_attention_mask) != expected:
+            raise ValueError(
+                f"the encoder's attention_mask has shape {_shape(encoder_attention_mask)}, but the encoder output "
+                f"is {expected[0]} x {expected[1]} positions: expected {expected}"
+            )
 
 
 class HfzooStack:
@@ -415,7 +484,9 @@ class HfzooStack:
             transformers 5.24) and, from an encoder feeding transparent attention, `layer_outputs`.
 
         Raises:
-            ValueError: both or neither of `input_ids`/`inputs_embeds`; a sequence longer than
+            ValueError: both or neither of `input_ids`/`inputs_embeds`; inputs whose shapes disagree, a mask of
+                another length than the cached positions and tokens among them (`check_stack_inputs`); a token,
+                learned position or token-type id outside its table (eager mode); a sequence longer than
                 `max_position_embeddings` with absolute positions; cross-attention without encoder states;
                 transparent attention without `encoder_layer_outputs`; a cache holding positions (a prefix)
                 under gradient checkpointing in training (see `_layer_cache`).
@@ -424,11 +495,22 @@ class HfzooStack:
             raise ValueError("give exactly one of input_ids or inputs_embeds")
         if self.has_cross_attention and encoder_hidden_states is None:
             raise ValueError("this stack cross-attends: encoder_hidden_states is required")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
         cache = self._layer_cache(cache, use_cache)
         self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         past_length = self_cache.get_seq_length() if self_cache is not None else 0
+        check_stack_inputs(
+            self.config.hidden_size,
+            input_ids,
+            inputs_embeds,
+            attention_mask,
+            position_ids,
+            token_type_ids,
+            encoder_hidden_states,
+            encoder_attention_mask,
+            past_length,
+        )
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
         seq_length = inputs_embeds.shape[1]
         if position_ids is None:
             # `past_length` is a tensor for a static cache: an offset, not a Python bound (no graph break).
@@ -498,6 +580,11 @@ class HfzooStack:
         if self.token_type_embeddings is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(position_ids).expand(inputs_embeds.shape[0], -1)
+            bad = out_of_range_id(token_type_ids, self.token_type_embeddings.num_embeddings)
+            if bad is not None:
+                raise ValueError(
+                    f"token type id {bad} is outside [0, type_vocab_size={self.token_type_embeddings.num_embeddings})"
+                )
             hidden_states = hidden_states + self.token_type_embeddings(token_type_ids)
         if self.embed_norm is not None:
             hidden_states = self.embed_norm(hidden_states)
