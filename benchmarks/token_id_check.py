@@ -1,14 +1,15 @@
 #!/usr/bin/env python
-"""What the token-id range check of `TokenEmbedding.forward` costs in eager mode.
+"""What the range checks of token ids and language-modelling labels cost in eager mode.
 
     python benchmarks/token_id_check.py --repeats 7
 
-`TokenEmbedding.forward` refuses ids outside `[0, vocab_size)` with a `ValueError` (one min/max pass over
-the ids and one host sync; skipped under `torch.compile`). This script times a training step (forward +
-backward) and an inference forward of a decoder (hidden 512, 4 layers, vocabulary 8192, batch 8 x 256
-tokens, eager attention) with the check and with the same method without it, interleaved A B A B ...
-in one process, and prints the median time of each, their ratio, and the time of the check alone on
-the same ids. `--device cuda` runs it on a GPU (where the sync is what the check costs).
+`TokenEmbedding.forward` refuses ids outside `[0, vocab_size)` with a `ValueError`, and the heads' loss
+(`check_lm_labels`) labels outside `[0, vocab_size)` other than -100 (each one min/max pass and one host sync;
+skipped under `torch.compile`). This script times a training step (forward + backward, labels checked too) and an
+inference forward (ids only) of a decoder (hidden 512, 4 layers, vocabulary 8192, batch 8 x 256 tokens, eager
+attention) with the checks and without them, interleaved A B A B ... in one process, and prints the median time
+of each, their ratio, and the time of each check alone on the same ids. `--device cuda` runs it on a GPU (where
+the sync is what a check costs).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hfzoo  # noqa: F401  (registers the hfzoo Auto classes)
+from hfzoo import modeling_utils
 from hfzoo.models.presets import build_config
-from hfzoo.modules.embeddings import TokenEmbedding
+from hfzoo.modules.embeddings import TokenEmbedding, check_lm_labels
 
 CHECKED = TokenEmbedding.forward
 
@@ -78,19 +80,28 @@ def main() -> None:
 
     times: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.repeats):
-        for variant, method in (("checked", CHECKED), ("unchecked", unchecked)):
+        for variant, method, label_check in (
+            ("checked", CHECKED, check_lm_labels),
+            ("unchecked", unchecked, lambda *args: None),
+        ):
             TokenEmbedding.forward = method
+            modeling_utils.check_lm_labels = label_check
             model.train()
             times.setdefault(("train step", variant), []).append(time_call(train_step, device, args.iterations))
             model.eval()
             times.setdefault(("forward", variant), []).append(time_call(forward, device, args.iterations))
     TokenEmbedding.forward = CHECKED
+    modeling_utils.check_lm_labels = check_lm_labels
 
     def check_only():
         low, high = torch.aminmax(ids)
         bool((low < 0) | (high >= config.vocab_size))
 
+    def label_check_only():
+        check_lm_labels(ids, ids.shape, config.vocab_size)
+
     alone = statistics.median(time_call(check_only, device, 100) for _ in range(args.repeats))
+    labels_alone = statistics.median(time_call(label_check_only, device, 100) for _ in range(args.repeats))
     repetitions = f"{args.repeats} interleaved repetitions x {args.iterations} calls"
     print(f"device {device}, torch {torch.__version__}, {repetitions}")
     print(f"| {'measure':<10} | checked (ms) | unchecked (ms) | checked / unchecked |")
@@ -98,7 +109,8 @@ def main() -> None:
     for measure in ("train step", "forward"):
         a, b = statistics.median(times[(measure, "checked")]), statistics.median(times[(measure, "unchecked")])
         print(f"| {measure:<10} | {1e3 * a:.2f} | {1e3 * b:.2f} | {a / b:.4f} |")
-    print(f"the check alone on these 8 x 256 ids: {1e6 * alone:.1f} us")
+    print(f"the token-id check alone on these 8 x 256 ids: {1e6 * alone:.1f} us")
+    print(f"the label check alone on the same ids as labels: {1e6 * labels_alone:.1f} us")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from .modules.embeddings import (
     AdaptiveVocabProjection,
     TokenEmbedding,
     VocabProjection,
+    check_lm_labels,
     check_vocab_resizable,
 )
 from .modules.experts import HfzooRouter, router_aux_losses, token_padding_mask
@@ -417,9 +418,13 @@ class HfzooPreTrainedModel(PreTrainedModel):
             position), None without labels.
 
         Raises:
-            ValueError: `skip_logits=True` without labels (`_chunked_loss`), or labels that do not match the
-                logits' positions (`logits_to_keep` with labels; `cross_entropy`'s check).
+            ValueError: labels that are not integer ids of the hidden states' `(batch_size, seq_len)`, or a label
+                outside `[0, vocab_size)` other than -100 (`check_lm_labels`); `skip_logits=True` without labels
+                (`_chunked_loss`), or labels that do not match the logits' positions (`logits_to_keep` with
+                labels; `cross_entropy`'s check).
         """
+        if labels is not None:
+            check_lm_labels(labels, hidden_states.shape[:2], self.config.vocab_size)
         if self._chunked_loss(labels, skip_logits):
             summed = self.lm_head(hidden_states, labels=labels)
             return None, normalize_summed_loss(summed, labels, num_items_in_batch)

@@ -327,3 +327,36 @@ def test_the_encoder_decoder_checks_both_masks_of_its_decoder():
                 decoder_input_ids=inputs["decoder_input_ids"],
                 attention_mask=torch.ones(1, 2),
             )
+
+
+@pytest.mark.parametrize("preset, auto_class", FAMILIES, ids=[f[0] for f in FAMILIES])
+@pytest.mark.parametrize("training", [True, False], ids=["chunked-loss", "logits"])
+@pytest.mark.parametrize(
+    "labels, expected",
+    [
+        (lambda ids: ids[:, :-1], r"labels must be \(batch_size, sequence_length\) like the tokens they label "
+                                  r"\(2, {n}\), got shape \(2, {m}\)"),
+        (lambda ids: ids[:1], r"labels must be .* like the tokens they label \(2, {n}\), got shape \(1, {n}\)"),
+        (lambda ids: torch.full_like(ids, 96), r"label 96 is outside the vocabulary: labels must be in "
+                                               r"\[0, vocab_size=96\), or -100 for a position without a label"),
+        (lambda ids: torch.full_like(ids, -5), r"label -5 is outside the vocabulary"),
+        (lambda ids: ids.float(), r"labels must be integer token ids \(int64; -100 = ignored\), got dtype "
+                                  r"torch.float32"),
+    ],
+    ids=["shorter", "fewer-rows", "beyond-the-vocabulary", "negative", "float"],
+)  # fmt: skip
+def test_language_modelling_labels_that_cannot_label_the_tokens_are_refused(preset, auto_class, training, labels,
+                                                                            expected):  # fmt: skip
+    """Instead of torch's messages about flattened batches, an IndexError, or a device-side assert on a GPU."""
+    model = auto_class.from_config(build_config(preset, TINY)).train(training)
+    ids = torch.tensor([[1, 95, 0, 7], [3, 4, 5, 6]])
+    inputs = {"input_ids": ids}
+    target = ids
+    if preset.startswith("encoder-decoder"):
+        target = torch.tensor([[0, 1, 95], [2, 3, 4]])
+        inputs["decoder_input_ids"] = target
+    n = target.shape[1]
+    good = target.masked_fill(target == 0, -100)  # the largest id and ignored positions are accepted
+    assert torch.isfinite(model(**inputs, labels=good).loss)
+    with pytest.raises(ValueError, match=expected.format(n=n, m=n - 1)):
+        model(**inputs, labels=labels(target))

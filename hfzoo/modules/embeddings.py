@@ -95,6 +95,38 @@ def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
         )
 
 
+def check_lm_labels(labels: torch.Tensor, tokens_shape: tuple[int, ...], vocab_size: int) -> None:
+    """Refuse language-modelling labels that cannot label the tokens, before the loss.
+
+    The dtype and shape are checked always; the values in eager mode (`out_of_range_id`: one min/max pass and one
+    host sync), where the loss would otherwise fail with an `IndexError` on the CPU or a device-side assert on a GPU.
+
+    Args:
+        labels: `(batch_size, seq_len)` int64 target ids, -100 = ignored.
+        tokens_shape: `(batch_size, seq_len)` of the tokens they label (the decoder's in an encoder-decoder).
+        vocab_size: the number of token ids the head scores.
+
+    Raises:
+        ValueError: floating-point or boolean labels, another shape than the tokens', or a label outside
+            `[0, vocab_size)` other than -100; the message gives it.
+    """
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise ValueError(f"labels must be integer token ids (int64; -100 = ignored), got dtype {labels.dtype}")
+    if tuple(labels.shape) != tuple(tokens_shape):
+        raise ValueError(
+            f"labels must be (batch_size, sequence_length) like the tokens they label {tuple(tokens_shape)}, got "
+            f"shape {tuple(labels.shape)}"
+        )
+    if torch.compiler.is_compiling():
+        return
+    bad = out_of_range_id(labels.masked_fill(labels == -100, 0), vocab_size)
+    if bad is not None:
+        raise ValueError(
+            f"label {bad} is outside the vocabulary: labels must be in [0, vocab_size={vocab_size}), or -100 for "
+            f"a position without a label"
+        )
+
+
 class TokenEmbedding(nn.Embedding):
     """Token ids -> `hidden_size` vectors: `scale * embed_proj(weight[ids])`.
 
