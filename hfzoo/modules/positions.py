@@ -41,22 +41,29 @@ class LearnedPositionalEmbedding(nn.Embedding):
         `position_ids` `(batch_size, seq_len)` int64 -> `(batch_size, seq_len, hidden_size)`.
 
     Raises:
-        ValueError: a position outside `[0, max_position_embeddings)` (checked in eager mode, `out_of_range_id`;
-            under `torch.compile` the lookup itself fails on it).
+        IndexError: (from `nn.Embedding`) a position >= `max_position_embeddings`; the stack checks given
+            `position_ids` first (`check_position_ids`).
     """
 
     def __init__(self, config) -> None:
         super().__init__(config.max_position_embeddings, config.hidden_size)
 
-    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
-        """Look up `position_ids` `(batch_size, seq_len)` int64: `(batch_size, seq_len, hidden_size)`."""
+    def check_position_ids(self, position_ids: torch.Tensor) -> None:
+        """Refuse position ids outside `[0, max_position_embeddings)` (eager mode: `out_of_range_id`).
+
+        Args:
+            position_ids: `(batch_size or 1, seq_len)` int64 positions given by the caller (the stack's default
+                positions are bounded by its length check, so they cost no host sync here).
+
+        Raises:
+            ValueError: naming the position.
+        """
         bad = out_of_range_id(position_ids, self.num_embeddings)
         if bad is not None:
             raise ValueError(
                 f"position id {bad} is outside [0, max_position_embeddings={self.num_embeddings}): learned "
                 f"positions have one embedding per position from 0"
             )
-        return super().forward(position_ids)
 
 
 class SinusoidalPositionalEmbedding(nn.Module):

@@ -509,6 +509,8 @@ class HfzooStack:
             encoder_attention_mask,
             past_length,
         )
+        if position_ids is not None and hasattr(self.embed_positions, "check_position_ids"):
+            self.embed_positions.check_position_ids(position_ids)  # a table of learned positions
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         seq_length = inputs_embeds.shape[1]
@@ -580,8 +582,7 @@ class HfzooStack:
         if self.token_type_embeddings is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(position_ids).expand(inputs_embeds.shape[0], -1)
-            bad = out_of_range_id(token_type_ids, self.token_type_embeddings.num_embeddings)
-            if bad is not None:
+            elif (bad := out_of_range_id(token_type_ids, self.token_type_embeddings.num_embeddings)) is not None:
                 raise ValueError(
                     f"token type id {bad} is outside [0, type_vocab_size={self.token_type_embeddings.num_embeddings})"
                 )
