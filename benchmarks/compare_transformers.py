@@ -16,7 +16,8 @@ best steady-state speed. Each (size, family, precision,
 implementation) case runs in a fresh process:
 `--warmup_steps` (which include compilation; the first step's wall seconds are reported as `first step s`) then
 `--steps` timed training steps (forward with labels and no KV cache, backward, AdamW step) on random tokens,
-fp32 or bf16 autocast;
+fp32 or bf16 autocast (hfzoo's forwards as the recipes run them: the batch's ids checked once on the CPU, the
+forwards inside `caller_checked_ids()`, so that they read nothing back from the device);
 then the loss on a held-out random batch (`eval loss`: compiled and eager runs of one implementation should
 agree). The cases are repeated `--repeats` times, interleaved (A B C D A B C D ...), so that a change in the
 machine's load hits every case alike; the table gives the median tokens/s (input tokens per second) with
@@ -34,12 +35,14 @@ Usage (prints a markdown table; `--sizes base` are the presets' own 768-wide siz
     python benchmarks/compare_transformers.py --device cuda --sizes base --profile_dir profiles  # + where time goes
 
 `--profile_dir` profiles `--profile_steps` more steps of each case after its timed ones (`torch.profiler`) and
-writes the wall time per step, on CUDA the kernel time per step, and the operator table, one file per case.
+writes the wall time per step, on CUDA the kernel time per step, the host-device synchronizations per step, and
+two operator tables (by device time, by host time), one file per case.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -99,6 +102,7 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
     from hfzoo import convert
     from hfzoo.models.flops import count_training_flops
     from hfzoo.models.presets import build_config
+    from hfzoo.modules.embeddings import caller_checked_ids, check_batch_ids
     from hfzoo.training.compilation import compile_regions, no_cache_kwargs, separate_compile_caches_by_cpu_capability
     from hfzoo.training.throughput import Throughput, resolve_peak_tflops
 
@@ -107,7 +111,8 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
     baseline = _peak_rss_mib()
     preset, auto_name, converter, reference_name = FAMILIES[family]
     config = build_config(preset, SIZES[size][family])
-    if implementation.startswith("hfzoo"):
+    is_hfzoo = implementation.startswith("hfzoo")
+    if is_hfzoo:
         model = getattr(transformers, auto_name).from_config(config, attn_implementation=args.attn_implementation)
     else:
         reference_config = getattr(convert, converter)(config)
@@ -128,6 +133,8 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
         batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": input_ids.clone()}
         if family == "encoder-decoder":
             batch["labels"] = torch.randint(5, config.vocab_size, (args.batch_size, target_len), generator=g)
+        if is_hfzoo:  # checked here on the CPU, as the recipes check theirs; the forwards then skip their own checks
+            check_batch_ids(batch, config.vocab_size)
         return {k: v.to(device) for k, v in batch.items()}
 
     batch, eval_batch = random_batch(), random_batch()
@@ -135,7 +142,7 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
     no_cache = no_cache_kwargs(model)  # training builds no KV cache (as the recipes)
 
     def step() -> None:
-        with autocast:
+        with autocast, caller_checked_ids() if is_hfzoo else contextlib.nullcontext():
             loss = model(**batch, **no_cache).loss
         loss.backward()
         optimizer.step()
@@ -194,8 +201,10 @@ def profile_steps(step: Callable[[], None], synchronize: Callable[[], None], dev
 
     Returns:
         The wall milliseconds per step; on CUDA also the summed self device (kernel) milliseconds per step (wall
-        minus that: time the GPU waited for the host); then the profiler's operator table sorted by self device
-        time (CUDA) or self CPU time, 40 rows.
+        minus that: time the GPU waited for the host); the values read back from the device per step
+        (`aten::_local_scalar_dense` calls: on a GPU each is a host-device synchronization, after which the GPU
+        idles until the host launches again); then the profiler's operator table sorted by self device time
+        (CUDA, 40 rows, then the 25 rows of most self host time) or self CPU time (40 rows).
     """
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -215,7 +224,11 @@ def profile_steps(step: Callable[[], None], synchronize: Callable[[], None], dev
         kernels = [e for e in events if e.device_type == DeviceType.CUDA]
         kernel_ms = sum(e.self_device_time_total for e in kernels) / steps / 1e3
         lines.append(f"device (kernel) time per step: {kernel_ms:.2f} ms ({100 * kernel_ms / wall_ms:.0f}% of wall)")
+    reads = sum(e.count for e in events if e.key == "aten::_local_scalar_dense") / steps
+    lines.append(f"values read back from the device per step (aten::_local_scalar_dense): {reads:g}")
     lines.append(events.table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=40))
+    if cuda:
+        lines.append(events.table(sort_by="self_cpu_time_total", row_limit=25))
     return "\n".join(lines)
 
 
@@ -282,6 +295,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     results: dict[tuple, list[dict]] = {case: [] for case in cases}
     for repeat in range(args.repeats):
         for size, family, precision, implementation in cases:  # A B C D, A B C D, ...: interleaved
+            case_start = time.perf_counter()
             out = subprocess.run(
                 [sys.executable, __file__, "--case", size, family, implementation, precision, *common],
                 capture_output=True,
@@ -289,7 +303,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
             )
             if out.returncode != 0:
                 raise SystemExit(f"case {size} {family} {implementation} {precision} failed:\n{out.stderr[-3000:]}")
-            results[(size, family, precision, implementation)].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            results[(size, family, precision, implementation)].append(result)
+            print(  # progress, so that a run stopped by a time limit still says where its time went
+                f"case {size} {family} {implementation} {precision}: {result['tokens_per_s']:,.0f} tokens/s, "
+                f"first step {result['first_step_s']:.1f} s, {time.perf_counter() - case_start:.0f} s in all",
+                file=sys.stderr,
+                flush=True,
+            )
         print(f"done: repetition {repeat + 1}/{args.repeats}", file=sys.stderr, flush=True)
 
     first = next(iter(results.values()))[0]

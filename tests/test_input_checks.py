@@ -21,6 +21,7 @@ from hfzoo.compat import output_cache
 from hfzoo.data.loading import check_data_files
 from hfzoo.integrity import WeightFileError, check_weight_files
 from hfzoo.models.presets import build_config
+from hfzoo.modules.embeddings import caller_checked_ids, check_batch_ids, model_value_checks_enabled
 from hfzoo.pretraining import loop as pretraining
 
 
@@ -360,3 +361,77 @@ def test_language_modelling_labels_that_cannot_label_the_tokens_are_refused(pres
     assert torch.isfinite(model(**inputs, labels=good).loss)
     with pytest.raises(ValueError, match=expected.format(n=n, m=n - 1)):
         model(**inputs, labels=labels(target))
+
+
+def _value_reads(model, inputs) -> int:
+    """How many values a forward reads back from its device (`aten::_local_scalar_dense`: a sync each on a GPU)."""
+    from torch.profiler import profile
+
+    with profile() as prof:
+        model(**inputs)
+    return sum(e.count for e in prof.key_averages() if e.key == "aten::_local_scalar_dense")
+
+
+@pytest.mark.parametrize("preset, auto_class", FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_caller_checked_ids_skips_the_value_checks_and_keeps_the_shape_checks(preset, auto_class):
+    """A training loop that checks its batches on the CPU runs forwards that read nothing back for the checks."""
+    model = auto_class.from_config(build_config(preset, TINY)).train()
+    ids = torch.tensor([[1, 95, 0, 7], [3, 4, 5, 6]])
+    inputs = {"input_ids": ids, "labels": ids}
+    if preset.startswith("encoder-decoder"):
+        inputs["decoder_input_ids"] = ids
+    checked = _value_reads(model, inputs)
+    with caller_checked_ids():
+        assert not model_value_checks_enabled()
+        trusted = _value_reads(model, inputs)
+        with pytest.raises(ValueError, match=r"attention_mask has shape \(2, 3\)"):  # shapes: checked as always
+            model(**inputs, attention_mask=torch.ones(2, 3))
+        with pytest.raises(IndexError):  # no hfzoo message: the lookup itself fails
+            model(**{**inputs, "input_ids": torch.full_like(ids, 96)})
+    assert checked >= trusted + 2  # the token ids and the labels (a model may read other values back too)
+    assert model_value_checks_enabled()  # restored on exit
+    with pytest.raises(ValueError, match="token id 96 is outside the vocabulary"):
+        model(**{**inputs, "input_ids": torch.full_like(ids, 96)})
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"input_ids": torch.tensor([[1, 96]])}, r"token id 96 is outside the vocabulary: .*vocab_size=96\)"),
+        ({"input_ids": torch.tensor([[-3, 1]])}, r"token id -3 is outside the vocabulary"),
+        ({"decoder_input_ids": torch.tensor([[0, 97]])}, r"token id 97 is outside the vocabulary"),
+        ({"labels": torch.tensor([[96, -100]])}, r"label 96 is outside the vocabulary: .*or -100 for a position"),
+        ({"labels": torch.tensor([[-2, 1]])}, r"label -2 is outside the vocabulary"),
+    ],
+    ids=["id-too-large", "id-negative", "decoder-id", "label-too-large", "label-negative"],
+)  # fmt: skip
+def test_check_batch_ids_refuses_what_the_models_refuse_also_inside_caller_checked_ids(change, expected):
+    good = {"input_ids": torch.tensor([[0, 95]]), "labels": torch.tensor([[95, -100]]),
+            "attention_mask": torch.tensor([[1, 0]])}  # fmt: skip
+    check_batch_ids(good, 96)  # the largest id and ignored labels pass
+    with caller_checked_ids(), pytest.raises(ValueError, match=expected):
+        check_batch_ids({**good, **change}, 96)
+
+
+def test_the_pretraining_loop_checks_its_batches_on_the_cpu_and_trains_inside_caller_checked_ids(
+    tmp_path, small_jsonl_xz, tokenizer_dir, monkeypatch
+):
+    checked_batches, steps = [], []
+    real_check, real_step = pretraining.check_batch_ids, pretraining.accumulation_step
+
+    def check(batch, vocab_size):
+        checked_batches.append(batch["input_ids"].device.type)
+        return real_check(batch, vocab_size)
+
+    def step(accelerator, model, optimizer, lr_scheduler, micro_batches, *args):
+        steps.append((model_value_checks_enabled(), len(micro_batches)))
+        return real_step(accelerator, model, optimizer, lr_scheduler, micro_batches, *args)
+
+    monkeypatch.setattr(pretraining, "check_batch_ids", check)
+    monkeypatch.setattr(pretraining, "accumulation_step", step)
+    argv = base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "out", "--max_train_steps", "3",
+                     "--gradient_accumulation_steps", "2")  # fmt: skip
+    pretraining.main(argv)
+    assert steps == [(False, 2)] * 3
+    assert checked_batches == ["cpu"] * 6  # every micro-batch, before it is moved
+    assert model_value_checks_enabled()

@@ -18,6 +18,9 @@
   (or an `AdaptiveEmbedding`).
 - `chunked_linear_cross_entropy`: the summed cross-entropy of a vocabulary projection computed in chunks
   of tokens, so that the logits of a whole batch never exist at once (`VocabProjection` with `labels`).
+- `check_token_ids`, `check_lm_labels`, `check_batch_ids`: ids and labels outside the vocabulary refused with
+  their value; `caller_checked_ids` skips the models' own value checks (a host-device sync each on a GPU) inside a
+  training loop that checks each batch with `check_batch_ids` before moving it to the device.
 - `check_vocab_resizable`: the refusal hook of `resize_token_embeddings` (a module that cannot change its
   vocabulary size sets `vocab_resize_refusal`).
 
@@ -28,8 +31,10 @@ Which parameters are tied is declared, never done by hand: the models list the p
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -56,11 +61,41 @@ ACCELERATOR_LOSS_CHUNK_BYTES = 2**30
 ACCELERATOR_VOCAB_MULTIPLE = 64
 
 
+#: False inside `caller_checked_ids()`: the models' value checks of ids and labels are skipped.
+_MODEL_VALUE_CHECKS = contextvars.ContextVar("hfzoo_model_value_checks", default=True)
+
+
+@contextlib.contextmanager
+def caller_checked_ids() -> Iterator[None]:
+    """Within it, hfzoo's models skip the value checks of their ids and labels (`out_of_range_id`).
+
+    Each of those checks reads a min/max back from the ids' device: on a GPU, a host-device synchronization in every
+    forward (two in a language-modelling training step: the token ids and the labels), which empties the queue of
+    kernels that the host had launched ahead. A training loop whose batches are checked on the CPU before they are
+    moved (`check_batch_ids`) runs its forwards inside this context, so that the checks cost no synchronization and
+    bad ids are still refused with their value. Shapes and dtypes are checked as always. A context variable: it
+    holds for the current thread (or asyncio task) and is restored on exit.
+
+    Yields:
+        None.
+    """
+    token = _MODEL_VALUE_CHECKS.set(False)
+    try:
+        yield
+    finally:
+        _MODEL_VALUE_CHECKS.reset(token)
+
+
+def model_value_checks_enabled() -> bool:
+    """Whether a model checks the values of its ids and labels here: in eager mode, outside `caller_checked_ids()`."""
+    return not torch.compiler.is_compiling() and _MODEL_VALUE_CHECKS.get()
+
+
 def out_of_range_id(ids: torch.Tensor, size: int) -> int | None:
     """An id of `ids` outside `[0, size)`, or None: the one an embedding lookup of `size` rows would fail on.
 
-    Checked in eager mode only (one min/max pass over the ids and one host sync); None under `torch.compile`,
-    where the lookup itself fails on such an id.
+    Checked in eager mode only (one min/max pass over the ids and one host sync), and not inside
+    `caller_checked_ids()`; None under `torch.compile`, where the lookup itself fails on such an id.
 
     Args:
         ids: int64 indices of any shape (token, position or token-type ids).
@@ -69,12 +104,32 @@ def out_of_range_id(ids: torch.Tensor, size: int) -> int | None:
     Returns:
         The smallest id when it is negative, else the largest when it is `>= size`; None when every id is in range.
     """
-    if torch.compiler.is_compiling() or not ids.numel():
+    if not model_value_checks_enabled() or not ids.numel():
         return None
+    return _out_of_range(ids, size)
+
+
+def _out_of_range(ids: torch.Tensor, size: int) -> int | None:
     low, high = torch.aminmax(ids)
     if (low < 0) | (high >= size):
         return int(low) if int(low) < 0 else int(high)
     return None
+
+
+def _refuse_token_id(bad: int | None, vocab_size: int) -> None:
+    if bad is not None:
+        raise ValueError(
+            f"token id {bad} is outside the vocabulary: input ids must be in [0, vocab_size="
+            f"{vocab_size}) (a tokenizer larger than the model's vocab_size, or ids from another one?)"
+        )
+
+
+def _refuse_label(bad: int | None, vocab_size: int) -> None:
+    if bad is not None:
+        raise ValueError(
+            f"label {bad} is outside the vocabulary: labels must be in [0, vocab_size={vocab_size}), or -100 for "
+            f"a position without a label"
+        )
 
 
 def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
@@ -87,19 +142,15 @@ def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
     Raises:
         ValueError: an id `< 0` or `>= vocab_size`; the message gives it.
     """
-    bad = out_of_range_id(input_ids, vocab_size)
-    if bad is not None:
-        raise ValueError(
-            f"token id {bad} is outside the vocabulary: input ids must be in [0, vocab_size="
-            f"{vocab_size}) (a tokenizer larger than the model's vocab_size, or ids from another one?)"
-        )
+    _refuse_token_id(out_of_range_id(input_ids, vocab_size), vocab_size)
 
 
 def check_lm_labels(labels: torch.Tensor, tokens_shape: tuple[int, ...], vocab_size: int) -> None:
     """Refuse language-modelling labels that cannot label the tokens, before the loss.
 
-    The dtype and shape are checked always; the values in eager mode (`out_of_range_id`: one min/max pass and one
-    host sync), where the loss would otherwise fail with an `IndexError` on the CPU or a device-side assert on a GPU.
+    The dtype and shape are checked always; the values in eager mode outside `caller_checked_ids()`
+    (`out_of_range_id`: one min/max pass and one host sync), where the loss would otherwise fail with an
+    `IndexError` on the CPU or a device-side assert on a GPU.
 
     Args:
         labels: `(batch_size, seq_len)` int64 target ids, -100 = ignored.
@@ -117,14 +168,31 @@ def check_lm_labels(labels: torch.Tensor, tokens_shape: tuple[int, ...], vocab_s
             f"labels must be (batch_size, sequence_length) like the tokens they label {tuple(tokens_shape)}, got "
             f"shape {tuple(labels.shape)}"
         )
-    if torch.compiler.is_compiling():
-        return
-    bad = out_of_range_id(labels.masked_fill(labels == -100, 0), vocab_size)
-    if bad is not None:
-        raise ValueError(
-            f"label {bad} is outside the vocabulary: labels must be in [0, vocab_size={vocab_size}), or -100 for "
-            f"a position without a label"
-        )
+    if model_value_checks_enabled():
+        _refuse_label(out_of_range_id(labels.masked_fill(labels == -100, 0), vocab_size), vocab_size)
+
+
+def check_batch_ids(batch: Mapping[str, torch.Tensor], vocab_size: int) -> None:
+    """Refuse a batch whose token ids or labels lie outside the vocabulary, wherever it is and whatever the context.
+
+    What the models' own checks refuse (`check_token_ids`, `check_lm_labels`'s values), for a caller that checks
+    its batches on the CPU before moving them to the device and then runs the forward inside
+    `caller_checked_ids()`: the same errors, without a host-device synchronization per forward.
+
+    Args:
+        batch: model inputs; its int64 `input_ids` and `decoder_input_ids` (any shape) and `labels` (-100 =
+            ignored) are checked, other keys are not (masks, token types).
+        vocab_size: the model's `config.vocab_size`.
+
+    Raises:
+        ValueError: a token id or a label (other than -100) `< 0` or `>= vocab_size`; the message gives it.
+    """
+    for key in ("input_ids", "decoder_input_ids"):
+        if batch.get(key) is not None and batch[key].numel():
+            _refuse_token_id(_out_of_range(batch[key], vocab_size), vocab_size)
+    labels = batch.get("labels")
+    if labels is not None and labels.numel() and not labels.is_floating_point():
+        _refuse_label(_out_of_range(labels.masked_fill(labels == -100, 0), vocab_size), vocab_size)
 
 
 class TokenEmbedding(nn.Embedding):

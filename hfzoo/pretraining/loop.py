@@ -38,6 +38,7 @@ from ..data.packing import token_counts, tokenize_and_pack
 from ..hub import build_model_card, push_to_hub
 from ..integrity import check_weight_files
 from ..models.presets import PRESETS, build_config, parse_overrides
+from ..modules.embeddings import caller_checked_ids, check_batch_ids
 from ..outputs import removed_if_refused
 from ..training import faults
 from ..training.accelerator import choose_mixed_precision, create_accelerator
@@ -601,6 +602,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
     # A KV cache is of no use in training (and makes compiled layers specialize); looked up once, not every step
     # (unwrapping the prepared model asks importlib's package metadata whether DeepSpeed is installed).
     no_cache = no_cache_kwargs(model)
+    vocab_size = accelerator.unwrap_model(model).config.vocab_size
     last_saved = completed_steps  # a resumed run's starting point is already a checkpoint
     # A run resumed from its last checkpoint has nothing left to train.
     epochs = range(start_epoch, run.num_train_epochs) if completed_steps < run.max_train_steps else range(0)
@@ -613,8 +615,12 @@ def train(run: PretrainingRun) -> dict[str, float]:
             loader = accelerator.skip_first_batches(run.train_dataloader, skip_batches)
         for micro_batches in _windows(loader, args.gradient_accumulation_steps):
             # Lists of examples: each micro-batch is collated (random masking/corruption: torch's RNG, here in step
-            # order) and placed on the device now.
-            micro_batches = [send_to_device(run.train_collator(b), accelerator.device) for b in micro_batches]
+            # order), its ids checked against the vocabulary on the CPU, and placed on the device now; the forwards
+            # then skip their own checks of the ids (`caller_checked_ids`: a host-device sync each on a GPU).
+            micro_batches = [run.train_collator(b) for b in micro_batches]
+            for batch in micro_batches:
+                check_batch_ids(batch, vocab_size)
+            micro_batches = [send_to_device(b, accelerator.device) for b in micro_batches]
             if first_window:
                 # Which blocks each process trains on (sums of token ids per row): different on every process.
                 row_sums = micro_batches[0]["input_ids"].sum(dim=-1).tolist()
@@ -624,16 +630,17 @@ def train(run: PretrainingRun) -> dict[str, float]:
                     main_process_only=False,
                 )
                 first_window = False
-            loss, grad_norm = accumulation_step(
-                accelerator,
-                model,
-                run.optimizer,
-                run.lr_scheduler,
-                micro_batches,
-                args.objective,
-                args.max_grad_norm,
-                no_cache,
-            )
+            with caller_checked_ids():
+                loss, grad_norm = accumulation_step(
+                    accelerator,
+                    model,
+                    run.optimizer,
+                    run.lr_scheduler,
+                    micro_batches,
+                    args.objective,
+                    args.max_grad_norm,
+                    no_cache,
+                )
             completed_steps += 1
             if run.nonfinite_guard.check(completed_steps, loss, grad_norm):  # raises unless skips are allowed
                 window_skipped += 1
