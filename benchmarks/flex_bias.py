@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     results: dict[tuple, list[dict]] = {case: [] for case in cases}
     for repeat in range(args.repeats):
         for backend, compiled in cases:  # interleaved: A B C D, A B C D, ...
+            case_start = time.perf_counter()
             out = subprocess.run(
                 [sys.executable, __file__, "--case", backend, str(int(compiled)), *common],
                 capture_output=True,
@@ -183,7 +184,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
             )
             if out.returncode != 0:
                 raise SystemExit(f"case {backend} compiled={compiled} failed:\n{out.stderr[-3000:]}")
-            results[(backend, compiled)].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            results[(backend, compiled)].append(result)
+            print(  # progress, so that a run stopped by a time limit still says where its time went
+                f"case {backend} compiled={compiled}: {result['tokens_per_s']:,.0f} tokens/s, "
+                f"{time.perf_counter() - case_start:.0f} s in all",
+                file=sys.stderr,
+                flush=True,
+            )
         print(f"done: repetition {repeat + 1}/{args.repeats}", file=sys.stderr, flush=True)
 
     print(

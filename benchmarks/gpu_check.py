@@ -24,8 +24,8 @@ A section that fails is reported as one `FAILED` row with the end of its error, 
 run; the command then exits with status 1. Each section's wall seconds are a row of their own.
 
 Usage (prints one markdown table; `--output_json` also writes its rows; `--profile_dir DIR` also writes a
-`torch.profiler` operator table of each training case to DIR; `--log_dir DIR` keeps each recipe launch's output
-there; progress, with each launch's wall seconds, goes to standard error):
+`torch.profiler` operator table of each training and generation case to DIR; `--log_dir DIR` keeps each recipe
+launch's output there; progress, with each launch's wall seconds, goes to standard error):
 
     python benchmarks/gpu_check.py                          # one GPU: gpt2 at seq 1024, bf16 (minutes on one H100)
     python benchmarks/gpu_check.py --device cpu --tiny      # every section at a tiny size on the CPU
@@ -391,7 +391,8 @@ def generation_rows(args: argparse.Namespace, scale: dict) -> list[dict]:
     """Greedy generation, hfzoo vs transformers (`generation.py`)."""
     import generation
 
-    results = generation.main(["--device", args.device, *scale["generation"]])
+    profile = ["--profile_dir", args.profile_dir] if args.profile_dir else []
+    results = generation.main(["--device", args.device, *scale["generation"], *profile])
     rows = []
     for batch in sorted({r["batch_size"] for r in results}):
         for setup in generation.SETUPS:
@@ -474,7 +475,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     default_data = os.environ.get("HFZOO_DATA_DIR", str(REPO.parent / "shared" / "data"))
     parser.add_argument("--data_dir", default=default_data, help="the real data (gutenberg/)")
     parser.add_argument("--output_json", default=None, help="also write the rows here")
-    parser.add_argument("--profile_dir", default=None, help="also profile each training case (operator tables)")
+    parser.add_argument(
+        "--profile_dir", default=None, help="also profile each training and generation case (operator tables)"
+    )
     parser.add_argument("--log_dir", default=None, help="keep each recipe launch's output here (recipe-NAME.txt)")
     args = parser.parse_args(argv)
     import torch

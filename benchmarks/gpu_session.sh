@@ -6,7 +6,9 @@
 # Usage: bash benchmarks/gpu_session.sh [--tiny] [--budget SECONDS] STAGE...
 #   check    benchmarks/gpu_check.py, one section at a time, each with its own time limit (so that a slow
 #            section leaves time to the next), with --profile_dir and --log_dir (the recipe launches' output,
-#            there even when the section runs out of time)
+#            there even when the section runs out of time). Sections and order: $CHECK_SECTIONS (default
+#            "training flex recipe generation"; recipe includes deepspeed); limits $T_TRAINING, $T_FLEX, $T_RECIPE,
+#            $T_GENERATION seconds (defaults from one H200 with empty compile caches: 180, 150, 150, 120)
 #   readme   README command 1 (recipes/gutenberg_decoder.sh)
 #   study    the README's GPU study command (recipes/studies/narang_gpu.yaml, 8 processes)
 #   --tiny   the same at a tiny size on the CPU (a rehearsal)
@@ -25,6 +27,15 @@ while [ $# -gt 0 ]; do
     shift
 done
 [ ${#stages[@]} -gt 0 ] || { echo "benchmarks/gpu_session.sh: name at least one stage: check, readme, study" >&2; exit 2; }
+check_sections=${CHECK_SECTIONS:-training flex recipe generation}
+for name in $check_sections; do
+    case "$name" in
+        training|flex|recipe|generation) ;;
+        *) echo "benchmarks/gpu_session.sh: CHECK_SECTIONS: unknown section $name (expected training, flex, recipe," \
+                "generation)" >&2
+           exit 2 ;;
+    esac
+done
 cd "$(dirname "$0")/.."
 repo=$PWD
 [ -d .offline/wheels ] || { echo "benchmarks/gpu_session.sh: no .offline/wheels (run scripts/offline_bundle.sh)" >&2; exit 2; }
@@ -98,7 +109,7 @@ if [ "$tiny" = 1 ]; then
                 --glue_max_train_samples 64 --glue_num_train_epochs 1 --max_eval_samples 16 --parallel_runs 2)
 else
     check_args=()
-    recipe_limit=${T_RECIPE:-200}
+    recipe_limit=${T_RECIPE:-150}
     readme_args=()
     study_args=(--parallel_runs 8)
 fi
@@ -115,12 +126,12 @@ limited() {  # NAME LIMIT COMMAND...: run within min(LIMIT, time left)
 for stage in "${stages[@]}"; do
     case "$stage" in
         check)
-            for section in training:${T_TRAINING:-200} generation:${T_GENERATION:-150} recipe:$recipe_limit \
-                           flex:${T_FLEX:-120}; do
-                name=${section%%:*}
+            declare -A limit=([training]=${T_TRAINING:-180} [flex]=${T_FLEX:-150} [recipe]=$recipe_limit
+                              [generation]=${T_GENERATION:-120})
+            for name in $check_sections; do
                 sections=("$name")
                 [ "$name" = recipe ] && sections=(recipe deepspeed)
-                limited "check-$name" "${section##*:}" python3 benchmarks/gpu_check.py "${check_args[@]}" \
+                limited "check-$name" "${limit[$name]}" python3 benchmarks/gpu_check.py "${check_args[@]}" \
                     --sections "${sections[@]}" --output_json "$out/check-$name.json" --profile_dir "$out/profiles" \
                     --log_dir "$out/launch-logs"
             done ;;

@@ -91,10 +91,33 @@ def test_the_gpu_check_runs_every_section_on_the_cpu(tmp_path, data_dir):
 
 
 @pytest.mark.parametrize(
-    ("arguments", "message"),
-    [([], "name at least one stage"), (["check", "--sizes"], "unknown argument --sizes")],
+    ("arguments", "environment", "message"),
+    [
+        ([], {}, "name at least one stage"),
+        (["check", "--sizes"], {}, "unknown argument --sizes"),
+        (["check"], {"CHECK_SECTIONS": "training deepspeed"}, "CHECK_SECTIONS: unknown section deepspeed"),
+    ],
 )
-def test_the_gpu_session_refuses_bad_arguments_before_any_work(arguments, message):
+def test_the_gpu_session_refuses_bad_arguments_before_any_work(arguments, environment, message, tmp_path):
     script = REPO_ROOT / "benchmarks" / "gpu_session.sh"
-    proc = subprocess.run(["bash", str(script), *arguments], capture_output=True, text=True, timeout=60)
+    env = {**os.environ, **environment, "OUT": str(tmp_path / "out")}
+    proc = subprocess.run(["bash", str(script), *arguments], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()  # before any work
+
+
+def test_a_generation_case_is_profiled_into_its_own_file(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "benchmarks"))
+    import generation
+
+    model = generation.build_models("narrow", torch.device("cpu"))["hfzoo"]
+    prompt = torch.randint(5, model.config.vocab_size, (2, 4))
+    path = generation.profile_generation(model, prompt, 3, str(tmp_path / "profiles"), "hfzoo", "dynamic eager")
+    assert path == tmp_path / "profiles" / "generation-b2-dynamic-eager-hfzoo.txt"
+    text = path.read_text()
+    assert text.startswith("one step: one generate call of 3 new tokens, batch 2\nprofiled steps: 1; wall per step: ")
+    reads = float(text.split("values read back from the device per step (aten::_local_scalar_dense): ")[1].split()[0])
+    assert reads >= 3  # greedy decoding asks after every token whether all sequences have finished
+    assert "aten::addmm" in text
