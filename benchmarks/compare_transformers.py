@@ -16,8 +16,9 @@ best steady-state speed. Each (size, family, precision,
 implementation) case runs in a fresh process:
 `--warmup_steps` (which include compilation; the first step's wall seconds are reported as `first step s`) then
 `--steps` timed training steps (forward with labels and no KV cache, backward, AdamW step) on random tokens,
-fp32 or bf16 autocast (hfzoo's forwards as the recipes run them: the batch's ids checked once on the CPU, the
-forwards inside `caller_checked_ids()`, so that they read nothing back from the device);
+fp32 or bf16 autocast, without an attention mask (packed blocks, as the pretraining recipe trains on; hfzoo's
+forwards as the recipe runs them: the batch's ids checked once on the CPU, the forwards inside
+`caller_checked_ids()`, so that they read nothing back from the device);
 then the loss on a held-out random batch (`eval loss`: compiled and eager runs of one implementation should
 agree). The cases are repeated `--repeats` times, interleaved (A B C D A B C D ...), so that a change in the
 machine's load hits every case alike; the table gives the median tokens/s (input tokens per second) with
@@ -130,7 +131,8 @@ def run_case(size: str, family: str, implementation: str, precision: str, args: 
 
     def random_batch() -> dict:
         input_ids = torch.randint(5, config.vocab_size, (args.batch_size, args.seq_len), generator=g)
-        batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": input_ids.clone()}
+        # no attention mask: packed blocks, as the pretraining recipe trains on (`without_full_attention_mask`)
+        batch = {"input_ids": input_ids, "labels": input_ids.clone()}
         if family == "encoder-decoder":
             batch["labels"] = torch.randint(5, config.vocab_size, (args.batch_size, target_len), generator=g)
         if is_hfzoo:  # checked here on the CPU, as the recipes check theirs; the forwards then skip their own checks

@@ -413,7 +413,7 @@ def test_check_batch_ids_refuses_what_the_models_refuse_also_inside_caller_check
         check_batch_ids({**good, **change}, 96)
 
 
-def test_the_pretraining_loop_checks_its_batches_on_the_cpu_and_trains_inside_caller_checked_ids(
+def test_the_pretraining_loop_checks_its_batches_on_the_cpu_and_trains_without_a_device_read_per_forward(
     tmp_path, small_jsonl_xz, tokenizer_dir, monkeypatch
 ):
     checked_batches, steps = [], []
@@ -424,7 +424,8 @@ def test_the_pretraining_loop_checks_its_batches_on_the_cpu_and_trains_inside_ca
         return real_check(batch, vocab_size)
 
     def step(accelerator, model, optimizer, lr_scheduler, micro_batches, *args):
-        steps.append((model_value_checks_enabled(), len(micro_batches)))
+        masks = [b.get("attention_mask") for b in micro_batches]  # packed blocks: none needed
+        steps.append((model_value_checks_enabled(), len(micro_batches), masks))
         return real_step(accelerator, model, optimizer, lr_scheduler, micro_batches, *args)
 
     monkeypatch.setattr(pretraining, "check_batch_ids", check)
@@ -432,6 +433,15 @@ def test_the_pretraining_loop_checks_its_batches_on_the_cpu_and_trains_inside_ca
     argv = base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "out", "--max_train_steps", "3",
                      "--gradient_accumulation_steps", "2")  # fmt: skip
     pretraining.main(argv)
-    assert steps == [(False, 2)] * 3
+    assert steps == [(False, 2, [None, None])] * 3
     assert checked_batches == ["cpu"] * 6  # every micro-batch, before it is moved
     assert model_value_checks_enabled()
+
+
+def test_only_an_attention_mask_of_ones_is_left_out():
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    full = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    assert pretraining.without_full_attention_mask(full) == {"input_ids": ids, "labels": ids}
+    padded = {**full, "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])}
+    assert pretraining.without_full_attention_mask(padded) is padded
+    assert pretraining.without_full_attention_mask({"input_ids": ids}) == {"input_ids": ids}

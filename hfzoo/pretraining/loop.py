@@ -495,6 +495,26 @@ def accumulation_step(
     return accelerator.reduce(total, reduction="sum") / global_count.clamp(min=1), grad_norm
 
 
+def without_full_attention_mask(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`batch` without its `attention_mask` where that mask attends to every token; otherwise `batch` itself.
+
+    The models compute the same logits without a mask as with an all-ones one (every variant:
+    `tests/helpers/variant_checks.py`), while transformers' masking asks the mask's device whether a given mask is all
+    ones (to use the attention kernels' own causal masking): on a GPU a host-device synchronization in every forward.
+    Packed pretraining blocks have no padding, so the training loop asks once, here, on the CPU.
+
+    Args:
+        batch: a collated micro-batch on the CPU; `attention_mask`, when present, `(batch_size, seq_len)`, 1 = token.
+
+    Returns:
+        A new dict without `attention_mask` when it was all ones, else `batch` unchanged.
+    """
+    mask = batch.get("attention_mask")
+    if mask is None or not bool(mask.all()):
+        return batch
+    return {key: value for key, value in batch.items() if key != "attention_mask"}
+
+
 def _windows(loader, size: int):
     """Yield lists of `size` consecutive batches of `loader` (an incomplete last list is dropped)."""
     window = []
@@ -620,7 +640,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
             micro_batches = [run.train_collator(b) for b in micro_batches]
             for batch in micro_batches:
                 check_batch_ids(batch, vocab_size)
-            micro_batches = [send_to_device(b, accelerator.device) for b in micro_batches]
+            micro_batches = [send_to_device(without_full_attention_mask(b), accelerator.device) for b in micro_batches]
             if first_window:
                 # Which blocks each process trains on (sums of token ids per row): different on every process.
                 row_sums = micro_batches[0]["input_ids"].sum(dim=-1).tolist()

@@ -198,6 +198,18 @@ def check_padding_invariance(family: str, overrides: dict, attn: str = "sdpa") -
     torch.testing.assert_close(padded, single, rtol=1e-4, atol=1e-5)
 
 
+def check_no_mask_equals_full_mask(family: str, overrides: dict, attn: str = "sdpa") -> None:
+    """Without an attention mask the logits are those with an all-ones mask (the pretraining loop leaves one out)."""
+    model = checked_model(family, overrides, attn)
+    batch = make_batch(family)
+    ids = batch.input_ids[:1]  # the full row
+    kwargs = {} if batch.decoder_input_ids is None else {"decoder_input_ids": batch.decoder_input_ids[:1]}
+    with torch.no_grad():
+        full = model(ids, attention_mask=torch.ones_like(ids), **kwargs).logits
+        unmasked = model(ids, **kwargs).logits
+    torch.testing.assert_close(unmasked, full, rtol=1e-5, atol=1e-6)
+
+
 def check_causality(family: str, overrides: dict, attn: str = "sdpa") -> None:
     """Changing tokens after position t never changes the logits at positions <= t (causal stacks)."""
     if family == "encoder":
@@ -332,6 +344,7 @@ def check_variant(
     check_forward_backward(family, overrides, allow_unused, attn)
     check_round_trip(family, overrides, tmp_path, attn)
     check_padding_invariance(family, overrides, attn)
+    check_no_mask_equals_full_mask(family, overrides, attn)
     check_causality(family, overrides, attn)
     check_generation_cache(family, overrides, attn)
     if {"eager", "sdpa"} <= set(backends):
