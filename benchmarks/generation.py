@@ -83,6 +83,12 @@ def static_compiled_options(device: torch.device) -> dict:
     return {"cache_implementation": "static", "compile_config": compile_config}
 
 
+def greedy_options(new_tokens: int, **generate_options) -> dict:
+    """`generate` options of every call: exactly `new_tokens` greedy tokens (no end of sequence), then the set-up's."""
+    options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
+    return {**options, "pad_token_id": 0, **generate_options}
+
+
 def time_generation(
     model, prompt: torch.Tensor, new_tokens: int, repeats: int, **generate_options
 ) -> tuple[list[float], torch.Tensor]:
@@ -98,8 +104,7 @@ def time_generation(
     Returns:
         `(seconds of each timed call, the generated tokens)`.
     """
-    options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
-    options.update(pad_token_id=0, **generate_options)
+    options = greedy_options(new_tokens, **generate_options)
     synchronize = torch.cuda.synchronize if prompt.device.type == "cuda" else (lambda: None)
     with torch.no_grad():
         for _ in range(2):
@@ -134,8 +139,7 @@ def profile_generation(
     """
     from compare_transformers import profile_steps
 
-    options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
-    options.update(pad_token_id=0, **generate_options)
+    options = greedy_options(new_tokens, **generate_options)
     synchronize = torch.cuda.synchronize if prompt.device.type == "cuda" else (lambda: None)
 
     def call() -> None:

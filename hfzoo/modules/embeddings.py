@@ -124,7 +124,11 @@ def _refuse_token_id(bad: int | None, vocab_size: int) -> None:
         )
 
 
-def _refuse_label(bad: int | None, vocab_size: int) -> None:
+def _check_label_values(labels: torch.Tensor, vocab_size: int) -> None:
+    """Refuse a label outside `[0, vocab_size)` other than -100 (one min/max pass, wherever `labels` is)."""
+    if not labels.numel():
+        return
+    bad = _out_of_range(labels.masked_fill(labels == -100, 0), vocab_size)
     if bad is not None:
         raise ValueError(
             f"label {bad} is outside the vocabulary: labels must be in [0, vocab_size={vocab_size}), or -100 for "
@@ -169,7 +173,7 @@ def check_lm_labels(labels: torch.Tensor, tokens_shape: tuple[int, ...], vocab_s
             f"shape {tuple(labels.shape)}"
         )
     if model_value_checks_enabled():
-        _refuse_label(out_of_range_id(labels.masked_fill(labels == -100, 0), vocab_size), vocab_size)
+        _check_label_values(labels, vocab_size)
 
 
 def check_batch_ids(batch: Mapping[str, torch.Tensor], vocab_size: int) -> None:
@@ -191,8 +195,8 @@ def check_batch_ids(batch: Mapping[str, torch.Tensor], vocab_size: int) -> None:
         if batch.get(key) is not None and batch[key].numel():
             _refuse_token_id(_out_of_range(batch[key], vocab_size), vocab_size)
     labels = batch.get("labels")
-    if labels is not None and labels.numel() and not labels.is_floating_point():
-        _refuse_label(_out_of_range(labels.masked_fill(labels == -100, 0), vocab_size), vocab_size)
+    if labels is not None and not labels.is_floating_point():
+        _check_label_values(labels, vocab_size)
 
 
 class TokenEmbedding(nn.Embedding):

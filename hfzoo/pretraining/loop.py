@@ -637,10 +637,12 @@ def train(run: PretrainingRun) -> dict[str, float]:
             # Lists of examples: each micro-batch is collated (random masking/corruption: torch's RNG, here in step
             # order), its ids checked against the vocabulary on the CPU, and placed on the device now; the forwards
             # then skip their own checks of the ids (`caller_checked_ids`: a host-device sync each on a GPU).
-            micro_batches = [run.train_collator(b) for b in micro_batches]
-            for batch in micro_batches:
+            prepared = []
+            for examples in micro_batches:
+                batch = run.train_collator(examples)
                 check_batch_ids(batch, vocab_size)
-            micro_batches = [send_to_device(without_full_attention_mask(b), accelerator.device) for b in micro_batches]
+                prepared.append(send_to_device(without_full_attention_mask(batch), accelerator.device))
+            micro_batches = prepared
             if first_window:
                 # Which blocks each process trains on (sums of token ids per row): different on every process.
                 row_sums = micro_batches[0]["input_ids"].sum(dim=-1).tolist()
