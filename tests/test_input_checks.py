@@ -423,10 +423,10 @@ def test_the_pretraining_loop_checks_its_batches_on_the_cpu_and_trains_without_a
         checked_batches.append(batch["input_ids"].device.type)
         return real_check(batch, vocab_size)
 
-    def step(accelerator, model, optimizer, lr_scheduler, micro_batches, *args):
+    def step(accelerator, model, optimizer, lr_scheduler, micro_batches, *args, **kwargs):
         masks = [b.get("attention_mask") for b in micro_batches]  # packed blocks: none needed
         steps.append((model_value_checks_enabled(), len(micro_batches), masks))
-        return real_step(accelerator, model, optimizer, lr_scheduler, micro_batches, *args)
+        return real_step(accelerator, model, optimizer, lr_scheduler, micro_batches, *args, **kwargs)
 
     monkeypatch.setattr(pretraining, "check_batch_ids", check)
     monkeypatch.setattr(pretraining, "accumulation_step", step)

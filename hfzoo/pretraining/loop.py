@@ -444,7 +444,8 @@ def accumulation_step(
     objective: str,
     max_grad_norm: float,
     forward_kwargs: dict[str, bool] | None = None,
-) -> tuple[torch.Tensor, float | None]:
+    stepper: faults.OptimizerStepper | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | float | None]:
     """One optimizer step over a window of micro-batches, with the loss normalised over the global batch.
 
     Each micro-batch's mean loss is reweighted by its share of the predicted tokens of the whole global
@@ -464,13 +465,18 @@ def accumulation_step(
         max_grad_norm: clip the global gradient norm to this (0: no clipping; the norm is still measured).
         forward_kwargs: more keyword arguments of every forward (default: `no_cache_kwargs(model)`, looked up
             on each call; a training loop looks them up once).
+        stepper: takes the optimizer and scheduler steps (`hfzoo.training.faults.OptimizerStepper`, which a
+            training loop keeps for the whole run and asks which steps were applied); default: one that reads
+            the gradient norm at once, for this call.
 
     A step whose gradient norm is not finite is not applied: neither the optimizer nor the scheduler
-    steps (under DeepSpeed, the engine skips it itself; under fp16, the loss scaler does).
+    steps (under DeepSpeed, the engine skips it itself; under fp16, the loss scaler does). A deferred
+    `stepper` decides on the device and checks the norm on the host at the next step.
 
     Returns:
         `(loss, grad_norm)`: the float32 scalar per-token mean loss over the global batch (same on every
-        process) and the gradient norm before clipping (None where the backend does not report it).
+        process) and the gradient norm before clipping: a float, or with a deferred `stepper` a 0-d tensor on the
+        device (not read back); None where the backend does not report it.
     """
     counts = [get_objective(objective).count_predicted_tokens(batch) for batch in micro_batches]
     global_count = accelerator.reduce(torch.stack(counts).sum().to(accelerator.device), reduction="sum")
@@ -479,15 +485,19 @@ def accumulation_step(
     grad_norm = None
     if forward_kwargs is None:
         forward_kwargs = no_cache_kwargs(model)
+    if stepper is None:
+        stepper = faults.OptimizerStepper(optimizer, lr_scheduler, scaler=accelerator.scaler is not None)
     for batch, count in zip(micro_batches, counts):
         with accelerator.accumulate(model):
             loss = model(**batch, **forward_kwargs).loss
             accelerator.backward(loss * (count * weight))
             if accelerator.sync_gradients:
-                norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
-                grad_norm = None if norm is None else float(norm)
-            # A non-finite gradient norm is never applied (under fp16 loss scaling the scaler skips the step).
-            if grad_norm is None or math.isfinite(grad_norm) or accelerator.scaler is not None:
+                grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
+                # A non-finite gradient norm is never applied (under fp16 loss scaling the scaler skips the step).
+                stepper.step(grad_norm)
+                if not stepper.deferred and grad_norm is not None:
+                    grad_norm = float(grad_norm)  # already read by the stepper
+            else:  # accelerate's wrappers do nothing between synchronizations
                 optimizer.step()
                 lr_scheduler.step()
             optimizer.zero_grad()
@@ -624,6 +634,23 @@ def train(run: PretrainingRun) -> dict[str, float]:
     no_cache = no_cache_kwargs(model)
     vocab_size = accelerator.unwrap_model(model).config.vocab_size
     last_saved = completed_steps  # a resumed run's starting point is already a checkpoint
+    # Steps the optimizer; with a fused optimizer it reads each step's gradient norm one step late (no host-device
+    # sync per step: the device leaves out a non-finite update itself), so a step's check arrives then or at the
+    # next `settle()` (before every log line, save, evaluation and stop).
+    stepper = faults.OptimizerStepper.for_run(accelerator, run.optimizer, run.lr_scheduler, completed_steps)
+    step_losses: dict[int, torch.Tensor] = {}  # the losses of the steps not checked yet
+    grad_norm = None
+
+    def count_checked(checked: list[faults.CheckedStep]) -> None:
+        nonlocal window_loss, window_skipped, grad_norm
+        for done in checked:
+            loss = step_losses.pop(done.step)
+            if run.nonfinite_guard.check(done.step, loss, done.grad_norm):  # raises unless skips are allowed
+                window_skipped += 1
+            else:
+                window_loss += loss  # a tensor: no device sync until the log line reads it
+            grad_norm = done.grad_norm
+
     # A run resumed from its last checkpoint has nothing left to train.
     epochs = range(start_epoch, run.num_train_epochs) if completed_steps < run.max_train_steps else range(0)
     # SIGTERM/SIGINT: stop after the current step; after the last one, the final evaluation and save still run.
@@ -653,7 +680,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
                 )
                 first_window = False
             with caller_checked_ids():
-                loss, grad_norm = accumulation_step(
+                step_losses[completed_steps + 1], _ = accumulation_step(
                     accelerator,
                     model,
                     run.optimizer,
@@ -662,16 +689,18 @@ def train(run: PretrainingRun) -> dict[str, float]:
                     args.objective,
                     args.max_grad_norm,
                     no_cache,
+                    stepper=stepper,
                 )
             completed_steps += 1
-            if run.nonfinite_guard.check(completed_steps, loss, grad_norm):  # raises unless skips are allowed
-                window_skipped += 1
-            else:
-                window_loss += loss  # a tensor: no device sync until the log line reads it
             tokens_seen += tokens_per_step
             window_steps += 1
             progress.update(1)
-            if completed_steps % args.logging_steps == 0 or completed_steps == run.max_train_steps:
+            log_now = completed_steps % args.logging_steps == 0 or completed_steps == run.max_train_steps
+            every = args.checkpointing_steps
+            save_now = every not in (None, "epoch") and completed_steps % int(every) == 0
+            eval_now = args.eval_steps and completed_steps % args.eval_steps == 0
+            count_checked(stepper.settle() if log_now or save_now or eval_now else stepper.checked())
+            if log_now:
                 elapsed = time.perf_counter() - window_start
                 window_tokens = window_steps * tokens_per_step
                 record = {
@@ -697,10 +726,10 @@ def train(run: PretrainingRun) -> dict[str, float]:
                     accelerator.log(record, step=completed_steps)
                 window_start, window_steps, window_loss, window_skipped = time.perf_counter(), 0, 0.0, 0
             pause_start = time.perf_counter()
-            if args.checkpointing_steps not in (None, "epoch") and completed_steps % int(args.checkpointing_steps) == 0:
+            if save_now:
                 save_checkpoint(run, completed_steps, tokens_seen)
                 last_saved = completed_steps
-            if args.eval_steps and completed_steps % args.eval_steps == 0 and completed_steps < run.max_train_steps:
+            if eval_now and completed_steps < run.max_train_steps:
                 eval_start = time.perf_counter()
                 metrics = evaluate_lm(model, run.eval_dataloader, accelerator, seed=eval_seed)
                 eval_seconds += time.perf_counter() - eval_start
@@ -712,11 +741,13 @@ def train(run: PretrainingRun) -> dict[str, float]:
             window_start, paused = window_start + pause, paused + pause
             signal_name = preemption.requested(accelerator)  # all processes agree on the step to stop at
             if signal_name is not None:
+                count_checked(stepper.settle())
                 if last_saved != completed_steps:
                     save_checkpoint(run, completed_steps, tokens_seen)
                 raise faults.TrainingPreempted(signal_name, completed_steps, checkpoint_folder(args, completed_steps))
             if completed_steps >= run.max_train_steps:
                 break
+        count_checked(stepper.settle())  # the epoch's last step
         if args.checkpointing_steps == "epoch":
             pause_start = time.perf_counter()
             save_checkpoint(run, completed_steps, tokens_seen)

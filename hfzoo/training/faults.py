@@ -5,7 +5,9 @@
   step to stop at (one all-reduce of a flag per step over a CPU process group).
 - `NonFiniteGuard`: a non-finite gradient norm (or loss) stops the run at the step it happens, without
   applying that step's update; `--max_nonfinite_steps N` skips up to N such steps instead.
-  `first_nonfinite_parameter` keeps non-finite weights out of checkpoints.
+  `OptimizerStepper` takes the optimizer and scheduler steps, leaving such updates out (on the device, with a
+  fused optimizer, reading the norm a step later). `first_nonfinite_parameter` keeps non-finite weights out of
+  checkpoints.
 - `handle_training_faults`: the context manager around the training loop that turns these faults (and
   failed collectives) into a one-line message and an exit code, and always destroys the process group.
 - `record_peers` / `lost_peers`: which process (rank, node, host) a failed collective lost, for that message.
@@ -19,6 +21,7 @@ gradient norm; the last checkpoint is intact).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 import os
@@ -30,6 +33,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -357,11 +361,11 @@ class NonFiniteGuard:
     """Decide what happens after an optimizer step whose gradient norm or loss is not finite.
 
     The training step itself never applies an update with a non-finite gradient norm
-    (`hfzoo.pretraining.loop.accumulation_step`); this guard then stops the run (the default,
-    `max_nonfinite_steps=0`) or lets it continue, logging the skipped step, until more than
-    `max_nonfinite_steps` steps have been skipped over the whole run (resumes included).
+    (`OptimizerStepper`); this guard then stops the run (the default, `max_nonfinite_steps=0`) or lets it
+    continue, logging the skipped step, until more than `max_nonfinite_steps` steps have been skipped over
+    the whole run (resumes included).
 
-    The gradient norm is already on the host after each step, so checking it costs nothing; the loss
+    The gradient norm is on the host once the stepper has checked the step, so checking it costs nothing; the loss
     (a device tensor) is read only when there is no usable gradient norm: under fp16 loss scaling an
     infinite norm is the scaler's business (it skips the step and lowers the scale), and a DeepSpeed
     config may not compute the norm. A non-finite loss makes the gradients non-finite, so the norm
@@ -426,6 +430,156 @@ class NonFiniteGuard:
     def load_state_dict(self, state: dict) -> None:
         """Restore the skipped steps from a checkpoint's training state."""
         self.skipped_steps = list(state.get("nonfinite_steps", []))
+
+
+def skips_updates_on_device(optimizer) -> bool:
+    """Whether `optimizer` can leave out an update on the device, given a `found_inf` tensor.
+
+    True for torch's fused optimizers (`fused=True` Adam, AdamW, SGD, Adagrad): they declare
+    `_step_supports_amp_scaling` and read `found_inf` (a float32 0-d tensor, 1.0 to skip) in `step()`, as
+    `torch.amp.GradScaler` gives it to them; the kernel then changes neither the parameters, nor the moments,
+    nor the step counts. accelerate's `AcceleratedOptimizer` is looked through.
+
+    Args:
+        optimizer: a torch optimizer or accelerate's wrapper of one.
+    """
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if not isinstance(inner, torch.optim.Optimizer) or not getattr(inner, "_step_supports_amp_scaling", False):
+        return False
+    # The older contract (a `grad_scaler` keyword of `step`) is GradScaler's alone.
+    return "grad_scaler" not in inspect.signature(inner.step).parameters
+
+
+@dataclass(frozen=True)
+class CheckedStep:
+    """An optimizer step whose gradient norm has been read on the host.
+
+    Attributes:
+        step: the step's number (1-based, counting the steps of the run resumed from).
+        grad_norm: its gradient norm before clipping, or None where the backend does not report one.
+        applied: whether its update was applied (False: a non-finite norm; a loss scaler's own skips count
+            as applied here).
+    """
+
+    step: int
+    grad_norm: float | None
+    applied: bool
+
+
+class OptimizerStepper:
+    """The optimizer and scheduler steps of a training loop, without those of a non-finite gradient norm.
+
+    A step whose gradient norm is NaN or infinite is left out: neither the optimizer nor the scheduler steps.
+    Reading the norm to decide is a host-device synchronization on an accelerator: the host waits until the
+    backward pass has run and the device then idles while the next kernels are launched. With `deferred`
+    (an optimizer that `skips_updates_on_device`, no loss scaler), the update is launched at once with
+    `found_inf = not isfinite(norm)`, so the device itself leaves out a non-finite one, and the norm is copied
+    to the host without waiting. It is read at the next step, after that step's backward pass has been
+    launched (long computed by then), or by `settle()`; only then does the scheduler take the checked step's
+    step, before the next update, so every update gets the learning rate it gets without deferring.
+    Otherwise (`deferred=False`) the norm is read at once and decides. Under a loss scaler (fp16) both steps
+    are always taken: the scaler leaves out overflowing updates itself.
+
+    Args:
+        optimizer: the prepared optimizer (accelerate's `AcceleratedOptimizer`) or a torch optimizer.
+        lr_scheduler: the prepared scheduler (stepped once per applied step, as `AcceleratedScheduler.step`).
+        deferred: read the norm one step late (needs `skips_updates_on_device(optimizer)`).
+        last_step: the number of the last step taken before this stepper's first (a resumed run's step).
+        scaler: whether a loss scaler decides the skips (accelerate's `accelerator.scaler is not None`).
+
+    Raises:
+        ValueError: `deferred` with an optimizer that cannot skip an update on the device, or with a scaler.
+    """
+
+    def __init__(
+        self, optimizer, lr_scheduler, deferred: bool = False, last_step: int = 0, scaler: bool = False
+    ) -> None:
+        if deferred and (scaler or not skips_updates_on_device(optimizer)):
+            raise ValueError(
+                f"a deferred non-finite check needs an optimizer that skips updates on the device (torch's fused "
+                f"AdamW) and no loss scaler; got {type(getattr(optimizer, 'optimizer', optimizer)).__name__}"
+                f"{' with a loss scaler' if scaler else ''}"
+            )
+        self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
+        self.deferred, self.scaler, self.last_step = deferred, scaler, last_step
+        self._pending: tuple[int, torch.Tensor, torch.Tensor, object] | None = None  # step, norm, host copy, event
+        self._checked: list[CheckedStep] = []
+
+    @classmethod
+    def for_run(cls, accelerator, optimizer, lr_scheduler, last_step: int = 0) -> OptimizerStepper:
+        """The stepper of a run: deferred wherever it can be.
+
+        That is with a fused optimizer, no loss scaler, and neither DeepSpeed (whose engine steps and checks
+        itself) nor FSDP (whose sharded parameters the fused kernel would get as `DTensor`s).
+        """
+        from accelerate.utils import DistributedType
+
+        scaler = getattr(accelerator, "scaler", None) is not None
+        sharded = accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
+        deferred = not scaler and not sharded and skips_updates_on_device(optimizer)
+        return cls(optimizer, lr_scheduler, deferred=deferred, last_step=last_step, scaler=scaler)
+
+    def step(self, grad_norm: torch.Tensor | float | None) -> None:
+        """Take (or leave out) the next optimizer step, after its backward pass and gradient clipping.
+
+        Args:
+            grad_norm: the step's gradient norm before clipping: a 0-d tensor (from `clip_grad_norm_`), a
+                float, or None (not reported: the step is taken).
+        """
+        self._settle_pending()
+        self.last_step += 1
+        if self.scaler or grad_norm is None:  # the scaler decides (fp16), or nothing to decide on
+            self._apply(self.last_step, None if grad_norm is None else float(grad_norm), True)
+        elif self.deferred and isinstance(grad_norm, torch.Tensor):
+            norm = grad_norm.detach().float()
+            inner = getattr(self.optimizer, "optimizer", self.optimizer)
+            inner.found_inf = (~torch.isfinite(norm)).float()  # read by the fused kernel (GradScaler's contract)
+            try:
+                self.optimizer.step()
+            finally:
+                del inner.found_inf
+            event, host = None, norm
+            if norm.device.type != "cpu":
+                host = torch.empty((), dtype=norm.dtype, pin_memory=norm.device.type == "cuda")
+                host.copy_(norm, non_blocking=True)
+                event = torch.get_device_module(norm.device).Event()
+                event.record()
+            self._pending = (self.last_step, norm, host, event)
+        else:
+            value = float(grad_norm)
+            self._apply(self.last_step, value, math.isfinite(value))
+
+    def _apply(self, step: int, grad_norm: float | None, finite: bool) -> None:
+        if finite:
+            self.optimizer.step()
+            self.lr_scheduler.step()
+        self._checked.append(CheckedStep(step, grad_norm, finite))
+
+    def _settle_pending(self) -> None:
+        if self._pending is None:
+            return
+        step, _, host, event = self._pending
+        self._pending = None
+        if event is not None:
+            event.synchronize()  # waits for the copy alone, not for the work queued after it
+        value = float(host)
+        if math.isfinite(value):  # the update itself was taken (or left out on the device) already
+            self.lr_scheduler.step()
+        self._checked.append(CheckedStep(step, value, math.isfinite(value)))
+
+    def settle(self) -> list[CheckedStep]:
+        """Read the pending step's norm now (a wait for it alone); every step checked since the last call.
+
+        Call before anything that reads the scheduler, the optimizer or the parameters: a log line, a
+        checkpoint, an evaluation, the end of training. Returns the steps oldest first.
+        """
+        self._settle_pending()
+        return self.checked()
+
+    def checked(self) -> list[CheckedStep]:
+        """The steps checked since the last call, oldest first (a deferred step is checked at the next `step`)."""
+        checked, self._checked = self._checked, []
+        return checked
 
 
 def first_nonfinite_parameter(accelerator, model: torch.nn.Module) -> str | None:

@@ -74,13 +74,17 @@ NONFINITE_ARGS = ["--max_train_steps", "6", "--checkpointing_steps", "2", "--che
                   "--logging_steps", "1"]  # fmt: skip
 
 
+# --logging_steps 1 reads every step's gradient norm before the next; with 4 (and checkpoints every 2 steps) the
+# norms of steps 3 and 5 are read one step late (fused AdamW: the device leaves the update out, the host learns of
+# it during the next step).
+@pytest.mark.parametrize("logging_steps", ["1", "4"])
 def test_a_nan_loss_stops_the_run_at_its_step_and_keeps_the_last_checkpoint(
-    tmp_path, small_jsonl_xz, tokenizer_dir, nan_loss_at, capsys
+    logging_steps, tmp_path, small_jsonl_xz, tokenizer_dir, nan_loss_at, capsys
 ):
     nan_loss_at({3})
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exc:
-        main(base_args(small_jsonl_xz, tokenizer_dir, out, *NONFINITE_ARGS))
+        main(base_args(small_jsonl_xz, tokenizer_dir, out, *NONFINITE_ARGS, "--logging_steps", logging_steps))
     assert exc.value.code == faults.EXIT_NONFINITE
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("error: non-finite gradient norm (nan; loss nan) at step 3: its update was not applied")
@@ -92,13 +96,15 @@ def test_a_nan_loss_stops_the_run_at_its_step_and_keeps_the_last_checkpoint(
     assert all(torch.isfinite(w).all() for w in weights.values())
 
 
+@pytest.mark.parametrize("logging_steps", ["1", "4"])
 def test_max_nonfinite_steps_skips_such_steps_logs_each_and_counts_them_across_resumes(
-    tmp_path, small_jsonl_xz, tokenizer_dir, nan_loss_at, caplog, capsys
+    logging_steps, tmp_path, small_jsonl_xz, tokenizer_dir, nan_loss_at, caplog, capsys
 ):
     nan_loss_at({3, 5})
     out = tmp_path / "run"
     with caplog.at_level(logging.WARNING, logger="hfzoo.training.faults"), pytest.raises(SystemExit) as exc:
-        main(base_args(small_jsonl_xz, tokenizer_dir, out, *NONFINITE_ARGS, "--max_nonfinite_steps", "1"))
+        main(base_args(small_jsonl_xz, tokenizer_dir, out, *NONFINITE_ARGS, "--max_nonfinite_steps", "1",
+                       "--logging_steps", logging_steps))  # fmt: skip
     assert exc.value.code == faults.EXIT_NONFINITE
     warnings = [r.getMessage() for r in caplog.records]
     assert any(
@@ -118,6 +124,90 @@ def test_max_nonfinite_steps_skips_such_steps_logs_each_and_counts_them_across_r
     step_6 = out / "checkpoints" / "step_6"
     assert json.loads((step_6 / "training_state.json").read_text())["nonfinite_steps"] == [3]
     assert _step_count(step_6) == 5
+
+
+def _stepping_run(deferred: bool, norms: list[float]):
+    """Fused AdamW + a decaying schedule stepped through `norms` (the gradient norm of each step; the gradients are
+    scaled to it, NaN/inf included) by an `OptimizerStepper`; returns its checked steps, the learning rates the
+    updates used, the weights, the moments and the step counts."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(5))]
+    optimizer = torch.optim.AdamW(params, lr=0.1, weight_decay=0.1, fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)
+    stepper = faults.OptimizerStepper(optimizer, scheduler, deferred=deferred, last_step=10)
+    checked, rates = [], []
+    for norm in norms:
+        direction = [torch.randn_like(p) for p in params]
+        length = torch.cat([d.flatten() for d in direction]).norm()
+        for p, d in zip(params, direction):
+            p.grad = d * (norm / length)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, float("inf"))
+        rates.append(optimizer.param_groups[0]["lr"])  # before the step; a deferred stepper changes it in `step`
+        stepper.step(grad_norm)
+        checked += stepper.checked()
+    checked += stepper.settle()
+    state = [(s["exp_avg"], s["exp_avg_sq"], s["step"]) for s in optimizer.state.values()]
+    return checked, scheduler.get_last_lr(), [p.detach() for p in params], state, rates
+
+
+def test_a_deferred_stepper_applies_exactly_the_updates_and_schedule_of_an_immediate_one():
+    norms = [1.0, float("nan"), 2.0, float("inf"), float("inf"), 0.5, float("nan")]
+    immediate, deferred = _stepping_run(False, norms), _stepping_run(True, norms)
+    assert [(c.step, c.applied) for c in immediate[0]] == [(11 + i, math.isfinite(n)) for i, n in enumerate(norms)]
+    described = lambda run: [(c.step, str(c.grad_norm), c.applied) for c in run[0]]  # noqa: E731 (NaN != NaN)
+    assert described(deferred) == described(immediate)
+    assert deferred[1] == immediate[1] == [0.1 * 0.5**3]  # the scheduler stepped for the 3 finite steps alone
+    for a, b in zip(deferred[2], immediate[2]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for a, b in zip(deferred[3], immediate[3]):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert [float(s[2]) for s in deferred[3]] == [3.0, 3.0]  # the fused kernel undid the left-out steps' counts
+    # The first update of a deferred stepper ran at the learning rate of an immediate one's, and so on.
+    applied_rates = lambda run: [r for r, c in zip(run[4], run[0]) if c.applied]  # noqa: E731
+    assert applied_rates(deferred) == applied_rates(immediate)
+
+
+def _inside(event, prefix: str) -> bool:
+    """Whether a profiler event ran inside a region whose name starts with `prefix`."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(prefix):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def test_a_deferred_stepper_reads_no_value_back_when_it_steps():
+    params = [torch.nn.Parameter(torch.randn(8))]
+    counts = {}
+    for deferred in (False, True):
+        optimizer = torch.optim.AdamW(params, lr=0.1, fused=True)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        stepper = faults.OptimizerStepper(optimizer, scheduler, deferred=deferred)
+        params[0].grad = torch.ones(8)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            stepper.step(grad_norm)
+        counts[deferred] = sum(
+            e.name == "aten::_local_scalar_dense" and not _inside(e, "Optimizer.step#") for e in prof.events()
+        )  # values read back by the stepper (on the CPU, the fused kernel itself reads its step counts)
+        assert stepper.checked() == ([] if deferred else [faults.CheckedStep(1, pytest.approx(8**0.5), True)])
+        assert stepper.settle() == ([faults.CheckedStep(1, pytest.approx(8**0.5), True)] if deferred else [])
+    assert counts == {False: 1, True: 0}
+
+
+def test_a_deferred_stepper_needs_an_optimizer_that_skips_on_the_device():
+    params = [torch.nn.Parameter(torch.randn(3))]
+    foreach = torch.optim.AdamW(params, lr=0.1, foreach=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(foreach, lambda step: 1.0)
+    assert not faults.skips_updates_on_device(foreach)
+    assert faults.skips_updates_on_device(torch.optim.AdamW(params, lr=0.1, fused=True))
+    with pytest.raises(ValueError, match="needs an optimizer that skips updates on the device.*got AdamW"):
+        faults.OptimizerStepper(foreach, scheduler, deferred=True)
+    fused = torch.optim.AdamW(params, lr=0.1, fused=True)
+    with pytest.raises(ValueError, match="with a loss scaler"):
+        faults.OptimizerStepper(fused, scheduler, deferred=True, scaler=True)
 
 
 def test_a_checkpoint_with_non_finite_weights_is_never_written(tmp_path):
