@@ -3,7 +3,9 @@
 The hfzoo model is the `gpt2` parity preset (at `--size small` a CPU-sized one, at `base` the preset's own 768-wide
 12 layers, at `narrow` the base's 12 layers 64 wide: too little arithmetic to matter, so that the time per token is
 the framework's overhead, the part CUDA graphs do not remove), transformers' model its conversion
-(`hfzoo.convert.hfzoo_to_gpt2`: the same weights, the same logits).
+(`hfzoo.convert.hfzoo_to_gpt2`: the same weights, the same logits). hfzoo's query, key and value projections are
+then fused for inference (`model.fuse_qkv_projections()`: one product per layer, as GPT-2's `c_attn`; `--qkv
+separate` keeps the three of training).
 Each is timed in two set-ups:
 
 - `dynamic eager`: `generate` with the default dynamic cache, no compilation;
@@ -17,13 +19,16 @@ Each is timed in two set-ups:
   ("accessing tensor output of CUDAGraphs that has been overwritten"; transformers 5.24, torch 2.11, one H200).
 
 For each batch size (`--batch_sizes`, default 1 and 8), a random prompt of `--prompt_len` tokens, `--new_tokens`
-greedy tokens (`min_new_tokens` too, no end-of-sequence); two untimed calls first (they compile), then
-`--repeats` timed calls; the table gives the median generated tokens per second (batch x new tokens / time) with
-the spread, and whether the tokens equal those of hfzoo's dynamic-cache eager run.
+greedy tokens (`min_new_tokens` too, no end-of-sequence); two untimed calls of each implementation first (they
+compile), then `--repeats` rounds in which each generates once, in turn (a host that changes speed during the run
+changes every implementation's rate alike); the table gives the median generated tokens per second (batch x new
+tokens / time) with the spread, and whether the tokens equal those of hfzoo's dynamic-cache eager run.
+`--qkv both` adds hfzoo with its three separate projections as one more implementation.
 
 `--profile_dir DIR` also profiles one more call of each case (`torch.profiler`, as `compare_transformers.py
 --profile_dir` profiles a training step: wall and kernel milliseconds per call, values read back from the device,
-operator tables) into `DIR/generation-b{batch}-{set-up}-{implementation}.txt`.
+operator tables) into `DIR/generation-b{batch}-{set-up}-{implementation}.txt` (characters other than letters and
+digits as `-`).
 
 Usage (prints a markdown table):
 
@@ -35,6 +40,7 @@ Usage (prints a markdown table):
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import time
 from pathlib import Path
@@ -54,10 +60,14 @@ SIZES = {
     "narrow": "vocab_size=512,hidden_size=64,num_attention_heads=2,intermediate_size=256",
 }
 SETUPS = ("dynamic eager", "static compiled")
+SEPARATE = "hfzoo, q/k/v separate"  # the implementation name of `--qkv both`'s unfused hfzoo model
 
 
-def build_models(size: str, device: torch.device) -> dict[str, torch.nn.Module]:
+def build_models(size: str, device: torch.device, fuse_qkv: bool = True) -> dict[str, torch.nn.Module]:
     """The hfzoo `gpt2` preset at `size` and its `GPT2LMHeadModel` conversion, in eval mode on `device`.
+
+    With `fuse_qkv`, hfzoo's query, key and value projections are then fused (`fuse_qkv_projections`: one
+    matrix product per layer, as GPT-2's own `c_attn`), the way to run an hfzoo model for inference.
 
     Returns:
         `{"hfzoo": ..., "transformers": ...}`.
@@ -65,7 +75,10 @@ def build_models(size: str, device: torch.device) -> dict[str, torch.nn.Module]:
     torch.manual_seed(0)
     config = build_config("gpt2", SIZES[size])
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device).eval()
-    return {"hfzoo": model, "transformers": hfzoo_to_gpt2(model, attn_implementation="sdpa").to(device).eval()}
+    reference = hfzoo_to_gpt2(model, attn_implementation="sdpa").to(device).eval()
+    if fuse_qkv:
+        model.fuse_qkv_projections()
+    return {"hfzoo": model, "transformers": reference}
 
 
 def static_compiled_options(device: torch.device) -> dict:
@@ -90,33 +103,39 @@ def greedy_options(new_tokens: int, **generate_options) -> dict:
 
 
 def time_generation(
-    model, prompt: torch.Tensor, new_tokens: int, repeats: int, **generate_options
-) -> tuple[list[float], torch.Tensor]:
-    """Two untimed `generate` calls (compilation), then `repeats` timed ones.
+    models: dict[str, torch.nn.Module], prompt: torch.Tensor, new_tokens: int, repeats: int, **generate_options
+) -> dict[str, tuple[list[float], torch.Tensor]]:
+    """Two untimed `generate` calls of each model (compilation), then `repeats` rounds of one timed call each.
+
+    The models take turns within every round, so that a change of the host's speed during the run (other work,
+    clock changes) reaches every model alike instead of the one timed then.
 
     Args:
-        model: a causal LM with `generate`.
-        prompt: `(batch, prompt_len)` int64 token ids on the model's device.
+        models: `{name: causal LM with generate}`.
+        prompt: `(batch, prompt_len)` int64 token ids on the models' device.
         new_tokens: greedy tokens generated per call (no end of sequence).
-        repeats: timed calls.
+        repeats: timed calls of each model.
         generate_options: more `generate` options (the set-up's cache and compilation).
 
     Returns:
-        `(seconds of each timed call, the generated tokens)`.
+        `{name: (seconds of each timed call, the generated tokens)}`.
     """
     options = greedy_options(new_tokens, **generate_options)
     synchronize = torch.cuda.synchronize if prompt.device.type == "cuda" else (lambda: None)
+    times: dict[str, list[float]] = {name: [] for name in models}
+    tokens: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        for _ in range(2):
-            tokens = model.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
-        times = []
+        for name, model in models.items():
+            for _ in range(2):
+                tokens[name] = model.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
         for _ in range(repeats):
-            synchronize()
-            start = time.perf_counter()
-            tokens = model.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
-            synchronize()
-            times.append(time.perf_counter() - start)
-    return times, tokens
+            for name, model in models.items():
+                synchronize()
+                start = time.perf_counter()
+                tokens[name] = model.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
+                synchronize()
+                times[name].append(time.perf_counter() - start)
+    return {name: (times[name], tokens[name]) for name in models}
 
 
 def profile_generation(
@@ -147,7 +166,8 @@ def profile_generation(
             model.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
 
     text = profile_steps(call, synchronize, prompt.device, 1)
-    path = Path(profile_dir) / f"generation-b{prompt.shape[0]}-{setup.replace(' ', '-')}-{name}.txt"
+    case = "-".join(re.sub(r"[^A-Za-z0-9]+", "-", part).strip("-") for part in (setup, name))
+    path = Path(profile_dir) / f"generation-b{prompt.shape[0]}-{case}.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"one step: one generate call of {new_tokens} new tokens, batch {prompt.shape[0]}\n{text}\n")
     return path
@@ -171,6 +191,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--new_tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile_dir", default=None, help="also profile one more call of each case (operator tables)")
+    parser.add_argument(
+        "--qkv",
+        choices=("fused", "separate", "both"),
+        default="fused",
+        help="hfzoo's query, key and value projections: fused for inference (fuse_qkv_projections; default), as "
+        "trained (three products per layer), or both (one more implementation, 'hfzoo, q/k/v separate')",
+    )
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     rows = []
@@ -180,12 +207,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         prompt = prompt.to(device)
         reference = None
         for setup in SETUPS:
-            for name, model in build_models(args.size, device).items():
-                torch._dynamo.reset()
-                options = static_compiled_options(device) if setup == "static compiled" else {}
-                times, tokens = time_generation(model, prompt, args.new_tokens, args.repeats, **options)
+            models = build_models(args.size, device, fuse_qkv=args.qkv != "separate")
+            if args.qkv == "both":
+                models[SEPARATE] = build_models(args.size, device, fuse_qkv=False)["hfzoo"]
+            torch._dynamo.reset()
+            options = static_compiled_options(device) if setup == "static compiled" else {}
+            timed = time_generation(models, prompt, args.new_tokens, args.repeats, **options)
+            for name, model in models.items():
                 if args.profile_dir:
                     profile_generation(model, prompt, args.new_tokens, args.profile_dir, name, setup, **options)
+                times, tokens = timed[name]
                 if reference is None:
                     reference = tokens
                 rate = [batch_size * args.new_tokens / t for t in times]

@@ -398,7 +398,7 @@ def generation_rows(args: argparse.Namespace, scale: dict) -> list[dict]:
         for setup in generation.SETUPS:
             rate = {r["implementation"]: r for r in results if (r["batch_size"], r["setup"]) == (batch, setup)}
             same = all(r["same_tokens"] for r in rate.values())
-            note = "same tokens as eager" if same else "TOKENS DIFFER"
+            note = ("same tokens as eager" if same else "TOKENS DIFFER") + "; hfzoo's q/k/v fused"
             if setup == "static compiled" and not all(r["compiled"] for r in rate.values()):
                 note += "; DECODING NOT COMPILED"
             rows.append(

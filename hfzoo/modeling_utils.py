@@ -262,6 +262,46 @@ class HfzooPreTrainedModel(PreTrainedModel):
         _align_cpu_tensors(loaded[0] if isinstance(loaded, tuple) else loaded)
         return loaded
 
+    def fuse_qkv_projections(self) -> int:
+        """Give every self-attention one query-key-value projection `qkv_proj`, for inference.
+
+        `HfzooAttention.fuse_qkv_projections` on each self-attention module: one matrix product per layer instead
+        of three, and fewer parameter tensors for a compiled decoding step to guard, as in GPT-2's `c_attn` (the
+        same outputs up to rounding). Undone by `unfuse_qkv_projections`; a fused model is not saved
+        (`save_pretrained` refuses) and its PEFT `target_modules` `q_proj`, `k_proj`, `v_proj` are gone.
+
+        Returns:
+            The number of attention modules fused now.
+
+        Raises:
+            ValueError: a projection wrapped by an adapter (merge it first).
+        """
+        attentions = [m for m in self.modules() if isinstance(m, HfzooAttention)]
+        return sum(attention.fuse_qkv_projections() for attention in attentions)
+
+    def unfuse_qkv_projections(self) -> int:
+        """Undo `fuse_qkv_projections`: separate `q_proj`, `k_proj`, `v_proj` again, with the fused weights.
+
+        Returns:
+            The number of attention modules unfused now.
+        """
+        attentions = [m for m in self.modules() if isinstance(m, HfzooAttention)]
+        return sum(attention.unfuse_qkv_projections() for attention in attentions)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """`PreTrainedModel.save_pretrained`, refusing a model whose projections are fused.
+
+        Raises:
+            ValueError: `fuse_qkv_projections` is in effect (its checkpoint would hold `qkv_proj` weights that
+                no hfzoo, conversion or adapter reads); nothing is written.
+        """
+        if any(isinstance(m, HfzooAttention) and m.qkv_proj is not None for m in self.modules()):
+            raise ValueError(
+                "this model's query, key and value projections are fused (fuse_qkv_projections): call "
+                "model.unfuse_qkv_projections() before save_pretrained / push_to_hub"
+            )
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
     def _supports_backend(self, backend: str) -> bool:
         """Whether the position scheme, every stack's token mixer and the score soft-capping support `backend`."""
         if backend not in POSITION_ATTENTION_BACKENDS[self.config.position_embedding_type]:

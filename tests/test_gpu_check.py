@@ -86,8 +86,8 @@ def test_the_gpu_check_runs_every_section_on_the_cpu(tmp_path, data_dir):
     plain = cases["eval loss after 4 steps, plain"]["hfzoo"]
     for stage in (2, 3):
         assert cases[f"eval loss after 4 steps, ZeRO-{stage}"]["hfzoo"] == pytest.approx(plain, rel=1e-2)
-    assert all(r["note"] == "same tokens as eager" for r in rows if r["case"].endswith(("eager", "compiled"))
-               and r["section"] == "generation")  # fmt: skip
+    assert all(r["note"] == "same tokens as eager; hfzoo's q/k/v fused" for r in rows
+               if r["case"].endswith(("eager", "compiled")) and r["section"] == "generation")  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,8 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 from transformers.activations import ACT2FN
 
+from ..modules.attention import HfzooAttention
+
 
 def read_source(
     source: Any,
@@ -38,8 +40,14 @@ def read_source(
 
     Raises:
         TypeError: a state dict without `config`, or an input of another type.
+        ValueError: a model whose query, key and value projections are fused (`fuse_qkv_projections`).
     """
     if isinstance(source, model_classes):
+        if any(isinstance(m, HfzooAttention) and m.qkv_proj is not None for m in source.modules()):
+            raise ValueError(
+                f"{function}: the model's query, key and value projections are fused (fuse_qkv_projections): call "
+                "model.unfuse_qkv_projections() first"
+            )
         return dict(source.state_dict()), source.config, attn_implementation or source.config._attn_implementation
     if isinstance(source, Mapping):
         if config is None:

@@ -282,6 +282,18 @@ def add_bias_to_mask(
     return (bias + attention_mask.to(dtype)).clamp(min=torch.finfo(dtype).min)
 
 
+def _linear_holding(weight: torch.Tensor, bias: torch.Tensor | None, requires_grad: bool) -> nn.Linear:
+    """A new `nn.Linear` whose parameters are copies of `weight` `(out, in)` and `bias` `(out,)` (or no bias)."""
+    linear = nn.Linear(
+        weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype
+    )
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        if bias is not None:
+            linear.bias.copy_(bias)
+    return linear.requires_grad_(requires_grad)
+
+
 def key_value_heads(config) -> int:
     """`config.num_key_value_heads` (grouped-query attention), or `num_attention_heads` where a config has none."""
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
@@ -300,7 +312,10 @@ class HfzooAttention(nn.Module):
     keeps per layer, e.g. T5's with `share_relative_attention_bias=False`) or `relative_positions` (Shaw).
     With `qk_norm` it owns `q_norm` and `k_norm` (QK-norm over `head_dim`, `hfzoo.modules.norms.QK_NORMS`);
     `attn_logit_softcapping` caps its scores (`hfzoo.modules.softcapping`).
-    The projections are named `q_proj`, `k_proj`, `v_proj`, `o_proj` (PEFT's usual `target_modules`).
+    The projections are named `q_proj`, `k_proj`, `v_proj`, `o_proj` (PEFT's usual `target_modules`). For
+    inference, `fuse_qkv_projections` replaces the first three by one `qkv_proj` (one matrix product instead of
+    three per token: what a compiled decoding step with CUDA graphs still pays per kernel); `unfuse_qkv_projections`
+    restores them.
 
     Args:
         config: an hfzoo config.
@@ -333,6 +348,7 @@ class HfzooAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, kv_inner, bias=config.attention_bias)
         self.v_proj = nn.Linear(config.hidden_size, kv_inner, bias=config.attention_bias)
         self.o_proj = nn.Linear(inner, config.hidden_size, bias=config.attention_bias)
+        self.qkv_proj = None  # q_proj, k_proj and v_proj stacked, after `fuse_qkv_projections`
         if not config.scale_attention_scores:
             self.q_proj.init_std_scale = self.head_dim**-0.5  # read by HfzooPreTrainedModel._init_weights
         # QK-norm (config.qk_norm): one norm over head_dim for the queries, one for the keys, shared by the heads.
@@ -391,10 +407,105 @@ class HfzooAttention(nn.Module):
         """QK-norm of queries or keys `(batch_size, num_heads, seq_len, head_dim)` over `head_dim` (None: unchanged)."""
         return states if norm is None else norm(states)
 
+    def _qkv_sizes(self) -> list[int]:
+        """Output features of the query, key and value projections: the row blocks of `qkv_proj`."""
+        kv_inner = self.num_key_value_heads * self.head_dim
+        return [self.num_heads * self.head_dim, kv_inner, kv_inner]
+
+    def _projection(self, index: int, states: torch.Tensor) -> torch.Tensor:
+        """Query (0), key (1) or value (2) projection of `states` `(..., hidden_size)`, fused or not."""
+        if self.qkv_proj is None:
+            return (self.q_proj, self.k_proj, self.v_proj)[index](states)
+        start = sum(self._qkv_sizes()[:index])
+        rows = slice(start, start + self._qkv_sizes()[index])
+        bias = None if self.qkv_proj.bias is None else self.qkv_proj.bias[rows]
+        return nn.functional.linear(states, self.qkv_proj.weight[rows], bias)
+
+    def _project_query(self, states: torch.Tensor) -> torch.Tensor:
+        """Queries of `states` `(batch_size, q_len, hidden_size)`: `(batch_size, num_heads, q_len, head_dim)`."""
+        shape = (*states.shape[:-1], self.num_heads, self.head_dim)
+        return self._projection(0, states).view(shape).transpose(1, 2)
+
     def _project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (*states.shape[:-1], self.num_key_value_heads, self.head_dim)
         # (batch, kv_len, hidden) -> (batch, kv_heads, kv_len, head_dim)
-        return self.k_proj(states).view(shape).transpose(1, 2), self.v_proj(states).view(shape).transpose(1, 2)
+        key, value = self._projection(1, states), self._projection(2, states)
+        return key.view(shape).transpose(1, 2), value.view(shape).transpose(1, 2)
+
+    def _project_query_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of self-attention over `states` (`_project_query`, `_project_key_value`).
+
+        One matrix product after `fuse_qkv_projections`, three before.
+        """
+        if self.qkv_proj is None:
+            return self._project_query(states), *self._project_key_value(states)
+        query, key, value = self.qkv_proj(states).split(self._qkv_sizes(), dim=-1)
+        kv_shape = (*states.shape[:-1], self.num_key_value_heads, self.head_dim)
+        return (
+            query.view(*states.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2),
+            key.view(kv_shape).transpose(1, 2),
+            value.view(kv_shape).transpose(1, 2),
+        )
+
+    def fuse_qkv_projections(self) -> bool:
+        """Replace `q_proj`, `k_proj` and `v_proj` by one `nn.Linear` `qkv_proj` holding their rows, for inference.
+
+        `qkv_proj.weight` is `(num_heads + 2 num_key_value_heads) head_dim x hidden_size` (queries, keys, values
+        stacked, as GPT-2's `c_attn` transposed); the outputs are those of the three projections (up to the
+        rounding of one matrix product instead of three). The parameters are new tensors with the same values,
+        dtype, device and `requires_grad`: an optimizer made before does not see them. Cross-attention keeps its
+        projections (its keys and values come from other states). Undone by `unfuse_qkv_projections`;
+        `HfzooPreTrainedModel.save_pretrained` refuses a fused model.
+
+        Returns:
+            True when fused now; False for cross-attention or a module already fused.
+
+        Raises:
+            ValueError: a projection that is not a plain `nn.Linear` (e.g. wrapped by a PEFT adapter).
+        """
+        if self.qkv_proj is not None or self.is_cross_attention:
+            return False
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        wrapped = [f"{type(p).__module__}.{type(p).__qualname__}" for p in projections if type(p) is not nn.Linear]
+        if wrapped:
+            raise ValueError(
+                f"cannot fuse the query, key and value projections of layer {self.layer_idx}: they must be plain "
+                f"nn.Linear, got {wrapped} (merge or remove adapters first, e.g. PEFT's merge_and_unload())"
+            )
+        weight = torch.cat([p.weight.detach() for p in projections])
+        bias = None if self.q_proj.bias is None else torch.cat([p.bias.detach() for p in projections])
+        fused = _linear_holding(weight, bias, self.q_proj.weight.requires_grad)
+        del self.q_proj, self.k_proj, self.v_proj
+        self.qkv_proj = fused
+        self._move_modules_first(["qkv_proj"])
+        return True
+
+    def _move_modules_first(self, names: list[str]) -> None:
+        """Put the submodules `names` first, in that order (where the projections were: `state_dict` order)."""
+        modules = dict(self._modules)
+        self._modules.clear()
+        self._modules.update({name: modules.pop(name) for name in names})
+        self._modules.update(modules)
+
+    def unfuse_qkv_projections(self) -> bool:
+        """Undo `fuse_qkv_projections`: `q_proj`, `k_proj` and `v_proj` again, with `qkv_proj`'s rows.
+
+        Returns:
+            True when unfused now; False when the module was not fused.
+        """
+        if self.qkv_proj is None:
+            return False
+        fused = self.qkv_proj
+        weights = fused.weight.detach().split(self._qkv_sizes())
+        biases = (None,) * 3 if fused.bias is None else fused.bias.detach().split(self._qkv_sizes())
+        for name, weight, bias in zip(("q_proj", "k_proj", "v_proj"), weights, biases):
+            setattr(self, name, _linear_holding(weight, bias, fused.weight.requires_grad))
+        if not self.config.scale_attention_scores:
+            self.q_proj.init_std_scale = self.head_dim**-0.5
+        del self.qkv_proj
+        self.qkv_proj = None
+        self._move_modules_first(["q_proj", "k_proj", "v_proj"])
+        return True
 
     def forward(
         self,
@@ -488,10 +599,13 @@ class HfzooAttention(nn.Module):
         """
         # ResFormer (Zhou et al. 2024): mixes the stack's first values into self-attention's (connections.py)
         value_residual = kwargs.pop("value_residual", None)
-        batch_size, q_len, _ = hidden_states.shape
+        q_len = hidden_states.shape[1]
         past_length = None  # tokens cached before this call (self-attention with a cache), for the query positions
-        # (batch, q_len, hidden) -> (batch, heads, q_len, head_dim)
-        query = self.q_proj(hidden_states).view(batch_size, q_len, self.num_heads, self.head_dim).transpose(1, 2)
+        key = value = None  # self-attention over `hidden_states`: projected with the queries (one product when fused)
+        if self.is_cross_attention or key_value_states is not None:
+            query = self._project_query(hidden_states)  # (batch, q_len, hidden) -> (batch, heads, q_len, head_dim)
+        else:
+            query, key, value = self._project_query_key_value(hidden_states)
         query = self._qk_norm(self.q_norm, query)
         if self.is_cross_attention:
             if key_value_states is None:
@@ -511,7 +625,6 @@ class HfzooAttention(nn.Module):
             key, value = self._project_key_value(key_value_states)
             key = self._qk_norm(self.k_norm, key)
         else:
-            key, value = self._project_key_value(hidden_states)
             if value_residual is not None:  # before the cache stores them: the cache holds the mixed values
                 value = value_residual(value)
             key = self._qk_norm(self.k_norm, key)  # before rotary and the cache: the cache stores normalised keys

@@ -11,6 +11,8 @@
   the encoder-decoder);
 - greedy generation gives the same tokens and logits with and without the KV cache (decoder, encoder-decoder;
   unless the variant's config sets `use_cache=False`);
+- fusing the query, key and value projections (`fuse_qkv_projections`, for inference) changes no logits or
+  generated tokens, and unfusing restores the model exactly;
 - eager and SDPA attention agree (unless the variant declares it supports eager only).
 
 The checks run on `checked_model`: ReZero's and Fixup's residual branches, zero at init (every layer the
@@ -25,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -36,6 +39,7 @@ from hfzoo import (
     HfzooEncoderDecoderForConditionalGeneration,
     HfzooEncoderForMaskedLM,
 )
+from hfzoo.modules.attention import HfzooAttention
 from hfzoo.modules.layer import Residual
 
 FAMILIES = {
@@ -313,6 +317,37 @@ def check_generation_cache(family: str, overrides: dict, attn: str = "sdpa") -> 
     assert tokens.shape[1] == (prompt.shape[1] if family == "decoder" else 1) + 4  # the prompt / the start token
 
 
+def check_fused_qkv_projections(family: str, overrides: dict, tmp_path: Path, attn: str = "sdpa") -> None:
+    """`fuse_qkv_projections` fuses every self-attention and changes no output; unfusing restores the model exactly.
+
+    The fused model's logits equal the separate projections' (up to rounding); its cached greedy generation gives
+    the tokens and logits of the unfused model without a cache; `save_pretrained` refuses it and writes nothing;
+    `unfuse_qkv_projections` gives back the same parameters, in the same `state_dict` order, and the same logits.
+    """
+    model, reference = checked_model(family, overrides, attn), checked_model(family, overrides, attn)
+    batch = make_batch(family)
+    names = list(model.state_dict())
+    self_attentions = [m for m in model.modules() if isinstance(m, HfzooAttention) and not m.is_cross_attention]
+    with torch.no_grad():
+        before = run(model, batch).logits
+        assert model.fuse_qkv_projections() == len(self_attentions)
+        fused = run(model, batch).logits
+    torch.testing.assert_close(fused, before, rtol=1e-5, atol=1e-5)
+    assert model.fuse_qkv_projections() == 0  # already fused
+    if family != "encoder" and model.config.use_cache:
+        capacity_per_call = bool(model.config.num_experts) and model.config.router_type == "switch"
+        prompt, mask = generation_prompt(family)
+        check_cached_generation(model, prompt, mask, reference=reference, repeat_tokens=capacity_per_call)
+    if self_attentions:  # (a stack without attention, e.g. FNet's Fourier mixing, has nothing to fuse)
+        with pytest.raises(ValueError, match=r"fused \(fuse_qkv_projections\): call model.unfuse_qkv_projections"):
+            model.save_pretrained(tmp_path / "fused")
+        assert not (tmp_path / "fused").exists()
+    assert model.unfuse_qkv_projections() == len(self_attentions)
+    assert list(model.state_dict()) == names
+    with torch.no_grad():
+        torch.testing.assert_close(run(model, batch).logits, before, rtol=0, atol=0)
+
+
 def check_eager_matches_sdpa(family: str, overrides: dict) -> None:
     """Eager and SDPA attention give the same logits (max abs difference < 1e-5) on a padded batch."""
     batch = make_batch(family)
@@ -347,5 +382,6 @@ def check_variant(
     check_no_mask_equals_full_mask(family, overrides, attn)
     check_causality(family, overrides, attn)
     check_generation_cache(family, overrides, attn)
+    check_fused_qkv_projections(family, overrides, tmp_path, attn)
     if {"eager", "sdpa"} <= set(backends):
         check_eager_matches_sdpa(family, overrides)
