@@ -15,7 +15,14 @@ import pytest
 import torch
 from helpers.paths import REPO_ROOT
 from helpers.pretraining import TINY_OVERRIDES, base_args, run_main_expecting_error
-from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, GPT2Config, GPT2LMHeadModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
+)
 
 from hfzoo.compat import output_cache
 from hfzoo.data.loading import check_data_files
@@ -392,6 +399,18 @@ def test_caller_checked_ids_skips_the_value_checks_and_keeps_the_shape_checks(pr
     assert model_value_checks_enabled()  # restored on exit
     with pytest.raises(ValueError, match="token id 96 is outside the vocabulary"):
         model(**{**inputs, "input_ids": torch.full_like(ids, 96)})
+
+
+def test_caller_checked_ids_skips_the_class_label_check_of_a_classifier():
+    """The GLUE loop checks its datasets' labels before training (`check_encoded_inputs`), then trusts its batches."""
+    model = AutoModelForSequenceClassification.from_config(build_config("encoder-tiny", TINY, num_labels=3)).train()
+    inputs = {"input_ids": torch.tensor([[1, 95, 0, 7], [3, 4, 5, 6]]), "labels": torch.tensor([0, 2])}
+    checked = _value_reads(model, inputs)
+    with caller_checked_ids():
+        trusted = _value_reads(model, inputs)
+    assert checked >= trusted + 2  # the token ids and the class labels
+    with pytest.raises(ValueError, match=r"label 3 is outside \[0, num_labels=3\)"):
+        model(**{**inputs, "labels": torch.tensor([0, 3])})
 
 
 @pytest.mark.parametrize(

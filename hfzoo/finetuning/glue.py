@@ -327,6 +327,45 @@ def drop_unused_columns(encoded: dict[str, Any], model, accelerator: Accelerator
     return {split: ds.remove_columns([c for c in unused if c in ds.column_names]) for split, ds in encoded.items()}
 
 
+def check_encoded_inputs(encoded: dict[str, Any], config, pad_token_id: int | None) -> None:
+    """Refuse, before training, token ids, token types or class labels the model cannot take.
+
+    One pass over the train and dev splits (their Arrow columns): every `input_ids` value and the collator's
+    padding id in `[0, vocab_size)`, every `token_type_ids` value in `[0, type_vocab_size)` (models with token type
+    embeddings), every integer label in `[0, num_labels)` (or -100). The loop then runs its forwards inside
+    `caller_checked_ids()`, where the models skip their own checks of these values: each is a host-device
+    synchronization per forward on a GPU.
+
+    Args:
+        encoded: `{split: tokenized datasets.Dataset}` (after `drop_unused_columns`).
+        config: the model's config (`vocab_size`, `type_vocab_size`, `num_labels`).
+        pad_token_id: the id the collator pads `input_ids` with.
+
+    Raises:
+        ValueError: a value outside its range; the message names the split, the column and the value.
+    """
+    import pyarrow.compute as pc
+    import pyarrow.types
+
+    ranges = {"input_ids": ("token id", "vocab_size", config.vocab_size)}  # column: (what, bound's name, bound)
+    if getattr(config, "type_vocab_size", None):
+        ranges["token_type_ids"] = ("token type id", "type_vocab_size", config.type_vocab_size)
+    if pad_token_id is not None and not 0 <= pad_token_id < config.vocab_size:
+        raise ValueError(f"the tokenizer's padding id {pad_token_id} is outside [0, vocab_size={config.vocab_size})")
+    label_range = ("label", "num_labels", config.num_labels)
+    for split in ["train", *_eval_splits(encoded)]:
+        table = encoded[split].data
+        checks = [(pc.list_flatten(table.column(c)), ranges[c]) for c in ranges if c in table.column_names]
+        if "labels" in table.column_names and pyarrow.types.is_integer(table.schema.field("labels").type):
+            labels = table.column("labels")  # class ids (regression targets are floats)
+            checks.append((pc.filter(labels, pc.not_equal(labels, -100)), label_range))
+        for values, (what, name, size) in checks:
+            extremes = pc.min_max(values)
+            for value in (extremes["min"].as_py(), extremes["max"].as_py()):
+                if value is not None and not 0 <= value < size:
+                    raise ValueError(f"GLUE {split} split: {what} {value} is outside [0, {name}={size})")
+
+
 def _eval_splits(splits) -> list[str]:
     return [s for s in splits if s.startswith("validation")]
 
@@ -433,6 +472,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
     trainable, total = count_parameters(model)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     encoded = drop_unused_columns(encoded, base, accelerator)
+    check_encoded_inputs(encoded, base.config, tokenizer.pad_token_id)  # the loop's forwards then skip theirs
     non_embedding_parameters = base.num_parameters(exclude_embeddings=True)
     compile_model(model, args, accelerator)  # in place: state_dict keys stay those of the eager model
     accelerator.print(
@@ -500,6 +540,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
         ),
         flops=SequenceClassificationFlops(base.config, non_embedding_parameters, args.max_length, accelerator.device),
         precision=precision,
+        inputs_checked=True,  # check_encoded_inputs
     )
 
 

@@ -10,6 +10,7 @@ main metric (`GlueTask.main_metric`) is remembered. `save_glue_checkpoint` write
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -29,6 +30,7 @@ from tqdm.auto import tqdm
 
 from ..data.glue import GlueTask
 from ..metrics import load_glue_metric
+from ..modules.embeddings import caller_checked_ids
 from ..training.checkpointing import CHECKPOINT_DIR, optimizer_arguments, resolve_resume_argument, write_manifest
 from ..training.compilation import no_cache_kwargs
 from ..training.precision import PrecisionChoice
@@ -57,6 +59,9 @@ class GlueRun:
     throughput: Throughput | None = None  # TFLOP/s and MFU of the logged windows (None: tokens/s only)
     flops: SequenceClassificationFlops | None = None  # a batch's model FLOPs (None: not counted)
     precision: PrecisionChoice | None = None  # the precision it trains in and why (`--mixed_precision`)
+    # Whether the datasets' ids and labels were checked before training (`glue.check_encoded_inputs`): the forwards
+    # then run inside `caller_checked_ids()`, without the models' own checks (a host-device sync each on a GPU).
+    inputs_checked: bool = False
 
 
 def _metric_name(task: GlueTask, split: str) -> str:
@@ -64,7 +69,9 @@ def _metric_name(task: GlueTask, split: str) -> str:
     return {"validation_matched": "mnli_matched", "validation_mismatched": "mnli_mismatched"}.get(split, task.name)
 
 
-def evaluate_glue(model, dataloader, task: GlueTask, accelerator: Accelerator, metric_name: str) -> dict[str, float]:
+def evaluate_glue(
+    model, dataloader, task: GlueTask, accelerator: Accelerator, metric_name: str, inputs_checked: bool = False
+) -> dict[str, float]:
     """Predict a dev set; compute its mean loss and the task's official metric(s) (hfzoo's offline `evaluate` module).
 
     Args:
@@ -74,6 +81,8 @@ def evaluate_glue(model, dataloader, task: GlueTask, accelerator: Accelerator, m
             else the argmax, the loss the cross-entropy, as the model's own loss).
         accelerator: gathers predictions and per-example losses across processes.
         metric_name: the `evaluate` config name (`mnli_matched` / `mnli_mismatched` for MNLI's dev sets).
+        inputs_checked: the batches' ids and labels were checked before (`GlueRun.inputs_checked`): the forwards
+            run inside `caller_checked_ids()`.
 
     Returns:
         `{metric: value, "loss": mean loss per example}` as floats.
@@ -82,8 +91,9 @@ def evaluate_glue(model, dataloader, task: GlueTask, accelerator: Accelerator, m
     model.eval()
     loss_sum, count = 0.0, 0
     no_cache = no_cache_kwargs(model)
+    checked = caller_checked_ids if inputs_checked else contextlib.nullcontext
     for batch in dataloader:
-        with torch.no_grad():
+        with torch.no_grad(), checked():
             logits = model(**batch, **no_cache).logits.float()
         labels = batch["labels"]
         if task.is_regression:
@@ -283,6 +293,7 @@ def train_glue(run: GlueRun) -> GlueProgress:
     window_flops = torch.zeros((), dtype=torch.float64, device=accelerator.device)
     window_batches, window_start = 0, time.perf_counter()
     no_cache = no_cache_kwargs(model)  # a KV cache is of no use here (and makes compiled layers specialize)
+    checked = caller_checked_ids if run.inputs_checked else contextlib.nullcontext
     while progress.epoch < run.num_train_epochs:
         if progress.step >= run.max_train_steps and progress.batches_done == 0:
             break  # resumed after the last evaluation: nothing left
@@ -293,7 +304,8 @@ def train_glue(run: GlueRun) -> GlueProgress:
             loader = accelerator.skip_first_batches(run.train_dataloader, progress.batches_done)
         for batch in loader if progress.step < run.max_train_steps else ():
             with accelerator.accumulate(model):
-                loss = model(**batch, **no_cache).loss
+                with checked():
+                    loss = model(**batch, **no_cache).loss
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and args.max_grad_norm > 0:
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -345,7 +357,7 @@ def train_glue(run: GlueRun) -> GlueProgress:
                 break
         pause_start = time.perf_counter()
         metrics = {
-            split: evaluate_glue(model, eval_loader, task, accelerator, _metric_name(task, split))
+            split: evaluate_glue(model, eval_loader, task, accelerator, _metric_name(task, split), run.inputs_checked)
             for split, eval_loader in run.eval_dataloaders.items()
         }
         record = {"epoch": progress.epoch + 1, "step": progress.step, **_eval_record(task, metrics)}

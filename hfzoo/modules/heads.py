@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .embeddings import build_vocab_projection
+from .embeddings import build_vocab_projection, model_value_checks_enabled
 from .feed_forward import ACTIVATIONS
 from .norms import build_norm
 
@@ -70,7 +70,8 @@ def check_classification_labels(labels: torch.Tensor | None, config) -> None:
     """Refuse class labels outside `[0, num_labels)` (ignoring -100) before they reach the loss.
 
     Applies to integer labels (single-label classification and token classification); float labels
-    (regression, multi-label) are not checked.
+    (regression, multi-label) are not checked. In eager mode and outside `caller_checked_ids()` only
+    (`hfzoo.modules.embeddings.model_value_checks_enabled`): the check reads a value back from the labels' device.
 
     Args:
         labels: int64 class ids of any shape, or None.
@@ -79,7 +80,7 @@ def check_classification_labels(labels: torch.Tensor | None, config) -> None:
     Raises:
         ValueError: a label < 0 (other than -100) or >= `num_labels`; the message gives the value.
     """
-    if labels is None or labels.is_floating_point():
+    if labels is None or labels.is_floating_point() or not model_value_checks_enabled():
         return
     bad = ((labels < 0) & (labels != -100)) | (labels >= config.num_labels)
     if bad.any():

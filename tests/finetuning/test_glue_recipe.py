@@ -182,6 +182,32 @@ def test_bad_input_fails_before_training(change, message, checkpoints, glue_dir,
     assert not out.exists()  # nothing trained or written
 
 
+def test_ids_or_labels_the_model_cannot_take_are_refused_before_training(checkpoints, tmp_path, capsys):
+    data = tmp_path / "glue"
+    write_glue_dir(data, "rte")
+    small = tmp_path / "small-vocab"  # the tokenizer's ids reach far beyond this model's 1,000 rows
+    config = AutoConfig.from_pretrained(checkpoints["encoder-tiny"], vocab_size=1000)
+    AutoModel.from_config(config).save_pretrained(small)
+    AutoTokenizer.from_pretrained(checkpoints["encoder-tiny"]).save_pretrained(small)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        finetune(argv(small, data, out, "rte"))
+    assert re.search(r"GLUE train split: token id \d+ is outside \[0, vocab_size=1000\)", str(exit_info.value))
+    assert not out.exists()
+
+
+def test_the_loop_trains_and_evaluates_without_the_models_own_value_checks(checkpoints, glue_dir, tmp_path,
+                                                                            monkeypatch):  # fmt: skip
+    from hfzoo.modules import heads
+
+    # The classification head asks whether to check its labels' values in every forward with labels (training
+    # and evaluation): inside caller_checked_ids() the answer is no (check_encoded_inputs checked them before).
+    answers, real = [], heads.model_value_checks_enabled
+    monkeypatch.setattr(heads, "model_value_checks_enabled", lambda: answers.append(real()) or answers[-1])
+    finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "run", "rte"))
+    assert len(answers) >= 3 + 1 and not any(answers)  # 3 training steps, a dev batch
+
+
 def test_max_length_defaults_to_what_the_position_table_holds():
     small = build_config("encoder-tiny", "max_position_embeddings=64")
     large = build_config("encoder-tiny", "max_position_embeddings=512")
