@@ -40,6 +40,7 @@ Usage (prints a markdown table):
 from __future__ import annotations
 
 import argparse
+import copy
 import re
 import statistics
 import time
@@ -63,22 +64,25 @@ SETUPS = ("dynamic eager", "static compiled")
 SEPARATE = "hfzoo, q/k/v separate"  # the implementation name of `--qkv both`'s unfused hfzoo model
 
 
-def build_models(size: str, device: torch.device, fuse_qkv: bool = True) -> dict[str, torch.nn.Module]:
+def build_models(size: str, device: torch.device, qkv: str = "fused") -> dict[str, torch.nn.Module]:
     """The hfzoo `gpt2` preset at `size` and its `GPT2LMHeadModel` conversion, in eval mode on `device`.
 
-    With `fuse_qkv`, hfzoo's query, key and value projections are then fused (`fuse_qkv_projections`: one
-    matrix product per layer, as GPT-2's own `c_attn`), the way to run an hfzoo model for inference.
+    With `qkv="fused"`, hfzoo's query, key and value projections are then fused (`fuse_qkv_projections`: one
+    matrix product per layer, as GPT-2's own `c_attn`), the way to run an hfzoo model for inference; `"separate"`
+    keeps the three of training; `"both"` gives the fused model and a copy with the separate ones (`SEPARATE`).
 
     Returns:
-        `{"hfzoo": ..., "transformers": ...}`.
+        `{"hfzoo": ..., "transformers": ...}`, and `SEPARATE` for `"both"`.
     """
     torch.manual_seed(0)
     config = build_config("gpt2", SIZES[size])
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device).eval()
-    reference = hfzoo_to_gpt2(model, attn_implementation="sdpa").to(device).eval()
-    if fuse_qkv:
+    models = {"hfzoo": model, "transformers": hfzoo_to_gpt2(model, attn_implementation="sdpa").to(device).eval()}
+    if qkv == "both":
+        models[SEPARATE] = copy.deepcopy(model)
+    if qkv != "separate":
         model.fuse_qkv_projections()
-    return {"hfzoo": model, "transformers": reference}
+    return models
 
 
 def static_compiled_options(device: torch.device) -> dict:
@@ -207,9 +211,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         prompt = prompt.to(device)
         reference = None
         for setup in SETUPS:
-            models = build_models(args.size, device, fuse_qkv=args.qkv != "separate")
-            if args.qkv == "both":
-                models[SEPARATE] = build_models(args.size, device, fuse_qkv=False)["hfzoo"]
+            models = build_models(args.size, device, args.qkv)
             torch._dynamo.reset()
             options = static_compiled_options(device) if setup == "static compiled" else {}
             timed = time_generation(models, prompt, args.new_tokens, args.repeats, **options)

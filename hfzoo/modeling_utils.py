@@ -29,7 +29,7 @@ from transformers.utils.output_capturing import OutputRecorder
 from .compat import CACHE_NAME, LEGACY_CACHE_NAME, accept_legacy_cache_name, cache_field, output_cache
 from .configuration_utils import HfzooConfig
 from .integrity import check_weight_files
-from .modules.attention import HfzooAttention, key_value_heads
+from .modules.attention import HfzooAttention, has_fused_qkv_projections, key_value_heads
 from .modules.embeddings import (
     AdaptiveLogSoftmax,
     AdaptiveVocabProjection,
@@ -295,7 +295,7 @@ class HfzooPreTrainedModel(PreTrainedModel):
             ValueError: `fuse_qkv_projections` is in effect (its checkpoint would hold `qkv_proj` weights that
                 no hfzoo, conversion or adapter reads); nothing is written.
         """
-        if any(isinstance(m, HfzooAttention) and m.qkv_proj is not None for m in self.modules()):
+        if has_fused_qkv_projections(self):
             raise ValueError(
                 "this model's query, key and value projections are fused (fuse_qkv_projections): call "
                 "model.unfuse_qkv_projections() before save_pretrained / push_to_hub"

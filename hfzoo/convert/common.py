@@ -14,7 +14,7 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 from transformers.activations import ACT2FN
 
-from ..modules.attention import HfzooAttention
+from ..modules.attention import has_fused_qkv_projections
 
 
 def read_source(
@@ -43,7 +43,7 @@ def read_source(
         ValueError: a model whose query, key and value projections are fused (`fuse_qkv_projections`).
     """
     if isinstance(source, model_classes):
-        if any(isinstance(m, HfzooAttention) and m.qkv_proj is not None for m in source.modules()):
+        if has_fused_qkv_projections(source):
             raise ValueError(
                 f"{function}: the model's query, key and value projections are fused (fuse_qkv_projections): call "
                 "model.unfuse_qkv_projections() first"

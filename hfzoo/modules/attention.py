@@ -294,6 +294,11 @@ def _linear_holding(weight: torch.Tensor, bias: torch.Tensor | None, requires_gr
     return linear.requires_grad_(requires_grad)
 
 
+def has_fused_qkv_projections(model: nn.Module) -> bool:
+    """Whether any `HfzooAttention` of `model` holds a fused `qkv_proj` (`HfzooAttention.fuse_qkv_projections`)."""
+    return any(isinstance(m, HfzooAttention) and m.qkv_proj is not None for m in model.modules())
+
+
 def key_value_heads(config) -> int:
     """`config.num_key_value_heads` (grouped-query attention), or `num_attention_heads` where a config has none."""
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
@@ -421,16 +426,18 @@ class HfzooAttention(nn.Module):
         bias = None if self.qkv_proj.bias is None else self.qkv_proj.bias[rows]
         return nn.functional.linear(states, self.qkv_proj.weight[rows], bias)
 
+    def _heads(self, projected: torch.Tensor, num_heads: int) -> torch.Tensor:
+        """`(batch_size, seq_len, num_heads * head_dim)` -> `(batch_size, num_heads, seq_len, head_dim)`."""
+        return projected.view(*projected.shape[:-1], num_heads, self.head_dim).transpose(1, 2)
+
     def _project_query(self, states: torch.Tensor) -> torch.Tensor:
         """Queries of `states` `(batch_size, q_len, hidden_size)`: `(batch_size, num_heads, q_len, head_dim)`."""
-        shape = (*states.shape[:-1], self.num_heads, self.head_dim)
-        return self._projection(0, states).view(shape).transpose(1, 2)
+        return self._heads(self._projection(0, states), self.num_heads)
 
     def _project_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (*states.shape[:-1], self.num_key_value_heads, self.head_dim)
         # (batch, kv_len, hidden) -> (batch, kv_heads, kv_len, head_dim)
         key, value = self._projection(1, states), self._projection(2, states)
-        return key.view(shape).transpose(1, 2), value.view(shape).transpose(1, 2)
+        return self._heads(key, self.num_key_value_heads), self._heads(value, self.num_key_value_heads)
 
     def _project_query_key_value(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values of self-attention over `states` (`_project_query`, `_project_key_value`).
@@ -440,12 +447,8 @@ class HfzooAttention(nn.Module):
         if self.qkv_proj is None:
             return self._project_query(states), *self._project_key_value(states)
         query, key, value = self.qkv_proj(states).split(self._qkv_sizes(), dim=-1)
-        kv_shape = (*states.shape[:-1], self.num_key_value_heads, self.head_dim)
-        return (
-            query.view(*states.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2),
-            key.view(kv_shape).transpose(1, 2),
-            value.view(kv_shape).transpose(1, 2),
-        )
+        kv_heads = self.num_key_value_heads
+        return self._heads(query, self.num_heads), self._heads(key, kv_heads), self._heads(value, kv_heads)
 
     def fuse_qkv_projections(self) -> bool:
         """Replace `q_proj`, `k_proj` and `v_proj` by one `nn.Linear` `qkv_proj` holding their rows, for inference.

@@ -189,7 +189,7 @@ class LinformerAttention(HfzooAttention):
                 "Linformer's sequence projections were built for"
             )
         # (batch, seq_len, hidden) -> (batch, heads, seq_len, head_dim)
-        query = self._project_query(hidden_states)  # (batch, heads, seq_len, head_dim)
+        query = self._project_query(hidden_states)
         key, value = self._project_key_value(hidden_states)
         key = self.compress(key, self.key_projection, padding_mask)
         value_projection = self.key_projection if self.value_projection is None else self.value_projection

@@ -492,11 +492,9 @@ def accumulation_step(
             loss = model(**batch, **forward_kwargs).loss
             accelerator.backward(loss * (count * weight))
             if accelerator.sync_gradients:
-                grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
+                norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
                 # A non-finite gradient norm is never applied (under fp16 loss scaling the scaler skips the step).
-                stepper.step(grad_norm)
-                if not stepper.deferred and grad_norm is not None:
-                    grad_norm = float(grad_norm)  # already read by the stepper
+                grad_norm = stepper.step(norm)
             else:  # accelerate's wrappers do nothing between synchronizations
                 optimizer.step()
                 lr_scheduler.step()

@@ -502,7 +502,7 @@ class OptimizerStepper:
             )
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
         self.deferred, self.scaler, self.last_step = deferred, scaler, last_step
-        self._pending: tuple[int, torch.Tensor, torch.Tensor, object] | None = None  # step, norm, host copy, event
+        self._pending: tuple[int, torch.Tensor, object] | None = None  # step, the norm's host copy, its event
         self._checked: list[CheckedStep] = []
 
     @classmethod
@@ -519,18 +519,23 @@ class OptimizerStepper:
         deferred = not scaler and not sharded and skips_updates_on_device(optimizer)
         return cls(optimizer, lr_scheduler, deferred=deferred, last_step=last_step, scaler=scaler)
 
-    def step(self, grad_norm: torch.Tensor | float | None) -> None:
+    def step(self, grad_norm: torch.Tensor | float | None) -> torch.Tensor | float | None:
         """Take (or leave out) the next optimizer step, after its backward pass and gradient clipping.
 
         Args:
             grad_norm: the step's gradient norm before clipping: a 0-d tensor (from `clip_grad_norm_`), a
                 float, or None (not reported: the step is taken).
+
+        Returns:
+            The norm as read on the host (a float), or, deferred, the tensor itself (not read yet); None for None.
         """
         self._settle_pending()
         self.last_step += 1
         if self.scaler or grad_norm is None:  # the scaler decides (fp16), or nothing to decide on
-            self._apply(self.last_step, None if grad_norm is None else float(grad_norm), True)
-        elif self.deferred and isinstance(grad_norm, torch.Tensor):
+            value = None if grad_norm is None else float(grad_norm)
+            self._apply(self.last_step, value, True)
+            return value
+        if self.deferred and isinstance(grad_norm, torch.Tensor):
             norm = grad_norm.detach().float()
             inner = getattr(self.optimizer, "optimizer", self.optimizer)
             inner.found_inf = (~torch.isfinite(norm)).float()  # read by the fused kernel (GradScaler's contract)
@@ -544,10 +549,11 @@ class OptimizerStepper:
                 host.copy_(norm, non_blocking=True)
                 event = torch.get_device_module(norm.device).Event()
                 event.record()
-            self._pending = (self.last_step, norm, host, event)
-        else:
-            value = float(grad_norm)
-            self._apply(self.last_step, value, math.isfinite(value))
+            self._pending = (self.last_step, host, event)
+            return grad_norm
+        value = float(grad_norm)
+        self._apply(self.last_step, value, math.isfinite(value))
+        return value
 
     def _apply(self, step: int, grad_norm: float | None, finite: bool) -> None:
         if finite:
@@ -558,7 +564,7 @@ class OptimizerStepper:
     def _settle_pending(self) -> None:
         if self._pending is None:
             return
-        step, _, host, event = self._pending
+        step, host, event = self._pending
         self._pending = None
         if event is not None:
             event.synchronize()  # waits for the copy alone, not for the work queued after it
