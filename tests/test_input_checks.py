@@ -413,6 +413,20 @@ def test_caller_checked_ids_skips_the_class_label_check_of_a_classifier():
         model(**{**inputs, "labels": torch.tensor([0, 3])})
 
 
+def test_caller_checked_ids_skips_the_eos_check_of_an_encoder_decoder_classifier():
+    """The GLUE loop checks that every row has its eos before training (`check_encoded_inputs`)."""
+    config = build_config("encoder-decoder-tiny", TINY, num_labels=2, eos_token_id=2, pad_token_id=0,
+                          decoder_start_token_id=0)  # fmt: skip
+    model = AutoModelForSequenceClassification.from_config(config).eval()
+    inputs = {"input_ids": torch.tensor([[5, 6, 2], [7, 2, 0]])}
+    checked = _value_reads(model, inputs)
+    with caller_checked_ids():
+        trusted = _value_reads(model, inputs)
+    assert checked > trusted == 0  # no attention mask to ask about: nothing at all is read back
+    with pytest.raises(ValueError, match="every sequence needs an eos_token_id"):
+        model(input_ids=torch.tensor([[5, 6, 2], [7, 8, 0]]))
+
+
 @pytest.mark.parametrize(
     "change, expected",
     [

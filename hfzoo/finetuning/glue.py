@@ -332,17 +332,20 @@ def check_encoded_inputs(encoded: dict[str, Any], config, pad_token_id: int | No
 
     One pass over the train and dev splits (their Arrow columns): every `input_ids` value and the collator's
     padding id in `[0, vocab_size)`, every `token_type_ids` value in `[0, type_vocab_size)` (models with token type
-    embeddings), every integer label in `[0, num_labels)` (or -100). The loop then runs its forwards inside
-    `caller_checked_ids()`, where the models skip their own checks of these values: each is a host-device
+    embeddings), every integer label in `[0, num_labels)` (or -100), and for an encoder-decoder an `eos_token_id`
+    in every row (its classifier pools the decoder's state at the last one). The loop then runs its forwards
+    inside `caller_checked_ids()`, where the models skip their own checks of these values: each is a host-device
     synchronization per forward on a GPU.
 
     Args:
         encoded: `{split: tokenized datasets.Dataset}` (after `drop_unused_columns`).
-        config: the model's config (`vocab_size`, `type_vocab_size`, `num_labels`).
+        config: the model's config (`vocab_size`, `type_vocab_size`, `num_labels`, `is_encoder_decoder`,
+            `eos_token_id`).
         pad_token_id: the id the collator pads `input_ids` with.
 
     Raises:
-        ValueError: a value outside its range; the message names the split, the column and the value.
+        ValueError: a value outside its range, or an encoder-decoder's row without its end-of-sequence token; the
+            message names the split, the column (or row) and the value.
     """
     import pyarrow.compute as pc
     import pyarrow.types
@@ -364,6 +367,30 @@ def check_encoded_inputs(encoded: dict[str, Any], config, pad_token_id: int | No
             for value in (extremes["min"].as_py(), extremes["max"].as_py()):
                 if value is not None and not 0 <= value < size:
                     raise ValueError(f"GLUE {split} split: {what} {value} is outside [0, {name}={size})")
+        if getattr(config, "is_encoder_decoder", False) and isinstance(config.eos_token_id, int):
+            row = _first_row_without(table.column("input_ids"), config.eos_token_id)
+            if row is not None:
+                raise ValueError(
+                    f"GLUE {split} split: row {row} has no end-of-sequence token (eos_token_id={config.eos_token_id});"
+                    " an encoder-decoder classifies the decoder's state at the last one: tokenize with a tokenizer"
+                    " that appends it"
+                )
+
+
+def _first_row_without(column, token_id: int) -> int | None:
+    """The index of the first row of a list-of-ids Arrow column without `token_id`, or None (one vectorised pass)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    offset = 0
+    for chunk in column.chunks:  # parent indices count from each chunk's first row
+        parents = pc.filter(pc.list_parent_indices(chunk), pc.equal(pc.list_flatten(chunk), token_id))
+        has = np.zeros(len(chunk), dtype=bool)
+        has[parents.to_numpy(zero_copy_only=False)] = True
+        if not has.all():
+            return offset + int(np.argmin(has))
+        offset += len(chunk)
+    return None
 
 
 def _eval_splits(splits) -> list[str]:

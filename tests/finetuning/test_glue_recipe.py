@@ -196,6 +196,26 @@ def test_ids_or_labels_the_model_cannot_take_are_refused_before_training(checkpo
     assert not out.exists()
 
 
+def test_an_encoder_decoder_without_its_end_of_sequence_token_in_the_data_is_refused_before_training(
+    checkpoints, tmp_path
+):
+    """Its classifier pools the decoder's state at the last eos; the loop's forwards no longer check that."""
+    data = tmp_path / "glue"
+    write_glue_dir(data, "rte")
+    model_dir = tmp_path / "eos-never-appended"  # the tokenizer ends rows with [SEP]; the config names [MASK]
+    tokenizer = AutoTokenizer.from_pretrained(checkpoints["encoder-decoder-tiny"])
+    config = AutoConfig.from_pretrained(checkpoints["encoder-decoder-tiny"], eos_token_id=tokenizer.mask_token_id)
+    AutoModel.from_config(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        finetune(argv(model_dir, data, out, "rte"))
+    message = str(exit_info.value)
+    assert f"GLUE train split: row 0 has no end-of-sequence token (eos_token_id={tokenizer.mask_token_id})" in message
+    assert "\n" not in message
+    assert not out.exists()
+
+
 def test_the_loop_trains_and_evaluates_without_the_models_own_value_checks(checkpoints, glue_dir, tmp_path,
                                                                             monkeypatch):  # fmt: skip
     from hfzoo.modules import heads
