@@ -358,7 +358,8 @@ def check_encoded_inputs(encoded: dict[str, Any], config, pad_token_id: int | No
     label_range = ("label", "num_labels", config.num_labels)
     for split in ["train", *_eval_splits(encoded)]:
         table = encoded[split].data
-        checks = [(pc.list_flatten(table.column(c)), ranges[c]) for c in ranges if c in table.column_names]
+        flat = {c: pc.list_flatten(table.column(c)) for c in ranges if c in table.column_names}
+        checks = [(values, ranges[c]) for c, values in flat.items()]
         if "labels" in table.column_names and pyarrow.types.is_integer(table.schema.field("labels").type):
             labels = table.column("labels")  # class ids (regression targets are floats)
             checks.append((pc.filter(labels, pc.not_equal(labels, -100)), label_range))
@@ -368,7 +369,7 @@ def check_encoded_inputs(encoded: dict[str, Any], config, pad_token_id: int | No
                 if value is not None and not 0 <= value < size:
                     raise ValueError(f"GLUE {split} split: {what} {value} is outside [0, {name}={size})")
         if getattr(config, "is_encoder_decoder", False) and isinstance(config.eos_token_id, int):
-            row = _first_row_without(table.column("input_ids"), config.eos_token_id)
+            row = _first_row_without(table.column("input_ids"), flat["input_ids"], config.eos_token_id)
             if row is not None:
                 raise ValueError(
                     f"GLUE {split} split: row {row} has no end-of-sequence token (eos_token_id={config.eos_token_id});"
@@ -377,20 +378,17 @@ def check_encoded_inputs(encoded: dict[str, Any], config, pad_token_id: int | No
                 )
 
 
-def _first_row_without(column, token_id: int) -> int | None:
-    """The index of the first row of a list-of-ids Arrow column without `token_id`, or None (one vectorised pass)."""
+def _first_row_without(column, flat, token_id: int) -> int | None:
+    """The index of the first row of a list-of-ids Arrow column without `token_id`, or None.
+
+    `flat` is `pc.list_flatten(column)`; `pc.list_parent_indices` numbers the rows across the column's chunks.
+    """
     import numpy as np
     import pyarrow.compute as pc
 
-    offset = 0
-    for chunk in column.chunks:  # parent indices count from each chunk's first row
-        parents = pc.filter(pc.list_parent_indices(chunk), pc.equal(pc.list_flatten(chunk), token_id))
-        has = np.zeros(len(chunk), dtype=bool)
-        has[parents.to_numpy(zero_copy_only=False)] = True
-        if not has.all():
-            return offset + int(np.argmin(has))
-        offset += len(chunk)
-    return None
+    has = np.zeros(len(column), dtype=bool)
+    has[pc.filter(pc.list_parent_indices(column), pc.equal(flat, token_id)).to_numpy(zero_copy_only=False)] = True
+    return None if has.all() else int(np.argmin(has))
 
 
 def _eval_splits(splits) -> list[str]:

@@ -216,6 +216,25 @@ def test_an_encoder_decoder_without_its_end_of_sequence_token_in_the_data_is_ref
     assert not out.exists()
 
 
+def test_the_eos_check_numbers_rows_across_the_datasets_chunks():
+    """A dataset of several Arrow chunks (concatenated splits): the row without eos is named by its index."""
+    from types import SimpleNamespace
+
+    from datasets import Dataset, concatenate_datasets
+
+    from hfzoo.finetuning.glue import check_encoded_inputs
+
+    config = SimpleNamespace(vocab_size=10, num_labels=2, is_encoder_decoder=True, eos_token_id=1)
+    first = Dataset.from_dict({"input_ids": [[5, 1], [2, 3, 1]], "labels": [0, 1]})
+    second = Dataset.from_dict({"input_ids": [[4, 4], [1], [6, 1]], "labels": [1, 0, 1]})  # chunk-relative: row 3
+    train = concatenate_datasets([first, second])
+    assert len(train.data.column("input_ids").chunks) == 2
+    with pytest.raises(ValueError, match=r"^GLUE train split: row 2 has no end-of-sequence token \(eos_token_id=1\)"):
+        check_encoded_inputs({"train": train}, config, pad_token_id=0)
+    every_row = Dataset.from_dict({"input_ids": [[1], [4, 1]], "labels": [1, 0]})
+    check_encoded_inputs({"train": concatenate_datasets([first, every_row])}, config, pad_token_id=0)
+
+
 def test_the_loop_trains_and_evaluates_without_the_models_own_value_checks(checkpoints, glue_dir, tmp_path,
                                                                             monkeypatch):  # fmt: skip
     from hfzoo.modules import heads
