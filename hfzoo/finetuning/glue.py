@@ -330,10 +330,11 @@ def drop_unused_columns(encoded: dict[str, Any], model, accelerator: Accelerator
 def check_encoded_inputs(encoded: dict[str, Any], config, pad_token_id: int | None) -> None:
     """Refuse, before training, token ids, token types or class labels the model cannot take.
 
-    One pass over the train and dev splits (their Arrow columns): every `input_ids` value and the collator's
-    padding id in `[0, vocab_size)`, every `token_type_ids` value in `[0, type_vocab_size)` (models with token type
-    embeddings), every integer label in `[0, num_labels)` (or -100), and for an encoder-decoder an `eos_token_id`
-    in every row (its classifier pools the decoder's state at the last one). The loop then runs its forwards
+    One pass over the train and dev splits (their Arrow columns, the rows a `select` or `shuffle` kept): every
+    `input_ids` value and the collator's padding id in `[0, vocab_size)`, every `token_type_ids` value in
+    `[0, type_vocab_size)` (models with token type embeddings), every integer label in `[0, num_labels)` (or -100),
+    and for an encoder-decoder an `eos_token_id` in every row (its classifier pools the decoder's state at the
+    last one). The loop then runs its forwards
     inside `caller_checked_ids()`, where the models skip their own checks of these values: each is a host-device
     synchronization per forward on a GPU.
 
@@ -357,7 +358,7 @@ def check_encoded_inputs(encoded: dict[str, Any], config, pad_token_id: int | No
         raise ValueError(f"the tokenizer's padding id {pad_token_id} is outside [0, vocab_size={config.vocab_size})")
     label_range = ("label", "num_labels", config.num_labels)
     for split in ["train", *_eval_splits(encoded)]:
-        table = encoded[split].data
+        table = encoded[split].with_format("arrow")[:]  # its rows, in order: a select() or shuffle() applied
         flat = {c: pc.list_flatten(table.column(c)) for c in ranges if c in table.column_names}
         checks = [(values, ranges[c]) for c, values in flat.items()]
         if "labels" in table.column_names and pyarrow.types.is_integer(table.schema.field("labels").type):

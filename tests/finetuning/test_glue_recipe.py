@@ -235,6 +235,23 @@ def test_the_eos_check_numbers_rows_across_the_datasets_chunks():
     check_encoded_inputs({"train": concatenate_datasets([first, every_row])}, config, pad_token_id=0)
 
 
+def test_the_input_checks_judge_the_rows_a_select_or_shuffle_kept():
+    """A selected or shuffled dataset shares its parent's Arrow table: the checks read its own rows, in its order."""
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+
+    from hfzoo.finetuning.glue import check_encoded_inputs
+
+    config = SimpleNamespace(vocab_size=10, num_labels=2, is_encoder_decoder=True, eos_token_id=1)
+    parent = Dataset.from_dict({"input_ids": [[5, 1], [4, 4], [2, 1], [3, 12]], "labels": [0, 1, 1, 7]})
+    check_encoded_inputs({"train": parent.select([2, 0])}, config, pad_token_id=0)  # rows 1 and 3 left out
+    with pytest.raises(ValueError, match=r"^GLUE train split: row 2 has no end-of-sequence token"):
+        check_encoded_inputs({"train": parent.select([2, 0, 1])}, config, pad_token_id=0)
+    with pytest.raises(ValueError, match=r"^GLUE validation split: token id 12 is outside \[0, vocab_size=10\)"):
+        check_encoded_inputs({"train": parent.select([0]), "validation": parent.select([3])}, config, pad_token_id=0)
+
+
 def test_the_loop_trains_and_evaluates_without_the_models_own_value_checks(checkpoints, glue_dir, tmp_path,
                                                                             monkeypatch):  # fmt: skip
     from hfzoo.modules import heads
