@@ -334,9 +334,8 @@ def check_encoded_inputs(encoded: dict[str, Any], config, pad_token_id: int | No
     `input_ids` value and the collator's padding id in `[0, vocab_size)`, every `token_type_ids` value in
     `[0, type_vocab_size)` (models with token type embeddings), every integer label in `[0, num_labels)` (or -100),
     and for an encoder-decoder an `eos_token_id` in every row (its classifier pools the decoder's state at the
-    last one). The loop then runs its forwards
-    inside `caller_checked_ids()`, where the models skip their own checks of these values: each is a host-device
-    synchronization per forward on a GPU.
+    last one). The loop then runs its forwards inside `caller_checked_ids()`, where the models skip their own
+    checks of these values: each is a host-device synchronization per forward on a GPU.
 
     Args:
         encoded: `{split: tokenized datasets.Dataset}` (after `drop_unused_columns`).
