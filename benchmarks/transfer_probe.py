@@ -88,7 +88,7 @@ def read_task(args: argparse.Namespace):
 
 def encode(tokenizer, texts: list[tuple[str, ...]], max_length: int, device) -> dict[str, torch.Tensor]:
     """Tokenize a batch of one- or two-text examples: `input_ids`, `attention_mask` `(batch, seq_len)`."""
-    columns = list(zip(*texts))
+    columns = [list(column) for column in zip(*texts)]
     batch = tokenizer(*columns, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
     return {key: batch[key].to(device) for key in ("input_ids", "attention_mask")}
 

@@ -5,6 +5,7 @@ a regression task or a missing checkpoint is refused before any work."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import random
 
 import pytest
@@ -36,6 +37,18 @@ def synthetic_rows(count: int, seed: int):
         words = rng.choices(FILLER, k=rng.randint(4, 10))
         words.insert(rng.randrange(len(words) + 1), "wonderful" if label else "dreadful")
         rows.append(((" ".join(words),), str(label), label))
+    return rows
+
+
+def synthetic_pairs(count: int, seed: int):
+    """RTE rows (a premise, a hypothesis) whose label is which of two words the hypothesis holds."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(count):
+        label = i % 2
+        premise = " ".join(rng.choices(FILLER, k=rng.randint(4, 10)))
+        hypothesis = " ".join([*rng.choices(FILLER, k=3), "never" if label else "surely"])
+        rows.append(((premise, hypothesis), ("entailment", "not_entailment")[label], label))
     return rows
 
 
@@ -73,6 +86,17 @@ def test_probes_and_text_to_text_learn_a_one_word_label(checkpoint, glue_dir, ca
     assert row["text-to-text"] >= 90.0, row
     table = capsys.readouterr().out
     assert "majority class 50.0" in table and f"| {checkpoint} |" in table
+
+
+def test_sentence_pairs_reach_the_model_as_pairs(checkpoint, tmp_path):
+    """A two-text task: both texts are encoded (the label word is in the second), and the probes learn it."""
+    write_tsv(tmp_path / "RTE" / "train.tsv", "rte", rows=synthetic_pairs(128, seed=0))
+    write_tsv(tmp_path / "RTE" / "dev.tsv", "rte", rows=synthetic_pairs(48, seed=1))
+    benchmark = load_benchmark()
+    (row,) = benchmark.main(["--models", str(checkpoint), "--task_name", "rte", "--data_dir", str(tmp_path),
+                             "--probe_c", "1.0", "--num_train_epochs", "0"])  # fmt: skip
+    assert row["embeddings mean"] >= 95.0, row
+    assert math.isnan(row["text-to-text"])
 
 
 def test_rank_classification_scores_the_models_own_loss(checkpoint):
