@@ -28,27 +28,20 @@ def load_benchmark():
     return module
 
 
-def synthetic_rows(count: int, seed: int):
-    """SST-2 rows whose label is which of two words the sentence holds, among filler words."""
+def synthetic_rows(count: int, seed: int, pairs: bool = False):
+    """SST-2 rows whose label is which of two words the sentence holds, among filler words; with `pairs`, RTE rows
+    (a premise of filler words, a hypothesis holding the word)."""
     rng = random.Random(seed)
     rows = []
     for i in range(count):
         label = i % 2
         words = rng.choices(FILLER, k=rng.randint(4, 10))
-        words.insert(rng.randrange(len(words) + 1), "wonderful" if label else "dreadful")
-        rows.append(((" ".join(words),), str(label), label))
-    return rows
-
-
-def synthetic_pairs(count: int, seed: int):
-    """RTE rows (a premise, a hypothesis) whose label is which of two words the hypothesis holds."""
-    rng = random.Random(seed)
-    rows = []
-    for i in range(count):
-        label = i % 2
-        premise = " ".join(rng.choices(FILLER, k=rng.randint(4, 10)))
-        hypothesis = " ".join([*rng.choices(FILLER, k=3), "never" if label else "surely"])
-        rows.append(((premise, hypothesis), ("entailment", "not_entailment")[label], label))
+        if pairs:
+            hypothesis = " ".join([*rng.choices(FILLER, k=3), "never" if label else "surely"])
+            rows.append(((" ".join(words), hypothesis), ("entailment", "not_entailment")[label], label))
+        else:
+            words.insert(rng.randrange(len(words) + 1), "wonderful" if label else "dreadful")
+            rows.append(((" ".join(words),), str(label), label))
     return rows
 
 
@@ -90,8 +83,8 @@ def test_probes_and_text_to_text_learn_a_one_word_label(checkpoint, glue_dir, ca
 
 def test_sentence_pairs_reach_the_model_as_pairs(checkpoint, tmp_path):
     """A two-text task: both texts are encoded (the label word is in the second), and the probes learn it."""
-    write_tsv(tmp_path / "RTE" / "train.tsv", "rte", rows=synthetic_pairs(128, seed=0))
-    write_tsv(tmp_path / "RTE" / "dev.tsv", "rte", rows=synthetic_pairs(48, seed=1))
+    write_tsv(tmp_path / "RTE" / "train.tsv", "rte", rows=synthetic_rows(128, seed=0, pairs=True))
+    write_tsv(tmp_path / "RTE" / "dev.tsv", "rte", rows=synthetic_rows(48, seed=1, pairs=True))
     benchmark = load_benchmark()
     (row,) = benchmark.main(["--models", str(checkpoint), "--task_name", "rte", "--data_dir", str(tmp_path),
                              "--probe_c", "1.0", "--num_train_epochs", "0"])  # fmt: skip
