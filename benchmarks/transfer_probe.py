@@ -18,7 +18,7 @@ initialised one side by side answer "does the pretraining help?"), the task's de
    trained with its language-modelling loss to write the label's name (`negative` / `positive` for SST-2, the
    hub's label names, each ending with the tokenizer's end-of-sequence token), AdamW at `--learning_rate`
    (constant, no weight decay), `--num_train_epochs` epochs of batches of `--per_device_train_batch_size`
-   shuffled with `--seed`; then rank classification (Brown et al. 2020, §2): each dev example's prediction is
+   shuffled with `--seed`; then rank classification (Brown et al. 2020, §2.4): each dev example's prediction is
    the label whose tokens have the highest summed log-likelihood. `--num_train_epochs 0` skips it.
 
 Prints a markdown table, one row per checkpoint. The study's own finetuning (a classification head on the
@@ -37,7 +37,7 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hfzoo  # noqa: F401  (registers the hfzoo model classes with the Auto classes)
 from hfzoo.data.glue import get_glue_task, load_glue
@@ -47,7 +47,7 @@ FEATURES = ("encoder mean", "decoder at eos", "embeddings mean")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line; refuses a regression task and a model folder that does not exist."""
+    """The command line; refuses an unknown or regression task and a folder that is no encoder-decoder checkpoint."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", required=True, help="encoder-decoder checkpoint folders")
     parser.add_argument("--task_name", default="sst2", help="a GLUE classification task (default: sst2)")
@@ -62,12 +62,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num_train_epochs", type=int, default=3, help="text-to-text epochs; 0 skips it")
     parser.add_argument("--seed", type=int, default=0, help="text-to-text shuffling and dropout (default: 0)")
     args = parser.parse_args(argv)
-    task = get_glue_task(args.task_name)
+    try:
+        task = get_glue_task(args.task_name)
+    except ValueError as err:
+        parser.error(f"--task_name: {err}")
     if task.is_regression:
         parser.error(f"--task_name {args.task_name}: a classification task is needed (STS-B is a regression)")
     for model in args.models:
         if not Path(model).is_dir():
             parser.error(f"--models {model}: no such checkpoint folder")
+        try:
+            model_type = AutoConfig.from_pretrained(model).model_type
+        except (OSError, ValueError) as err:
+            parser.error(f"--models {model}: not a checkpoint folder ({err})")
+        if model_type != "hfzoo_encoder_decoder":
+            parser.error(f"--models {model}: an hfzoo encoder-decoder checkpoint is needed, not {model_type!r}")
     if args.num_train_epochs < 0 or args.per_device_train_batch_size < 1 or args.probe_c <= 0:
         parser.error("--num_train_epochs >= 0, --per_device_train_batch_size >= 1 and --probe_c > 0 are needed")
     return args

@@ -1,6 +1,6 @@
 """`benchmarks/transfer_probe.py` on a tiny encoder-decoder and a synthetic SST-2 whose label is one word: the
 probes and the text-to-text finetuning learn it, rank classification scores what the model's own loss scores, and
-a regression task or a missing checkpoint is refused before any work."""
+an unknown or regression task and a folder that is no encoder-decoder checkpoint are refused before any work."""
 
 from __future__ import annotations
 
@@ -117,10 +117,18 @@ def test_rank_classification_scores_the_models_own_loss(checkpoint):
     "argv, message",
     [
         (["--task_name", "stsb"], "--task_name stsb: a classification task is needed"),
+        (["--task_name", "sts"], "--task_name: unknown GLUE task 'sts'"),
         (["--models", "/no/such/checkpoint"], "--models /no/such/checkpoint: no such checkpoint folder"),
+        (["--models", "DECODER"], "an hfzoo encoder-decoder checkpoint is needed, not 'hfzoo_decoder'"),
+        (["--models", "EMPTY"], "--models EMPTY: not a checkpoint folder"),
     ],
 )
-def test_refuses_a_regression_task_and_a_missing_checkpoint(checkpoint, argv, message, capsys):
+def test_refuses_bad_tasks_and_checkpoints_before_any_work(checkpoint, argv, message, tmp_path, capsys):
+    build_config("decoder-tiny").save_pretrained(tmp_path / "decoder")  # a checkpoint of another family
+    (tmp_path / "EMPTY").mkdir()  # no config.json
+    folders = {"DECODER": str(tmp_path / "decoder"), "EMPTY": str(tmp_path / "EMPTY")}
+    argv = [folders.get(value, value) for value in argv]
+    message = message.replace("EMPTY", folders["EMPTY"])
     benchmark = load_benchmark()
     full = ["--models", str(checkpoint), *argv] if argv[0] != "--models" else argv
     with pytest.raises(SystemExit):
