@@ -42,6 +42,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 import hfzoo  # noqa: F401  (registers the hfzoo model classes with the Auto classes)
 from hfzoo.data.glue import get_glue_task, load_glue
 from hfzoo.models.encoder_decoder.modeling_encoder_decoder import shift_tokens_right
+from hfzoo.modules.heads import last_eos_pool
 
 FEATURES = ("encoder mean", "decoder at eos", "embeddings mean")
 
@@ -115,11 +116,8 @@ def features(model, tokenizer, texts, max_length: int, batch_size: int = 64) -> 
         result = model.model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids,
                              decoder_attention_mask=mask)  # fmt: skip
         weights = mask.unsqueeze(-1).float()
-        eos = ids.eq(config.eos_token_id)
-        last_eos = (torch.arange(ids.shape[1], device=ids.device) * eos).argmax(-1)
-        rows = torch.arange(ids.shape[0], device=ids.device)
         out["encoder mean"].append((result.encoder_last_hidden_state * weights).sum(1) / weights.sum(1))
-        out["decoder at eos"].append(result.last_hidden_state[rows, last_eos])
+        out["decoder at eos"].append(last_eos_pool(result.last_hidden_state, ids, config.eos_token_id))
         out["embeddings mean"].append((model.get_input_embeddings()(ids) * weights).sum(1) / weights.sum(1))
     return {name: torch.cat(parts).float().cpu().numpy() for name, parts in out.items()}
 

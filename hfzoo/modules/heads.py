@@ -116,3 +116,24 @@ def last_token_pool(
     positions = torch.arange(input_ids.shape[-1], device=hidden_states.device, dtype=torch.int32)
     last = (positions * (input_ids != pad_token_id).to(hidden_states.device, torch.int32)).argmax(-1)
     return hidden_states[batch, last]
+
+
+def last_eos_pool(hidden_states: torch.Tensor, input_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """Each row's vector at the position of its last `eos_token_id`, as BART's and T5's classification heads pool.
+
+    An encoder-decoder classifier feeds the source shifted right to its decoder, so the decoder's state at the
+    source's last eos has read the whole sequence (Lewis et al. 2020, BART, section 3.1).
+
+    Args:
+        hidden_states: `(batch_size, seq_len, dim)`, any float dtype.
+        input_ids: `(batch_size, seq_len)` int64 ids aligned with `hidden_states`.
+        eos_token_id: the id to pool at.
+
+    Returns:
+        `(batch_size, dim)`, the dtype of `hidden_states`. A row without `eos_token_id` gives its position 0; callers
+        that cannot rule that out check `input_ids.eq(eos_token_id).any(-1)` first (a host-device sync on a GPU).
+    """
+    eos = input_ids.eq(eos_token_id).to(hidden_states.device)
+    positions = torch.arange(eos.shape[-1], device=eos.device)
+    last = (positions * eos).argmax(-1)
+    return hidden_states[torch.arange(hidden_states.shape[0], device=hidden_states.device), last]

@@ -36,7 +36,7 @@ from ...modules.embeddings import (
     tied_embedding_keys,
 )
 from ...modules.experts import HfzooRouter
-from ...modules.heads import SequenceClassificationHead, check_classification_labels
+from ...modules.heads import SequenceClassificationHead, check_classification_labels, last_eos_pool
 from ...modules.stack import LAYER_TYPES, HfzooStack, HfzooStackOutput
 from ...modules.universal import UniversalTransformerLayerStack
 from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
@@ -574,10 +574,7 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
         # a host-device sync on a GPU: skipped inside caller_checked_ids() (the GLUE loop checks its data first)
         if model_value_checks_enabled() and not eos.any(dim=-1).all():
             raise ValueError("every sequence needs an eos_token_id for encoder-decoder sequence classification")
-        positions = torch.arange(eos.shape[-1], device=eos.device)
-        last_eos = (positions * eos).argmax(-1)
-        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last_eos]
-        logits = self.classifier(pooled)
+        logits = self.classifier(last_eos_pool(hidden, input_ids, self.config.eos_token_id))
         loss = None
         if labels is not None:
             loss = sequence_classification_loss(labels, logits, self.config, num_items_in_batch)
