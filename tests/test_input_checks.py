@@ -275,6 +275,37 @@ def test_inputs_that_disagree_in_shape_are_refused(preset, auto_class, change, e
             model(**{**inputs, **change})
 
 
+@pytest.mark.parametrize("preset, auto_class", FAMILIES, ids=[f[0] for f in FAMILIES])
+@pytest.mark.parametrize(
+    "bad_mask, expected",
+    [
+        (torch.tensor([[0.0, 0.0, -10000.0]]), r"attention_mask holds -10000.0: expected 1 for each token to attend "
+         r"to and 0 for padding \(an additive mask, .*pass \(mask == 0\).long\(\) instead"),
+        (torch.tensor([[1, 1, 2]]), r"attention_mask holds 2: .*\(segment or document ids\?"),
+        (torch.tensor([[1.0, 0.5, 1.0]]), r"attention_mask holds 0.5: expected 1 for each token .* for padding$"),
+    ],
+    ids=["additive", "document-ids", "fraction"],
+)  # fmt: skip
+def test_a_mask_holding_other_values_than_0_and_1_is_refused(preset, auto_class, bad_mask, expected):
+    """masking_utils reads a 2-D mask as a boolean: these would be attended to where nonzero, silently."""
+    model = auto_class.from_config(build_config(preset, TINY)).eval()
+    inputs = {"input_ids": torch.tensor([[1, 95, 0]])}
+    mask_key = "attention_mask"
+    if preset.startswith("encoder-decoder"):
+        inputs["decoder_input_ids"] = torch.tensor([[0, 1, 5]])
+    with torch.no_grad():
+        reference = model(**inputs, attention_mask=torch.tensor([[1, 1, 0]])).logits
+        for same in (torch.tensor([[True, True, False]]), torch.tensor([[1.0, 1.0, 0.0]])):  # the same mask
+            torch.testing.assert_close(model(**inputs, attention_mask=same).logits, reference)
+        with pytest.raises(ValueError, match=expected):
+            model(**inputs, **{mask_key: bad_mask})
+        if preset.startswith("encoder-decoder"):  # the decoder's own mask too
+            with pytest.raises(ValueError, match=expected):
+                model(**inputs, decoder_attention_mask=bad_mask)
+        with caller_checked_ids():  # a loop that checked its batches (check_batch_ids) reads nothing back
+            model(**inputs, attention_mask=bad_mask)
+
+
 @pytest.mark.parametrize("preset, auto_class", FAMILIES[:2], ids=[f[0] for f in FAMILIES[:2]])
 def test_position_ids_of_another_length_or_beyond_the_table_are_refused(preset, auto_class):
     model = auto_class.from_config(build_config(preset, TINY)).eval()
@@ -435,8 +466,10 @@ def test_caller_checked_ids_skips_the_eos_check_of_an_encoder_decoder_classifier
         ({"decoder_input_ids": torch.tensor([[0, 97]])}, r"token id 97 is outside the vocabulary"),
         ({"labels": torch.tensor([[96, -100]])}, r"label 96 is outside the vocabulary: .*or -100 for a position"),
         ({"labels": torch.tensor([[-2, 1]])}, r"label -2 is outside the vocabulary"),
+        ({"attention_mask": torch.tensor([[1, 2]])}, r"attention_mask holds 2: expected 1 for each token"),
+        ({"decoder_attention_mask": torch.tensor([[0.0, -1e9]])}, r"decoder_attention_mask holds -1000000000.0"),
     ],
-    ids=["id-too-large", "id-negative", "decoder-id", "label-too-large", "label-negative"],
+    ids=["id-too-large", "id-negative", "decoder-id", "label-too-large", "label-negative", "mask", "decoder-mask"],
 )  # fmt: skip
 def test_check_batch_ids_refuses_what_the_models_refuse_also_inside_caller_checked_ids(change, expected):
     good = {"input_ids": torch.tensor([[0, 95]]), "labels": torch.tensor([[95, -100]]),

@@ -18,9 +18,10 @@
   (or an `AdaptiveEmbedding`).
 - `chunked_linear_cross_entropy`: the summed cross-entropy of a vocabulary projection computed in chunks
   of tokens, so that the logits of a whole batch never exist at once (`VocabProjection` with `labels`).
-- `check_token_ids`, `check_lm_labels`, `check_batch_ids`: ids and labels outside the vocabulary refused with
-  their value; `caller_checked_ids` skips the models' own value checks (a host-device sync each on a GPU) inside a
-  training loop that checks each batch with `check_batch_ids` before moving it to the device.
+- `check_token_ids`, `check_lm_labels`, `check_attention_mask_values`, `check_batch_ids`: ids and labels outside
+  the vocabulary, and mask values other than 0 and 1, refused with their value; `caller_checked_ids` skips the
+  models' own value checks (a host-device sync each on a GPU) inside a training loop that checks each batch with
+  `check_batch_ids` before moving it to the device.
 - `check_vocab_resizable`: the refusal hook of `resize_token_embeddings` (a module that cannot change its
   vocabulary size sets `vocab_resize_refusal`).
 
@@ -61,13 +62,13 @@ ACCELERATOR_LOSS_CHUNK_BYTES = 2**30
 ACCELERATOR_VOCAB_MULTIPLE = 64
 
 
-#: False inside `caller_checked_ids()`: the models' value checks of ids and labels are skipped.
+#: False inside `caller_checked_ids()`: the models' value checks of ids, labels and masks are skipped.
 _MODEL_VALUE_CHECKS = contextvars.ContextVar("hfzoo_model_value_checks", default=True)
 
 
 @contextlib.contextmanager
 def caller_checked_ids() -> Iterator[None]:
-    """Within it, hfzoo's models skip the value checks of their ids and labels (`out_of_range_id`).
+    """Within it, hfzoo's models skip the value checks of their ids, labels and masks (`out_of_range_id`).
 
     Each of those checks reads a min/max back from the ids' device: on a GPU, a host-device synchronization in every
     forward (two in a language-modelling training step: the token ids and the labels), which empties the queue of
@@ -87,7 +88,7 @@ def caller_checked_ids() -> Iterator[None]:
 
 
 def model_value_checks_enabled() -> bool:
-    """Whether a model checks the values of its ids and labels here: in eager mode, outside `caller_checked_ids()`."""
+    """Whether a model checks the values of its ids, labels and masks: in eager mode, outside `caller_checked_ids()`."""
     return not torch.compiler.is_compiling() and _MODEL_VALUE_CHECKS.get()
 
 
@@ -149,6 +150,46 @@ def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
     _refuse_token_id(out_of_range_id(input_ids, vocab_size), vocab_size)
 
 
+def _mask_value_error(mask: torch.Tensor, name: str) -> ValueError | None:
+    """The refusal of a 2-D mask holding a value other than 0 and 1 (one pass, one host sync), or None."""
+    if mask.dim() != 2 or mask.dtype == torch.bool or not mask.numel():
+        return None
+    bad = (mask != 0) & (mask != 1)
+    if not bad.any():
+        return None
+    value = mask[bad][0].item()
+    hint = ""
+    if value < 0:
+        hint = (
+            " (an additive mask, 0 to attend and a large negative value to mask? pass (mask == 0).long() instead: "
+            "it is read as a boolean, so its negative values would be attended to and its zeros masked)"
+        )
+    elif value > 1 and float(value).is_integer():
+        hint = " (segment or document ids? the mask only marks padding: any value but 0 would be attended to)"
+    return ValueError(f"{name} holds {value!r}: expected 1 for each token to attend to and 0 for padding{hint}")
+
+
+def check_attention_mask_values(attention_mask: torch.Tensor | None, name: str = "attention_mask") -> None:
+    """Refuse a 2-D attention mask holding a value other than 0 and 1, before it is read as a boolean.
+
+    transformers' masking (`masking_utils`) and hfzoo's token mixers read a 2-D mask as `mask.bool()`: an additive
+    mask (0 and -10,000) or document ids (1, 2, ...) would be taken silently, with every nonzero value attended to.
+    Checked in eager mode outside `caller_checked_ids()` (one pass over the mask and one host sync, like the id
+    checks); a boolean mask, a prepared 4-D mask and None are taken as they are.
+
+    Args:
+        attention_mask: `(batch_size, seq_len)` of any dtype, 1 for each token and 0 for padding; or None, or 4-D.
+        name: how the message names it.
+
+    Raises:
+        ValueError: naming the first value other than 0 and 1, with the likely cause for a negative value or an
+            integer above 1.
+    """
+    if isinstance(attention_mask, torch.Tensor) and model_value_checks_enabled():
+        if (error := _mask_value_error(attention_mask, name)) is not None:
+            raise error
+
+
 def check_lm_labels(labels: torch.Tensor, tokens_shape: tuple[int, ...], vocab_size: int) -> None:
     """Refuse language-modelling labels that cannot label the tokens, before the loss.
 
@@ -177,23 +218,27 @@ def check_lm_labels(labels: torch.Tensor, tokens_shape: tuple[int, ...], vocab_s
 
 
 def check_batch_ids(batch: Mapping[str, torch.Tensor], vocab_size: int) -> None:
-    """Refuse a batch whose token ids or labels lie outside the vocabulary, wherever it is and whatever the context.
+    """Refuse a batch of ids, labels or masks that a model would refuse, wherever it is and whatever the context.
 
-    What the models' own checks refuse (`check_token_ids`, `check_lm_labels`'s values), for a caller that checks
-    its batches on the CPU before moving them to the device and then runs the forward inside
+    What the models' own checks refuse (`check_token_ids`, `check_lm_labels`'s values, `check_attention_mask_values`)
+    for a caller that checks its batches on the CPU before moving them to the device and then runs the forward inside
     `caller_checked_ids()`: the same errors, without a host-device synchronization per forward.
 
     Args:
-        batch: model inputs; its int64 `input_ids` and `decoder_input_ids` (any shape) and `labels` (-100 =
-            ignored) are checked, other keys are not (masks, token types).
+        batch: model inputs; its int64 `input_ids` and `decoder_input_ids` (any shape), `labels` (-100 =
+            ignored) and 2-D `attention_mask` and `decoder_attention_mask` are checked, other keys are not.
         vocab_size: the model's `config.vocab_size`.
 
     Raises:
-        ValueError: a token id or a label (other than -100) `< 0` or `>= vocab_size`; the message gives it.
+        ValueError: a token id or a label (other than -100) `< 0` or `>= vocab_size`, or a mask value other than 0
+            and 1; the message gives it.
     """
     for key in ("input_ids", "decoder_input_ids"):
         if batch.get(key) is not None and batch[key].numel():
             _refuse_token_id(_out_of_range(batch[key], vocab_size), vocab_size)
+    for key in ("attention_mask", "decoder_attention_mask"):
+        if isinstance(batch.get(key), torch.Tensor) and (error := _mask_value_error(batch[key], key)) is not None:
+            raise error
     labels = batch.get("labels")
     if labels is not None and not labels.is_floating_point():
         _check_label_values(labels, vocab_size)

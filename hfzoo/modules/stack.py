@@ -51,7 +51,7 @@ from transformers.utils import logging
 from ..compat import cache_field
 from .attention import TransparentAttention
 from .connections import UNetSkips, ValueResidual
-from .embeddings import build_token_embedding, out_of_range_id
+from .embeddings import build_token_embedding, check_attention_mask_values, out_of_range_id
 from .evolved import EvolvedTransformerLayer
 from .experts import is_moe_layer, token_padding_mask
 from .funnel import FunnelLayerStack
@@ -485,7 +485,8 @@ class HfzooStack:
 
         Raises:
             ValueError: both or neither of `input_ids`/`inputs_embeds`; inputs whose shapes disagree, a mask of
-                another length than the cached positions and tokens among them (`check_stack_inputs`); a token,
+                another length than the cached positions and tokens among them (`check_stack_inputs`); a 2-D mask
+                holding a value other than 0 and 1 (`check_attention_mask_values`, eager mode); a token,
                 learned position or token-type id outside its table (eager mode); a sequence longer than
                 `max_position_embeddings` with absolute positions; cross-attention without encoder states;
                 transparent attention without `encoder_layer_outputs`; a cache holding positions (a prefix)
@@ -509,6 +510,8 @@ class HfzooStack:
             encoder_attention_mask,
             past_length,
         )
+        # the encoder's mask (encoder_attention_mask) was checked when the encoder ran
+        check_attention_mask_values(attention_mask)
         if position_ids is not None and hasattr(self.embed_positions, "check_position_ids"):
             self.embed_positions.check_position_ids(position_ids)  # a table of learned positions
         if inputs_embeds is None:
