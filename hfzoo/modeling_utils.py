@@ -238,6 +238,14 @@ class HfzooPreTrainedModel(PreTrainedModel):
         """
         units = layer_wrap_classes(self)
         self._no_split_modules = units
+        # What every head's forward asks of the config, read once: a config attribute costs a Python call
+        # (`PreTrainedConfig.__getattribute__`), and under torch.compile a guard checked at every call.
+        self._has_experts = self.config.num_experts > 0
+        self._layer_stack_outputs = tuple(
+            f"output_{extra}"
+            for layout in self.config.stack_layouts()
+            if (extra := LAYER_STACKS[layout.layer_stack].extra_output) is not None
+        )
         super().post_init()
         self._no_split_modules = set(units)  # not the union with the submodels' (a stack of untied layers)
 
@@ -491,11 +499,9 @@ class HfzooPreTrainedModel(PreTrainedModel):
             Whether the head returns the routers' logits in its output.
         """
         requested = kwargs.pop("output_router_logits", self.config.output_router_logits)
-        for layout in self.config.stack_layouts():
-            extra = LAYER_STACKS[layout.layer_stack].extra_output
-            if extra is not None:
-                kwargs[f"output_{extra}"] = True
-        if self.config.num_experts == 0:
+        for output in self._layer_stack_outputs:
+            kwargs[output] = True
+        if not self._has_experts:
             return False
         kwargs["output_router_logits"] = True
         return bool(requested)
@@ -547,7 +553,7 @@ class HfzooPreTrainedModel(PreTrainedModel):
             for cost in (outputs.get(key) or ())
         ]
         ponder_loss = self.config.act_loss_coef * sum(cost.float() for cost in ponder_costs) if ponder_costs else None
-        if self.config.num_experts == 0:
+        if not self._has_experts:
             if ponder_loss is None:
                 return loss, {}
             return (None if loss is None else loss + ponder_loss.to(loss.device)), {"aux_loss": ponder_loss}

@@ -340,6 +340,8 @@ class HfzooAttention(nn.Module):
         self.layer_idx = layer_idx
         self.is_causal = is_causal and not is_cross_attention
         self.is_cross_attention = is_cross_attention
+        # read at every forward: a plain attribute, not a config lookup (a guard under torch.compile, each call)
+        self.attn_logit_softcapping = getattr(config, "attn_logit_softcapping", None)
         self.num_heads = config.num_attention_heads
         self.num_key_value_heads = key_value_heads(config)
         # read by transformers' SDPA / flex backends (repeat_kv or their native GQA), as Llama's attention
@@ -641,7 +643,7 @@ class HfzooAttention(nn.Module):
                 key, value = self_cache.update(key, value, self.layer_idx)
             attention_mask = self.restrict_attention_mask(attention_mask, query, key, padding_mask)
         dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
-        softcap = getattr(self.config, "attn_logit_softcapping", None)
+        softcap = self.attn_logit_softcapping
         if softcap is not None and not supports_attention_softcapping(self.config._attn_implementation):
             raise ValueError(
                 f"attn_logit_softcapping={softcap!r} needs an attention backend that applies a tanh to the scores "

@@ -339,6 +339,8 @@ class HfzooStack:
         rotary = ROTARY_POSITION_EMBEDDINGS.get(config.position_embedding_type)
         self.rotary_emb = rotary(config) if rotary is not None else None
         self.relative_attention_bias = build_stack_score_bias(config, bidirectional=not is_causal)
+        # read at every forward: a plain attribute, not a config lookup (a guard under torch.compile, each call)
+        self.position_scheme_has_score_bias = config.position_embedding_type in ATTENTION_SCORE_BIASES
         type_vocab_size = getattr(config, "type_vocab_size", 0)
         self.token_type_embeddings = nn.Embedding(type_vocab_size, config.hidden_size) if type_vocab_size else None
         self.embed_norm = build_norm(config) if config.embedding_norm else None
@@ -659,7 +661,7 @@ class HfzooStack:
                 **mask_kwargs,
                 **cache_field(self_cache),
                 position_ids=position_ids,
-                allow_is_causal_skip=config.position_embedding_type not in ATTENTION_SCORE_BIASES,
+                allow_is_causal_skip=not self.position_scheme_has_score_bias,
             )
         return create_bidirectional_mask(**mask_kwargs, **cache_field(self_cache))
 
