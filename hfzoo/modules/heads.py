@@ -113,9 +113,7 @@ def last_token_pool(
         raise ValueError("Cannot handle batch sizes > 1 if no padding token is defined.")
     if input_ids is None or pad_token_id is None:
         return hidden_states[batch, -1]
-    positions = torch.arange(input_ids.shape[-1], device=hidden_states.device, dtype=torch.int32)
-    last = (positions * (input_ids != pad_token_id).to(hidden_states.device, torch.int32)).argmax(-1)
-    return hidden_states[batch, last]
+    return _at_last_true(hidden_states, input_ids != pad_token_id)
 
 
 def last_eos_pool(hidden_states: torch.Tensor, input_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
@@ -133,7 +131,14 @@ def last_eos_pool(hidden_states: torch.Tensor, input_ids: torch.Tensor, eos_toke
         `(batch_size, dim)`, the dtype of `hidden_states`. A row without `eos_token_id` gives its position 0; callers
         that cannot rule that out check `input_ids.eq(eos_token_id).any(-1)` first (a host-device sync on a GPU).
     """
-    eos = input_ids.eq(eos_token_id).to(hidden_states.device)
-    positions = torch.arange(eos.shape[-1], device=eos.device)
-    last = (positions * eos).argmax(-1)
+    return _at_last_true(hidden_states, input_ids == eos_token_id)
+
+
+def _at_last_true(hidden_states: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
+    """Each row of `hidden_states` `(batch_size, seq_len, dim)` at the rightmost True of its row of `flags`.
+
+    `flags` is `(batch_size, seq_len)` bool; a row without a True gives position 0. Returns `(batch_size, dim)`.
+    """
+    positions = torch.arange(flags.shape[-1], device=hidden_states.device, dtype=torch.int32)
+    last = (positions * flags.to(hidden_states.device, torch.int32)).argmax(-1)
     return hidden_states[torch.arange(hidden_states.shape[0], device=hidden_states.device), last]

@@ -570,9 +570,8 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
         hidden = outputs.last_hidden_state
         # As BART: the decoder reads the source shifted right, so its state at the position of the source's
         # last eos has seen the whole sequence; that state is classified.
-        eos = input_ids.eq(self.config.eos_token_id)
         # a host-device sync on a GPU: skipped inside caller_checked_ids() (the GLUE loop checks its data first)
-        if model_value_checks_enabled() and not eos.any(dim=-1).all():
+        if model_value_checks_enabled() and not input_ids.eq(self.config.eos_token_id).any(dim=-1).all():
             raise ValueError("every sequence needs an eos_token_id for encoder-decoder sequence classification")
         logits = self.classifier(last_eos_pool(hidden, input_ids, self.config.eos_token_id))
         loss = None
