@@ -290,7 +290,6 @@ def test_a_mask_holding_other_values_than_0_and_1_is_refused(preset, auto_class,
     """masking_utils reads a 2-D mask as a boolean: these would be attended to where nonzero, silently."""
     model = auto_class.from_config(build_config(preset, TINY)).eval()
     inputs = {"input_ids": torch.tensor([[1, 95, 0]])}
-    mask_key = "attention_mask"
     if preset.startswith("encoder-decoder"):
         inputs["decoder_input_ids"] = torch.tensor([[0, 1, 5]])
     with torch.no_grad():
@@ -298,7 +297,7 @@ def test_a_mask_holding_other_values_than_0_and_1_is_refused(preset, auto_class,
         for same in (torch.tensor([[True, True, False]]), torch.tensor([[1.0, 1.0, 0.0]])):  # the same mask
             torch.testing.assert_close(model(**inputs, attention_mask=same).logits, reference)
         with pytest.raises(ValueError, match=expected):
-            model(**inputs, **{mask_key: bad_mask})
+            model(**inputs, attention_mask=bad_mask)
         if preset.startswith("encoder-decoder"):  # the decoder's own mask too
             with pytest.raises(ValueError, match=expected):
                 model(**inputs, decoder_attention_mask=bad_mask)
