@@ -12,6 +12,7 @@ neither prints the file's expected text):
     python scripts/constraints.py lowest [--write | --check]   # from pyproject.toml
     python scripts/constraints.py tested [--write | --check]   # from the running Python's environment
     python scripts/constraints.py installed [--ignore-missing] FILE   # every pin of FILE is installed here
+    python scripts/constraints.py python-floor FILE   # and runs on the lowest Python of requires-python
 
 `tested` describes the environment of the Python that runs it: run it with the virtualenv's Python
 (`.venv/bin/python scripts/constraints.py tested --write`) after the whole suite passed there. hfzoo
@@ -24,10 +25,12 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
@@ -70,10 +73,6 @@ def pyproject_requirements(pyproject: Path = PYPROJECT) -> list[Requirement]:
 
     A self-reference such as `hfzoo[train]` (an extra that includes others) is left out.
     """
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # Python 3.10: tomli, a dependency of pytest there
-        import tomli as tomllib
     project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
     own_name = canonicalize_name(project["name"])
     lists = [project.get("dependencies", []), *project.get("optional-dependencies", {}).values()]
@@ -120,6 +119,18 @@ def tested() -> str:
     return TESTED_HEADER + "".join(pins[name] + "\n" for name in sorted(pins))
 
 
+def _pins(path: Path) -> list[Requirement]:
+    """The pins of the constraint file `path` whose environment marker applies here (comments left out)."""
+    pins = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate():
+                pins.append(requirement)
+    return pins
+
+
 def installed_mismatches(path: Path, ignore_missing: bool = False) -> list[str]:
     """Each pin of the constraint file `path` whose package is installed here at another version, or is missing.
 
@@ -128,13 +139,7 @@ def installed_mismatches(path: Path, ignore_missing: bool = False) -> list[str]:
     (`6.0` is `6.0.0`); lines with an environment marker that does not apply here are skipped.
     """
     problems = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        requirement = Requirement(line)
-        if requirement.marker is not None and not requirement.marker.evaluate():
-            continue
+    for requirement in _pins(path):
         (specifier,) = requirement.specifier
         try:
             version = metadata.version(requirement.name)
@@ -144,6 +149,43 @@ def installed_mismatches(path: Path, ignore_missing: bool = False) -> list[str]:
             continue
         if Version(Version(version).public) != Version(specifier.version):
             problems.append(f"{requirement.name}: {version} installed, {path.name} pins {specifier.version}")
+    return problems
+
+
+def python_floor(pyproject: Path = PYPROJECT) -> tuple[str, Version]:
+    """The `requires-python` of `pyproject` and the lowest Python version it admits (its one `>=` bound).
+
+    Raises:
+        ConstraintError: `requires-python` is missing or has no single `>=` bound.
+    """
+    text = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"].get("requires-python", "")
+    bounds = [s.version for s in SpecifierSet(text) if s.operator == ">="]
+    if len(bounds) != 1:
+        raise ConstraintError(f"pyproject.toml: requires-python {text!r} needs exactly one >= bound")
+    return text, Version(bounds[0])
+
+
+def python_floor_conflicts(path: Path, pyproject: Path = PYPROJECT) -> list[str]:
+    """Each pin of `path` installed here whose release does not run on the lowest Python `pyproject` admits.
+
+    Run where the pins are installed (the lowest versions: `scripts/test_lowest.sh`). A dependency whose
+    lowest accepted release requires a newer Python than hfzoo's `requires-python` makes that Python's
+    `pip install hfzoo` fail to resolve, however the Python running this check. Packages not installed here
+    and releases without a `Requires-Python` are skipped.
+    """
+    text, floor = python_floor(pyproject)
+    problems = []
+    for requirement in _pins(path):
+        try:
+            dist = metadata.distribution(requirement.name)
+        except metadata.PackageNotFoundError:
+            continue
+        needs = dist.metadata.get("Requires-Python")
+        if needs and not SpecifierSet(needs).contains(floor, prereleases=True):
+            problems.append(
+                f"{requirement.name} {dist.version} requires Python {needs}; pyproject.toml's requires-python "
+                f"{text!r} admits Python {floor}"
+            )
     return problems
 
 
@@ -186,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     installed.add_argument(
         "--ignore-missing", action="store_true", help="only report pins installed at another version"
     )
+    floor = commands.add_parser(
+        "python-floor", help="check that every pin of a constraint file installed here runs on the lowest Python"
+    )
+    floor.add_argument("file", type=Path)
     args = parser.parse_args(argv)
     try:
         if args.command == "installed":
@@ -194,6 +240,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(problem)
             if not problems:
                 print(f"every pin of {args.file} is installed")
+            return 1 if problems else 0
+        if args.command == "python-floor":
+            problems = python_floor_conflicts(args.file)
+            for problem in problems:
+                print(problem)
+            if not problems:
+                print(f"every pin of {args.file} installed here runs on Python {python_floor()[1]}")
             return 1 if problems else 0
         expected = lowest() if args.command == "lowest" else tested()
     except (ConstraintError, OSError) as error:

@@ -8,6 +8,7 @@ HFZOO_VENV=.venv-lowest HFZOO_CONSTRAINTS=constraints/lowest.txt bash scripts/in
 . .venv-lowest/bin/activate
 python scripts/constraints.py lowest --check  # the file states the lower bounds of pyproject.toml
 python scripts/constraints.py installed constraints/lowest.txt  # and they are what is installed (torch too)
+python scripts/constraints.py python-floor constraints/lowest.txt  # and run on pyproject's lowest Python
 # The remote-code export test also loads the exports made here (the lowest transformers) with the newest
 # one, in .venv (scripts/test.sh), and those made there with the lowest one here.
 other_release() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }

@@ -10,11 +10,11 @@ line, leaving nothing on disk; an output under a missing folder must exist by th
 from __future__ import annotations
 
 import importlib
+import tomllib
 from pathlib import Path
 
 import datasets
 import pytest
-import tomllib
 import torch
 import transformers
 from helpers.glue_files import write_glue_dir

@@ -25,6 +25,7 @@ import pytest
 import torch
 from helpers import clean_env
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -208,3 +209,22 @@ def test_installed_mismatches_compare_public_versions(tmp_path):
     problems = constraints.installed_mismatches(path)
     assert [p.split(":")[0] for p in problems] == ["pytest", "no-such-package"], problems
     assert [p.split(":")[0] for p in constraints.installed_mismatches(path, ignore_missing=True)] == ["pytest"]
+
+
+def test_python_floor_conflicts_name_a_pin_that_needs_a_newer_python(tmp_path):
+    constraints = load_constraints_script()
+    needs = metadata.metadata("transformers")["Requires-Python"]  # e.g. ">=3.11.0"
+    (lowest_python,) = [Version(s.version) for s in SpecifierSet(needs) if s.operator == ">="]
+    pins = tmp_path / "pins.txt"
+    pins.write_text('transformers==5.23.0\nno-such-package==1.0\npytest==0.1; python_version < "3"\n', encoding="utf-8")
+    pyproject = tmp_path / "pyproject.toml"
+    older = f"{lowest_python.major}.{lowest_python.minor - 1}"
+    pyproject.write_text(f'[project]\nname = "x"\nrequires-python = ">={older}"\n', encoding="utf-8")
+    (problem,) = constraints.python_floor_conflicts(pins, pyproject)
+    assert problem.startswith(f"transformers {metadata.version('transformers')} requires Python {needs}"), problem
+    assert f"admits Python {older}" in problem
+    pyproject.write_text(f'[project]\nname = "x"\nrequires-python = ">={lowest_python}"\n', encoding="utf-8")
+    assert constraints.python_floor_conflicts(pins, pyproject) == []
+    pyproject.write_text('[project]\nname = "x"\nrequires-python = "<4"\n', encoding="utf-8")
+    with pytest.raises(constraints.ConstraintError, match="requires-python '<4' needs exactly one >= bound"):
+        constraints.python_floor_conflicts(pins, pyproject)
