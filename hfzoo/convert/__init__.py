@@ -10,7 +10,8 @@ One module per source model, each with its config mapping, its state-dict tables
   <-> the hfzoo decoder;
 - `hfzoo.convert.gguf`: a Llama-shaped decoder (hfzoo or native Llama / Qwen3) as a GGUF file for llama.cpp
   (`write_gguf`, `convert_to_gguf`; needs the `gguf` extra);
-- `hfzoo.convert.common`: the checks and the loading they share;
+- `hfzoo.convert.common`: the checks and the loading they share, and `copy_sentence_transformers_files` (a
+  sentence-transformers model's modules kept in the converted folder);
 - `hfzoo.convert.cli`: `convert_checkpoint(src, dst)` for folders, either direction, and the `hfzoo-convert` CLI.
 
 Every public name is importable from `hfzoo.convert`. Conversions only rename, split, concatenate and
@@ -29,6 +30,7 @@ from .bert import (
     hfzoo_to_bert,
 )
 from .cli import convert_checkpoint
+from .common import copy_sentence_transformers_files
 from .gguf import (
     GGUF_OUTTYPES,
     check_gguf_config,
@@ -86,6 +88,7 @@ __all__ = [
     "convert_bert_checkpoint",
     "convert_checkpoint",
     "convert_to_gguf",
+    "copy_sentence_transformers_files",
     "gguf_permute_qk",
     "gguf_unpermute_qk",
     "gpt2_config_from_hfzoo",

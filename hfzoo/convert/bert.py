@@ -32,6 +32,7 @@ from .common import (
     check_keys,
     check_multi_head,
     check_standard_head_dim,
+    copy_sentence_transformers_files,
     load_converted,
     read_source,
     resolve_tied_head,
@@ -397,7 +398,9 @@ def convert_bert_checkpoint(bert_path: str | Path, output_dir: str | Path) -> Pa
 
     Args:
         bert_path: a folder with a BERT `config.json` and `model.safetensors` (or `pytorch_model.bin`);
-            its tokenizer files, if any, are copied.
+            its tokenizer files, if any, are copied, and so is the configuration of a sentence-transformers
+            model (`modules.json`, its pooling and other modules: `copy_sentence_transformers_files`), so that
+            `SentenceTransformer(output_dir)` computes the source's embeddings.
         output_dir: the folder to write (created).
 
     Returns:
@@ -432,4 +435,5 @@ def convert_bert_checkpoint(bert_path: str | Path, output_dir: str | Path) -> Pa
     save_file({k: v.contiguous() for k, v in hfzoo_state.items()}, output_dir / "model.safetensors", {"format": "pt"})
     if (bert_path / "tokenizer_config.json").is_file() or (bert_path / "vocab.txt").is_file():
         AutoTokenizer.from_pretrained(bert_path).save_pretrained(output_dir)
+    copy_sentence_transformers_files(bert_path, output_dir)
     return output_dir

