@@ -30,6 +30,7 @@ import transformers.models.auto as transformers_auto
 from transformers.dynamic_module_utils import get_imports, get_relative_imports
 
 from . import AUTO_CLASSES, __version__
+from .convert.common import copy_sentence_transformers_files
 
 #: top-level package whose modules are flattened into the checkpoint folder.
 PACKAGE = "hfzoo"
@@ -264,7 +265,9 @@ def export_for_remote_code(
     Args:
         model: an hfzoo model (e.g. `HfzooDecoderForCausalLM`), or the path of a checkpoint folder
             saved by `save_pretrained`; a folder's tokenizer and results files (`all_results.json`,
-            `eval_results.json`, `train_history.json`) are exported with it, not its README.md (whose
+            `eval_results.json`, `train_history.json`) are exported with it, and so are the modules of a
+            sentence-transformers model (`modules.json`, pooling, ...: `SentenceTransformer(output_dir,
+            trust_remote_code=True)` then computes the same embeddings), not its README.md (whose
             loading instructions would be wrong; `hfzoo.hub.build_model_card` writes a new one). When
             `output_dir` is that same folder, only the code files and `auto_map` are added (the
             weights are left as they are).
@@ -275,7 +278,8 @@ def export_for_remote_code(
         `output_dir` as a `Path`.
 
     Raises:
-        ValueError: the model or checkpoint is not an hfzoo model of a registered family.
+        ValueError: the model or checkpoint is not an hfzoo model of a registered family, or the folder's
+            sentence-transformers `modules.json` lists a module outside it.
         ExportError (a `ValueError`): a source file cannot be flattened (name collision, an import
             that cannot be rewritten).
         OSError: the checkpoint folder cannot be read or `output_dir` cannot be written.
@@ -321,6 +325,7 @@ def export_for_remote_code(
         for name in _EXTRA_FILES:
             if (source_dir / name).is_file():
                 shutil.copyfile(source_dir / name, output_dir / name)
+        copy_sentence_transformers_files(source_dir, output_dir)
 
     for file_name, text in sources.items():
         (output_dir / file_name).write_text(text, encoding="utf-8")

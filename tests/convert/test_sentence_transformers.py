@@ -3,7 +3,8 @@
 all-MiniLM-L6-v2 (the real checkpoint: BERT, mean pooling, normalisation, 256 tokens at most) converted to an hfzoo
 encoder and back must give `SentenceTransformer` the embeddings of the original; an hfzoo encoder saved by
 sentence-transformers with its own pooling converts to BERT with that pooling; a hub id's modules are fetched
-through `huggingface_hub` (here from a local cache, offline).
+through `huggingface_hub` (here from a local cache, offline); the remote-code export of the converted model gives
+the same embeddings in a clean environment without hfzoo.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 import torch
+from helpers import clean_env
 from helpers.paths import minilm_dir
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from hfzoo import HfzooEncoderModel
 from hfzoo.convert import convert_checkpoint, copy_sentence_transformers_files, hfzoo_config_from_bert
+from hfzoo.export import export_for_remote_code
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
 SentenceTransformer = sentence_transformers.SentenceTransformer
@@ -57,6 +60,46 @@ def test_a_converted_sentence_transformers_model_computes_the_same_embeddings(tm
     assert isinstance(back[0].model, BertModel)
     assert module_types(back) == module_types(original) and back.max_seq_length == 256
     assert (again - expected).abs().max() <= 1e-5
+
+
+CLEAN_ENV_SCRIPT = """
+import json, sys
+job = json.load(open(sys.argv[1]))
+try:
+    import hfzoo  # noqa: F401
+    hfzoo_import = "importable"
+except ModuleNotFoundError:
+    hfzoo_import = "ModuleNotFoundError"
+import torch
+from sentence_transformers import SentenceTransformer
+
+torch.set_num_threads(job["threads"])
+model = SentenceTransformer(job["dir"], trust_remote_code=True, device="cpu")
+embeddings = model.encode(job["sentences"], convert_to_tensor=True, batch_size=2)
+print("RESULT " + json.dumps({
+    "hfzoo": hfzoo_import,
+    "hfzoo_modules_loaded": sorted(name for name in sys.modules if name.split(".")[0] == "hfzoo"),
+    "model_module": type(model[0].model).__module__,
+    "modules": [type(module).__name__ for module in model],
+    "embeddings": embeddings.tolist(),
+}))
+"""
+
+
+@pytest.mark.compat
+def test_the_remote_code_export_of_a_converted_model_embeds_the_same_without_hfzoo(tmp_path, clean_python):
+    source = minilm_dir()
+    expected, _ = embed(source)
+    exported = export_for_remote_code(str(convert_checkpoint(source, tmp_path / "hfzoo")), tmp_path / "remote")
+    assert (exported / "modules.json").is_file() and (exported / "1_Pooling" / "config.json").is_file()
+    workdir = tmp_path / "clean"
+    workdir.mkdir()
+    job = {"dir": str(exported), "sentences": SENTENCES, "threads": torch.get_num_threads()}
+    result = clean_env.run_clean(clean_python, CLEAN_ENV_SCRIPT, job, workdir)
+    assert result["hfzoo"] == "ModuleNotFoundError" and result["hfzoo_modules_loaded"] == []
+    assert result["model_module"].startswith("transformers_modules.")
+    assert result["modules"] == ["Transformer", "Pooling", "Normalize"]
+    assert (torch.tensor(result["embeddings"]) - expected).abs().max() <= 1e-5
 
 
 def test_an_hfzoo_encoder_saved_by_sentence_transformers_converts_with_its_pooling(tmp_path):
