@@ -34,9 +34,13 @@ from .common import (
     check_standard_head_dim,
     copy_sentence_transformers_files,
     load_converted,
+    local_checkpoint_folder,
     read_source,
     resolve_tied_head,
 )
+
+#: The tokenizer files of a BERT checkpoint (fetched with a hub id's config and weights).
+BERT_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
 __all__ = [
     "BERT_TO_HFZOO_GLOBAL",
@@ -397,8 +401,9 @@ def convert_bert_checkpoint(bert_path: str | Path, output_dir: str | Path) -> Pa
     `classifier.out_proj` is newly initialised).
 
     Args:
-        bert_path: a folder with a BERT `config.json` and `model.safetensors` (or `pytorch_model.bin`);
-            its tokenizer files, if any, are copied, and so is the configuration of a sentence-transformers
+        bert_path: a folder with a BERT `config.json` and `model.safetensors` (or `pytorch_model.bin`), or
+            the hub id of one (those files fetched: `local_checkpoint_folder`); its tokenizer files, if any,
+            are copied, and so is the configuration of a sentence-transformers
             model (`modules.json`, its pooling and other modules: `copy_sentence_transformers_files`), so that
             `SentenceTransformer(output_dir)` computes the source's embeddings.
         output_dir: the folder to write (created).
@@ -408,23 +413,27 @@ def convert_bert_checkpoint(bert_path: str | Path, output_dir: str | Path) -> Pa
 
     Raises:
         FileNotFoundError: no config or weights file in `bert_path`.
+        OSError: a hub id that cannot be fetched.
         ValueError: not a BERT checkpoint, or weights that do not match its config.
     """
     from safetensors.torch import load_file, save_file
     from transformers import AutoConfig, AutoTokenizer
 
-    bert_path, output_dir = Path(bert_path), Path(output_dir)
+    source, output_dir = bert_path, Path(output_dir)
+    bert_path = local_checkpoint_folder(source, ["config.json", "model.safetensors", *BERT_TOKENIZER_FILES])
     if not (bert_path / "config.json").is_file():
-        raise FileNotFoundError(f"{bert_path}: no config.json (expected a BERT checkpoint folder)")
+        raise FileNotFoundError(f"{source}: no config.json (expected a BERT checkpoint folder or hub id)")
     bert_config = AutoConfig.from_pretrained(bert_path)
     if not isinstance(bert_config, BertConfig):
-        raise ValueError(f"{bert_path}: model_type={bert_config.model_type!r}, expected 'bert'")
+        raise ValueError(f"{source}: model_type={bert_config.model_type!r}, expected 'bert'")
+    if not (bert_path / "model.safetensors").is_file():
+        bert_path = local_checkpoint_folder(source, ["pytorch_model.bin"])  # a hub id: only when needed
     if (bert_path / "model.safetensors").is_file():
         state = load_file(bert_path / "model.safetensors")
     elif (bert_path / "pytorch_model.bin").is_file():
         state = torch.load(bert_path / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
-        raise FileNotFoundError(f"{bert_path}: neither model.safetensors nor pytorch_model.bin")
+        raise FileNotFoundError(f"{source}: neither model.safetensors nor pytorch_model.bin")
     config = hfzoo_config_from_bert(bert_config)
     hfzoo_state = bert_state_dict_to_hfzoo(state, config.num_hidden_layers)
     if config.tie_word_embeddings:
@@ -435,5 +444,5 @@ def convert_bert_checkpoint(bert_path: str | Path, output_dir: str | Path) -> Pa
     save_file({k: v.contiguous() for k, v in hfzoo_state.items()}, output_dir / "model.safetensors", {"format": "pt"})
     if (bert_path / "tokenizer_config.json").is_file() or (bert_path / "vocab.txt").is_file():
         AutoTokenizer.from_pretrained(bert_path).save_pretrained(output_dir)
-    copy_sentence_transformers_files(bert_path, output_dir)
+    copy_sentence_transformers_files(source, output_dir)
     return output_dir

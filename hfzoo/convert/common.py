@@ -199,6 +199,28 @@ def load_converted(
     return model.eval()
 
 
+def local_checkpoint_folder(source: str | Path, allow_patterns: list[str]) -> Path:
+    """The local folder of a checkpoint: `source` itself when it is a folder, else a snapshot of the hub id `source`.
+
+    A hub id's files matching `allow_patterns` come through `huggingface_hub.snapshot_download` (the local cache when
+    offline, as `from_pretrained` reads it); the folder returned is the snapshot of the repository's current
+    revision, in which only those files (and any fetched before) are present.
+
+    Raises:
+        OSError: `source` is neither a folder nor a valid hub id, or the hub id cannot be fetched and is not in
+            the cache.
+    """
+    if Path(source).is_dir():
+        return Path(source)
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        return Path(snapshot_download(str(source), allow_patterns=allow_patterns))
+    except HFValidationError:
+        raise OSError(f"{source}: neither a local folder nor a valid hub id") from None
+
+
 #: The files of a sentence-transformers model folder at its top level, beside the transformers checkpoint:
 #: the module list, the library's own settings, and the transformer module's settings (`max_seq_length`, ...;
 #: sentence-transformers reads the first of several `sentence_*_config.json` names).
@@ -216,8 +238,8 @@ def copy_sentence_transformers_files(source: str | Path, output_dir: str | Path)
     source's. These files describe the modules, not the transformer's weights, so they are copied unchanged.
 
     Args:
-        source: the source checkpoint: a local folder, or a hub id (its sentence-transformers files are fetched
-            with `huggingface_hub.snapshot_download`, from the cache when offline).
+        source: the source checkpoint: a local folder, or a hub id (its sentence-transformers files are fetched:
+            `local_checkpoint_folder`).
         output_dir: the converted checkpoint folder (existing).
 
     Returns:
@@ -228,16 +250,7 @@ def copy_sentence_transformers_files(source: str | Path, output_dir: str | Path)
         ValueError: a `modules.json` that is not a list of modules each with a `path` inside the folder.
         OSError: a hub id that cannot be fetched.
     """
-
-    def fetched(patterns: list[str]) -> Path:
-        """The folder holding the source's files that match `patterns` (the source itself when local)."""
-        if Path(source).is_dir():
-            return Path(source)
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(str(source), allow_patterns=patterns))
-
-    modules_file = fetched(["modules.json"]) / "modules.json"
+    modules_file = local_checkpoint_folder(source, ["modules.json"]) / "modules.json"
     if not modules_file.is_file():
         return []
     modules = json.loads(modules_file.read_text(encoding="utf-8"))
@@ -249,7 +262,7 @@ def copy_sentence_transformers_files(source: str | Path, output_dir: str | Path)
     for path in paths:
         if Path(path).is_absolute() or ".." in Path(path).parts:
             raise ValueError(f"{modules_file}: module path {path!r} is outside the model folder")
-    folder = fetched([*SENTENCE_TRANSFORMERS_TOP_FILES, *(f"{path}/*" for path in paths)])
+    folder = local_checkpoint_folder(source, [*SENTENCE_TRANSFORMERS_TOP_FILES, *(f"{path}/*" for path in paths)])
     output_dir = Path(output_dir)
     copied = []
     for pattern in SENTENCE_TRANSFORMERS_TOP_FILES:

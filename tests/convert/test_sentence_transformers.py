@@ -10,6 +10,10 @@ the same embeddings in a clean environment without hfzoo.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import huggingface_hub
@@ -128,19 +132,26 @@ def test_an_hfzoo_encoder_saved_by_sentence_transformers_converts_with_its_pooli
     assert (actual - expected).abs().max() <= 1e-5
 
 
+def hub_cache_holding(cache: Path, repo_id: str, folder: Path) -> None:
+    """Lay out the files of `folder` as the cached current revision of `repo_id` (huggingface_hub's cache)."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    shutil.copytree(folder, repo / "snapshots" / commit, copy_function=os.symlink)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+
+
 def test_the_modules_of_a_hub_id_are_fetched_from_the_hub_cache(tmp_path, monkeypatch):
-    cache, commit = tmp_path / "hub", "0123456789abcdef0123456789abcdef01234567"
-    snapshot = cache / "models--someone--minilm" / "snapshots" / commit
-    (snapshot / "1_Pooling").mkdir(parents=True)
-    (cache / "models--someone--minilm" / "refs").mkdir()
-    (cache / "models--someone--minilm" / "refs" / "main").write_text(commit)
+    folder, cache = tmp_path / "files", tmp_path / "hub"
+    (folder / "1_Pooling").mkdir(parents=True)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]  # fmt: skip
-    (snapshot / "modules.json").write_text(json.dumps(modules))
-    (snapshot / "sentence_bert_config.json").write_text('{"max_seq_length": 128}')
-    (snapshot / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
-    (snapshot / "config.json").write_text("{}")  # the checkpoint's own files are not copied
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "sentence_bert_config.json").write_text('{"max_seq_length": 128}')
+    (folder / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
+    (folder / "config.json").write_text("{}")  # the checkpoint's own files are not copied
+    hub_cache_holding(cache, "someone/minilm", folder)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     out = tmp_path / "out"
@@ -151,6 +162,29 @@ def test_the_modules_of_a_hub_id_are_fetched_from_the_hub_cache(tmp_path, monkey
         "1_Pooling", "1_Pooling/config.json", "modules.json", "sentence_bert_config.json",
     ]  # fmt: skip
     assert json.loads((out / "modules.json").read_text()) == modules
+
+
+@pytest.mark.slow
+def test_hfzoo_convert_takes_the_hub_id_of_a_sentence_transformers_model(tmp_path):
+    source, repo_id = minilm_dir(), "sentence-transformers/all-MiniLM-L6-v2"
+    hub_cache_holding(tmp_path / "hub", repo_id, source)
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    command = [
+        sys.executable,
+        "-m",
+        "hfzoo.convert",
+        "--model_name_or_path",
+        repo_id,
+        "--output_dir",
+        str(tmp_path / "out"),
+    ]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected, _ = embed(source)
+    actual, converted = embed(tmp_path / "out")
+    assert isinstance(converted[0].model, HfzooEncoderModel) and converted.max_seq_length == 256
+    assert module_types(converted) == ["Transformer", "Pooling", "Normalize"]
+    assert (actual - expected).abs().max() <= 1e-5
 
 
 def test_a_folder_without_modules_copies_nothing_and_a_bad_module_list_is_refused(tmp_path):
@@ -164,3 +198,5 @@ def test_a_folder_without_modules_copies_nothing_and_a_bad_module_list_is_refuse
     (source / "modules.json").write_text(json.dumps({"path": ""}))
     with pytest.raises(ValueError, match=r"modules.json: expected a list of modules, each with a 'path'"):
         copy_sentence_transformers_files(source, out)
+    with pytest.raises(OSError, match=r"missing: neither a local folder nor a valid hub id"):
+        copy_sentence_transformers_files(tmp_path / "missing", out)
