@@ -183,7 +183,9 @@ def build_model_card(
 
     Metadata: `library_name: transformers`, `tags` (`hfzoo`, the model type, the objective when
     known), the family's `pipeline_tag` (text-generation, fill-mask or text2text-generation), the hub
-    dataset when one was used, and `metrics: [perplexity]` when a perplexity is reported. Body: family
+    dataset when one was used, and `metrics: [perplexity]` when a perplexity is reported. A folder holding a
+    sentence-transformers model (`modules.json`) gets `library_name: sentence-transformers`, `pipeline_tag:
+    sentence-similarity`, the tag `sentence-transformers` and its loading example first. Body: family
     and model class, the architecture fields and parameter count, the training data, steps and tokens
     seen, the precision it trained in and why, and the device (`mixed_precision`, `mixed_precision_reason`,
     `host_capability` of the results), the final metrics, the recipe arguments, and how to load the model.
@@ -236,9 +238,12 @@ def build_model_card(
     tags = ["hfzoo", config.model_type]
     if objective:
         tags.append(OBJECTIVE_TAGS.get(objective, objective))
+    sentence_model = folder is not None and (folder / "modules.json").is_file()
+    if sentence_model:  # a sentence-transformers model: the hub's widget and snippet are that library's
+        tags.append("sentence-transformers")
     metadata = ModelCardData(
-        library_name="transformers",
-        pipeline_tag=pipeline_tag,
+        library_name="sentence-transformers" if sentence_model else "transformers",
+        pipeline_tag="sentence-similarity" if sentence_model else pipeline_tag,
         tags=tags,
         datasets=[args["dataset_name"]] if args.get("dataset_name") else None,
         metrics=["perplexity"] if results.get("perplexity") is not None else None,
@@ -289,6 +294,25 @@ def build_model_card(
             ]
 
     lines += ["", "## How to use", ""]
+    if sentence_model:
+        lines += [
+            "A sentence-transformers model (`modules.json`: the hfzoo model, then its pooling and other modules):",
+            "",
+            "```python",
+            *(
+                []
+                if remote_code
+                else ["import hfzoo  # registers the hfzoo model types with transformers' Auto classes"]
+            ),
+            "from sentence_transformers import SentenceTransformer",
+            "",
+            f'model = SentenceTransformer("{name}"' + (", trust_remote_code=True)" if remote_code else ")"),
+            'embeddings = model.encode(["A first sentence.", "Another one."])',
+            "```",
+            "",
+            "As a transformers model:",
+            "",
+        ]
     if remote_code:
         lines += [
             "The folder contains hfzoo's modeling code, so it loads without hfzoo installed:",

@@ -193,6 +193,23 @@ def test_model_card_of_an_exported_folder_says_trust_remote_code(tmp_path):
     assert "import hfzoo" not in text.split("## How to use")[1].split("```")[1]
 
 
+def test_model_card_of_a_sentence_transformers_folder_is_that_librarys(tmp_path):
+    torch.manual_seed(0)
+    hfzoo.HfzooEncoderModel(hfzoo.HfzooEncoderConfig(**TINY)).save_pretrained(tmp_path / "model")
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]  # fmt: skip
+    (tmp_path / "model" / "modules.json").write_text(json.dumps(modules))
+    card = hub.build_model_card(tmp_path / "model", model_name="me/embedder")
+    assert card.data.library_name == "sentence-transformers" and card.data.pipeline_tag == "sentence-similarity"
+    assert card.data.tags == ["hfzoo", "hfzoo_encoder", "sentence-transformers"]
+    usage = card.text.split("## How to use")[1].split("```")[1]
+    assert "import hfzoo" in usage and 'SentenceTransformer("me/embedder")' in usage
+    export_for_remote_code(str(tmp_path / "model"), tmp_path / "remote")  # the modules go with the export
+    usage = hub.build_model_card(tmp_path / "remote", model_name="me/embedder").text.split("## How to use")[1]
+    assert 'SentenceTransformer("me/embedder", trust_remote_code=True)' in usage.split("```")[1]
+    assert "import hfzoo" not in usage.split("```")[1]
+
+
 @pytest.mark.parametrize(
     "config_class, pipeline_tag, model_class",
     [
