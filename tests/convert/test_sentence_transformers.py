@@ -2,7 +2,8 @@
 
 all-MiniLM-L6-v2 (the real checkpoint: BERT, mean pooling, normalisation, 256 tokens at most) converted to an hfzoo
 encoder and back must give `SentenceTransformer` the embeddings of the original; an hfzoo encoder saved by
-sentence-transformers with its own pooling converts to BERT with that pooling; a hub id's modules are fetched
+sentence-transformers with its own pooling converts to BERT with that pooling, and a Qwen3 one with last-token pooling
+(Qwen3-Embedding's shape) to an hfzoo decoder; a hub id's modules are fetched
 through `huggingface_hub` (here from a local cache, offline); the remote-code export of the converted model gives
 the same embeddings in a clean environment without hfzoo.
 """
@@ -21,14 +22,14 @@ import pytest
 import torch
 from helpers import clean_env
 from helpers.paths import minilm_dir
-from transformers import AutoTokenizer, BertConfig, BertModel
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+from transformers import AutoTokenizer, BertConfig, BertModel, Qwen3Config, Qwen3ForCausalLM
 
 from hfzoo import HfzooEncoderModel
 from hfzoo.convert import convert_checkpoint, copy_sentence_transformers_files, hfzoo_config_from_bert
 from hfzoo.export import export_for_remote_code
-
-sentence_transformers = pytest.importorskip("sentence_transformers")
-SentenceTransformer = sentence_transformers.SentenceTransformer
+from hfzoo.tokenization import train_bpe_tokenizer
 
 SENTENCES = [
     "A man is eating food.",
@@ -64,6 +65,29 @@ def test_a_converted_sentence_transformers_model_computes_the_same_embeddings(tm
     assert isinstance(back[0].model, BertModel)
     assert module_types(back) == module_types(original) and back.max_seq_length == 256
     assert (again - expected).abs().max() <= 1e-5
+
+
+def test_a_decoder_sentence_transformers_model_converts_from_qwen3_with_its_last_token_pooling(tmp_path):
+    """A Qwen3-Embedding-shaped model (a Qwen3 decoder, last-token pooling, normalisation) converted to hfzoo."""
+    text = "The quick brown fox jumps over the lazy dog. " * 20 + "It was a dark and stormy night; the rain fell. " * 20
+    tokenizer = train_bpe_tokenizer([text], vocab_size=300, min_frequency=1, model_family="decoder")
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=128, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    Qwen3ForCausalLM(config).save_pretrained(tmp_path / "qwen3")
+    tokenizer.save_pretrained(tmp_path / "qwen3")
+    transformer = Transformer(str(tmp_path / "qwen3"), max_seq_length=64)
+    model = SentenceTransformer(modules=[transformer, Pooling(32, pooling_mode="lasttoken"), Normalize()], device="cpu")
+    sentences = ["The quick brown fox.", "It was a dark and stormy night; the rain fell on the lazy dog.", "rain"]
+    expected = model.encode(sentences, convert_to_tensor=True)
+    model.save(str(tmp_path / "saved"))
+    converted = SentenceTransformer(str(convert_checkpoint(tmp_path / "saved", tmp_path / "hfzoo")), device="cpu")
+    assert type(converted[0].model).__name__ == "HfzooDecoderModel"
+    assert converted[1].get_config_dict()["pooling_mode"] == "lasttoken" and converted.max_seq_length == 64
+    assert (converted.encode(sentences, convert_to_tensor=True) - expected).abs().max() <= 1e-5
 
 
 CLEAN_ENV_SCRIPT = """
@@ -107,8 +131,6 @@ def test_the_remote_code_export_of_a_converted_model_embeds_the_same_without_hfz
 
 
 def test_an_hfzoo_encoder_saved_by_sentence_transformers_converts_with_its_pooling(tmp_path):
-    from sentence_transformers.models import Normalize, Pooling, Transformer
-
     tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
     torch.manual_seed(0)
     bert_config = BertConfig(
