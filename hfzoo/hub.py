@@ -295,15 +295,12 @@ def build_model_card(
 
     lines += ["", "## How to use", ""]
     if sentence_model:
+        registration = [] if remote_code else ["import hfzoo  # registers the hfzoo model types with the Auto classes"]
         lines += [
             "A sentence-transformers model (`modules.json`: the hfzoo model, then its pooling and other modules):",
             "",
             "```python",
-            *(
-                []
-                if remote_code
-                else ["import hfzoo  # registers the hfzoo model types with transformers' Auto classes"]
-            ),
+            *registration,
             "from sentence_transformers import SentenceTransformer",
             "",
             f'model = SentenceTransformer("{name}"' + (", trust_remote_code=True)" if remote_code else ")"),

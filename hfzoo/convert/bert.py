@@ -403,8 +403,8 @@ def convert_bert_checkpoint(bert_path: str | Path, output_dir: str | Path) -> Pa
     Args:
         bert_path: a folder with a BERT `config.json` and `model.safetensors` (or `pytorch_model.bin`), or
             the hub id of one (those files fetched: `local_checkpoint_folder`); its tokenizer files, if any,
-            are copied, and so is the configuration of a sentence-transformers
-            model (`modules.json`, its pooling and other modules: `copy_sentence_transformers_files`), so that
+            are copied, and so is the configuration of a sentence-transformers model (`modules.json`, its
+            pooling and other modules: `copy_sentence_transformers_files`), so that
             `SentenceTransformer(output_dir)` computes the source's embeddings.
         output_dir: the folder to write (created).
 
