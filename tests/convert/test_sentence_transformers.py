@@ -3,7 +3,7 @@
 all-MiniLM-L6-v2 (the real checkpoint: BERT, mean pooling, normalisation, 256 tokens at most) converted to an hfzoo
 encoder and back must give `SentenceTransformer` the embeddings of the original; an hfzoo encoder saved by
 sentence-transformers with its own pooling converts to BERT with that pooling, and a Qwen3 one with last-token pooling
-(Qwen3-Embedding's shape) to an hfzoo decoder; a hub id's modules are fetched
+(Qwen3-Embedding's shape) to an hfzoo decoder; a converted model trains with `SentenceTransformerTrainer`; a hub id's modules are fetched
 through `huggingface_hub` (here from a local cache, offline); the remote-code export of the converted model gives
 the same embeddings in a clean environment without hfzoo.
 """
@@ -65,6 +65,34 @@ def test_a_converted_sentence_transformers_model_computes_the_same_embeddings(tm
     assert isinstance(back[0].model, BertModel)
     assert module_types(back) == module_types(original) and back.max_seq_length == 256
     assert (again - expected).abs().max() <= 1e-5
+
+
+def test_a_converted_model_finetunes_with_the_sentence_transformers_trainer_and_reloads(tmp_path):
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    model = SentenceTransformer(str(convert_checkpoint(minilm_dir(), tmp_path / "hfzoo")), device="cpu")
+    pairs = {
+        "anchor": ["A man eats.", "A dog runs.", "It rains.", "The sun shines."] * 4,
+        "positive": ["Someone has a meal.", "An animal is running.", "Water falls.", "It is sunny."] * 4,
+    }
+    before = model.encode(SENTENCES, convert_to_tensor=True)
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "run"), max_steps=4, per_device_train_batch_size=4, learning_rate=1e-4,
+        report_to=[], use_cpu=True, save_strategy="no", logging_steps=1, seed=0,
+    )  # fmt: skip
+    loss = MultipleNegativesRankingLoss(model)
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=Dataset.from_dict(pairs), loss=loss)
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+    after = model.encode(SENTENCES, convert_to_tensor=True)
+    assert (after - before).abs().max() > 1e-3  # the hfzoo encoder's weights were trained
+    model.save(str(tmp_path / "saved"))
+    reloaded = SentenceTransformer(str(tmp_path / "saved"), device="cpu")
+    assert isinstance(reloaded[0].model, HfzooEncoderModel)
+    assert (reloaded.encode(SENTENCES, convert_to_tensor=True) - after).abs().max() <= 1e-6
 
 
 def test_a_decoder_sentence_transformers_model_converts_from_qwen3_with_its_last_token_pooling(tmp_path):
