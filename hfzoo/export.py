@@ -30,7 +30,7 @@ import transformers.models.auto as transformers_auto
 from transformers.dynamic_module_utils import get_imports, get_relative_imports
 
 from . import AUTO_CLASSES, __version__
-from .convert.common import copy_sentence_transformers_files
+from .hub import copy_sentence_transformers_files
 
 #: top-level package whose modules are flattened into the checkpoint folder.
 PACKAGE = "hfzoo"

@@ -4,6 +4,8 @@
 metrics, how to load it) as a `huggingface_hub.ModelCard` with YAML metadata; `push_to_hub` writes
 it as `README.md` when the folder has none and uploads the folder without its resumable checkpoints,
 tracker logs and temporary files (`files_to_upload` lists exactly what would be sent).
+`local_checkpoint_folder` gives a folder or a hub id's snapshot, and `copy_sentence_transformers_files` carries a
+sentence-transformers model's modules into a folder written from it (a conversion, a remote-code export).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -421,3 +424,80 @@ __all__ = [
     "files_to_upload",
     "push_to_hub",
 ]
+
+
+def local_checkpoint_folder(source: str | Path, allow_patterns: list[str]) -> Path:
+    """The local folder of a checkpoint: `source` itself when it is a folder, else a snapshot of the hub id `source`.
+
+    A hub id's files matching `allow_patterns` come through `huggingface_hub.snapshot_download` (the local cache when
+    offline, as `from_pretrained` reads it); the folder returned is the snapshot of the repository's current
+    revision, in which only those files (and any fetched before) are present.
+
+    Raises:
+        OSError: `source` is neither a folder nor a valid hub id, or the hub id cannot be fetched and is not in
+            the cache.
+    """
+    if Path(source).is_dir():
+        return Path(source)
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        return Path(snapshot_download(str(source), allow_patterns=allow_patterns))
+    except HFValidationError:
+        raise OSError(f"{source}: neither a local folder nor a valid hub id") from None
+
+
+#: The files of a sentence-transformers model folder at its top level, beside the transformers checkpoint:
+#: the module list, the library's own settings, and the transformer module's settings (`max_seq_length`, ...;
+#: sentence-transformers reads the first of several `sentence_*_config.json` names).
+SENTENCE_TRANSFORMERS_TOP_FILES = ("modules.json", "config_sentence_transformers.json", "sentence_*_config.json")
+
+
+def copy_sentence_transformers_files(source: str | Path, output_dir: str | Path) -> list[str]:
+    """Copy the sentence-transformers configuration of a checkpoint into a folder written from it.
+
+    A sentence-transformers model is a transformers checkpoint plus `modules.json`, which lists its modules
+    in order (the transformer, at path `""`, then e.g. `1_Pooling`, `2_Dense`, `2_Normalize`, each a folder of
+    its own), `config_sentence_transformers.json` and the transformer module's `sentence_bert_config.json`
+    (`max_seq_length`). Converted without them, `SentenceTransformer(output_dir)` would build its default
+    (mean pooling, the model's full length, no normalisation or dense layer): other embeddings than the
+    source's. These files describe the modules, not the transformer's weights, so they are copied unchanged.
+
+    Args:
+        source: the source checkpoint: a local folder, or a hub id (its sentence-transformers files are fetched:
+            `local_checkpoint_folder`).
+        output_dir: the converted or exported checkpoint folder (existing).
+
+    Returns:
+        The paths copied, relative to `output_dir` (module folders as one entry each); empty when the source
+        has no `modules.json` (not a sentence-transformers model).
+
+    Raises:
+        ValueError: a `modules.json` that is not a list of modules each with a `path` inside the folder.
+        OSError: a hub id that cannot be fetched.
+    """
+    modules_file = local_checkpoint_folder(source, ["modules.json"]) / "modules.json"
+    if not modules_file.is_file():
+        return []
+    modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    if not isinstance(modules, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("path"), str) for m in modules
+    ):
+        raise ValueError(f"{modules_file}: expected a list of modules, each with a 'path' (sentence-transformers)")
+    paths = [m["path"].rstrip("/") for m in modules if m["path"].rstrip("/")]
+    for path in paths:
+        if Path(path).is_absolute() or ".." in Path(path).parts:
+            raise ValueError(f"{modules_file}: module path {path!r} is outside the model folder")
+    folder = local_checkpoint_folder(source, [*SENTENCE_TRANSFORMERS_TOP_FILES, *(f"{path}/*" for path in paths)])
+    output_dir = Path(output_dir)
+    copied = []
+    for pattern in SENTENCE_TRANSFORMERS_TOP_FILES:
+        for file in sorted(folder.glob(pattern)):
+            shutil.copyfile(file, output_dir / file.name)
+            copied.append(file.name)
+    for path in paths:
+        if (folder / path).is_dir():  # a module without settings (Normalize) may have no folder
+            shutil.copytree(folder / path, output_dir / path, dirs_exist_ok=True)
+            copied.append(path)
+    return copied

@@ -10,9 +10,7 @@ One module per source model, each with its config mapping, its state-dict tables
   <-> the hfzoo decoder;
 - `hfzoo.convert.gguf`: a Llama-shaped decoder (hfzoo or native Llama / Qwen3) as a GGUF file for llama.cpp
   (`write_gguf`, `convert_to_gguf`; needs the `gguf` extra);
-- `hfzoo.convert.common`: the checks and the loading they share, `local_checkpoint_folder` (a folder or a hub id's
-  snapshot) and `copy_sentence_transformers_files` (a sentence-transformers model's modules kept in the converted
-  folder);
+- `hfzoo.convert.common`: the checks and the loading they share;
 - `hfzoo.convert.cli`: `convert_checkpoint(src, dst)` for folders, either direction, and the `hfzoo-convert` CLI.
 
 Every public name is importable from `hfzoo.convert`. Conversions only rename, split, concatenate and
@@ -31,7 +29,6 @@ from .bert import (
     hfzoo_to_bert,
 )
 from .cli import convert_checkpoint
-from .common import copy_sentence_transformers_files, local_checkpoint_folder
 from .gguf import (
     GGUF_OUTTYPES,
     check_gguf_config,
@@ -89,7 +86,6 @@ __all__ = [
     "convert_bert_checkpoint",
     "convert_checkpoint",
     "convert_to_gguf",
-    "copy_sentence_transformers_files",
     "gguf_permute_qk",
     "gguf_unpermute_qk",
     "gpt2_config_from_hfzoo",
@@ -103,7 +99,6 @@ __all__ = [
     "hfzoo_to_llama",
     "hfzoo_to_t5",
     "llama_config_from_hfzoo",
-    "local_checkpoint_folder",
     "llama_to_hfzoo",
     "t5_config_from_hfzoo",
     "t5_to_hfzoo",

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
 
+from ..hub import copy_sentence_transformers_files, local_checkpoint_folder
 from ..models.encoder import (
     HfzooEncoderConfig,
     HfzooEncoderForMaskedLM,
@@ -32,9 +33,7 @@ from .common import (
     check_keys,
     check_multi_head,
     check_standard_head_dim,
-    copy_sentence_transformers_files,
     load_converted,
-    local_checkpoint_folder,
     read_source,
     resolve_tied_head,
 )
@@ -402,9 +401,9 @@ def convert_bert_checkpoint(bert_path: str | Path, output_dir: str | Path) -> Pa
 
     Args:
         bert_path: a folder with a BERT `config.json` and `model.safetensors` (or `pytorch_model.bin`), or
-            the hub id of one (those files fetched: `local_checkpoint_folder`); its tokenizer files, if any,
+            the hub id of one (those files fetched: `hfzoo.hub.local_checkpoint_folder`); its tokenizer files, if any,
             are copied, and so is the configuration of a sentence-transformers model (`modules.json`, its
-            pooling and other modules: `copy_sentence_transformers_files`), so that
+            pooling and other modules: `hfzoo.hub.copy_sentence_transformers_files`), so that
             `SentenceTransformer(output_dir)` computes the source's embeddings.
         output_dir: the folder to write (created).
 

@@ -29,12 +29,12 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel, T5ForConditionalGeneration
 
+from ..hub import copy_sentence_transformers_files
 from ..models.decoder import HfzooDecoderForCausalLM
 from ..models.encoder import HfzooEncoderForMaskedLM, HfzooEncoderForSequenceClassification, HfzooEncoderModel
 from ..models.encoder_decoder import HfzooEncoderDecoderForConditionalGeneration
 from ..outputs import check_output_folder, removed_if_refused
 from .bert import convert_bert_checkpoint, hfzoo_to_bert
-from .common import copy_sentence_transformers_files
 from .gguf import GGUF_OUTTYPES, convert_to_gguf
 from .gpt2 import gpt2_to_hfzoo, hfzoo_to_gpt2
 from .llama import hfzoo_to_llama, llama_config_from_hfzoo, llama_to_hfzoo
@@ -93,7 +93,7 @@ def convert_checkpoint(model_name_or_path: str | Path, output_dir: str | Path) -
     generation config. An hfzoo encoder converts to the BERT class of its `architectures`
     (`HfzooEncoderForMaskedLM` -> `BertForMaskedLM`, `...ForSequenceClassification` ->
     `BertForSequenceClassification`, else `BertModel`). A sentence-transformers model keeps its module
-    configuration (`copy_sentence_transformers_files`).
+    configuration (`hfzoo.hub.copy_sentence_transformers_files`).
 
     Args:
         model_name_or_path: the source checkpoint folder (or hub id).

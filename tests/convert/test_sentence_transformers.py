@@ -27,8 +27,9 @@ from sentence_transformers.sentence_transformer.modules import Normalize, Poolin
 from transformers import AutoTokenizer, BertConfig, BertModel, Qwen3Config, Qwen3ForCausalLM
 
 from hfzoo import HfzooEncoderModel
-from hfzoo.convert import convert_checkpoint, copy_sentence_transformers_files, hfzoo_config_from_bert
+from hfzoo.convert import convert_checkpoint, hfzoo_config_from_bert
 from hfzoo.export import export_for_remote_code
+from hfzoo.hub import copy_sentence_transformers_files
 from hfzoo.tokenization import train_bpe_tokenizer
 
 SENTENCES = [
