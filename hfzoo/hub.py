@@ -4,6 +4,7 @@
 metrics, how to load it) as a `huggingface_hub.ModelCard` with YAML metadata; `push_to_hub` writes
 it as `README.md` when the folder has none and uploads the folder without its resumable checkpoints,
 tracker logs and temporary files (`files_to_upload` lists exactly what would be sent).
+`load_checkpoint_config` loads a checkpoint's config with a one-line error naming the argument that gave it;
 `local_checkpoint_folder` gives a folder or a hub id's snapshot, and `copy_sentence_transformers_files` carries a
 sentence-transformers model's modules into a folder written from it (a conversion, a remote-code export).
 """
@@ -422,8 +423,31 @@ __all__ = [
     "build_model_card",
     "count_parameters",
     "files_to_upload",
+    "load_checkpoint_config",
     "push_to_hub",
 ]
+
+
+def load_checkpoint_config(name: str | Path, argument: str = "--model_name_or_path", **kwargs: Any):
+    """`transformers.AutoConfig.from_pretrained(name, **kwargs)`, refused in one line naming the argument.
+
+    Args:
+        name: a checkpoint folder or a hub id.
+        argument: the command-line argument that gave `name`, for the message.
+        **kwargs: passed to `AutoConfig.from_pretrained` (`trust_remote_code`, ...).
+
+    Returns:
+        The checkpoint's `PreTrainedConfig`.
+
+    Raises:
+        ValueError: `name` has no loadable config: no such folder or hub id, a folder without `config.json`, a hub
+            id neither reachable nor cached, an unknown `model_type`; the message is
+            `"{argument} {name}: <the first line of transformers' error>"`.
+    """
+    try:
+        return transformers.AutoConfig.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{argument} {name}: {str(err).splitlines()[0]}") from err
 
 
 def local_checkpoint_folder(source: str | Path, allow_patterns: list[str]) -> Path:

@@ -131,6 +131,20 @@ def test_output_dir_that_is_a_file_or_under_a_file_is_refused_first(tmp_path, sm
     assert (out / "checkpoints").is_dir() and not list(out.rglob(".write_check_*"))
 
 
+def test_a_checkpoint_that_cannot_be_loaded_is_refused_naming_its_argument(tmp_path, small_jsonl_xz, tokenizer_dir,
+                                                                          no_data_work, capsys):  # fmt: skip
+    folder = tmp_path / "not-a-model"  # a folder, but no checkpoint in it
+    folder.mkdir()
+    common = ["--train_file", str(small_jsonl_xz), "--block_size", "32", "--output_dir", str(tmp_path / "out")]
+    message = run_main_expecting_error(["--model_name_or_path", str(folder), "--tokenizer_name", str(tokenizer_dir),
+                                        *common], capsys)  # fmt: skip
+    assert message.startswith(f"error: --model_name_or_path {folder}: Unrecognized model in {folder}.")
+    # Without --tokenizer_name the checkpoint's own tokenizer is loaded first: the error names the argument given.
+    message = run_main_expecting_error(["--model_name_or_path", str(folder), *common], capsys)
+    assert message.startswith(f"error: --model_name_or_path {folder}: cannot load a tokenizer (")
+    assert not (tmp_path / "out").exists()
+
+
 def test_one_line_error_and_no_traceback_from_the_command_line(tmp_path, small_jsonl_xz, tokenizer_dir):
     a_file = tmp_path / "out"
     a_file.write_text("")

@@ -21,6 +21,9 @@ import datasets
 
 from ..choices import choice_hint
 
+#: the hub dataset read when no local files are given.
+GLUE_HUB_DATASET = "nyu-mll/glue"
+
 __all__ = ["GLUE_TASKS", "GlueTask", "get_glue_task", "glue_files", "load_glue", "read_glue_tsv"]
 
 
@@ -280,12 +283,20 @@ def load_glue(
 
     Raises:
         ValueError: an unknown task; files that `read_glue_tsv` refuses; see `glue_files`.
-        FileNotFoundError: a missing file (see `glue_files`).
+        FileNotFoundError: a missing file (see `glue_files`); no local files given and `nyu-mll/glue` neither
+            reachable on the hub nor in the datasets cache.
     """
     task = get_glue_task(task) if isinstance(task, str) else task
     files = glue_files(task, data_dir, train_file, validation_file)
     if files is None:
-        loaded = datasets.load_dataset("nyu-mll/glue", task.name)
+        try:
+            loaded = datasets.load_dataset(GLUE_HUB_DATASET, task.name)
+        except ConnectionError as err:  # offline, or the hub unreachable, with nothing in the datasets cache
+            raise FileNotFoundError(
+                f"GLUE {task.name}: {GLUE_HUB_DATASET} is neither reachable on the hub nor in the datasets cache "
+                f"({err}); give --data_dir, a folder in the GLUE layout (<dir>/{task.folder}/train.tsv, ...), or "
+                "--train_file and --validation_file"
+            ) from err
         return datasets.DatasetDict({k: v for k, v in loaded.items() if not k.startswith("test")})
     return datasets.DatasetDict({split: _read_any(path, task) for split, path in files.items()})
 

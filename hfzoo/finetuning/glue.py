@@ -44,6 +44,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, load_glue
 from ..data.loading import check_distinct_files
 from ..data.sampling import EpochLengthGroupedSampler
+from ..hub import load_checkpoint_config
 from ..integrity import check_weight_files
 from ..outputs import check_output_folder, removed_if_refused
 from ..training.accelerator import choose_mixed_precision, create_accelerator
@@ -467,8 +468,9 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
         A `GlueRun` whose model, optimizer, scheduler and dataloaders are `accelerator.prepare`d.
 
     Raises:
-        ValueError, FileNotFoundError: bad input (unknown task, missing files, bad rows, a `--max_length`
-            or a prefix that does not fit the position table), before any training.
+        ValueError, FileNotFoundError: bad input (unknown task, missing files, the hub's GLUE unreachable and not
+            cached, a model without a loadable config, bad rows, a `--max_length` or a prefix that does not fit the
+            position table), before any training.
     """
     task = get_glue_task(args.task_name)
     check_scheduler_arguments(args)
@@ -476,7 +478,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
     check_model_path(args.model_name_or_path)
     if os.path.isdir(args.model_name_or_path):
         check_weight_files(args.model_name_or_path)  # names a truncated or corrupt weight file, before any work
-    config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    config = load_checkpoint_config(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     args.max_length = resolve_max_length(config, args.max_length)
     if args.peft == "prefix":
         check_prefix_fits(config, args.num_virtual_tokens, args.max_length)
@@ -582,8 +584,9 @@ def run_glue(args: argparse.Namespace) -> dict[str, Any]:
         The results dict written to `all_results.json` (see `glue_results`).
 
     Raises:
-        ValueError, FileNotFoundError: bad input (unknown task, missing files, bad rows, a `--max_length`
-            or a prefix that does not fit the position table), before any training.
+        ValueError, FileNotFoundError: bad input (unknown task, missing files, the hub's GLUE unreachable and not
+            cached, a model without a loadable config, bad rows, a `--max_length` or a prefix that does not fit the
+            position table), before any training.
     """
     run = prepare_glue(args)
     start = time.perf_counter()

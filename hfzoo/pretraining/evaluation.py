@@ -18,7 +18,8 @@ on the loaded model, with the block size as the harness's window length.
 The sample checks the model's incremental decoding: the greedy continuation is generated with the KV cache
 and again without it (every step recomputing the whole sequence), and a difference is an error (exit
 status 1, both continuations named). A prompt plus `--max_new_tokens` longer than a model with a hard
-position limit allows (`generation_position_limit`) is refused before any evaluation. The metrics are
+position limit allows (`generation_position_limit`) is refused before any evaluation, as are token ids of the
+prompt or of any file beyond the model's vocabulary (`check_token_ids_fit`). The metrics are
 written to `--output_file` before the sample is generated, and again with the sample.
 """
 
@@ -147,6 +148,27 @@ def generation_position_limit(config) -> tuple[int, str] | None:
     if any(layout.is_causal and layout.token_mixer == "synthesizer" for layout in config.stack_layouts()):
         return limit, "token_mixer='synthesizer'"
     return None
+
+
+def check_token_ids_fit(input_ids: np.ndarray | list[int], vocab_size: int, tokenizer_size: int, where: str) -> None:
+    """Refuse token ids that the model has no embedding row for (a tokenizer larger than its vocabulary).
+
+    Args:
+        input_ids: int token ids of any shape (a packed file's blocks, a tokenized prompt).
+        vocab_size: the model's `config.vocab_size`.
+        tokenizer_size: `len(tokenizer)`, for the message.
+        where: what the ids come from (`--validation_file PATH`, `--prompt`), for the message.
+
+    Raises:
+        ValueError: an id `>= vocab_size`; the one-line message names `where`, the id and both sizes.
+    """
+    ids = np.asarray(input_ids)
+    largest = int(ids.max()) if ids.size else -1
+    if largest >= vocab_size:
+        raise ValueError(
+            f"{where}: token id {largest} is outside [0, vocab_size={vocab_size}): the checkpoint's tokenizer has "
+            f"{tokenizer_size} tokens, more than its model's vocabulary"
+        )
 
 
 def check_generation_fits(config, prompt_tokens: int, max_new_tokens: int) -> None:
@@ -438,7 +460,9 @@ def _evaluate(args: argparse.Namespace) -> dict:
         raise SystemExit(f"error: --model_name_or_path {args.model_name_or_path}: {str(err).splitlines()[0]}") from None
     if args.prompt:
         try:
-            check_generation_fits(model.config, len(tokenizer(args.prompt)["input_ids"]), args.max_new_tokens)
+            prompt_ids = tokenizer(args.prompt)["input_ids"]
+            check_token_ids_fit(prompt_ids, model.config.vocab_size, len(tokenizer), "--prompt")
+            check_generation_fits(model.config, len(prompt_ids), args.max_new_tokens)
         except ValueError as err:
             raise SystemExit(f"error: {err}") from None
     try:
@@ -451,15 +475,24 @@ def _evaluate(args: argparse.Namespace) -> dict:
         f"loaded {type(model).__name__} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters) "
         f"from {args.model_name_or_path}"
     )
-    results = {}
+    evaluated = {}  # every file tokenized and its ids checked before the first is evaluated
     for file in args.validation_file:
         try:
             raw = datasets.DatasetDict(validation=texts[file])
             packed = tokenize_and_pack(raw, tokenizer, args.text_column_name, block_size)["validation"]
+            if args.max_eval_samples:
+                packed = packed.select(range(min(args.max_eval_samples, len(packed))))
+            check_token_ids_fit(
+                packed.with_format("numpy")["input_ids"],
+                model.config.vocab_size,
+                len(tokenizer),
+                f"--validation_file {file}",
+            )
         except (ValueError, FileNotFoundError) as err:
             raise SystemExit(f"error: {err}") from None
-        if args.max_eval_samples:
-            packed = packed.select(range(min(args.max_eval_samples, len(packed))))
+        evaluated[file] = raw, packed
+    results = {}
+    for file, (raw, packed) in evaluated.items():
         loader = DataLoader(
             packed.with_format("torch", device=device),
             batch_size=args.per_device_eval_batch_size,

@@ -35,7 +35,7 @@ from transformers import AutoTokenizer
 
 from ..data.loading import check_input_files, load_raw_datasets
 from ..data.packing import token_counts, tokenize_and_pack
-from ..hub import build_model_card, push_to_hub
+from ..hub import build_model_card, load_checkpoint_config, push_to_hub
 from ..integrity import check_weight_files
 from ..models.presets import PRESETS, build_config, parse_overrides
 from ..modules.embeddings import caller_checked_ids, check_batch_ids
@@ -111,7 +111,8 @@ def build_model_config(args: argparse.Namespace, tokenizer) -> transformers.PreT
     token ids always come from the tokenizer.
 
     Raises:
-        ValueError: unknown preset/override, invalid config, a tokenizer larger than `vocab_size`,
+        ValueError: unknown preset/override, invalid config, a `--model_name_or_path` without a loadable config,
+            a tokenizer larger than `vocab_size`,
             or a model family without the objective's head (clm: causal LM, mlm: masked LM, span: seq2seq LM).
     """
     token_ids = {
@@ -120,7 +121,7 @@ def build_model_config(args: argparse.Namespace, tokenizer) -> transformers.PreT
         "pad_token_id": tokenizer.pad_token_id,
     }
     if args.model_name_or_path is not None:
-        config = transformers.AutoConfig.from_pretrained(args.model_name_or_path)
+        config = load_checkpoint_config(args.model_name_or_path)
         if args.config_overrides:
             raise ValueError("--config_overrides cannot change the architecture of --model_name_or_path")
     else:
@@ -232,7 +233,10 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     set_seed(args.seed)
     resume_path = _resolve_resume(args, accelerator)
 
-    tokenizer = _load_tokenizer(args.tokenizer_name or args.model_name_or_path, "--tokenizer_name")
+    if args.tokenizer_name:
+        tokenizer = _load_tokenizer(args.tokenizer_name, "--tokenizer_name")
+    else:  # the checkpoint's own tokenizer
+        tokenizer = _load_tokenizer(args.model_name_or_path, "--model_name_or_path")
     config = build_model_config(args, tokenizer)
     if args.model_name_or_path is not None and os.path.isdir(args.model_name_or_path):
         check_weight_files(args.model_name_or_path)  # before the data: names a truncated or corrupt file

@@ -161,3 +161,19 @@ def test_without_files_the_hub_dataset_is_used_without_its_test_splits(monkeypat
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     loaded = load_glue("SST-2")
     assert calls == [("nyu-mll/glue", "sst2")] and set(loaded) == {"train", "validation"}
+
+
+def test_without_files_an_unreachable_hub_is_refused_naming_the_local_options(monkeypatch, tmp_path):
+    """Offline with an empty datasets cache, `datasets` itself fails; the error says which arguments avoid the hub."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(FileNotFoundError) as err:
+        load_glue("rte")
+    message = str(err.value)
+    assert message.startswith("GLUE rte: nyu-mll/glue is neither reachable on the hub nor in the datasets cache (")
+    assert message.endswith("give --data_dir, a folder in the GLUE layout (<dir>/RTE/train.tsv, ...), or "
+                            "--train_file and --validation_file")  # fmt: skip
+    assert "\n" not in message

@@ -144,6 +144,7 @@ def test_lora_trains_under_three_percent_of_minilm(tmp_path):
         ("missing-file", "missing .*RTE/dev.tsv"),
         ("missing-column", r"lacks column\(s\) \['sentence2'\]"),
         ("bad-label", "label 'maybe' is not one of"),
+        ("no-config", r"--model_name_or_path \S+/not-a-model: Unrecognized model in \S+/not-a-model"),
         ("prefix-too-long", r"--num_virtual_tokens 150 \+ --max_length 32 = 182 positions exceeds"),
         (
             "max-length",
@@ -154,7 +155,7 @@ def test_lora_trains_under_three_percent_of_minilm(tmp_path):
 def test_bad_input_fails_before_training(change, message, checkpoints, glue_dir, tmp_path, capsys):
     data = tmp_path / "glue"
     write_glue_dir(data, "rte")
-    task, extra = "rte", []
+    task, extra, ckpt = "rte", [], checkpoints["encoder-tiny"]
     if change == "task":
         task = "sst3"
     elif change == "missing-file":
@@ -163,13 +164,16 @@ def test_bad_input_fails_before_training(change, message, checkpoints, glue_dir,
         write_tsv(data / "RTE" / "dev.tsv", "rte", header=["index", "sentence1", "hypothesis", "label"])
     elif change == "bad-label":
         write_tsv(data / "RTE" / "train.tsv", "rte", rows=[(("a", "b"), "maybe", None)])
+    elif change == "no-config":  # a folder, but not a checkpoint
+        ckpt = tmp_path / "not-a-model"
+        ckpt.mkdir()
     elif change == "max-length":  # refused even though truncation would keep RTE's short examples within it
         extra = ["--max_length", "1000"]
     else:
         extra = ["--peft", "prefix", "--num_virtual_tokens", "150"]
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exit_info:
-        finetune(argv(checkpoints["encoder-tiny"], data, out, task, *extra))
+        finetune(argv(ckpt, data, out, task, *extra))
     assert exit_info.value.code != 0
     import re
 

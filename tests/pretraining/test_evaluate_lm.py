@@ -7,6 +7,7 @@ temporary folder, evaluated on a few lines of text.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,36 @@ def test_generation_past_the_position_table_is_refused_before_any_evaluation(che
     # One token more than the table is refused (exactly its length is generated in the next tests).
     with pytest.raises(SystemExit, match="65 positions, more than"):
         evaluate(checkpoint, tmp_path / "eval.json", "--prompt", PROMPT, "--max_new_tokens", str(65 - n))
+
+
+def test_ids_beyond_the_models_vocabulary_are_refused_before_any_evaluation(checkpoint, tmp_path, monkeypatch):
+    """The checkpoint's tokenizer is larger than its model's vocabulary (another tokenizer saved beside it)."""
+    from transformers import AutoTokenizer
+
+    small = tmp_path / "small-vocab"
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    tokenizer.save_pretrained(small)
+    config = build_config("decoder-tiny", TINY, position_embedding_type="learned", vocab_size=260)
+    AutoModelForCausalLM.from_config(config).save_pretrained(small)
+    (small / "text.txt").write_text((checkpoint / "text.txt").read_text())
+    monkeypatch.setattr(evaluation, "evaluate_lm", lambda *a, **k: pytest.fail("evaluated before the ids were checked"))
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate(small, tmp_path / "eval.json")
+    found = re.fullmatch(
+        rf"error: --validation_file {small / 'text.txt'}: token id (\d+) is outside \[0, vocab_size=260\): the "
+        rf"checkpoint's tokenizer has {len(tokenizer)} tokens, more than its model's vocabulary",
+        exit_info.value.code,
+    )
+    assert found and int(found.group(1)) >= 260, exit_info.value.code
+    largest = max(tokenizer(PROMPT)["input_ids"])
+    assert largest >= 260  # the prompt holds merges beyond the model's 260 rows too; it is checked first
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate(small, tmp_path / "eval.json", "--prompt", PROMPT)
+    assert exit_info.value.code == (
+        f"error: --prompt: token id {largest} is outside [0, vocab_size=260): the checkpoint's tokenizer has "
+        f"{len(tokenizer)} tokens, more than its model's vocabulary"
+    )
+    assert not (tmp_path / "eval.json").exists()
 
 
 @pytest.mark.parametrize(
