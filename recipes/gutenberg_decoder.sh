@@ -6,6 +6,8 @@
 #      validation and print a greedy sample, generated with and without the KV cache (a difference fails the job).
 # Data: $HFZOO_DATA_DIR (default ../shared/data beside the checkout). Output: $OUTPUT_DIR (default outputs/gutenberg-decoder).
 # Extra arguments are passed to recipes/pretrain.py (hfzoo-pretrain) (e.g. --max_train_steps 200 for a quicker run).
+# It checkpoints every 500 steps: run it again with --resume_from_checkpoint latest to continue a killed run, or
+# with --overwrite_output_dir to start over (a new run beside an earlier run's checkpoints is refused).
 # With a CUDA GPU (and HFZOO_DEVICE unset or cuda) it pretrains there: one GPU, bf16, SDPA, --torch_compile;
 # HFZOO_DEVICE=cpu runs on the CPU anyway.
 set -euo pipefail

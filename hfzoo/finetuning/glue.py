@@ -66,7 +66,7 @@ from ..training.arguments import (
     resolve_choice_flags,
     scheduler_kwargs,
 )
-from ..training.checkpointing import check_resume_optimizer
+from ..training.checkpointing import check_resume_optimizer, delete_earlier_checkpoints, refuse_earlier_checkpoints
 from ..training.compilation import compile_model
 from ..training.optimization import create_optimizer, create_scheduler, warmup_outlasts_training
 from ..training.precision import MIXED_PRECISION_CHOICES
@@ -184,6 +184,12 @@ def build_glue_parser() -> argparse.ArgumentParser:
         help="save a resumable checkpoint every N steps, or 'epoch' (after each epoch's evaluation)",
     )
     p.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint folder, or 'latest' in --output_dir")
+    p.add_argument(
+        "--overwrite_output_dir",
+        action="store_true",
+        help="delete the checkpoints of an earlier run found in --output_dir and start over (without it, such a "
+        "folder is refused unless --resume_from_checkpoint continues that run)",
+    )
     p.add_argument(
         "--save_last_epoch",
         action="store_true",
@@ -484,6 +490,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
         check_prefix_fits(config, args.num_virtual_tokens, args.max_length)
     resume_path = resolve_glue_resume(args)
     accelerator = create_accelerator(args, sync_with_dataloader=True)
+    refuse_earlier_checkpoints(args, accelerator)
     if resume_path is not None:
         check_glue_resume_layout(resume_path, args, accelerator)
         check_resume_optimizer(resume_path, args, GLUE_STATE)
@@ -545,6 +552,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
     model, optimizer, train_loader, scheduler, *loaders = accelerator.prepare(
         model, optimizer, train_loader, scheduler, *eval_loaders.values()
     )
+    delete_earlier_checkpoints(args, accelerator)  # every check passed: --overwrite_output_dir takes effect
     return GlueRun(
         args=args,
         task=task,

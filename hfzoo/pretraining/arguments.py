@@ -248,6 +248,12 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     )
     out.add_argument("--checkpoints_total_limit", type=positive_int, default=2, help="Keep the newest K checkpoints.")
     out.add_argument("--resume_from_checkpoint", type=str, default=None, help="'latest' or a checkpoint folder.")
+    out.add_argument(
+        "--overwrite_output_dir",
+        action="store_true",
+        help="Delete the checkpoints of an earlier run found in --output_dir and start over (without it, such a "
+        "folder is refused unless --resume_from_checkpoint continues that run).",
+    )
     out.add_argument("--with_tracking", action="store_true", help="Log metrics with accelerate's trackers.")
     out.add_argument(
         "--report_to",

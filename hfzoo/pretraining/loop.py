@@ -51,9 +51,11 @@ from ..training.checkpointing import (
     check_resume_optimizer,
     checkpoint_folder,
     complete_checkpoints,
+    delete_earlier_checkpoints,
     enable_universal_checkpoint_loading,
     load_checkpoint,
     prepare_output_dir,
+    refuse_earlier_checkpoints,
     save_checkpoint,
 )
 from ..training.compilation import compile_model, no_cache_kwargs
@@ -232,6 +234,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         )
     set_seed(args.seed)
     resume_path = _resolve_resume(args, accelerator)
+    refuse_earlier_checkpoints(args, accelerator)
 
     if args.tokenizer_name:
         tokenizer = _load_tokenizer(args.tokenizer_name, "--tokenizer_name")
@@ -344,6 +347,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         # device placement of each batch would only walk every token id of every example (about 1.5 ms of host
         # time per batch of 16 x 128 tokens, on a step the GPU may finish in less).
         train_dataloader.device = None
+    delete_earlier_checkpoints(args, accelerator)  # every check passed: --overwrite_output_dir takes effect
     return PretrainingRun(
         args=args,
         accelerator=accelerator,

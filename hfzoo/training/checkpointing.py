@@ -278,6 +278,62 @@ def resolve_resume_argument(
     return path
 
 
+def refuse_earlier_checkpoints(args: argparse.Namespace, accelerator: Accelerator | None = None) -> None:
+    """Refuse a fresh run in an `--output_dir` that holds the checkpoints of an earlier run.
+
+    A run started without `--resume_from_checkpoint` would save its checkpoints beside the earlier run's:
+    `--checkpoints_total_limit` would then remove the new run's own checkpoints first when the earlier run's steps
+    are higher, and a later `--resume_from_checkpoint latest` would continue the earlier run. With
+    `--overwrite_output_dir` the run goes on, and `delete_earlier_checkpoints` deletes them once every check has
+    passed. The main process looks and tells the others (one answer for every process).
+
+    Args:
+        args: the run's arguments (`output_dir`, `resume_from_checkpoint`, `overwrite_output_dir`).
+        accelerator: the run's `Accelerator` (None: this process alone).
+
+    Raises:
+        CheckpointError: complete checkpoints in `<output_dir>/checkpoints`, and neither `--resume_from_checkpoint`
+            nor `--overwrite_output_dir`; one line naming them and the three ways on.
+    """
+    error = None
+    if (accelerator is None or accelerator.is_main_process) and not args.overwrite_output_dir:
+        earlier = [] if args.resume_from_checkpoint else complete_checkpoints(args.output_dir)
+        if earlier:
+            shown = ", ".join(f"{CHECKPOINT_DIR}/{path.name}" for path in earlier)
+            error = (
+                f"--output_dir {args.output_dir} holds the checkpoints of an earlier run ({shown}); give "
+                "--resume_from_checkpoint latest to continue it, --overwrite_output_dir to delete them and start "
+                "over, or another --output_dir"
+            )
+    if accelerator is not None:
+        error = broadcast_from_main(accelerator, error)
+    if error is not None:
+        raise CheckpointError(error)
+
+
+def delete_earlier_checkpoints(args: argparse.Namespace, accelerator: Accelerator | None = None) -> None:
+    """With `--overwrite_output_dir` and no `--resume_from_checkpoint`: delete `<output_dir>/checkpoints/step_*`.
+
+    Called once the run has passed its checks, just before training, so that a refused run deletes nothing
+    (see `refuse_earlier_checkpoints`). The main process deletes; every process waits for it.
+
+    Args:
+        args: the run's arguments (`output_dir`, `resume_from_checkpoint`, `overwrite_output_dir`).
+        accelerator: the run's `Accelerator` (None: this process alone).
+    """
+    if not args.overwrite_output_dir or args.resume_from_checkpoint:
+        return
+    if accelerator is None or accelerator.is_main_process:
+        root = Path(args.output_dir) / CHECKPOINT_DIR
+        earlier = _step_folders(root)
+        if earlier:
+            logger.warning(f"--overwrite_output_dir: deleting the earlier run's {len(earlier)} checkpoint(s) in {root}")
+        for _, _, path in earlier:
+            shutil.rmtree(path)
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+
+
 def _resolve_resume(args: argparse.Namespace, accelerator: Accelerator | None = None) -> Path | None:
     """The checkpoint to resume from (`--resume_from_checkpoint`: a folder or `latest`), verified, or None.
 

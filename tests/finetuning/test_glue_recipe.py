@@ -517,6 +517,26 @@ def test_resume_latest_without_checkpoint_starts_fresh_and_bad_folder_is_refused
                       "--resume_from_checkpoint", str(tmp_path / "run")))  # fmt: skip
 
 
+def test_a_fresh_run_beside_an_earlier_runs_checkpoints_is_refused_unless_told_to_overwrite(
+    checkpoints, glue_dir, tmp_path
+):
+    """Else `--resume_from_checkpoint latest` would later continue the earlier run's higher steps."""
+    out, root = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "rte", "--max_train_steps", "4",
+                  "--checkpointing_steps", "2"))  # fmt: skip
+    assert sorted(p.name for p in root.iterdir()) == ["step_2", "step_4"]
+    with pytest.raises(SystemExit) as exit_info:
+        finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "rte", "--checkpointing_steps", "2"))
+    assert str(exit_info.value) == (
+        f"error: --output_dir {out} holds the checkpoints of an earlier run (checkpoints/step_2, checkpoints/step_4); "
+        "give --resume_from_checkpoint latest to continue it, --overwrite_output_dir to delete them and start over, or "
+        "another --output_dir"
+    )
+    results = finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "rte", "--checkpointing_steps", "2",
+                            "--overwrite_output_dir"))  # fmt: skip
+    assert results["train_steps"] == 3 and sorted(p.name for p in root.iterdir()) == ["step_2"]  # this run's
+
+
 def test_damaged_checkpoints_are_named_and_latest_resumes_from_the_newest_intact_one(
     checkpoints, glue_dir, tmp_path, caplog
 ):

@@ -160,3 +160,46 @@ def test_masked_lm_resumes_bit_exactly(streaming, tmp_path, small_jsonl_xz, fami
         load_file(tmp_path / "resumed" / "model.safetensors"),
     )
     assert all(torch.equal(full[k], resumed[k]) for k in full)
+
+
+def test_a_fresh_run_beside_an_earlier_runs_checkpoints_is_refused_unless_told_to_resume_or_overwrite(
+    tmp_path, small_jsonl_xz, tokenizer_dir, caplog, capsys
+):
+    """Else the new run's checkpoints would sit beside the earlier run's higher steps: rotation would delete its own
+    first, and `latest` would continue the other run."""
+    out = tmp_path / "run"
+    main(base_args(small_jsonl_xz, tokenizer_dir, out, *COMMON))
+    ckpts = out / "checkpoints"
+    earlier = {p.name: (p / "model.safetensors").read_bytes() for p in ckpts.iterdir()}
+    assert sorted(earlier) == ["step_2", "step_4", "step_6"]
+    shorter = ["--max_train_steps", "4", "--checkpointing_steps", "2", "--learning_rate", "1e-3"]
+    message = run_main_expecting_error(base_args(small_jsonl_xz, tokenizer_dir, out, *shorter), capsys)
+    assert message == (
+        f"error: --output_dir {out} holds the checkpoints of an earlier run (checkpoints/step_2, checkpoints/step_4, "
+        "checkpoints/step_6); give --resume_from_checkpoint latest to continue it, --overwrite_output_dir to delete "
+        "them and start over, or another --output_dir"
+    )
+    # --overwrite_output_dir deletes them only once every check has passed: a run refused later deletes nothing.
+    message = run_main_expecting_error(
+        base_args(small_jsonl_xz, tokenizer_dir, out, *shorter, "--overwrite_output_dir", "--block_size", "4096"),
+        capsys,
+    )
+    assert "--block_size 4096" in message
+    assert {p.name: (p / "model.safetensors").read_bytes() for p in ckpts.iterdir()} == earlier
+    with caplog.at_level(logging.WARNING, logger="hfzoo.training.checkpointing"):
+        main(base_args(small_jsonl_xz, tokenizer_dir, out, *shorter, "--overwrite_output_dir"))
+    assert f"--overwrite_output_dir: deleting the earlier run's 3 checkpoint(s) in {ckpts}" in caplog.messages
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_2", "step_4"]  # this run's, with its settings
+    for step in (2, 4):
+        state = json.loads((ckpts / f"step_{step}" / "training_state.json").read_text())
+        assert (state["step"], state["max_train_steps"], state["optimizer_arguments"]["learning_rate"]) == (
+            step,
+            4,
+            1e-3,
+        )
+    # --resume_from_checkpoint latest continues this run, beside its own checkpoints.
+    with caplog.at_level(logging.INFO, logger="hfzoo.pretraining.loop"):
+        main(base_args(small_jsonl_xz, tokenizer_dir, out, *shorter[2:], "--max_train_steps", "6",
+                       "--resume_from_checkpoint", "latest"))  # fmt: skip
+    assert any(m.endswith(f"Resumed from {ckpts / 'step_4'} at step 4") for m in caplog.messages)
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_4", "step_6"]
