@@ -374,13 +374,19 @@ def check_dependent_flags(parser: argparse.ArgumentParser, args: argparse.Namesp
     """Refuse a recipe flag given without the flag it acts with, where it would be ignored.
 
     `DEPENDENT_FLAGS` (`refuse_flags_without`), and `--torch_compile_scope` without compilation (`--torch_compile`,
-    `--torch_compile_mode` or `--torch_compile_backend`); then `--report_to`'s default (`tensorboard`) is filled in
+    `--torch_compile_mode` or `--torch_compile_backend`) and `--overwrite_output_dir` with `--resume_from_checkpoint`
+    (one starts over, the other continues); then `--report_to`'s default (`tensorboard`) is filled in
     when `--with_tracking` is on.
 
     Raises:
         SystemExit: argparse's one-line error naming the flag, its value and the flag it needs.
     """
     refuse_flags_without(parser, args, DEPENDENT_FLAGS)
+    if getattr(args, "overwrite_output_dir", False) and args.resume_from_checkpoint:
+        parser.error(
+            f"--overwrite_output_dir starts over and --resume_from_checkpoint {args.resume_from_checkpoint} continues "
+            "a run: give one of them"
+        )
     if args.torch_compile_scope is not None and not compile_requested(args):
         parser.error(
             f"--torch_compile_scope {args.torch_compile_scope} needs --torch_compile (or --torch_compile_mode / "

@@ -333,8 +333,9 @@ def test_a_peft_flag_that_the_method_would_ignore_is_refused(flags, message, cap
         (["--hub_token", "hf_secret"], "--hub_token *** needs --push_to_hub"),
         (["--report_to", "wandb"], "--report_to wandb needs --with_tracking"),
         (["--torch_compile_scope", "model"], "--torch_compile_scope model needs --torch_compile (or --torch_compile_mode"),
+        (["--overwrite_output_dir", "--resume_from_checkpoint", "latest"], "--overwrite_output_dir starts over and"),
     ],
-    ids=["hub-id", "hub-token", "report-to", "compile-scope"],
+    ids=["hub-id", "hub-token", "report-to", "compile-scope", "overwrite-and-resume"],
 )  # fmt: skip
 def test_a_flag_without_the_flag_it_acts_with_is_refused(flags, message, capsys):
     base = PARSE_BASE
