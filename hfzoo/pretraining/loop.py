@@ -139,7 +139,7 @@ def build_model_config(args: argparse.Namespace, tokenizer) -> transformers.PreT
     objective = get_objective(args.objective)
     if not objective.supports(config):
         raise ValueError(
-            f"--objective {args.objective} needs a model with a {objective.auto_class.__name__} head; "
+            f"--objective {args.objective} needs a model with an {objective.auto_class.__name__} head; "
             f"model_type {config.model_type!r} has none"
         )
     return config

@@ -296,7 +296,7 @@ def test_objective_trains_its_family(objective, small_jsonl_xz, family_tokenizer
             "encoder",
             "encoder-tiny",
             [],
-            "needs a model with a AutoModelForCausalLM head; model_type 'hfzoo_encoder'",
+            "needs a model with an AutoModelForCausalLM head; model_type 'hfzoo_encoder'",
         ),
         ("span", "encoder-decoder", "decoder-tiny", [], "AutoModelForSeq2SeqLM head; model_type 'hfzoo_decoder'"),
     ],
