@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..data.glue import GLUE_TASKS, get_glue_task, glue_files
 from ..training.arguments import OneLineErrorParser
+from ..training.checkpointing import refuse_earlier_checkpoints
 from ..training.plots import plot_results_bars
 from .glue import main as finetune
 from .glue import parse_glue_args
@@ -68,7 +69,8 @@ def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) ->
     """Check every task's arguments and data files before the first task runs.
 
     Each task's arguments are parsed as the GLUE recipe parses them (`parse_glue_args`), and the files of
-    `--data_dir` are checked to exist (`glue_files`; without `--data_dir` the hub's copy is loaded per task).
+    `--data_dir` are checked to exist (`glue_files`; without `--data_dir` the hub's copy is loaded per task), and no
+    task's output folder may hold an earlier run's checkpoints (`refuse_earlier_checkpoints`).
 
     Args:
         tasks: task names as `GLUE_TASKS` spells them.
@@ -77,8 +79,8 @@ def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) ->
 
     Raises:
         SystemExit: an argparse error of the GLUE recipe (its one-line message); a `SWEEP_OWNED` argument
-            after `--` (`error: ...` naming it and why); a bad value or a missing data file
-            (`error: ...`).
+            after `--` (`error: ...` naming it and why); a bad value, a missing data file or a task folder with an
+            earlier run's checkpoints (`error: ...`).
     """
     for task in tasks:
         try:
@@ -88,6 +90,7 @@ def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) ->
                 if getattr(given, name) != getattr(expected, name):
                     raise ValueError(f"--{name} {getattr(given, name)} after `--`: {reason}")
             glue_files(task, args.data_dir)
+            refuse_earlier_checkpoints(given)  # a later task's folder must not stop the sweep after hours
         except (ValueError, FileNotFoundError) as err:
             raise SystemExit(f"error: {err}") from None
 

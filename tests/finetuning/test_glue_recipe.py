@@ -372,6 +372,27 @@ def test_sweep_writes_markdown_and_json_tables(checkpoints, glue_dir, tmp_path):
     assert bars == {f"{r['task']} {r['metric']}": r["value"] for r in table["rows"]}
 
 
+def test_sweep_refuses_a_later_task_folder_with_an_earlier_runs_checkpoints_before_its_first_task(
+    checkpoints, tmp_path
+):
+    from hfzoo.finetuning.sweep import main as sweep
+
+    data, out = tmp_path / "glue", tmp_path / "sweep"
+    write_glue_dir(data, "rte")
+    write_glue_dir(data, "stsb")
+    earlier = out / "stsb" / "checkpoints" / "step_2"  # a complete checkpoint: it has its manifest
+    earlier.mkdir(parents=True)
+    (earlier / MANIFEST).write_text("{}")
+    sweep_argv = ["--model_name_or_path", str(checkpoints["encoder-tiny"]), "--data_dir", str(data), "--peft", "lora",
+                  "--output_dir", str(out), "--tasks", "rte", "stsb", "--", "--max_train_steps", "1"]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        sweep(sweep_argv)
+    assert str(exit_info.value).startswith(
+        f"error: --output_dir {out / 'stsb'} holds the checkpoints of an earlier run (checkpoints/step_2); give "
+    )
+    assert not (out / "rte").exists()  # no task ran
+
+
 @pytest.mark.parametrize(
     ("tasks", "extra", "message"),
     [
