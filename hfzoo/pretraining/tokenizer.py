@@ -125,9 +125,15 @@ def train(args: argparse.Namespace) -> None:
     """Train the tokenizer `args` describe, save it to `--output_dir` with its statistics, and show an example.
 
     Raises:
-        ValueError, OSError: bad input (a missing text column, missing files, an unreachable hub).
+        ValueError, OSError: bad input (a missing text column, missing files, an unreachable hub, an `--output_dir`
+            that holds a model).
     """
     check_output_folder(args.output_dir)  # before reading any text: a run never ends unable to save
+    if (Path(args.output_dir) / "config.json").is_file():
+        raise ValueError(
+            f"--output_dir {args.output_dir}: holds a model (config.json); a tokenizer trained there would replace the "
+            "one the model was trained with; give another --output_dir"
+        )
     dataset, source = load_text_dataset(args)
     check_text_column(dataset, args.text_column_name, source)
     texts = TextBatches(

@@ -435,3 +435,20 @@ def test_cli_refuses_a_data_flag_it_would_ignore(cli, extra, message, capsys):
     with pytest.raises(SystemExit) as excinfo:
         cli.parse_args(["--train_file", "a.txt", "--output_dir", "o", *extra])
     assert excinfo.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_cli_refuses_to_train_into_a_model_folder(cli, tmp_path):
+    """The model's own tokenizer would be replaced by one with other ids: every later use would be silently wrong."""
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text('{"text": "the sea and the ship"}\n', encoding="utf-8")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "hfzoo_decoder"}')
+    (model / "tokenizer.json").write_text("{}")
+    with pytest.raises(SystemExit) as excinfo:
+        cli.main(["--train_file", str(jsonl), "--output_dir", str(model)])
+    assert str(excinfo.value) == (
+        f"error: --output_dir {model}: holds a model (config.json); a tokenizer trained there would replace the one "
+        "the model was trained with; give another --output_dir"
+    )
+    assert (model / "tokenizer.json").read_text() == "{}"
