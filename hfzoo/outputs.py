@@ -3,7 +3,8 @@
 `check_output_folder` / `check_output_file` create a missing folder and check that a file can be written
 there (a one-line `ValueError` naming the argument, the path and the reason otherwise);
 `removed_if_refused` removes the folders a command created when it then refuses its input, so that a
-refused command leaves nothing on disk.
+refused command leaves nothing on disk; `check_output_is_not_source` keeps a command from writing over the
+checkpoint it reads.
 """
 
 from __future__ import annotations
@@ -104,3 +105,23 @@ def check_output_file(path: str | os.PathLike, argument: str = "--output_file") 
     if file.exists() and not os.access(file, os.W_OK):
         raise ValueError(f"{argument} {file}: cannot write there (the file is read-only)")
     return file
+
+
+def check_output_is_not_source(output_dir: str | os.PathLike, source: str | os.PathLike | None, writes: str) -> None:
+    """Refuse an `--output_dir` that is the local checkpoint folder `--model_name_or_path` names.
+
+    Args:
+        output_dir: the output folder.
+        source: `--model_name_or_path` (a folder or a hub id; None: none given).
+        writes: what the command writes there, for the message (`"the finetuned model or adapter"`).
+
+    Raises:
+        ValueError: one line naming both arguments and what would be lost.
+    """
+    if source is None or not Path(source).expanduser().is_dir():
+        return
+    if Path(output_dir).expanduser().resolve() == Path(source).expanduser().resolve():
+        raise ValueError(
+            f"--output_dir {output_dir} is the --model_name_or_path folder: {writes} would be written over the "
+            "checkpoint it starts from; give another --output_dir"
+        )

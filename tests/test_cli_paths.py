@@ -174,3 +174,27 @@ def test_a_path_argument_is_refused_before_work_or_its_output_folder_created(
     assert isinstance(code, str) or code == 2, code
     assert "error" in message and "\n" not in message.strip(), message
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == before  # nothing left on disk
+
+
+@pytest.mark.parametrize("script", ["hfzoo-pretrain", "hfzoo-finetune-glue", "hfzoo-convert"])
+def test_an_output_dir_that_is_the_source_checkpoint_is_refused_before_work(script, inputs, monkeypatch, capsys):
+    """Its weights (and, for an adapter, an `adapter_config.json` that changes how it loads) would be written over."""
+
+    def work(*args, **kwargs):
+        raise WorkStarted
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "__init__", work)
+    monkeypatch.setattr(datasets, "load_dataset", work)
+    model = inputs["model"]
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    if script == "hfzoo-pretrain":
+        argv = ["--train_file", str(inputs["train"]), "--model_name_or_path", str(model), "--block_size", "32",
+                "--output_dir", f"{model}/"]  # fmt: skip
+    else:
+        argv = command_line(script, inputs, model.parent / "." / model.name, "--model_name_or_path", model)
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(SCRIPTS[script][0]).main(argv)
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 2 and "--output_dir" in message, message
+    assert "is the --model_name_or_path folder" in message or "is the source checkpoint folder" in message, message
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == before

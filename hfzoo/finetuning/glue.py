@@ -46,7 +46,7 @@ from ..data.loading import check_distinct_files
 from ..data.sampling import EpochLengthGroupedSampler
 from ..hub import load_checkpoint_config
 from ..integrity import check_weight_files
-from ..outputs import check_output_folder, removed_if_refused
+from ..outputs import check_output_folder, check_output_is_not_source, removed_if_refused
 from ..training.accelerator import choose_mixed_precision, create_accelerator
 from ..training.arguments import (
     SCHEDULERS,
@@ -240,8 +240,9 @@ def parse_glue_args(argv: list[str] | None = None) -> argparse.Namespace:
         SystemExit: an argparse error (one line), a bad `--muon_*` value, a `--muon_*` flag without
             `--optim muon`, `--optim muon` with PEFT (`--peft` other than `none`), a LoRA or prefix flag with
             another `--peft` (`PEFT_METHOD_FLAGS`), `--prefix_hidden_size` without `--prefix_projection`, or a
-            `--validation_file` that is the `--train_file` (`check_distinct_files`), or a flag given without the one it
-            acts with (`check_dependent_flags`: `--hub_model_id` without `--push_to_hub`, ...).
+            `--validation_file` that is the `--train_file` (`check_distinct_files`), a flag given without the one it
+            acts with (`check_dependent_flags`: `--hub_model_id` without `--push_to_hub`, ...), or an `--output_dir`
+            that is the `--model_name_or_path` folder (`check_output_is_not_source`).
         ValueError: an unknown task; `--lora_dropout` outside [0, 1).
     """
     parser = build_glue_parser()
@@ -260,6 +261,10 @@ def parse_glue_args(argv: list[str] | None = None) -> argparse.Namespace:
             check_distinct_files([args.train_file], [args.validation_file])
         except ValueError as err:
             parser.error(str(err))
+    try:
+        check_output_is_not_source(args.output_dir, args.model_name_or_path, "the finetuned model or adapter")
+    except ValueError as err:
+        parser.error(str(err))
     if not 0.0 <= args.lora_dropout < 1.0:
         raise ValueError(f"--lora_dropout must be in [0, 1), got {args.lora_dropout}")
     return args

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from ..data.loading import check_distinct_files
+from ..outputs import check_output_is_not_source
 from ..training.arguments import (
     SCHEDULERS,
     OneLineErrorParser,
@@ -340,7 +341,7 @@ def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
             twice, or as both a training and a validation file (`check_distinct_files`); both `--train_file` and
             `--dataset_name`, or `--dataset_config_name` without `--dataset_name` (`check_data_source`); a flag
             given without the one it acts with (`check_dependent_flags`: `--hub_model_id` without `--push_to_hub`,
-            ...).
+            ...); an `--output_dir` that is the `--model_name_or_path` folder (`check_output_is_not_source`).
         ValueError, FileNotFoundError: a bad YAML file.
     """
     parser = build_pretrain_parser()
@@ -379,6 +380,7 @@ def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--streaming needs --max_train_steps (a stream's length is unknown)")
     try:
         check_distinct_files(args.train_file, args.validation_file)
+        check_output_is_not_source(args.output_dir, args.model_name_or_path, "the trained model")
     except ValueError as err:
         parser.error(str(err))
     if args.max_grad_norm < 0:
