@@ -79,7 +79,7 @@ def test_every_flag_the_study_sets_is_a_recipe_flag_with_a_remedy_naming_a_study
         settings = load_settings(study, {"family": family})
         flags = study_set_flags(settings)
         pretrain = parse_pretrain_args(pretrain_argv(settings, "t", tmp_path / "c.json", 0, tmp_path, 1))
-        glue = parse_glue_args(glue_argv(settings, "sst2", tmp_path, tmp_path / "s.tsv", 0, tmp_path, 1))
+        glue = parse_glue_args(glue_argv(settings, "sst2", tmp_path, tmp_path / "s.tsv", 0, tmp_path / "sst2", 1))
         assert {"seed", "output_dir", "max_train_steps", "config_name"} <= set(flags["pretrain_args"])
         assert {"seed", "output_dir", "task_name", "learning_rate"} <= set(flags["glue_args"])
         for parsed, remedies in ((pretrain, flags["pretrain_args"]), (glue, flags["glue_args"])):
