@@ -37,7 +37,8 @@ hfzoo-train-tokenizer \
     --vocab_size 4096 --min_frequency 2 --model_family decoder --output_dir "$OUT/tokenizer"
 
 echo "== 2/3 pretraining (accelerate launch) =="
-accelerate launch --config_file "$LAUNCH_CONFIG" recipes/pretrain.py \
+# --quiet: a run that stops with an error ends with its own one-line message, not the launcher's traceback around it
+accelerate launch --quiet --config_file "$LAUNCH_CONFIG" recipes/pretrain.py \
     --config recipes/configs/decoder_gutenberg.yaml "${DEVICE_ARGS[@]}" \
     --train_file "$DATA/gutenberg/pg_top100_en.00.jsonl.xz" \
     --tokenizer_name "$OUT/tokenizer" --output_dir "$OUT/model" "$@"

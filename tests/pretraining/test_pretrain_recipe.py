@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import lzma
 import os
 import subprocess
 import sys
@@ -443,3 +445,33 @@ def test_a_resume_with_other_optimizer_settings_is_refused_and_the_adamw_impleme
                              "--learning_rate", "1e-3", "--optim", "adamw_torch",
                              "--resume_from_checkpoint", str(checkpoint)))  # fmt: skip
     assert results["train_steps"] == 2
+
+
+@pytest.mark.slow
+def test_the_main_job_script_ends_with_the_one_line_error_of_a_refused_run(data_dir, tmp_path):
+    """README command 1's script (`recipes/gutenberg_decoder.sh`) on a few books in its data layout: an argument the
+    pretraining run refuses ends the script with that run's one-line error and a failing exit status, before the
+    evaluation step, and without the launcher's traceback repeating it."""
+    books = tmp_path / "data" / "gutenberg"
+    books.mkdir(parents=True)
+    with lzma.open(data_dir / "gutenberg" / "pg_top100_en.01.jsonl.xz", "rt") as f:
+        rows = [json.loads(line) for line in itertools.islice(f, 3)]
+    for shard in ("00", "01"):  # the tokenizer's shard and the pretraining shard
+        with lzma.open(books / f"pg_top100_en.{shard}.jsonl.xz", "wt") as f:
+            f.writelines(json.dumps({**row, "text": row["text"][:40_000]}) + "\n" for row in rows)
+    env = {
+        **os.environ,
+        "HFZOO_DATA_DIR": str(tmp_path / "data"),
+        "OUTPUT_DIR": str(tmp_path / "out"),
+        "HFZOO_DEVICE": "cpu",
+        "VIRTUAL_ENV": sys.prefix,  # this interpreter's environment, not the checkout's .venv
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    result = subprocess.run(
+        ["bash", str(REPO_ROOT / "recipes" / "gutenberg_decoder.sh"), "--max_train_steps", "0"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "== 2/3 pretraining" in result.stdout and "== 3/3" not in result.stdout, result.stdout
+    assert result.stderr.count("--max_train_steps: must be a positive integer, got 0") == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
