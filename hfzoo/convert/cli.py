@@ -33,7 +33,7 @@ from ..hub import copy_sentence_transformers_files
 from ..models.decoder import HfzooDecoderForCausalLM
 from ..models.encoder import HfzooEncoderForMaskedLM, HfzooEncoderForSequenceClassification, HfzooEncoderModel
 from ..models.encoder_decoder import HfzooEncoderDecoderForConditionalGeneration
-from ..outputs import check_output_folder, removed_if_refused
+from ..outputs import check_output_folder, check_output_is_not_source, removed_if_refused
 from .bert import convert_bert_checkpoint, hfzoo_to_bert
 from .gguf import GGUF_OUTTYPES, convert_to_gguf
 from .gpt2 import gpt2_to_hfzoo, hfzoo_to_gpt2
@@ -166,12 +166,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.outtype is not None and args.to != "gguf":
         parser.error(f"--outtype {args.outtype} needs --to gguf")
-    source = Path(args.model_name_or_path).expanduser()
-    if args.to == "auto" and source.is_dir() and Path(args.output_dir).expanduser().resolve() == source.resolve():
-        parser.error(
-            f"--output_dir {args.output_dir} is the source checkpoint folder: the converted weights and config "
-            "would overwrite it; give another folder"
-        )
+    if args.to == "auto":  # a GGUF file may be written into the source folder
+        try:
+            check_output_is_not_source(args.output_dir, args.model_name_or_path, "the converted weights and config")
+        except ValueError as err:
+            parser.error(str(err))
     target = args.output_dir
     try:
         with removed_if_refused(args.output_dir):  # a refused conversion leaves no empty output folder behind

@@ -301,5 +301,8 @@ def test_cli_refuses_to_convert_a_folder_into_itself(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--model_name_or_path", str(source), "--output_dir", f"{tmp_path}/./hfzoo"])
     assert exit_info.value.code == 2
-    assert f"--output_dir {tmp_path}/./hfzoo is the source checkpoint folder" in capsys.readouterr().err
+    assert (
+        f"--output_dir {tmp_path}/./hfzoo is the --model_name_or_path folder: the converted weights"
+        in capsys.readouterr().err
+    )
     assert {f.name: f.read_bytes() for f in source.iterdir()} == before  # the source is untouched
