@@ -49,6 +49,7 @@ from ..training.checkpointing import (
     _resolve_resume,
     check_resume_config,
     check_resume_optimizer,
+    check_resume_tokenizer,
     checkpoint_folder,
     complete_checkpoints,
     delete_earlier_checkpoints,
@@ -236,16 +237,16 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     resume_path = _resolve_resume(args, accelerator)
     refuse_earlier_checkpoints(args, accelerator)
 
-    if args.tokenizer_name:
-        tokenizer = _load_tokenizer(args.tokenizer_name, "--tokenizer_name")
-    else:  # the checkpoint's own tokenizer
-        tokenizer = _load_tokenizer(args.model_name_or_path, "--model_name_or_path")
+    tokenizer_flag = "--tokenizer_name" if args.tokenizer_name else "--model_name_or_path"  # else its own tokenizer
+    tokenizer_name = args.tokenizer_name or args.model_name_or_path
+    tokenizer = _load_tokenizer(tokenizer_name, tokenizer_flag)
     config = build_model_config(args, tokenizer)
     if args.model_name_or_path is not None and os.path.isdir(args.model_name_or_path):
         check_weight_files(args.model_name_or_path)  # before the data: names a truncated or corrupt file
     resharded_from = None  # the checkpoint's number of processes, when it differs from this run's
     if resume_path is not None:
         check_resume_config(resume_path, config)
+        check_resume_tokenizer(resume_path, tokenizer, f"{tokenizer_flag} {tokenizer_name}")
         resharded_from = _check_resume_topology(resume_path, accelerator, args)
         check_resume_optimizer(resume_path, args)
         if resharded_from is not None and accelerator.distributed_type == DistributedType.DEEPSPEED:

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedType
 from safetensors import SafetensorError
+from transformers import AutoTokenizer
 
 from ..integrity import WeightFileError, check_weight_files, file_sha256
 from ..outputs import check_output_folder
@@ -380,6 +381,37 @@ def check_resume_config(resume_path: Path, config) -> None:
     if diffs:
         shown = ", ".join(f"{k}={saved.get(k)!r} there, {current.get(k)!r} here" for k in diffs[:3])
         raise ValueError(f"--resume_from_checkpoint {resume_path}: saved with a different model config ({shown})")
+
+
+def check_resume_tokenizer(resume_path: Path, tokenizer, source: str) -> None:
+    """Refuse to resume with a tokenizer whose vocabulary differs from the one the checkpoint was trained with.
+
+    Every checkpoint holds its run's tokenizer. A tokenizer of the same size passes `check_resume_config`, but one
+    trained on other text or with other settings maps text to other ids: the resumed run would go on training
+    embeddings and output rows learnt for one token on another, and finish without an error.
+
+    Args:
+        resume_path: the checkpoint folder.
+        tokenizer: this run's tokenizer (`get_vocab()`: token -> id).
+        source: where this run's tokenizer comes from, for the message (`"--tokenizer_name tok"`).
+
+    Raises:
+        ValueError: one line naming the checkpoint, `source`, how many tokens differ and the first of them. A
+            checkpoint without tokenizer files (`tokenizer_config.json`) is not checked.
+    """
+    if not (resume_path / "tokenizer_config.json").is_file():
+        return
+    saved = AutoTokenizer.from_pretrained(resume_path).get_vocab()
+    here = tokenizer.get_vocab()
+    differ = sorted((token for token in saved.keys() | here.keys() if saved.get(token) != here.get(token)),
+                    key=lambda token: min(saved.get(token, len(saved)), here.get(token, len(here))))  # fmt: skip
+    if differ:
+        first = differ[0]
+        raise ValueError(
+            f"--resume_from_checkpoint {resume_path}: trained with another tokenizer than this run's ({source}): "
+            f"{len(differ)} of its {len(saved)} tokens have other ids here or are missing (first: {first!r}, id "
+            f"{saved.get(first)} there, {here.get(first)} here); resume with the tokenizer the checkpoint holds"
+        )
 
 
 def optimizer_arguments(args: argparse.Namespace) -> dict[str, Any]:

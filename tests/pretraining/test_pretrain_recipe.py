@@ -20,6 +20,7 @@ from transformers import AutoConfig, AutoTokenizer
 from hfzoo.models.flops import count_training_flops
 from hfzoo.pretraining.arguments import parse_pretrain_args
 from hfzoo.pretraining.loop import main
+from hfzoo.tokenization import train_bpe_tokenizer
 from hfzoo.training import throughput
 from hfzoo.training.objectives import get_objective
 from hfzoo.training.precision import resolve_mixed_precision
@@ -445,6 +446,32 @@ def test_a_resume_with_other_optimizer_settings_is_refused_and_the_adamw_impleme
                              "--learning_rate", "1e-3", "--optim", "adamw_torch",
                              "--resume_from_checkpoint", str(checkpoint)))  # fmt: skip
     assert results["train_steps"] == 2
+
+
+def test_a_resume_with_another_tokenizer_of_the_same_size_is_refused(tmp_path, small_jsonl_xz, tokenizer_dir, capsys):
+    """A tokenizer trained on other text has the checkpoint's vocabulary size (the config check passes) but maps
+    text to other ids; the same tokenizer from another folder resumes."""
+    run = tmp_path / "run"
+    main(base_args(small_jsonl_xz, tokenizer_dir, run, "--max_train_steps", "1", "--checkpointing_steps", "1"))
+    checkpoint = run / "checkpoints" / "step_1"
+    with lzma.open(small_jsonl_xz, "rt") as f:
+        other_text = [json.loads(line)["text"][::-1] for line in f]  # the same books, reversed
+    other = tmp_path / "other-tokenizer"
+    train_bpe_tokenizer([other_text], vocab_size=512).save_pretrained(other)
+    argv = base_args(small_jsonl_xz, other, tmp_path / "resumed", "--max_train_steps", "2",
+                     "--resume_from_checkpoint", str(checkpoint))  # fmt: skip
+    message = run_main_expecting_error(argv, capsys)
+    assert (
+        f"--resume_from_checkpoint {checkpoint}: trained with another tokenizer than this run's (--tokenizer_name {other}): "
+        in message
+    )
+    assert "of its 512 tokens have other ids here or are missing (first: " in message
+
+    copy = tmp_path / "copy-of-the-tokenizer"
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(copy)
+    argv = base_args(small_jsonl_xz, copy, tmp_path / "resumed", "--max_train_steps", "2",
+                     "--resume_from_checkpoint", str(checkpoint))  # fmt: skip
+    assert main(argv)["train_steps"] == 2
 
 
 @pytest.mark.slow
