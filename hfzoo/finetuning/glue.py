@@ -78,7 +78,14 @@ from .adapters import (
     count_parameters,
     wrap_with_peft,
 )
-from .loop import GLUE_STATE, GlueRun, check_glue_resume_layout, resolve_glue_resume, train_glue
+from .loop import (
+    GLUE_STATE,
+    GlueRun,
+    check_glue_resume_arguments,
+    check_glue_resume_layout,
+    resolve_glue_resume,
+    train_glue,
+)
 from .outputs import glue_results, save_glue_outputs
 
 __all__ = [
@@ -499,6 +506,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
     if resume_path is not None:
         check_glue_resume_layout(resume_path, args, accelerator)
         check_resume_optimizer(resume_path, args, GLUE_STATE)
+        check_glue_resume_arguments(resume_path, args)
     precision = choose_mixed_precision(args)  # what the accelerator was created with
     accelerator.print(f"precision: {precision.reason}")
     set_seed(args.seed)

@@ -31,7 +31,14 @@ from tqdm.auto import tqdm
 from ..data.glue import GlueTask
 from ..metrics import load_glue_metric
 from ..modules.embeddings import caller_checked_ids
-from ..training.checkpointing import CHECKPOINT_DIR, optimizer_arguments, resolve_resume_argument, write_manifest
+from ..training.checkpointing import (
+    CHECKPOINT_DIR,
+    check_resume_arguments,
+    optimizer_arguments,
+    recorded_arguments,
+    resolve_resume_argument,
+    write_manifest,
+)
 from ..training.compilation import no_cache_kwargs
 from ..training.precision import PrecisionChoice
 from ..training.throughput import SequenceClassificationFlops, Throughput
@@ -111,6 +118,20 @@ def evaluate_glue(
 #: The loop's state in a checkpoint `<output_dir>/checkpoints/step_N` (`CHECKPOINT_DIR`, as pretraining's; left out
 #: of hub uploads, `hfzoo.hub.IGNORE_PATTERNS`), written before the folder's manifest.
 GLUE_STATE = "glue_state.json"
+#: The flags that decide which examples a GLUE run trains on, as which tokens, in which order (`data_arguments`).
+GLUE_DATA_FLAGS = ("task_name", "train_file", "validation_file", "max_length", "pad_to_max_length", "group_by_length",
+                   "max_train_samples", "seed")  # fmt: skip
+GLUE_DATA_CHANGE = (
+    "the resumed run would go on at the checkpoint's position in other examples (another task, other tokens or "
+    "another order); resume with the checkpoint's settings, or start a new run"
+)
+#: The flags that decide the shape and use of the trained adapter's weights (`adapter_arguments`).
+GLUE_ADAPTER_FLAGS = ("peft", "lora_r", "lora_alpha", "target_modules", "num_virtual_tokens", "prefix_projection",
+                      "prefix_hidden_size")  # fmt: skip
+GLUE_ADAPTER_CHANGE = (
+    "the checkpoint holds the trained weights of its own adapter, which do not fit this run's; resume with the "
+    "checkpoint's adapter settings, or start a new run"
+)
 #: The best epoch's trainable weights in a checkpoint (kept for the final selection).
 BEST_WEIGHTS = "best_epoch_trainable.safetensors"
 
@@ -134,6 +155,9 @@ class GlueProgress:
         optimizer_arguments: the optimizer hyperparameters that wrote it
             (`hfzoo.training.checkpointing.optimizer_arguments`; None in checkpoints of an older hfzoo): a resume
             must keep them (`check_resume_optimizer`).
+        data_arguments, adapter_arguments: the values of `GLUE_DATA_FLAGS` and `GLUE_ADAPTER_FLAGS` that wrote it
+            (`hfzoo.training.checkpointing.recorded_arguments`; None in checkpoints of an older hfzoo): a resume must
+            keep them (`check_glue_resume_arguments`).
     """
 
     step: int = 0
@@ -146,6 +170,19 @@ class GlueProgress:
     throughput: dict[str, float] = dataclasses.field(default_factory=lambda: {"tokens": 0, "flops": 0, "seconds": 0})
     batch_layout: dict[str, int] | None = None
     optimizer_arguments: dict[str, Any] | None = None
+    data_arguments: dict[str, Any] | None = None
+    adapter_arguments: dict[str, Any] | None = None
+
+
+def check_glue_resume_arguments(resume_path: Path, args: argparse.Namespace) -> None:
+    """Refuse a resume with another task, data or adapter settings than its checkpoint's, before any data is read.
+
+    Raises:
+        ValueError: one line naming each changed flag with both values (`check_resume_arguments`).
+    """
+    for flags, key, consequence in ((GLUE_DATA_FLAGS, "data_arguments", GLUE_DATA_CHANGE),
+                                    (GLUE_ADAPTER_FLAGS, "adapter_arguments", GLUE_ADAPTER_CHANGE)):  # fmt: skip
+        check_resume_arguments(resume_path, args, flags, key, consequence, GLUE_STATE)
 
 
 def glue_batch_layout(args: argparse.Namespace, accelerator: Accelerator) -> dict[str, int]:
@@ -271,7 +308,12 @@ def train_glue(run: GlueRun) -> GlueProgress:
         accelerator.init_trackers(
             "glue", {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
         )
-    layout = {"batch_layout": glue_batch_layout(args, accelerator), "optimizer_arguments": optimizer_arguments(args)}
+    layout = {
+        "batch_layout": glue_batch_layout(args, accelerator),
+        "optimizer_arguments": optimizer_arguments(args),
+        "data_arguments": recorded_arguments(args, GLUE_DATA_FLAGS),
+        "adapter_arguments": recorded_arguments(args, GLUE_ADAPTER_FLAGS),
+    }
     progress, best_state = GlueProgress(**layout), None
     if run.resume_path is not None:  # with this run's layout and optimizer (checked in `prepare_glue`)
         accelerator.load_state(str(run.resume_path))

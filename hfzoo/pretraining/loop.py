@@ -44,9 +44,12 @@ from ..training import faults
 from ..training.accelerator import choose_mixed_precision, create_accelerator
 from ..training.arguments import check_scheduler_arguments, muon_settings
 from ..training.checkpointing import (
+    DATA_CHANGE,
+    DATA_FLAGS,
     TRAIN_HISTORY_FILE,
     _check_resume_topology,
     _resolve_resume,
+    check_resume_arguments,
     check_resume_config,
     check_resume_optimizer,
     check_resume_tokenizer,
@@ -255,6 +258,8 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     objective = get_objective(args.objective)
     collator, raw_block_size = objective.build_collator(args, tokenizer, block_size)
     check_input_files(args.train_file, args.validation_file, args.streaming)  # every process, before any waits
+    if resume_path is not None:  # once the files are known to exist
+        check_resume_arguments(resume_path, args, DATA_FLAGS, "data_arguments", DATA_CHANGE)
 
     if args.streaming:
         train_dataloader, eval_dataloader = _streaming_loaders(args, accelerator, tokenizer, objective, collator,

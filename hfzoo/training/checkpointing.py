@@ -20,6 +20,7 @@ import os
 import pickle
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -452,23 +453,119 @@ def check_resume_optimizer(resume_path: Path, args: argparse.Namespace, state_fi
     Raises:
         ValueError: one line naming each differing flag with both values.
     """
-    saved = json.loads((resume_path / state_file).read_text()).get("optimizer_arguments")
-    here = optimizer_arguments(args)
 
     def comparable(name: str, value: Any) -> Any:  # fused and foreach AdamW keep the same state
         return "adamw" if name == "optim" and str(value).startswith("adamw") else value
 
+    _refuse_changed_flags(
+        resume_path,
+        json.loads((resume_path / state_file).read_text()).get("optimizer_arguments"),
+        optimizer_arguments(args),
+        "a resume restores the checkpoint's optimizer with its hyperparameters, so this run's would be ignored "
+        "(resume with the checkpoint's values, or start a new run from its weights)",
+        comparable,
+    )
+
+
+#: The flags that decide which text a pretraining run trains and validates on, and in which blocks and order
+#: (`training_state.json`'s `data_arguments`).
+DATA_FLAGS = ("train_file", "validation_file", "dataset_name", "dataset_config_name", "text_column_name",
+              "validation_split_percentage", "block_size", "max_train_samples", "no_clean_text", "streaming",
+              "seed")  # fmt: skip
+#: What a pretraining resume with other data settings would do (`check_resume_arguments`).
+DATA_CHANGE = (
+    "the resumed run would go on at the checkpoint's position in other data, training some blocks twice and holding "
+    "out text it trained on (resume with the checkpoint's data settings, or start a new run from its weights)"
+)
+
+
+def recorded_arguments(args: argparse.Namespace, flags: tuple[str, ...]) -> dict[str, Any]:
+    """The values of `flags` in `args`, by flag name, JSON-serializable, as a checkpoint records them.
+
+    `--train_file` and `--validation_file` (one path or a list) are recorded by file name and size in bytes
+    (`"books.jsonl.xz (43,276 bytes)"`, `"train.tsv (missing)"`), not by path: a resume may read the same files
+    from another folder.
+
+    Args:
+        args: a recipe's arguments.
+        flags: the flag names (`DATA_FLAGS`, `hfzoo.finetuning.loop.GLUE_DATA_FLAGS`, ...); those `args` lacks are
+            left out.
+
+    Returns:
+        `{flag name: value}`.
+    """
+
+    def file(path: str) -> str:
+        return f"{Path(path).name} ({os.path.getsize(path):,} bytes)" if os.path.isfile(path) else f"{path} (missing)"
+
+    values = {name: getattr(args, name) for name in flags if hasattr(args, name)}
+    for name in ("train_file", "validation_file"):
+        if isinstance(values.get(name), str):
+            values[name] = file(values[name])
+        elif values.get(name):
+            values[name] = [file(path) for path in values[name]]
+    return values
+
+
+def check_resume_arguments(
+    resume_path: Path,
+    args: argparse.Namespace,
+    flags: tuple[str, ...],
+    key: str,
+    consequence: str,
+    state_file: str = TRAINING_STATE,
+) -> None:
+    """Refuse a resume that changes one of `flags` from the value its checkpoint recorded under `key`.
+
+    Pretraining checkpoints record `DATA_FLAGS` as `data_arguments`: the data position counts the blocks already
+    trained on in the run's data, so with other files, another split, block size or seed the resumed run would go on
+    at that position in other blocks, training some twice, skipping others, and training on documents held out
+    before, so that the held-out loss no longer measures unseen text. Flags missing from the record (a checkpoint
+    of an older hfzoo) are not checked.
+
+    Args:
+        resume_path: the checkpoint folder.
+        args: this run's arguments.
+        flags: the flags to compare (`recorded_arguments`).
+        key: the entry of the checkpoint's state file holding them.
+        consequence: what the changed run would do, and the way out, for the message.
+        state_file: the checkpoint's loop state (`training_state.json`, or `hfzoo.finetuning.loop.GLUE_STATE`).
+
+    Raises:
+        ValueError: one line naming each changed flag with both values, then `consequence`.
+    """
+    saved = json.loads((resume_path / state_file).read_text()).get(key)
+    _refuse_changed_flags(resume_path, saved, recorded_arguments(args, flags), consequence)
+
+
+def _refuse_changed_flags(
+    resume_path: Path,
+    saved: dict[str, Any] | None,
+    here: dict[str, Any],
+    consequence: str,
+    comparable: Callable[[str, Any], Any] = lambda name, value: value,
+) -> None:
+    """Raise `ValueError` naming each flag of `saved` whose value differs in `here` (by `comparable`).
+
+    `saved` None (a checkpoint of an older hfzoo) and flags missing from `here` are not checked.
+    """
     differ = [
         name for name in saved or {} if name in here and comparable(name, saved[name]) != comparable(name, here[name])
     ]
     if differ:
-        there = ", ".join(f"--{name} {saved[name]}" for name in differ)
-        this = ", ".join(f"--{name} {here[name]}" for name in differ)
+
+        def show(values: dict[str, Any]) -> str:
+            return ", ".join(f"--{name} {_flag_value(values[name])}" for name in differ)
+
         raise ValueError(
-            f"--resume_from_checkpoint {resume_path}: written with {there}; this run has {this}: a resume restores "
-            "the checkpoint's optimizer with its hyperparameters, so this run's would be ignored (resume with the "
-            "checkpoint's values, or start a new run from its weights)"
+            f"--resume_from_checkpoint {resume_path}: written with {show(saved)}; this run has {show(here)}: "
+            f"{consequence}"
         )
+
+
+def _flag_value(value: Any) -> str:
+    """A flag's value as typed: a list space-separated, a switch `True`/`False`."""
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 #: `training_state.json`'s `distributed_type` -> the engine whose files the checkpoint holds (other values: "plain",
@@ -755,6 +852,7 @@ def save_checkpoint(
             "objective": args.objective,
             **_run_topology(accelerator, args),
             "optimizer_arguments": optimizer_arguments(args),
+            "data_arguments": recorded_arguments(args, DATA_FLAGS),
             **(extra_state or {}),
         }
         (tmp / TRAINING_STATE).write_text(json.dumps(state))

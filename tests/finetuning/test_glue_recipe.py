@@ -654,6 +654,54 @@ def test_a_resume_with_other_optimizer_settings_is_refused_before_any_data_is_re
     )
 
 
+def test_a_resume_with_another_task_data_or_adapter_is_refused_before_any_data_is_read(
+    checkpoints, glue_dir, tmp_path, monkeypatch
+):
+    """Another binary task resumed silently on the other task's examples, another LoRA rank failed in
+    `load_state_dict`: each is refused in one line naming the flags; the GLUE folder may move."""
+    from hfzoo.finetuning import glue
+
+    common = ("--max_train_steps", "2", "--checkpointing_steps", "1", "--peft", "lora")
+    finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "full", "mrpc", *common))
+    checkpoint = tmp_path / "full" / "checkpoints" / "step_1"
+    state = json.loads((checkpoint / GLUE_STATE).read_text())
+    assert state["data_arguments"]["task_name"] == "mrpc" and state["adapter_arguments"]["peft"] == "lora"
+
+    def resumed(*changes: str) -> list[str]:
+        args = argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "other", "mrpc", *common,
+                    "--resume_from_checkpoint", str(checkpoint))  # fmt: skip
+        for flag, value in zip(changes[::2], changes[1::2], strict=True):
+            if flag in args:
+                args[args.index(flag) + 1] = value
+            else:
+                args += [flag, value]
+        return args
+
+    monkeypatch.setattr(glue, "load_glue_data", lambda *a, **k: pytest.fail("the data was read before the check"))
+    for changes, expected in [
+        (("--task_name", "rte"), "written with --task_name mrpc; this run has --task_name rte: the resumed run would "
+                                 "go on at the checkpoint's position in other examples"),
+        (("--max_length", "16", "--seed", "3"), "written with --max_length 32, --seed 42; this run has --max_length "
+                                                "16, --seed 3: "),
+        (("--lora_r", "4"), "--lora_r 4: the checkpoint holds the trained weights of its own adapter"),
+        (("--peft", "none"), "; this run has --peft none: the checkpoint holds the trained weights"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit) as exc:
+            finetune(resumed(*changes))
+        message = str(exc.value.code)
+        assert (
+            message.startswith(f"error: --resume_from_checkpoint {checkpoint}: written with ") and "\n" not in message
+        )
+        assert expected in message, (changes, message)
+    monkeypatch.undo()
+
+    moved = tmp_path / "moved-glue"
+    shutil.copytree(glue_dir, moved)
+    args = resumed()
+    args[args.index("--data_dir") + 1] = str(moved)
+    assert finetune(args)["train_steps"] == 2
+
+
 def test_best_epoch_weights_are_saved_and_reported_with_the_last(checkpoints, glue_dir, tmp_path, monkeypatch):
     """Epoch 1 scores best (a scripted dev metric): its weights are saved, the last epoch's metrics reported too."""
     from hfzoo.finetuning import loop as glue_loop

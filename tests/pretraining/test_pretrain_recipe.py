@@ -474,6 +474,43 @@ def test_a_resume_with_another_tokenizer_of_the_same_size_is_refused(tmp_path, s
     assert main(argv)["train_steps"] == 2
 
 
+def test_a_resume_with_other_data_settings_is_refused_and_the_files_may_move(
+    tmp_path, small_jsonl_xz, tokenizer_dir, capsys
+):
+    """Another split, block size or seed would continue at the checkpoint's position in other blocks (held-out
+    documents trained on); the same file read from another folder resumes."""
+    run = tmp_path / "run"
+    main(base_args(small_jsonl_xz, tokenizer_dir, run, "--max_train_steps", "1", "--checkpointing_steps", "1"))
+    checkpoint = run / "checkpoints" / "step_1"
+    argv = base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "other", "--max_train_steps", "2",
+                     "--resume_from_checkpoint", str(checkpoint))  # fmt: skip
+    argv[argv.index("--validation_split_percentage") + 1] = "10"
+    argv[argv.index("--block_size") + 1] = "16"
+    message = run_main_expecting_error([*argv, "--seed", "7"], capsys)
+    assert (
+        f"--resume_from_checkpoint {checkpoint}: written with --validation_split_percentage 25, --block_size 32, "
+        "--seed 42; this run has --validation_split_percentage 10, --block_size 16, --seed 7: the resumed run would "
+        "go on at the checkpoint's position in other data" in message
+    )
+    other_text = tmp_path / "other.jsonl"
+    other_text.write_text(json.dumps({"text": "Another book. " * 2000}) + "\n")
+    argv = base_args(other_text, tokenizer_dir, tmp_path / "other", "--max_train_steps", "2",
+                     "--resume_from_checkpoint", str(checkpoint))  # fmt: skip
+    message = run_main_expecting_error(argv, capsys)
+    size = small_jsonl_xz.stat().st_size
+    assert (
+        f"written with --train_file {small_jsonl_xz.name} ({size:,} bytes); this run has --train_file other.jsonl "
+        f"({other_text.stat().st_size:,} bytes)" in message
+    )
+
+    moved = tmp_path / "moved" / small_jsonl_xz.name
+    moved.parent.mkdir()
+    moved.write_bytes(small_jsonl_xz.read_bytes())
+    resumed = main(base_args(moved, tokenizer_dir, tmp_path / "resumed", "--max_train_steps", "2",
+                             "--resume_from_checkpoint", str(checkpoint)))  # fmt: skip
+    assert resumed["train_steps"] == 2
+
+
 @pytest.mark.slow
 def test_the_main_job_script_ends_with_the_one_line_error_of_a_refused_run(data_dir, tmp_path):
     """README command 1's script (`recipes/gutenberg_decoder.sh`) on a few books in its data layout: an argument the
