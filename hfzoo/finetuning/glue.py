@@ -190,7 +190,12 @@ def build_glue_parser() -> argparse.ArgumentParser:
         default=None,
         help="save a resumable checkpoint every N steps, or 'epoch' (after each epoch's evaluation)",
     )
-    p.add_argument("--resume_from_checkpoint", default=None, help="a checkpoint folder, or 'latest' in --output_dir")
+    p.add_argument(
+        "--resume_from_checkpoint",
+        default=None,
+        help="a checkpoint folder, or 'latest' in --output_dir; resume with the arguments that wrote it (other batch, "
+        "optimizer, task, data or adapter settings are refused; --max_train_steps and --num_train_epochs may change)",
+    )
     p.add_argument(
         "--overwrite_output_dir",
         action="store_true",

@@ -248,7 +248,14 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
         help="Save a resumable checkpoint every N steps, or 'epoch'.",
     )
     out.add_argument("--checkpoints_total_limit", type=positive_int, default=2, help="Keep the newest K checkpoints.")
-    out.add_argument("--resume_from_checkpoint", type=str, default=None, help="'latest' or a checkpoint folder.")
+    out.add_argument(
+        "--resume_from_checkpoint",
+        type=str,
+        default=None,
+        help="'latest' (the newest intact checkpoint in --output_dir) or a checkpoint folder. Resume with the "
+        "arguments that wrote it: another model config, tokenizer, optimizer or data setting is refused; "
+        "--max_train_steps and the evaluation, logging and checkpointing flags may change.",
+    )
     out.add_argument(
         "--overwrite_output_dir",
         action="store_true",
