@@ -245,6 +245,28 @@ def _load_trainable_state(run: GlueRun, state: dict[str, torch.Tensor]) -> None:
             parameters[name].copy_(value)
 
 
+def _load_glue_state(run: GlueRun) -> None:
+    """`accelerator.load_state` of `run.resume_path`, naming the checkpoint when its weights do not fit the model.
+
+    Raises:
+        ValueError: the checkpoint was written from another model (`--model_name_or_path`): torch's
+            `load_state_dict` error, in one line.
+    """
+    try:
+        run.accelerator.load_state(str(run.resume_path))
+    except RuntimeError as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        if not lines or not lines[0].startswith("Error(s) in loading state_dict"):
+            raise
+        detail = lines[1] if len(lines) > 1 else lines[0]
+        detail = detail if len(detail) <= 200 else f"{detail[:200]}..."
+        raise ValueError(
+            f"--resume_from_checkpoint {run.resume_path}: its weights do not fit this run's model "
+            f"(--model_name_or_path {run.args.model_name_or_path}: {detail}); resume from the model the checkpoint "
+            "was written from"
+        ) from err
+
+
 def save_glue_checkpoint(run: GlueRun, progress: GlueProgress, best_state: dict[str, torch.Tensor] | None) -> Path:
     """Save a resumable checkpoint atomically: accelerate's state, the best epoch's weights, `GLUE_STATE`, a manifest.
 
@@ -316,7 +338,7 @@ def train_glue(run: GlueRun) -> GlueProgress:
     }
     progress, best_state = GlueProgress(**layout), None
     if run.resume_path is not None:  # with this run's layout and optimizer (checked in `prepare_glue`)
-        accelerator.load_state(str(run.resume_path))
+        _load_glue_state(run)
         saved = json.loads((run.resume_path / GLUE_STATE).read_text())
         progress = GlueProgress(**{**saved, **layout})
         if (run.resume_path / BEST_WEIGHTS).is_file():

@@ -702,6 +702,23 @@ def test_a_resume_with_another_task_data_or_adapter_is_refused_before_any_data_i
     assert finetune(args)["train_steps"] == 2
 
 
+def test_a_resume_from_another_model_is_refused_in_one_line(checkpoints, glue_dir, tmp_path):
+    """A checkpoint written from one model, resumed on another: torch's `load_state_dict` error named in one line
+    (it was a traceback)."""
+    common = ("--max_train_steps", "2", "--checkpointing_steps", "1", "--peft", "lora")
+    finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "full", "mrpc", *common))
+    checkpoint = tmp_path / "full" / "checkpoints" / "step_1"
+    with pytest.raises(SystemExit) as exc:
+        finetune(argv(checkpoints["bert"], glue_dir, tmp_path / "other", "mrpc", *common,
+                      "--resume_from_checkpoint", str(checkpoint)))  # fmt: skip
+    message = str(exc.value.code)
+    assert message.startswith(
+        f"error: --resume_from_checkpoint {checkpoint}: its weights do not fit this run's model (--model_name_or_path "
+        f"{checkpoints['bert']}: "
+    ), message
+    assert message.endswith("resume from the model the checkpoint was written from") and "\n" not in message
+
+
 def test_best_epoch_weights_are_saved_and_reported_with_the_last(checkpoints, glue_dir, tmp_path, monkeypatch):
     """Epoch 1 scores best (a scripted dev metric): its weights are saved, the last epoch's metrics reported too."""
     from hfzoo.finetuning import loop as glue_loop
