@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import lzma
@@ -448,14 +447,15 @@ def test_a_resume_with_other_optimizer_settings_is_refused_and_the_adamw_impleme
     assert results["train_steps"] == 2
 
 
-def test_a_resume_with_another_tokenizer_of_the_same_size_is_refused(tmp_path, small_jsonl_xz, tokenizer_dir, capsys):
+def test_a_resume_with_another_tokenizer_of_the_same_size_is_refused(
+    tmp_path, small_jsonl_xz, gutenberg_books, tokenizer_dir, capsys
+):
     """A tokenizer trained on other text has the checkpoint's vocabulary size (the config check passes) but maps
     text to other ids; the same tokenizer from another folder resumes."""
     run = tmp_path / "run"
     main(base_args(small_jsonl_xz, tokenizer_dir, run, "--max_train_steps", "1", "--checkpointing_steps", "1"))
     checkpoint = run / "checkpoints" / "step_1"
-    with lzma.open(small_jsonl_xz, "rt") as f:
-        other_text = [json.loads(line)["text"][::-1] for line in f]  # the same books, reversed
+    other_text = [row["text"][::-1] for row in gutenberg_books]  # the same books, reversed
     other = tmp_path / "other-tokenizer"
     train_bpe_tokenizer([other_text], vocab_size=512).save_pretrained(other)
     argv = base_args(small_jsonl_xz, other, tmp_path / "resumed", "--max_train_steps", "2",
@@ -512,17 +512,15 @@ def test_a_resume_with_other_data_settings_is_refused_and_the_files_may_move(
 
 
 @pytest.mark.slow
-def test_the_main_job_script_ends_with_the_one_line_error_of_a_refused_run(data_dir, tmp_path):
+def test_the_main_job_script_ends_with_the_one_line_error_of_a_refused_run(gutenberg_books, tmp_path):
     """README command 1's script (`recipes/gutenberg_decoder.sh`) on a few books in its data layout: an argument the
     pretraining run refuses ends the script with that run's one-line error and a failing exit status, before the
     evaluation step, and without the launcher's traceback repeating it."""
     books = tmp_path / "data" / "gutenberg"
     books.mkdir(parents=True)
-    with lzma.open(data_dir / "gutenberg" / "pg_top100_en.01.jsonl.xz", "rt") as f:
-        rows = [json.loads(line) for line in itertools.islice(f, 3)]
     for shard in ("00", "01"):  # the tokenizer's shard and the pretraining shard
         with lzma.open(books / f"pg_top100_en.{shard}.jsonl.xz", "wt") as f:
-            f.writelines(json.dumps({**row, "text": row["text"][:40_000]}) + "\n" for row in rows)
+            f.writelines(json.dumps({**row, "text": row["text"][:40_000]}) + "\n" for row in gutenberg_books[:3])
     env = {
         **os.environ,
         "HFZOO_DATA_DIR": str(tmp_path / "data"),
