@@ -2,8 +2,8 @@
 
 Importing `hfzoo` registers every hfzoo config and model with transformers' Auto classes
 (`AutoConfig`, `AutoModel`, `AutoModelForCausalLM`, `AutoModelForMaskedLM`, `AutoModelForSeq2SeqLM`,
-`AutoModelForSequenceClassification`, `AutoModelForTokenClassification`), so that hfzoo checkpoints
-load with `from_pretrained` and work in pipelines.
+`AutoModelForSequenceClassification`, `AutoModelForTokenClassification`, `AutoModelForQuestionAnswering`), so
+that hfzoo checkpoints load with `from_pretrained` and work in pipelines.
 """
 
 from transformers import (
@@ -11,6 +11,7 @@ from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
@@ -28,6 +29,7 @@ from .models.decoder import (
 from .models.encoder import (
     HfzooEncoderConfig,
     HfzooEncoderForMaskedLM,
+    HfzooEncoderForQuestionAnswering,
     HfzooEncoderForSequenceClassification,
     HfzooEncoderForTokenClassification,
     HfzooEncoderModel,
@@ -55,6 +57,7 @@ AUTO_CLASSES = {
         AutoModelForMaskedLM: HfzooEncoderForMaskedLM,
         AutoModelForSequenceClassification: HfzooEncoderForSequenceClassification,
         AutoModelForTokenClassification: HfzooEncoderForTokenClassification,
+        AutoModelForQuestionAnswering: HfzooEncoderForQuestionAnswering,
     },
     HfzooEncoderDecoderConfig: {
         AutoModel: HfzooEncoderDecoderModel,
@@ -83,6 +86,7 @@ __all__ = [
     "HfzooEncoderDecoderModel",
     "HfzooEncoderDecoderPreTrainedModel",
     "HfzooEncoderForMaskedLM",
+    "HfzooEncoderForQuestionAnswering",
     "HfzooEncoderForSequenceClassification",
     "HfzooEncoderForTokenClassification",
     "HfzooEncoderModel",

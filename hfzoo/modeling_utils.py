@@ -17,6 +17,7 @@ from transformers.generation import GenerationMixin
 from transformers.loss.loss_utils import ForMaskedLMLoss, ForSequenceClassificationLoss
 from transformers.modeling_outputs import (
     MaskedLMOutput,
+    QuestionAnsweringModelOutput,
     Seq2SeqMoEOutput,
     Seq2SeqSequenceClassifierOutput,
     SequenceClassifierOutput,
@@ -911,6 +912,19 @@ class MoeSequenceClassifierOutputWithPast(SequenceClassifierOutputWithPast):
 @dataclass
 class MoeTokenClassifierOutput(TokenClassifierOutput):
     """`TokenClassifierOutput` plus the mixture-of-experts fields (as `MoeMaskedLMOutput`).
+
+    Args:
+        aux_loss: float32 scalar included in `loss`, or None for a dense model.
+        router_logits: one `(batch_size * seq_len, num_experts)` tensor per MoE layer, when `output_router_logits`.
+    """
+
+    aux_loss: torch.FloatTensor | None = None
+    router_logits: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class MoeQuestionAnsweringModelOutput(QuestionAnsweringModelOutput):
+    """`QuestionAnsweringModelOutput` plus the mixture-of-experts fields (as `MoeMaskedLMOutput`).
 
     Args:
         aux_loss: float32 scalar included in `loss`, or None for a dense model.

@@ -77,6 +77,9 @@ def build_model(config_class, model_class, seed: int):
 
 
 def first_output(out) -> torch.Tensor:
+    """The logits, a span head's `(batch, seq_len, 2)` start and end logits, or the last hidden states."""
+    if getattr(out, "start_logits", None) is not None:
+        return torch.stack([out.start_logits, out.end_logits], dim=-1)
     return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
 
 

@@ -3,8 +3,9 @@
 One module per source model, each with its config mapping, its state-dict tables and both directions:
 
 - `hfzoo.convert.gpt2`: GPT-2 (`GPT2LMHeadModel`) <-> the hfzoo decoder (`HfzooDecoderForCausalLM`);
-- `hfzoo.convert.bert`: BERT (`BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`) <-> the hfzoo
-  encoder, and `convert_bert_checkpoint` (a folder, pooler kept for sequence classification);
+- `hfzoo.convert.bert`: BERT (`BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`,
+  `BertForQuestionAnswering`) <-> the hfzoo encoder, and `convert_bert_checkpoint` (a folder, pooler kept for
+  sequence classification);
 - `hfzoo.convert.t5`: T5 (`T5ForConditionalGeneration`, v1.0 and v1.1) <-> the hfzoo encoder-decoder;
 - `hfzoo.convert.llama`: Llama, Qwen3 and Mistral (`LlamaForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`)
   <-> the hfzoo decoder;

@@ -1,4 +1,4 @@
-"""BERT (`BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`) <-> the hfzoo encoder, both ways.
+"""BERT (`BertModel` and its masked-LM, classification and question-answering heads) <-> the hfzoo encoder.
 
 BERT (Devlin et al. 2019) is a post-LN encoder with learned absolute positions, token-type (segment)
 embeddings, a LayerNorm over the summed embeddings, biases everywhere, exact GELU and eps 1e-12:
@@ -6,8 +6,9 @@ embeddings, a LayerNorm over the summed embeddings, biases everywhere, exact GEL
 Only the key names differ; every tensor is copied unchanged (nn.Linear on both sides). The heads:
   BertForMaskedLM's `cls.predictions` (transform dense + act + LayerNorm, decoder + bias) = hfzoo's `lm_head`;
   BertForSequenceClassification's `bert.pooler.dense` (+ tanh) and `classifier` = hfzoo's
-  `classifier.dense` and `classifier.out_proj` (`SequenceClassificationHead`).
-BERT keys are given without the `bert.` prefix of BertForMaskedLM / BertForSequenceClassification.
+  `classifier.dense` and `classifier.out_proj` (`SequenceClassificationHead`);
+  BertForQuestionAnswering's `qa_outputs` (no pooler) = hfzoo's `qa_outputs` (`HfzooEncoderForQuestionAnswering`).
+BERT keys are given without the `bert.` prefix of the BertFor* models.
 """
 
 from __future__ import annotations
@@ -17,12 +18,19 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertModel,
+)
 
 from ..hub import copy_sentence_transformers_files, local_checkpoint_folder
 from ..models.encoder import (
     HfzooEncoderConfig,
     HfzooEncoderForMaskedLM,
+    HfzooEncoderForQuestionAnswering,
     HfzooEncoderForSequenceClassification,
     HfzooEncoderModel,
 )
@@ -94,6 +102,8 @@ BERT_TO_HFZOO_HEADS: tuple[tuple[str, str], ...] = (
     ("cls.predictions.transform.LayerNorm.bias",    "lm_head.norm.bias"),
     ("cls.predictions.decoder.weight",              "lm_head.decoder.weight"),
     ("cls.predictions.decoder.bias",                "lm_head.decoder.bias"),
+    ("qa_outputs.weight",                           "qa_outputs.weight"),
+    ("qa_outputs.bias",                             "qa_outputs.bias"),
 )  # fmt: skip
 
 # hfzoo fields BERT fixes, with the value BERT needs and why.
@@ -224,11 +234,12 @@ def bert_config_from_hfzoo(config: HfzooEncoderConfig) -> BertConfig:
 
 
 def bert_state_dict_to_hfzoo(state: Mapping[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
-    """Rename a BERT state dict (any of BertModel / BertForMaskedLM / BertForSequenceClassification) to hfzoo keys.
+    """Rename a BERT state dict (BertModel or one of the BertFor* classes `bert_to_hfzoo` takes) to hfzoo keys.
 
     Encoder keys go under `model.`; `bert.pooler.dense` becomes `classifier.dense` (hfzoo's pooler
     lives in its classification head), `classifier` becomes `classifier.out_proj`, `cls.predictions.*`
-    becomes `lm_head.*`. Tensors are not copied. Position-id buffers of old checkpoints are dropped.
+    becomes `lm_head.*`, `qa_outputs` keeps its name. Tensors are not copied. Position-id buffers of old
+    checkpoints are dropped.
 
     Args:
         state: the BERT state dict, keys with or without the `bert.` prefix.
@@ -241,7 +252,10 @@ def bert_state_dict_to_hfzoo(state: Mapping[str, torch.Tensor], num_layers: int)
         ValueError: a key this mapping does not know, or a missing encoder key (both listed).
     """
     # Full BertFor* names: the encoder (and pooler) under `bert.`, the heads at the top level.
-    state = {(k if k.startswith(("cls.", "classifier.", "bert.")) else f"bert.{k}"): v for k, v in state.items()}
+    state = {
+        (k if k.startswith(("cls.", "classifier.", "qa_outputs.", "bert.")) else f"bert.{k}"): v
+        for k, v in state.items()
+    }
     state = {k: v for k, v in state.items() if k != "bert.embeddings.position_ids"}
     if _BERT_MLM_BIAS_ALIAS[0] in state:
         bias = state.pop(_BERT_MLM_BIAS_ALIAS[0])
@@ -284,11 +298,18 @@ def _hfzoo_state_dict_to_bert(state: Mapping[str, torch.Tensor], with_prefix: bo
 
 
 # The classes on each side, in matching order; a model converts to the class at the same position.
-_BERT_CLASSES = (BertModel, BertForMaskedLM, BertForSequenceClassification)
-_HFZOO_ENCODER_CLASSES = (HfzooEncoderModel, HfzooEncoderForMaskedLM, HfzooEncoderForSequenceClassification)
+_BERT_CLASSES = (BertModel, BertForMaskedLM, BertForSequenceClassification, BertForQuestionAnswering)
+_HFZOO_ENCODER_CLASSES = (
+    HfzooEncoderModel,
+    HfzooEncoderForMaskedLM,
+    HfzooEncoderForSequenceClassification,
+    HfzooEncoderForQuestionAnswering,
+)
 
 
 def _bert_class_for_state(state: Mapping[str, torch.Tensor]) -> int:
+    if any(k.startswith("qa_outputs.") for k in state):
+        return 3
     if any(k.startswith("classifier.") for k in state):
         return 2
     if any(k.startswith(("cls.predictions.", "lm_head.")) for k in state):
@@ -297,19 +318,29 @@ def _bert_class_for_state(state: Mapping[str, torch.Tensor]) -> int:
 
 
 def bert_to_hfzoo(
-    bert_model_or_state_dict: BertModel | BertForMaskedLM | BertForSequenceClassification | Mapping[str, torch.Tensor],
+    bert_model_or_state_dict: BertModel
+    | BertForMaskedLM
+    | BertForSequenceClassification
+    | BertForQuestionAnswering
+    | Mapping[str, torch.Tensor],
     config: BertConfig | HfzooEncoderConfig | None = None,
     *,
     attn_implementation: str | None = None,
-) -> HfzooEncoderModel | HfzooEncoderForMaskedLM | HfzooEncoderForSequenceClassification:
+) -> (
+    HfzooEncoderModel
+    | HfzooEncoderForMaskedLM
+    | HfzooEncoderForSequenceClassification
+    | HfzooEncoderForQuestionAnswering
+):
     """Convert a BERT model (or state dict) to the hfzoo encoder class computing the same outputs.
 
     `BertModel` -> `HfzooEncoderModel` (same `last_hidden_state`; a pooler, which hfzoo keeps in its
     classification head, is dropped), `BertForMaskedLM` -> `HfzooEncoderForMaskedLM`,
     `BertForSequenceClassification` -> `HfzooEncoderForSequenceClassification` (pooler ->
-    `classifier.dense`, `classifier` -> `classifier.out_proj`). A state dict picks the class from its
-    keys (`classifier.*`: sequence classification; `cls.predictions.*`: masked LM; else the bare
-    encoder). Tensors are renamed only (`BERT_TO_HFZOO_*` tables), so `hfzoo_to_bert` returns the
+    `classifier.dense`, `classifier` -> `classifier.out_proj`), `BertForQuestionAnswering` ->
+    `HfzooEncoderForQuestionAnswering` (same `start_logits` / `end_logits`). A state dict picks the class from its
+    keys (`qa_outputs.*`: question answering; `classifier.*`: sequence classification; `cls.predictions.*`: masked
+    LM; else the bare encoder). Tensors are renamed only (`BERT_TO_HFZOO_*` tables), so `hfzoo_to_bert` returns the
     original state dict exactly. The result has the source's dtype and device, eval mode.
 
     Args:
@@ -324,8 +355,8 @@ def bert_to_hfzoo(
 
     Raises:
         TypeError: a state dict without `config`, or an unsupported input type.
-        ValueError: a config hfzoo cannot express (see `hfzoo_config_from_bert`), or state-dict keys
-            that do not match the config (listed).
+        ValueError: a config hfzoo cannot express (see `hfzoo_config_from_bert`), state-dict keys
+            that do not match the config (listed), or a question-answering head with other than 2 outputs.
     """
     source = bert_model_or_state_dict
     state, config, attn_implementation = read_source(
@@ -343,6 +374,8 @@ def bert_to_hfzoo(
         bert_config_from_hfzoo(config)  # raises if BERT cannot express it
         hfzoo_config = config
     hfzoo_state = bert_state_dict_to_hfzoo(state, hfzoo_config.num_hidden_layers)
+    if index == 3:
+        _check_answer_head(hfzoo_state["qa_outputs.weight"])
     if index == 1:
         hfzoo_state = resolve_tied_head(
             hfzoo_state, hfzoo_config.tie_word_embeddings, "model.embed_tokens.weight", "lm_head.decoder.weight", "BERT"
@@ -354,15 +387,29 @@ def bert_to_hfzoo(
     return load_converted(model, hfzoo_state, attn_implementation)
 
 
+def _check_answer_head(weight: torch.Tensor) -> None:
+    """Refuse a BERT question-answering head whose `qa_outputs` is not `(2, hidden_size)` (start, end)."""
+    if weight.shape[0] != 2:
+        raise ValueError(
+            f"qa_outputs.weight has {weight.shape[0]} outputs (BertForQuestionAnswering with num_labels="
+            f"{weight.shape[0]}); hfzoo's HfzooEncoderForQuestionAnswering scores a start and an end: 2 outputs"
+        )
+
+
 def hfzoo_to_bert(
-    model: HfzooEncoderModel | HfzooEncoderForMaskedLM | HfzooEncoderForSequenceClassification,
+    model: HfzooEncoderModel
+    | HfzooEncoderForMaskedLM
+    | HfzooEncoderForSequenceClassification
+    | HfzooEncoderForQuestionAnswering,
     *,
     attn_implementation: str | None = None,
-) -> BertModel | BertForMaskedLM | BertForSequenceClassification:
+) -> BertModel | BertForMaskedLM | BertForSequenceClassification | BertForQuestionAnswering:
     """Convert an hfzoo encoder model to the BERT class computing the same outputs (inverse of `bert_to_hfzoo`).
 
     `HfzooEncoderModel` -> `BertModel` without pooler, `HfzooEncoderForMaskedLM` -> `BertForMaskedLM`,
-    `HfzooEncoderForSequenceClassification` -> `BertForSequenceClassification`.
+    `HfzooEncoderForSequenceClassification` -> `BertForSequenceClassification`,
+    `HfzooEncoderForQuestionAnswering` -> `BertForQuestionAnswering` (its config has `num_labels=2`, the start and
+    end outputs BERT sizes `qa_outputs` by).
 
     Args:
         model: the hfzoo encoder model.
@@ -372,13 +419,15 @@ def hfzoo_to_bert(
         The BERT model (source dtype and device, eval mode).
 
     Raises:
-        TypeError: `model` is not one of the three hfzoo encoder classes.
+        TypeError: `model` is not one of the four hfzoo encoder classes above.
         ValueError: a config BERT cannot express (see `bert_config_from_hfzoo`).
     """
     if not isinstance(model, _HFZOO_ENCODER_CLASSES):
         raise TypeError(f"expected an hfzoo encoder model, got {type(model).__name__}")
     index = next(i for i, cls in enumerate(_HFZOO_ENCODER_CLASSES) if isinstance(model, cls))
     bert_config = bert_config_from_hfzoo(model.config)
+    if index == 3:
+        bert_config.num_labels = 2  # BertForQuestionAnswering's qa_outputs has num_labels outputs
     state = _hfzoo_state_dict_to_bert(model.state_dict(), with_prefix=index > 0)
     if index == 0:
         bert = BertModel(bert_config, add_pooling_layer=False)
@@ -397,7 +446,9 @@ def convert_bert_checkpoint(bert_path: str | Path, output_dir: str | Path) -> Pa
     `lm_head.*`, and the pooler as `classifier.dense.*`, so that
     `AutoModelForSequenceClassification.from_pretrained(output_dir, num_labels=...)` starts from BERT's
     pretrained pooler exactly as `BertForSequenceClassification.from_pretrained(bert_path)` does (only
-    `classifier.out_proj` is newly initialised).
+    `classifier.out_proj` is newly initialised). A finetuned `BertForSequenceClassification` or
+    `BertForQuestionAnswering` checkpoint keeps its head (`classifier.*`, `qa_outputs.*`), and its `architectures`
+    names the hfzoo class that computes the same outputs.
 
     Args:
         bert_path: a folder with a BERT `config.json` and `model.safetensors` (or `pytorch_model.bin`), or
@@ -413,7 +464,8 @@ def convert_bert_checkpoint(bert_path: str | Path, output_dir: str | Path) -> Pa
     Raises:
         FileNotFoundError: no config or weights file in `bert_path`.
         OSError: a hub id that cannot be fetched.
-        ValueError: not a BERT checkpoint, or weights that do not match its config.
+        ValueError: not a BERT checkpoint, weights that do not match its config, or a question-answering head with
+            other than 2 outputs.
     """
     from safetensors.torch import load_file, save_file
     from transformers import AutoConfig, AutoTokenizer
@@ -435,10 +487,13 @@ def convert_bert_checkpoint(bert_path: str | Path, output_dir: str | Path) -> Pa
         raise FileNotFoundError(f"{source}: neither model.safetensors nor pytorch_model.bin")
     config = hfzoo_config_from_bert(bert_config)
     hfzoo_state = bert_state_dict_to_hfzoo(state, config.num_hidden_layers)
+    index = _bert_class_for_state(state)
+    if index == 3:
+        _check_answer_head(hfzoo_state["qa_outputs.weight"])
     if config.tie_word_embeddings:
         hfzoo_state.pop("lm_head.decoder.weight", None)  # restored from the embeddings by the tie
     output_dir.mkdir(parents=True, exist_ok=True)
-    config.architectures = ["HfzooEncoderForMaskedLM" if "lm_head.dense.weight" in hfzoo_state else "HfzooEncoderModel"]
+    config.architectures = [_HFZOO_ENCODER_CLASSES[index].__name__]
     config.save_pretrained(output_dir)
     save_file({k: v.contiguous() for k, v in hfzoo_state.items()}, output_dir / "model.safetensors", {"format": "pt"})
     if (bert_path / "tokenizer_config.json").is_file() or (bert_path / "vocab.txt").is_file():

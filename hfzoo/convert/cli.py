@@ -31,7 +31,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2LM
 
 from ..hub import copy_sentence_transformers_files
 from ..models.decoder import HfzooDecoderForCausalLM
-from ..models.encoder import HfzooEncoderForMaskedLM, HfzooEncoderForSequenceClassification, HfzooEncoderModel
+from ..models.encoder import (
+    HfzooEncoderForMaskedLM,
+    HfzooEncoderForQuestionAnswering,
+    HfzooEncoderForSequenceClassification,
+    HfzooEncoderModel,
+)
 from ..models.encoder_decoder import HfzooEncoderDecoderForConditionalGeneration
 from ..outputs import check_output_folder, check_output_is_not_source, removed_if_refused
 from .bert import convert_bert_checkpoint, hfzoo_to_bert
@@ -72,7 +77,8 @@ def _from_bert(source: Path, output_dir: Path) -> None:
 
 def _to_bert(source: Path, output_dir: Path) -> torch.nn.Module:
     config = AutoConfig.from_pretrained(source)
-    classes = {cls.__name__: cls for cls in (HfzooEncoderForMaskedLM, HfzooEncoderForSequenceClassification)}
+    heads = (HfzooEncoderForMaskedLM, HfzooEncoderForSequenceClassification, HfzooEncoderForQuestionAnswering)
+    classes = {cls.__name__: cls for cls in heads}
     model_class = next((classes[a] for a in config.architectures or [] if a in classes), HfzooEncoderModel)
     return hfzoo_to_bert(model_class.from_pretrained(source))
 
@@ -92,8 +98,8 @@ def convert_checkpoint(model_name_or_path: str | Path, output_dir: str | Path) -
     `MistralForCausalLM` with a sliding window), any other to GPT-2; the Llama family keeps the source's
     generation config. An hfzoo encoder converts to the BERT class of its `architectures`
     (`HfzooEncoderForMaskedLM` -> `BertForMaskedLM`, `...ForSequenceClassification` ->
-    `BertForSequenceClassification`, else `BertModel`). A sentence-transformers model keeps its module
-    configuration (`hfzoo.hub.copy_sentence_transformers_files`).
+    `BertForSequenceClassification`, `...ForQuestionAnswering` -> `BertForQuestionAnswering`, else `BertModel`).
+    A sentence-transformers model keeps its module configuration (`hfzoo.hub.copy_sentence_transformers_files`).
 
     Args:
         model_name_or_path: the source checkpoint folder (or hub id).

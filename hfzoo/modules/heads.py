@@ -90,6 +90,34 @@ def check_classification_labels(labels: torch.Tensor | None, config) -> None:
         )
 
 
+def check_answer_positions(positions: torch.Tensor | None, name: str) -> None:
+    """Refuse negative answer-span positions before they reach the question-answering loss.
+
+    transformers' `ForQuestionAnsweringLoss` clamps positions to `[0, seq_len]` and ignores `seq_len`: a
+    position at or beyond the input's end (an answer cut off by truncation) drops out of the loss, as there.
+    A negative position would be clamped to 0, the first token (`[CLS]`, "no answer" in SQuAD 2.0), and
+    train the model towards it without a word: -100, the ignore value of the other heads, is the likely
+    mistake. In eager mode and outside `caller_checked_ids()` only (`model_value_checks_enabled`).
+
+    Args:
+        positions: `(batch_size,)` or `(batch_size, 1)` int64 token indices, or None.
+        name: the argument's name for the message (`start_positions` / `end_positions`).
+
+    Raises:
+        ValueError: a negative position; the message gives the value and its row.
+    """
+    if positions is None or not model_value_checks_enabled():
+        return
+    bad = positions.reshape(positions.shape[0], -1) < 0
+    if bad.any():
+        row = int(bad.any(dim=-1).nonzero()[0, 0])
+        raise ValueError(
+            f"{name} has {positions.reshape(positions.shape[0], -1)[row, 0].item()} in row {row}: answer positions "
+            'are token indices from 0 (the first token, the "no answer" span of SQuAD 2.0); a position at or after '
+            "the input's end is left out of the loss (give the sequence length, not -100, to ignore a row)"
+        )
+
+
 def last_token_pool(
     hidden_states: torch.Tensor, input_ids: torch.Tensor | None, pad_token_id: int | None
 ) -> torch.Tensor:

@@ -6,18 +6,27 @@ import pytest
 import torch
 from helpers.paths import minilm_dir
 from transformers import (
+    AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     BertConfig,
     BertForMaskedLM,
+    BertForQuestionAnswering,
     BertForSequenceClassification,
     BertModel,
 )
 
-from hfzoo import HfzooEncoderConfig, HfzooEncoderForMaskedLM, HfzooEncoderForSequenceClassification, HfzooEncoderModel
+from hfzoo import (
+    HfzooEncoderConfig,
+    HfzooEncoderForMaskedLM,
+    HfzooEncoderForQuestionAnswering,
+    HfzooEncoderForSequenceClassification,
+    HfzooEncoderModel,
+)
 from hfzoo.convert import (
     bert_config_from_hfzoo,
     bert_to_hfzoo,
     convert_bert_checkpoint,
+    convert_checkpoint,
     hfzoo_config_from_bert,
     hfzoo_to_bert,
 )
@@ -33,7 +42,8 @@ SIZES = {
 }  # fmt: skip
 TOLERANCE = 1e-4
 CLASSES = [(BertModel, HfzooEncoderModel), (BertForMaskedLM, HfzooEncoderForMaskedLM),
-           (BertForSequenceClassification, HfzooEncoderForSequenceClassification)]  # fmt: skip
+           (BertForSequenceClassification, HfzooEncoderForSequenceClassification),
+           (BertForQuestionAnswering, HfzooEncoderForQuestionAnswering)]  # fmt: skip
 
 
 def random_bert(cls, size: str, seed: int = 0, **overrides):
@@ -43,8 +53,10 @@ def random_bert(cls, size: str, seed: int = 0, **overrides):
     interchangeable, which would hide e.g. a query/key or LayerNorm swap.
     """
     torch.manual_seed(seed)
+    num_labels = 2 if cls is BertForQuestionAnswering else 3  # a span head: start and end
     config = BertConfig(
-        **{**SIZES[size], "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "num_labels": 3, **overrides}
+        **{**SIZES[size], "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "num_labels": num_labels}
+        | overrides
     )
     model = cls(config, add_pooling_layer=False) if cls is BertModel else cls(config)
     with torch.no_grad():
@@ -73,8 +85,11 @@ def padded_batch(config, seed: int = 1) -> dict[str, torch.Tensor]:
 
 
 def outputs(model, batch) -> torch.Tensor:
+    """The logits, the span head's `(batch, seq_len, 2)` start and end logits, or the last hidden states."""
     with torch.no_grad():
         out = model(**batch)
+    if hasattr(out, "start_logits"):
+        return torch.stack([out.start_logits, out.end_logits], dim=-1)
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
@@ -255,3 +270,49 @@ def test_training_mode_dropout_matches_bert():
     with torch.no_grad():
         other = model(**batch).logits
     assert (other - logits[1]).abs().max() > 1e-3  # dropout is really on
+
+
+def test_question_answering_loss_matches_bert():
+    """Same span loss as BertForQuestionAnswering, answers cut off by truncation (position >= seq_len) left out."""
+    bert = random_bert(BertForQuestionAnswering, "h32-l2-a4")
+    model = bert_to_hfzoo(bert)
+    batch = padded_batch(bert.config)
+    for start, end in (([0, 3, 1, 0], [2, 7, 4, 1]), ([0, 12, 1, 40], [2, 12, 4, 40])):
+        positions = {"start_positions": torch.tensor(start), "end_positions": torch.tensor(end)}
+        with torch.no_grad():
+            expected, actual = bert(**batch, **positions).loss, model(**batch, **positions).loss
+        assert abs(actual.item() - expected.item()) < 1e-5, (start, actual, expected)
+    kept_rows = {k: v[[0, 2]] for k, v in batch.items()}  # the second positions leave rows 1 and 3 out
+    with torch.no_grad():
+        two_rows = model(**kept_rows, start_positions=torch.tensor([0, 1]), end_positions=torch.tensor([2, 4])).loss
+    assert abs(two_rows.item() - actual.item()) < 1e-5
+
+
+def test_question_answering_head_with_other_than_two_outputs_is_refused():
+    bert = random_bert(BertForQuestionAnswering, "h32-l2-a4", num_labels=3)
+    with pytest.raises(ValueError, match="qa_outputs.weight has 3 outputs.*2 outputs"):
+        bert_to_hfzoo(bert)
+
+
+@pytest.mark.parametrize(
+    "bert_class, auto_class, hfzoo_class",
+    [
+        (BertForSequenceClassification, AutoModelForSequenceClassification, HfzooEncoderForSequenceClassification),
+        (BertForQuestionAnswering, AutoModelForQuestionAnswering, HfzooEncoderForQuestionAnswering),
+    ],
+)
+def test_finetuned_checkpoint_keeps_its_head_both_ways(tmp_path, bert_class, auto_class, hfzoo_class):
+    """A finetuned BERT folder -> hfzoo (its Auto class, its `architectures`) -> BERT again, the same tensors."""
+    bert = random_bert(bert_class, "h32-l2-a4")
+    bert.save_pretrained(tmp_path / "bert")
+    out = convert_bert_checkpoint(tmp_path / "bert", tmp_path / "hfzoo")
+    model = auto_class.from_pretrained(out, attn_implementation="eager")
+    assert isinstance(model, hfzoo_class)
+    assert model.config.architectures == [hfzoo_class.__name__]
+    batch = padded_batch(bert.config)
+    assert (outputs(model.eval(), batch) - outputs(bert, batch)).abs().max() <= TOLERANCE
+    convert_checkpoint(out, tmp_path / "back")
+    back = bert_class.from_pretrained(tmp_path / "back")
+    original = bert.state_dict()
+    assert sorted(back.state_dict()) == sorted(original)
+    assert all(torch.equal(back.state_dict()[key], value) for key, value in original.items())

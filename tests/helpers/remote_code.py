@@ -64,7 +64,10 @@ CLEAN_ENV_SCRIPT = textwrap.dedent(
         result["config_classes"][key] = [type(model.config).__module__, type(model.config).__name__]
         with torch.no_grad():
             out = model(**model_inputs)
-        first = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+        if getattr(out, "start_logits", None) is not None:  # a span head: (batch, seq_len, 2)
+            first = torch.stack([out.start_logits, out.end_logits], dim=-1)
+        else:
+            first = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
         outputs[key] = first.contiguous()
         if entry.get("resave"):  # a remote-code model saved again (flat files copied by transformers) reloads
             model.save_pretrained(entry["resave"])

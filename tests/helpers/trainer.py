@@ -15,6 +15,7 @@ from hfzoo import (
     HfzooEncoderDecoderForConditionalGeneration,
     HfzooEncoderDecoderForSequenceClassification,
     HfzooEncoderForMaskedLM,
+    HfzooEncoderForQuestionAnswering,
     HfzooEncoderForSequenceClassification,
     HfzooEncoderForTokenClassification,
 )
@@ -28,6 +29,7 @@ HEADS = {
     "encoder-seqcls": (HfzooEncoderForSequenceClassification, HfzooEncoderConfig, {"num_labels": 3}),
     "encoder-regression": (HfzooEncoderForSequenceClassification, HfzooEncoderConfig, {"num_labels": 1}),
     "encoder-tokcls": (HfzooEncoderForTokenClassification, HfzooEncoderConfig, {"num_labels": 5}),
+    "encoder-qa": (HfzooEncoderForQuestionAnswering, HfzooEncoderConfig, {}),
     "encoder-decoder-seq2seq": (HfzooEncoderDecoderForConditionalGeneration, HfzooEncoderDecoderConfig, {}),
     "encoder-decoder-seqcls": (
         HfzooEncoderDecoderForSequenceClassification,
@@ -61,6 +63,10 @@ def dataset(head: str, seed: int = 0) -> list[dict[str, torch.Tensor]]:
             example["labels"] = ids.masked_fill(~chosen, -100)
         elif head == "encoder-tokcls":
             example["labels"] = torch.randint(0, 5, (SEQ_LEN,), generator=g).masked_fill(mask == 0, -100)
+        elif head == "encoder-qa":  # an answer span inside the row's tokens
+            start = int(torch.randint(0, length, (), generator=g))
+            example["start_positions"] = torch.tensor(start)
+            example["end_positions"] = torch.randint(start, length, (), generator=g)
         elif head == "encoder-decoder-seq2seq":
             target = torch.randint(2, TINY["vocab_size"], (TGT_LEN,), generator=g)
             example["labels"] = target.masked_fill(torch.arange(TGT_LEN) >= 1 + i % TGT_LEN, -100)

@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 from transformers import (
     AutoModel,
     AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
     AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
@@ -24,6 +25,7 @@ from hfzoo import (
     HfzooEncoderDecoderForConditionalGeneration,
     HfzooEncoderDecoderForSequenceClassification,
     HfzooEncoderForMaskedLM,
+    HfzooEncoderForQuestionAnswering,
     HfzooEncoderForSequenceClassification,
     HfzooEncoderForTokenClassification,
 )
@@ -52,6 +54,7 @@ def padded_batch(lengths, seed=0, pad=0, low=2):
         (HfzooEncoderConfig, AutoModelForMaskedLM, HfzooEncoderForMaskedLM),
         (HfzooEncoderConfig, AutoModelForSequenceClassification, HfzooEncoderForSequenceClassification),
         (HfzooEncoderConfig, AutoModelForTokenClassification, HfzooEncoderForTokenClassification),
+        (HfzooEncoderConfig, AutoModelForQuestionAnswering, HfzooEncoderForQuestionAnswering),
         (HfzooEncoderDecoderConfig, AutoModelForSeq2SeqLM, HfzooEncoderDecoderForConditionalGeneration),
         (HfzooEncoderDecoderConfig, AutoModelForSequenceClassification, HfzooEncoderDecoderForSequenceClassification),
         (HfzooDecoderConfig, AutoModelForSequenceClassification, HfzooDecoderForSequenceClassification),
@@ -176,6 +179,55 @@ def test_token_classification_loss_ignores_minus_100():
     out = model(ids, attention_mask=mask, labels=labels)
     keep = labels != -100
     torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits[keep], labels[keep]))
+
+
+def test_span_head_scores_each_row_as_if_alone_and_refuses_negative_positions():
+    model = build(HfzooEncoderForQuestionAnswering, HfzooEncoderConfig, num_labels=5)  # two outputs regardless
+    ids, mask = padded_batch([9, 6])
+    out = model(ids, attention_mask=mask)
+    assert out.start_logits.shape == out.end_logits.shape == (2, 9)
+    alone = model(ids[1:, :6])
+    torch.testing.assert_close(out.start_logits[1, :6], alone.start_logits[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.end_logits[1, :6], alone.end_logits[0], rtol=1e-5, atol=1e-5)
+    # -100 (the other heads' "ignore") would be clamped to 0, the "no answer" token: refused
+    with pytest.raises(ValueError, match="end_positions has -100 in row 1: answer positions are token indices from 0"):
+        model(ids, attention_mask=mask, start_positions=torch.tensor([2, 3]), end_positions=torch.tensor([4, -100]))
+
+
+@pytest.mark.parametrize("method", ["lora", "prefix"])
+def test_span_head_trains_and_reloads_with_peft(tmp_path, method):
+    """PEFT's QUESTION_ANS task: the adapter trains, `qa_outputs` is trained and saved with it, the reload matches."""
+    from peft import PeftModel, TaskType
+
+    from hfzoo.finetuning.adapters import build_peft_config, wrap_with_peft
+
+    base = build(HfzooEncoderForQuestionAnswering, HfzooEncoderConfig, attn="eager")
+    ids, mask = padded_batch([7, 5])
+    positions = {"start_positions": torch.tensor([1, 2]), "end_positions": torch.tensor([3, 4])}
+    with torch.no_grad():
+        before = base(ids, attention_mask=mask).start_logits
+    config = build_peft_config(method, base.config, task_type=TaskType.QUESTION_ANS, num_virtual_tokens=4)
+    model = wrap_with_peft(base, config).train()
+    trainable = [name for name, param in model.named_parameters() if param.requires_grad]
+    assert any("qa_outputs.modules_to_save" in name for name in trainable), trainable
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(5):
+        loss = model(input_ids=ids, attention_mask=mask, **positions).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    model.save_pretrained(tmp_path)
+    reloaded = PeftModel.from_pretrained(
+        build(HfzooEncoderForQuestionAnswering, HfzooEncoderConfig, attn="eager"), tmp_path
+    )
+    with torch.no_grad():
+        trained = model.eval()(input_ids=ids, attention_mask=mask).start_logits
+        again = reloaded.eval()(input_ids=ids, attention_mask=mask).start_logits
+    assert not torch.allclose(trained, before, atol=1e-3)
+    torch.testing.assert_close(again, trained, rtol=0, atol=0)
 
 
 def test_encoder_accepts_prefix_key_values():

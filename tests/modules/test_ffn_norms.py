@@ -390,7 +390,7 @@ HEADS = [
 
 @pytest.mark.parametrize("config_class, model_class", HEADS)
 def test_every_head_adds_the_aux_loss(config_class, model_class):
-    """Every task head (LM, sequence and token classification) of every family adds the routers' losses."""
+    """Every task head (LM, sequence and token classification, spans) of every family adds the routers' losses."""
     family = {HfzooDecoderConfig: "decoder", HfzooEncoderDecoderConfig: "encoder-decoder"}.get(config_class, "encoder")
     moe = {"num_experts": 3, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.5, "router_z_loss_coef": 0.25}
     batch = make_batch(family)
@@ -398,11 +398,13 @@ def test_every_head_adds_the_aux_loss(config_class, model_class):
     batch.input_ids[torch.arange(len(lengths)), lengths - 1] = TINY["eos_token_id"]  # encoder-decoder pooling
     name, kwargs = model_class.__name__, {}
     if name.endswith("SequenceClassification"):
-        labels = torch.tensor([2, 0])
+        kwargs["labels"] = torch.tensor([2, 0])
     elif name.endswith("TokenClassification"):
-        labels = (batch.attention_mask + 1).masked_fill(batch.attention_mask == 0, -100)
+        kwargs["labels"] = (batch.attention_mask + 1).masked_fill(batch.attention_mask == 0, -100)
+    elif name.endswith("QuestionAnswering"):
+        kwargs.update(start_positions=torch.tensor([1, 0]), end_positions=torch.tensor([2, 1]))
     else:  # the family's language-model head
-        labels = batch.labels
+        kwargs["labels"] = batch.labels
         if family == "encoder-decoder":
             kwargs["decoder_input_ids"] = batch.decoder_input_ids
     outs = {}
@@ -414,7 +416,7 @@ def test_every_head_adds_the_aux_loss(config_class, model_class):
         model = model_class(cfg).eval()
         with torch.no_grad():
             outs[coef] = model(
-                batch.input_ids, attention_mask=batch.attention_mask, labels=labels, output_router_logits=True, **kwargs
+                batch.input_ids, attention_mask=batch.attention_mask, output_router_logits=True, **kwargs
             )
     out = outs[1.0]
     if family == "encoder-decoder":

@@ -3,6 +3,7 @@
 from .configuration_encoder import HfzooEncoderConfig
 from .modeling_encoder import (
     HfzooEncoderForMaskedLM,
+    HfzooEncoderForQuestionAnswering,
     HfzooEncoderForSequenceClassification,
     HfzooEncoderForTokenClassification,
     HfzooEncoderModel,
@@ -12,6 +13,7 @@ from .modeling_encoder import (
 __all__ = [
     "HfzooEncoderConfig",
     "HfzooEncoderForMaskedLM",
+    "HfzooEncoderForQuestionAnswering",
     "HfzooEncoderForSequenceClassification",
     "HfzooEncoderForTokenClassification",
     "HfzooEncoderModel",

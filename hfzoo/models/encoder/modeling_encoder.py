@@ -1,4 +1,4 @@
-"""The hfzoo encoder family: a bidirectional stack with masked-LM, sequence- and token-classification heads."""
+"""The hfzoo encoder family: a bidirectional stack with masked-LM, classification and question-answering heads."""
 
 from __future__ import annotations
 
@@ -12,12 +12,18 @@ from transformers.utils.output_capturing import capture_outputs
 from ...modeling_utils import (
     HfzooPreTrainedModel,
     MoeMaskedLMOutput,
+    MoeQuestionAnsweringModelOutput,
     MoeSequenceClassifierOutput,
     MoeTokenClassifierOutput,
     sequence_classification_loss,
 )
 from ...modules.embeddings import VocabProjection, tied_embedding_keys
-from ...modules.heads import MaskedLMHead, SequenceClassificationHead, check_classification_labels
+from ...modules.heads import (
+    MaskedLMHead,
+    SequenceClassificationHead,
+    check_answer_positions,
+    check_classification_labels,
+)
 from ...modules.stack import HfzooStack
 from .configuration_encoder import HfzooEncoderConfig
 
@@ -325,4 +331,90 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
         )
         return MoeTokenClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions, **moe
+        )
+
+
+class HfzooEncoderForQuestionAnswering(HfzooEncoderPreTrainedModel):
+    """Encoder + a span-extraction head: a start and an end logit per token (Devlin et al. 2019 §4.2-4.3, SQuAD).
+
+    The head is one linear layer `qa_outputs` of `hidden_size` -> 2 (start, end), named and shaped as in
+    transformers' `BertForQuestionAnswering` (so `hfzoo.convert.bert_to_hfzoo` carries a finetuned BERT span head
+    over, and PEFT's `QUESTION_ANS` task trains and saves `qa_outputs` beside the adapter). It has two outputs
+    whatever `config.num_labels` is. The loss is transformers' `ForQuestionAnsweringLoss`: the mean of the start
+    and the end cross-entropies over the sequence, positions at or beyond `seq_len` left out.
+
+    Args:
+        config: an `HfzooEncoderConfig`.
+    """
+
+    def __init__(self, config: HfzooEncoderConfig) -> None:
+        super().__init__(config)
+        self.model = HfzooEncoderModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.LongTensor | None = None,
+        end_positions: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> MoeQuestionAnsweringModelOutput:
+        """Score every token as the start and as the end of the answer span.
+
+        Args:
+            input_ids: `(batch_size, seq_len)` int64 token ids, question and context (or give `inputs_embeds`).
+            attention_mask: `(batch_size, seq_len)`, 1 for tokens and 0 for padding.
+            token_type_ids: `(batch_size, seq_len)` int64 segment ids (0 question, 1 context; default 0).
+            position_ids: `(batch_size, seq_len)` int64 positions (default 0..seq_len-1).
+            inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
+            start_positions: `(batch_size,)` int64 index of the answer's first token; at or beyond `seq_len`:
+                left out of the loss (an answer truncated away).
+            end_positions: `(batch_size,)` int64 index of the answer's last token (same convention).
+            **kwargs: forwarded to the encoder (the keyword contract of `HfzooPreTrainedModel`: named here or by the
+                encoder, or in `PASSED_DOWN_KWARGS`; `IGNORED_KWARGS` dropped; others raise `TypeError`), e.g. PEFT
+                prefix tuning's `past_key_values`; `num_items_in_batch` (transformers' `Trainer`) divides the summed
+                losses by it instead of averaging over the rows.
+
+        Returns:
+            `MoeQuestionAnsweringModelOutput` (a `QuestionAnsweringModelOutput`) with `start_logits` and
+            `end_logits`, each `(batch_size, seq_len)` in the model's dtype, and, given both positions, the float32
+            `loss` `(start_loss + end_loss) / 2`; with experts, `aux_loss` (included in `loss`) and, with
+            `output_router_logits`, `router_logits`.
+
+        Raises:
+            ValueError: a negative start or end position (`check_answer_positions`).
+        """
+        check_answer_positions(start_positions, "start_positions")
+        check_answer_positions(end_positions, "end_positions")
+        return_router_logits = self._request_router_logits(kwargs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
+        )
+        start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
+        start_logits, end_logits = start_logits.contiguous(), end_logits.contiguous()
+        loss = None
+        if start_positions is not None and end_positions is not None:  # transformers' ForQuestionAnswering
+            loss = self.loss_function(
+                start_logits, end_logits, start_positions, end_positions, num_items_in_batch=num_items_in_batch
+            )
+        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
+        return MoeQuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            **moe,
         )
