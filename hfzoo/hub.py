@@ -47,6 +47,12 @@ FAMILY_INFO = {
     "hfzoo_encoder": ("fill-mask", "encoder-only Transformer (masked language model)"),
     "hfzoo_encoder_decoder": ("text2text-generation", "encoder-decoder Transformer (sequence-to-sequence model)"),
 }
+#: the hub's pipeline tag of a task head (its Auto class name); the other heads get their family's tag.
+HEAD_PIPELINE_TAGS = {
+    "AutoModelForSequenceClassification": "text-classification",
+    "AutoModelForTokenClassification": "token-classification",
+    "AutoModelForQuestionAnswering": "question-answering",
+}
 #: the pretraining head of each family, used when the config names no architecture.
 MAIN_AUTO_CLASS = {
     "hfzoo_decoder": "AutoModelForCausalLM",
@@ -186,7 +192,9 @@ def build_model_card(
     """Build the model card (README.md) of an hfzoo checkpoint.
 
     Metadata: `library_name: transformers`, `tags` (`hfzoo`, the model type, the objective when
-    known), the family's `pipeline_tag` (text-generation, fill-mask or text2text-generation), the hub
+    known), the `pipeline_tag` of the head in the config's `architectures` (`HEAD_PIPELINE_TAGS`: text-classification,
+    token-classification, question-answering), else of the family (text-generation, fill-mask or
+    text2text-generation), the hub
     dataset when one was used, and `metrics: [perplexity]` when a perplexity is reported. A folder holding a
     sentence-transformers model (`modules.json`) gets `library_name: sentence-transformers`, `pipeline_tag:
     sentence-similarity`, the tag `sentence-transformers` and its loading example first. Body: family
@@ -237,6 +245,7 @@ def build_model_card(
         remote_code = bool(getattr(config, "auto_map", None))
     name = model_name or (folder.resolve().name if folder is not None else config.model_type)
     pipeline_tag, description = FAMILY_INFO[family.model_type]
+    pipeline_tag = HEAD_PIPELINE_TAGS.get(auto_name, pipeline_tag)
     objective = args.get("objective")
 
     tags = ["hfzoo", config.model_type]

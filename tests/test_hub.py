@@ -229,6 +229,25 @@ def test_model_card_per_family(config_class, pipeline_tag, model_class):
     assert ("| `num_decoder_layers` | 3 |" in card.text) == (config_class is hfzoo.HfzooEncoderDecoderConfig)
 
 
+@pytest.mark.parametrize(
+    "config_class, model_class, pipeline_tag",
+    [
+        (hfzoo.HfzooEncoderConfig, hfzoo.HfzooEncoderForSequenceClassification, "text-classification"),
+        (hfzoo.HfzooEncoderConfig, hfzoo.HfzooEncoderForTokenClassification, "token-classification"),
+        (hfzoo.HfzooEncoderConfig, hfzoo.HfzooEncoderForQuestionAnswering, "question-answering"),
+        (hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderForSequenceClassification, "text-classification"),
+        (hfzoo.HfzooEncoderConfig, hfzoo.HfzooEncoderModel, "fill-mask"),
+    ],
+)
+def test_model_card_of_a_task_head_has_its_pipeline_tag(tmp_path, config_class, model_class, pipeline_tag):
+    """A finetuned head saved with `save_pretrained` (its class in `architectures`) is tagged with its task."""
+    torch.manual_seed(0)
+    model_class(config_class(**TINY)).save_pretrained(tmp_path)
+    card = hub.build_model_card(tmp_path, model_name="me/finetuned")
+    assert card.data.pipeline_tag == pipeline_tag
+    assert model_class.__name__ in card.text
+
+
 def test_model_card_errors(tmp_path):
     with pytest.raises(OSError, match="no config.json"):
         hub.build_model_card(tmp_path)
