@@ -37,6 +37,7 @@ from ..training.checkpointing import (
     optimizer_arguments,
     recorded_arguments,
     resolve_resume_argument,
+    save_accelerator_state,
     write_manifest,
 )
 from ..training.compilation import no_cache_kwargs
@@ -284,7 +285,7 @@ def save_glue_checkpoint(run: GlueRun, progress: GlueProgress, best_state: dict[
     if accelerator.is_main_process and tmp.exists():
         shutil.rmtree(tmp)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    save_accelerator_state(accelerator, run.model, tmp)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if best_state is not None:

@@ -14,6 +14,7 @@ checkpoint that verifies and warns about each newer one it skips, naming it and 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import logging
 import os
@@ -59,6 +60,51 @@ _RESUME_IGNORED_CONFIG_KEYS = {"architectures", "transformers_version", "_name_o
 #: Optimizer parameter-group entries a checkpoint restores (the others are the run's: weight decay, betas, eps).
 _LOADED_GROUP_KEYS = {"params", "lr", "initial_lr", "step"}
 _STEP_FOLDER = re.compile(r"step_(\d+)(\.tmp)?")
+
+
+class _DeclaredTiesFilter(logging.Filter):
+    """Drop accelerate's "Removed shared tensor {...} while saving" warning when it names declared ties only."""
+
+    def __init__(self, tied: set[str]) -> None:
+        super().__init__()
+        self.tied = tied
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = re.search(r"Removed shared tensor (\{.*\}) while saving", record.getMessage())
+        if match is None:
+            return True
+        try:
+            removed = ast.literal_eval(match.group(1))
+        except (ValueError, SyntaxError):
+            return True
+        return not (isinstance(removed, set) and removed <= self.tied)
+
+
+def save_accelerator_state(accelerator: Accelerator, model: torch.nn.Module, folder: str | os.PathLike) -> None:
+    """`accelerator.save_state(folder)`, without accelerate's warning about the model's tied weights.
+
+    With safetensors, accelerate writes a tensor shared by several names once and logs "Removed shared tensor
+    {'lm_head.weight'} while saving. This should be OK, but check ..." at every save. For the weights the model
+    declares tied (`all_tied_weights_keys`: e.g. the output embeddings tied to the input embeddings) that is
+    expected: loading the checkpoint ties them again (the resume tests compare every step after it). The warning
+    still shows for any other shared tensor.
+
+    Args:
+        accelerator: the run's `Accelerator`.
+        model: the prepared model (unwrapped here to read its ties).
+        folder: the folder to write.
+
+    Raises:
+        OSError: from `save_state`.
+    """
+    tied = set(getattr(accelerator.unwrap_model(model), "all_tied_weights_keys", None) or {})
+    accelerate_logger = logging.getLogger("accelerate.utils.other")
+    declared = _DeclaredTiesFilter(tied)
+    accelerate_logger.addFilter(declared)
+    try:
+        accelerator.save_state(str(folder))
+    finally:
+        accelerate_logger.removeFilter(declared)
 
 
 class CheckpointedRun(Protocol):
@@ -838,7 +884,7 @@ def save_checkpoint(
     if accelerator.is_main_process:
         error = _attempt(lambda: shutil.rmtree(tmp) if tmp.exists() else None)
     _raise_if_any_failed(accelerator, error, tmp, root)
-    _raise_if_any_failed(accelerator, _attempt(lambda: accelerator.save_state(str(tmp))), tmp, root)
+    _raise_if_any_failed(accelerator, _attempt(lambda: save_accelerator_state(accelerator, run.model, tmp)), tmp, root)
 
     def finish() -> None:
         unwrapped = accelerator.unwrap_model(run.model)

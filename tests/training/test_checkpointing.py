@@ -203,3 +203,31 @@ def test_a_fresh_run_beside_an_earlier_runs_checkpoints_is_refused_unless_told_t
                        "--resume_from_checkpoint", "latest"))  # fmt: skip
     assert any(m.endswith(f"Resumed from {ckpts / 'step_4'} at step 4") for m in caplog.messages)
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_4", "step_6"]
+
+
+def test_saving_does_not_warn_about_the_models_declared_ties_but_about_other_shared_tensors(tmp_path, caplog):
+    """accelerate logs "Removed shared tensor ..." for every shared tensor; the declared input/output tie is expected."""
+    from accelerate import Accelerator
+    from helpers.pretraining import TINY_OVERRIDES
+    from transformers import AutoModelForCausalLM
+
+    from hfzoo.models.presets import build_config
+    from hfzoo.training.checkpointing import save_accelerator_state
+
+    def shared_tensor_warnings(model, folder) -> list[str]:
+        accelerator = Accelerator(cpu=True)
+        prepared = accelerator.prepare(model)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            save_accelerator_state(accelerator, prepared, tmp_path / folder)
+        assert (tmp_path / folder / "model.safetensors").is_file()
+        return [r.getMessage() for r in caplog.records if "shared tensor" in r.getMessage()]
+
+    config = build_config("decoder-tiny", TINY_OVERRIDES + ",vocab_size=64")
+    tied = AutoModelForCausalLM.from_config(config)
+    assert tied.config.tie_word_embeddings and tied.lm_head.weight is tied.model.embed_tokens.weight
+    assert shared_tensor_warnings(tied, "tied") == []
+    undeclared = AutoModelForCausalLM.from_config(config)
+    undeclared.model.layers[1].mlp.down_proj.weight = undeclared.model.layers[0].mlp.down_proj.weight
+    (warning,) = shared_tensor_warnings(undeclared, "undeclared")
+    assert "model.layers.1.mlp.down_proj.weight" in warning
