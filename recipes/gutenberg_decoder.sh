@@ -18,6 +18,7 @@ OUT=${OUTPUT_DIR:-outputs/gutenberg-decoder}
 mkdir -p "$OUT"
 SECONDS=0
 DEVICE=${HFZOO_DEVICE:-auto}
+LAUNCH_ARGS=()
 case "$DEVICE" in auto|cpu|cuda) ;; *) echo "error: HFZOO_DEVICE=$DEVICE: expected auto, cpu or cuda" >&2; exit 2 ;; esac
 if [ "$DEVICE" = auto ]; then
     DEVICE=$(python -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
@@ -28,6 +29,11 @@ if [ "$DEVICE" = cuda ]; then
 else
     LAUNCH_CONFIG=accelerate_configs/cpu_single_process.yaml
     DEVICE_ARGS=()
+    # accelerate's own choice for one CPU process, a thread per physical core, given so that it does not warn
+    # that it chose it (OMP_NUM_THREADS, when set, is used instead, as accelerate does)
+    if [ -z "${OMP_NUM_THREADS:-}" ]; then
+        LAUNCH_ARGS=(--num_cpu_threads_per_process "$(python -c 'import psutil; print(psutil.cpu_count(logical=False) or 1)')")
+    fi
 fi
 echo "device: $DEVICE (accelerate config $LAUNCH_CONFIG)"
 
@@ -38,7 +44,7 @@ hfzoo-train-tokenizer \
 
 echo "== 2/3 pretraining (accelerate launch) =="
 # --quiet: a run that stops with an error ends with its own one-line message, not the launcher's traceback around it
-accelerate launch --quiet --config_file "$LAUNCH_CONFIG" recipes/pretrain.py \
+accelerate launch --quiet "${LAUNCH_ARGS[@]}" --config_file "$LAUNCH_CONFIG" recipes/pretrain.py \
     --config recipes/configs/decoder_gutenberg.yaml "${DEVICE_ARGS[@]}" \
     --train_file "$DATA/gutenberg/pg_top100_en.00.jsonl.xz" \
     --tokenizer_name "$OUT/tokenizer" --output_dir "$OUT/model" "$@"
