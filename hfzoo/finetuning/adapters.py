@@ -201,7 +201,7 @@ def wrap_with_peft(model: PreTrainedModel, peft_config: PeftConfig | None) -> Pr
         raise ValueError(
             f"task_type {peft_config.task_type} needs a model that generates, but {type(model).__name__} cannot "
             "(an encoder is bidirectional: no next-token generation); use a decoder or an encoder-decoder, or "
-            "task_type SEQ_CLS / TOKEN_CLS"
+            "task_type SEQ_CLS / TOKEN_CLS / QUESTION_ANS"
         )
     return get_peft_model(model, peft_config)
 
