@@ -100,7 +100,7 @@ def check_answer_positions(positions: torch.Tensor | None, name: str) -> None:
     mistake. In eager mode and outside `caller_checked_ids()` only (`model_value_checks_enabled`).
 
     Args:
-        positions: `(batch_size,)` or `(batch_size, 1)` int64 token indices, or None.
+        positions: `(batch_size,)` or `(batch_size, 1)` int64 token indices (one per row), or None.
         name: the argument's name for the message (`start_positions` / `end_positions`).
 
     Raises:
@@ -108,13 +108,14 @@ def check_answer_positions(positions: torch.Tensor | None, name: str) -> None:
     """
     if positions is None or not model_value_checks_enabled():
         return
-    bad = positions.reshape(positions.shape[0], -1) < 0
-    if bad.any():
-        row = int(bad.any(dim=-1).nonzero()[0, 0])
+    flat = positions.reshape(-1)  # one position per row
+    bad = (flat < 0).nonzero()
+    if len(bad):
+        row = int(bad[0, 0])
         raise ValueError(
-            f"{name} has {positions.reshape(positions.shape[0], -1)[row, 0].item()} in row {row}: answer positions "
-            'are token indices from 0 (the first token, the "no answer" span of SQuAD 2.0); a position at or after '
-            "the input's end is left out of the loss (give the sequence length, not -100, to ignore a row)"
+            f"{name} has {flat[row].item()} in row {row}: answer positions are token indices from 0 (the first "
+            'token, the "no answer" span of SQuAD 2.0); a position at or after the input\'s end is left out of the '
+            "loss (give the sequence length, not -100, to ignore a row)"
         )
 
 

@@ -192,6 +192,14 @@ def test_span_head_scores_each_row_as_if_alone_and_refuses_negative_positions():
     # -100 (the other heads' "ignore") would be clamped to 0, the "no answer" token: refused
     with pytest.raises(ValueError, match="end_positions has -100 in row 1: answer positions are token indices from 0"):
         model(ids, attention_mask=mask, start_positions=torch.tensor([2, 3]), end_positions=torch.tensor([4, -100]))
+    # in bf16 the logits stay bf16 and the loss is computed in float32, as the other heads' losses
+    half = model.to(torch.bfloat16)(
+        ids, attention_mask=mask, start_positions=torch.tensor([2, 3]), end_positions=torch.tensor([4, 5])
+    )
+    assert half.start_logits.dtype == torch.bfloat16 and half.loss.dtype == torch.float32
+    logits = torch.stack([half.start_logits, half.end_logits]).float()  # (2, batch, seq_len)
+    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.tensor([2, 3, 4, 5]))
+    torch.testing.assert_close(half.loss, expected)
 
 
 @pytest.mark.parametrize("method", ["lora", "prefix"])

@@ -405,9 +405,13 @@ class HfzooEncoderForQuestionAnswering(HfzooEncoderPreTrainedModel):
         start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
         start_logits, end_logits = start_logits.contiguous(), end_logits.contiguous()
         loss = None
-        if start_positions is not None and end_positions is not None:  # transformers' ForQuestionAnswering
+        if start_positions is not None and end_positions is not None:  # transformers' ForQuestionAnswering, in fp32
             loss = self.loss_function(
-                start_logits, end_logits, start_positions, end_positions, num_items_in_batch=num_items_in_batch
+                start_logits.float(),
+                end_logits.float(),
+                start_positions,
+                end_positions,
+                num_items_in_batch=num_items_in_batch,
             )
         loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
         return MoeQuestionAnsweringModelOutput(
