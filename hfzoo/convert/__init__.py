@@ -4,8 +4,8 @@ One module per source model, each with its config mapping, its state-dict tables
 
 - `hfzoo.convert.gpt2`: GPT-2 (`GPT2LMHeadModel`) <-> the hfzoo decoder (`HfzooDecoderForCausalLM`);
 - `hfzoo.convert.bert`: BERT (`BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`,
-  `BertForQuestionAnswering`) <-> the hfzoo encoder, and `convert_bert_checkpoint` (a folder, pooler kept for
-  sequence classification);
+  `BertForQuestionAnswering`, `BertForTokenClassification`) <-> the hfzoo encoder, and `convert_bert_checkpoint`
+  (a folder, pooler kept for sequence classification);
 - `hfzoo.convert.t5`: T5 (`T5ForConditionalGeneration`, v1.0 and v1.1) <-> the hfzoo encoder-decoder;
 - `hfzoo.convert.llama`: Llama, Qwen3 and Mistral (`LlamaForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`)
   <-> the hfzoo decoder;
@@ -22,6 +22,7 @@ from .bert import (
     BERT_TO_HFZOO_GLOBAL,
     BERT_TO_HFZOO_HEADS,
     BERT_TO_HFZOO_LAYER,
+    BERT_TO_HFZOO_TOKEN_CLASSIFIER,
     bert_config_from_hfzoo,
     bert_state_dict_to_hfzoo,
     bert_to_hfzoo,
@@ -70,6 +71,7 @@ __all__ = [
     "BERT_TO_HFZOO_GLOBAL",
     "BERT_TO_HFZOO_HEADS",
     "BERT_TO_HFZOO_LAYER",
+    "BERT_TO_HFZOO_TOKEN_CLASSIFIER",
     "GGUF_OUTTYPES",
     "GPT2_TO_HFZOO_GLOBAL",
     "GPT2_TO_HFZOO_LAYER",

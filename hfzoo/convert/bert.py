@@ -7,7 +7,8 @@ Only the key names differ; every tensor is copied unchanged (nn.Linear on both s
   BertForMaskedLM's `cls.predictions` (transform dense + act + LayerNorm, decoder + bias) = hfzoo's `lm_head`;
   BertForSequenceClassification's `bert.pooler.dense` (+ tanh) and `classifier` = hfzoo's
   `classifier.dense` and `classifier.out_proj` (`SequenceClassificationHead`);
-  BertForQuestionAnswering's `qa_outputs` (no pooler) = hfzoo's `qa_outputs` (`HfzooEncoderForQuestionAnswering`).
+  BertForQuestionAnswering's `qa_outputs` (no pooler) = hfzoo's `qa_outputs` (`HfzooEncoderForQuestionAnswering`);
+  BertForTokenClassification's `classifier` (no pooler) = hfzoo's `classifier` (`HfzooEncoderForTokenClassification`).
 BERT keys are given without the `bert.` prefix of the BertFor* models.
 """
 
@@ -23,6 +24,7 @@ from transformers import (
     BertForMaskedLM,
     BertForQuestionAnswering,
     BertForSequenceClassification,
+    BertForTokenClassification,
     BertModel,
 )
 
@@ -32,6 +34,7 @@ from ..models.encoder import (
     HfzooEncoderForMaskedLM,
     HfzooEncoderForQuestionAnswering,
     HfzooEncoderForSequenceClassification,
+    HfzooEncoderForTokenClassification,
     HfzooEncoderModel,
 )
 from .common import (
@@ -53,6 +56,7 @@ __all__ = [
     "BERT_TO_HFZOO_GLOBAL",
     "BERT_TO_HFZOO_HEADS",
     "BERT_TO_HFZOO_LAYER",
+    "BERT_TO_HFZOO_TOKEN_CLASSIFIER",
     "bert_config_from_hfzoo",
     "bert_state_dict_to_hfzoo",
     "bert_to_hfzoo",
@@ -105,6 +109,12 @@ BERT_TO_HFZOO_HEADS: tuple[tuple[str, str], ...] = (
     ("qa_outputs.weight",                           "qa_outputs.weight"),
     ("qa_outputs.bias",                             "qa_outputs.bias"),
 )  # fmt: skip
+
+BERT_TO_HFZOO_TOKEN_CLASSIFIER: tuple[tuple[str, str], ...] = (
+    # BertForTokenClassification's per-token layer (it has no pooler): hfzoo's token classifier has the same name
+    ("classifier.weight", "classifier.weight"),
+    ("classifier.bias", "classifier.bias"),
+)
 
 # hfzoo fields BERT fixes, with the value BERT needs and why.
 _BERT_FIXED = {
@@ -233,17 +243,21 @@ def bert_config_from_hfzoo(config: HfzooEncoderConfig) -> BertConfig:
     )
 
 
-def bert_state_dict_to_hfzoo(state: Mapping[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
+def bert_state_dict_to_hfzoo(
+    state: Mapping[str, torch.Tensor], num_layers: int, token_classification: bool | None = None
+) -> dict[str, torch.Tensor]:
     """Rename a BERT state dict (BertModel or one of the BertFor* classes `bert_to_hfzoo` takes) to hfzoo keys.
 
     Encoder keys go under `model.`; `bert.pooler.dense` becomes `classifier.dense` (hfzoo's pooler
     lives in its classification head), `classifier` becomes `classifier.out_proj`, `cls.predictions.*`
-    becomes `lm_head.*`, `qa_outputs` keeps its name. Tensors are not copied. Position-id buffers of old
-    checkpoints are dropped.
+    becomes `lm_head.*`, `qa_outputs` keeps its name; BertForTokenClassification's `classifier` keeps its name
+    too (`BERT_TO_HFZOO_TOKEN_CLASSIFIER`). Tensors are not copied. Position-id buffers of old checkpoints are dropped.
 
     Args:
         state: the BERT state dict, keys with or without the `bert.` prefix.
         num_layers: `num_hidden_layers`.
+        token_classification: whether `classifier` is BertForTokenClassification's; default: when the state has a
+            `classifier` and no pooler (BertForSequenceClassification always has one).
 
     Returns:
         The hfzoo state dict.
@@ -261,6 +275,10 @@ def bert_state_dict_to_hfzoo(state: Mapping[str, torch.Tensor], num_layers: int)
         bias = state.pop(_BERT_MLM_BIAS_ALIAS[0])
         state.setdefault(_BERT_MLM_BIAS_ALIAS[1], bias)
     names = dict(BERT_TO_HFZOO_HEADS)
+    if token_classification is None:
+        token_classification = _has_token_classifier(state)
+    if token_classification:
+        names.update(BERT_TO_HFZOO_TOKEN_CLASSIFIER)
     names.update({f"bert.{b}": f"model.{h}" for b, h in BERT_TO_HFZOO_GLOBAL})
     names.update(
         {
@@ -276,9 +294,13 @@ def bert_state_dict_to_hfzoo(state: Mapping[str, torch.Tensor], num_layers: int)
     return {names[k]: v for k, v in state.items()}
 
 
-def _hfzoo_state_dict_to_bert(state: Mapping[str, torch.Tensor], with_prefix: bool) -> dict[str, torch.Tensor]:
+def _hfzoo_state_dict_to_bert(
+    state: Mapping[str, torch.Tensor], with_prefix: bool, token_classification: bool = False
+) -> dict[str, torch.Tensor]:
     """Rename hfzoo encoder keys back to BERT keys (`bert.` prefix on the encoder when `with_prefix`)."""
     names = {h: b for b, h in BERT_TO_HFZOO_HEADS}
+    if token_classification:
+        names.update({h: b for b, h in BERT_TO_HFZOO_TOKEN_CLASSIFIER})
     prefix = "bert." if with_prefix else ""
     out = {}
     for key, value in state.items():
@@ -298,50 +320,68 @@ def _hfzoo_state_dict_to_bert(state: Mapping[str, torch.Tensor], with_prefix: bo
 
 
 # The classes on each side, in matching order; a model converts to the class at the same position.
-_BERT_CLASSES = (BertModel, BertForMaskedLM, BertForSequenceClassification, BertForQuestionAnswering)
+_BERT_CLASSES = (
+    BertModel,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertForQuestionAnswering,
+    BertForTokenClassification,
+)
 _HFZOO_ENCODER_CLASSES = (
     HfzooEncoderModel,
     HfzooEncoderForMaskedLM,
     HfzooEncoderForSequenceClassification,
     HfzooEncoderForQuestionAnswering,
+    HfzooEncoderForTokenClassification,
 )
-
-
-def _bert_class_for_state(state: Mapping[str, torch.Tensor]) -> int:
-    if any(k.startswith("qa_outputs.") for k in state):
-        return 3
-    if any(k.startswith("classifier.") for k in state):
-        return 2
-    if any(k.startswith(("cls.predictions.", "lm_head.")) for k in state):
-        return 1
-    return 0
-
-
-def bert_to_hfzoo(
-    bert_model_or_state_dict: BertModel
-    | BertForMaskedLM
-    | BertForSequenceClassification
-    | BertForQuestionAnswering
-    | Mapping[str, torch.Tensor],
-    config: BertConfig | HfzooEncoderConfig | None = None,
-    *,
-    attn_implementation: str | None = None,
-) -> (
+_BASE, _MASKED_LM, _SEQUENCE_CLASSIFICATION, _QUESTION_ANSWERING, _TOKEN_CLASSIFICATION = range(len(_BERT_CLASSES))
+#: The BERT classes `bert_to_hfzoo` takes and `hfzoo_to_bert` returns (annotations).
+BertModels = (
+    BertModel | BertForMaskedLM | BertForSequenceClassification | BertForQuestionAnswering | BertForTokenClassification
+)
+#: The hfzoo encoder classes they correspond to.
+HfzooEncoders = (
     HfzooEncoderModel
     | HfzooEncoderForMaskedLM
     | HfzooEncoderForSequenceClassification
     | HfzooEncoderForQuestionAnswering
-):
+    | HfzooEncoderForTokenClassification
+)
+
+
+def _has_token_classifier(state: Mapping[str, torch.Tensor]) -> bool:
+    """A `classifier` without a pooler: BertForTokenClassification's (BertForSequenceClassification pools)."""
+    keys = [k.removeprefix("bert.") for k in state]
+    return any(k.startswith("classifier.") for k in keys) and not any(k.startswith("pooler.") for k in keys)
+
+
+def _bert_class_for_state(state: Mapping[str, torch.Tensor]) -> int:
+    if any(k.startswith("qa_outputs.") for k in state):
+        return _QUESTION_ANSWERING
+    if any(k.startswith("classifier.") for k in state):
+        return _TOKEN_CLASSIFICATION if _has_token_classifier(state) else _SEQUENCE_CLASSIFICATION
+    if any(k.startswith(("cls.predictions.", "lm_head.")) for k in state):
+        return _MASKED_LM
+    return _BASE
+
+
+def bert_to_hfzoo(
+    bert_model_or_state_dict: BertModels | Mapping[str, torch.Tensor],
+    config: BertConfig | HfzooEncoderConfig | None = None,
+    *,
+    attn_implementation: str | None = None,
+) -> HfzooEncoders:
     """Convert a BERT model (or state dict) to the hfzoo encoder class computing the same outputs.
 
     `BertModel` -> `HfzooEncoderModel` (same `last_hidden_state`; a pooler, which hfzoo keeps in its
     classification head, is dropped), `BertForMaskedLM` -> `HfzooEncoderForMaskedLM`,
     `BertForSequenceClassification` -> `HfzooEncoderForSequenceClassification` (pooler ->
     `classifier.dense`, `classifier` -> `classifier.out_proj`), `BertForQuestionAnswering` ->
-    `HfzooEncoderForQuestionAnswering` (same `start_logits` / `end_logits`). A state dict picks the class from its
-    keys (`qa_outputs.*`: question answering; `classifier.*`: sequence classification; `cls.predictions.*`: masked
-    LM; else the bare encoder). Tensors are renamed only (`BERT_TO_HFZOO_*` tables), so `hfzoo_to_bert` returns the
-    original state dict exactly. The result has the source's dtype and device, eval mode.
+    `HfzooEncoderForQuestionAnswering` (same `start_logits` / `end_logits`), `BertForTokenClassification` ->
+    `HfzooEncoderForTokenClassification`. A state dict picks the class from its keys (`qa_outputs.*`: question
+    answering; `classifier.*`: sequence classification with a pooler, token classification without;
+    `cls.predictions.*`: masked LM; else the bare encoder). Tensors are renamed only (`BERT_TO_HFZOO_*` tables), so
+    `hfzoo_to_bert` returns the original state dict exactly. The result has the source's dtype and device, eval mode.
 
     Args:
         bert_model_or_state_dict: the BERT model, or a state dict of one (keys with or without `bert.`).
@@ -364,7 +404,7 @@ def bert_to_hfzoo(
     )
     if isinstance(source, _BERT_CLASSES):
         index = next(i for i, cls in enumerate(_BERT_CLASSES) if isinstance(source, cls))
-        if index == 0:
+        if index == _BASE:
             state = {k: v for k, v in state.items() if not k.startswith("pooler.")}
     else:
         index = _bert_class_for_state(state)
@@ -373,14 +413,14 @@ def bert_to_hfzoo(
     else:
         bert_config_from_hfzoo(config)  # raises if BERT cannot express it
         hfzoo_config = config
-    hfzoo_state = bert_state_dict_to_hfzoo(state, hfzoo_config.num_hidden_layers)
-    if index == 3:
+    hfzoo_state = bert_state_dict_to_hfzoo(state, hfzoo_config.num_hidden_layers, index == _TOKEN_CLASSIFICATION)
+    if index == _QUESTION_ANSWERING:
         _check_answer_head(hfzoo_state["qa_outputs.weight"])
-    if index == 1:
+    if index == _MASKED_LM:
         hfzoo_state = resolve_tied_head(
             hfzoo_state, hfzoo_config.tie_word_embeddings, "model.embed_tokens.weight", "lm_head.decoder.weight", "BERT"
         )
-    if index == 0:  # the bare encoder's state dict has no `model.` prefix
+    if index == _BASE:  # the bare encoder's state dict has no `model.` prefix
         hfzoo_state = {k.removeprefix("model."): v for k, v in hfzoo_state.items() if k.startswith("model.")}
     model = _HFZOO_ENCODER_CLASSES[index](hfzoo_config)
     check_keys(set(hfzoo_state), set(model.state_dict()), "BERT")
@@ -396,20 +436,13 @@ def _check_answer_head(weight: torch.Tensor) -> None:
         )
 
 
-def hfzoo_to_bert(
-    model: HfzooEncoderModel
-    | HfzooEncoderForMaskedLM
-    | HfzooEncoderForSequenceClassification
-    | HfzooEncoderForQuestionAnswering,
-    *,
-    attn_implementation: str | None = None,
-) -> BertModel | BertForMaskedLM | BertForSequenceClassification | BertForQuestionAnswering:
+def hfzoo_to_bert(model: HfzooEncoders, *, attn_implementation: str | None = None) -> BertModels:
     """Convert an hfzoo encoder model to the BERT class computing the same outputs (inverse of `bert_to_hfzoo`).
 
     `HfzooEncoderModel` -> `BertModel` without pooler, `HfzooEncoderForMaskedLM` -> `BertForMaskedLM`,
     `HfzooEncoderForSequenceClassification` -> `BertForSequenceClassification`,
     `HfzooEncoderForQuestionAnswering` -> `BertForQuestionAnswering` (its config has `num_labels=2`, the start and
-    end outputs BERT sizes `qa_outputs` by).
+    end outputs BERT sizes `qa_outputs` by), `HfzooEncoderForTokenClassification` -> `BertForTokenClassification`.
 
     Args:
         model: the hfzoo encoder model.
@@ -419,17 +452,17 @@ def hfzoo_to_bert(
         The BERT model (source dtype and device, eval mode).
 
     Raises:
-        TypeError: `model` is not one of the four hfzoo encoder classes above.
+        TypeError: `model` is not one of the five hfzoo encoder classes above.
         ValueError: a config BERT cannot express (see `bert_config_from_hfzoo`).
     """
     if not isinstance(model, _HFZOO_ENCODER_CLASSES):
         raise TypeError(f"expected an hfzoo encoder model, got {type(model).__name__}")
     index = next(i for i, cls in enumerate(_HFZOO_ENCODER_CLASSES) if isinstance(model, cls))
     bert_config = bert_config_from_hfzoo(model.config)
-    if index == 3:
+    if index == _QUESTION_ANSWERING:
         bert_config.num_labels = 2  # BertForQuestionAnswering's qa_outputs has num_labels outputs
-    state = _hfzoo_state_dict_to_bert(model.state_dict(), with_prefix=index > 0)
-    if index == 0:
+    state = _hfzoo_state_dict_to_bert(model.state_dict(), index != _BASE, index == _TOKEN_CLASSIFICATION)
+    if index == _BASE:
         bert = BertModel(bert_config, add_pooling_layer=False)
     else:
         bert = _BERT_CLASSES[index](bert_config)
@@ -446,8 +479,8 @@ def convert_bert_checkpoint(bert_path: str | Path, output_dir: str | Path) -> Pa
     `lm_head.*`, and the pooler as `classifier.dense.*`, so that
     `AutoModelForSequenceClassification.from_pretrained(output_dir, num_labels=...)` starts from BERT's
     pretrained pooler exactly as `BertForSequenceClassification.from_pretrained(bert_path)` does (only
-    `classifier.out_proj` is newly initialised). A finetuned `BertForSequenceClassification` or
-    `BertForQuestionAnswering` checkpoint keeps its head (`classifier.*`, `qa_outputs.*`), and its `architectures`
+    `classifier.out_proj` is newly initialised). A finetuned `BertForSequenceClassification`,
+    `BertForQuestionAnswering` or `BertForTokenClassification` checkpoint keeps its head, and its `architectures`
     names the hfzoo class that computes the same outputs.
 
     Args:
@@ -486,9 +519,9 @@ def convert_bert_checkpoint(bert_path: str | Path, output_dir: str | Path) -> Pa
     else:
         raise FileNotFoundError(f"{source}: neither model.safetensors nor pytorch_model.bin")
     config = hfzoo_config_from_bert(bert_config)
-    hfzoo_state = bert_state_dict_to_hfzoo(state, config.num_hidden_layers)
     index = _bert_class_for_state(state)
-    if index == 3:
+    hfzoo_state = bert_state_dict_to_hfzoo(state, config.num_hidden_layers, index == _TOKEN_CLASSIFICATION)
+    if index == _QUESTION_ANSWERING:
         _check_answer_head(hfzoo_state["qa_outputs.weight"])
     if config.tie_word_embeddings:
         hfzoo_state.pop("lm_head.decoder.weight", None)  # restored from the embeddings by the tie

@@ -35,6 +35,7 @@ from ..models.encoder import (
     HfzooEncoderForMaskedLM,
     HfzooEncoderForQuestionAnswering,
     HfzooEncoderForSequenceClassification,
+    HfzooEncoderForTokenClassification,
     HfzooEncoderModel,
 )
 from ..models.encoder_decoder import HfzooEncoderDecoderForConditionalGeneration
@@ -77,7 +78,12 @@ def _from_bert(source: Path, output_dir: Path) -> None:
 
 def _to_bert(source: Path, output_dir: Path) -> torch.nn.Module:
     config = AutoConfig.from_pretrained(source)
-    heads = (HfzooEncoderForMaskedLM, HfzooEncoderForSequenceClassification, HfzooEncoderForQuestionAnswering)
+    heads = (
+        HfzooEncoderForMaskedLM,
+        HfzooEncoderForSequenceClassification,
+        HfzooEncoderForQuestionAnswering,
+        HfzooEncoderForTokenClassification,
+    )
     classes = {cls.__name__: cls for cls in heads}
     model_class = next((classes[a] for a in config.architectures or [] if a in classes), HfzooEncoderModel)
     return hfzoo_to_bert(model_class.from_pretrained(source))
@@ -98,7 +104,8 @@ def convert_checkpoint(model_name_or_path: str | Path, output_dir: str | Path) -
     `MistralForCausalLM` with a sliding window), any other to GPT-2; the Llama family keeps the source's
     generation config. An hfzoo encoder converts to the BERT class of its `architectures`
     (`HfzooEncoderForMaskedLM` -> `BertForMaskedLM`, `...ForSequenceClassification` ->
-    `BertForSequenceClassification`, `...ForQuestionAnswering` -> `BertForQuestionAnswering`, else `BertModel`).
+    `BertForSequenceClassification`, `...ForQuestionAnswering` -> `BertForQuestionAnswering`,
+    `...ForTokenClassification` -> `BertForTokenClassification`, else `BertModel`).
     A sentence-transformers model keeps its module configuration (`hfzoo.hub.copy_sentence_transformers_files`).
 
     Args:

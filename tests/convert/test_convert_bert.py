@@ -8,10 +8,12 @@ from helpers.paths import minilm_dir
 from transformers import (
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
     BertConfig,
     BertForMaskedLM,
     BertForQuestionAnswering,
     BertForSequenceClassification,
+    BertForTokenClassification,
     BertModel,
 )
 
@@ -20,6 +22,7 @@ from hfzoo import (
     HfzooEncoderForMaskedLM,
     HfzooEncoderForQuestionAnswering,
     HfzooEncoderForSequenceClassification,
+    HfzooEncoderForTokenClassification,
     HfzooEncoderModel,
 )
 from hfzoo.convert import (
@@ -43,7 +46,8 @@ SIZES = {
 TOLERANCE = 1e-4
 CLASSES = [(BertModel, HfzooEncoderModel), (BertForMaskedLM, HfzooEncoderForMaskedLM),
            (BertForSequenceClassification, HfzooEncoderForSequenceClassification),
-           (BertForQuestionAnswering, HfzooEncoderForQuestionAnswering)]  # fmt: skip
+           (BertForQuestionAnswering, HfzooEncoderForQuestionAnswering),
+           (BertForTokenClassification, HfzooEncoderForTokenClassification)]  # fmt: skip
 
 
 def random_bert(cls, size: str, seed: int = 0, **overrides):
@@ -299,6 +303,7 @@ def test_question_answering_head_with_other_than_two_outputs_is_refused():
     [
         (BertForSequenceClassification, AutoModelForSequenceClassification, HfzooEncoderForSequenceClassification),
         (BertForQuestionAnswering, AutoModelForQuestionAnswering, HfzooEncoderForQuestionAnswering),
+        (BertForTokenClassification, AutoModelForTokenClassification, HfzooEncoderForTokenClassification),
     ],
 )
 def test_finetuned_checkpoint_keeps_its_head_both_ways(tmp_path, bert_class, auto_class, hfzoo_class):
