@@ -245,7 +245,9 @@ def build_model_card(
         remote_code = bool(getattr(config, "auto_map", None))
     name = model_name or (folder.resolve().name if folder is not None else config.model_type)
     pipeline_tag, description = FAMILY_INFO[family.model_type]
-    pipeline_tag = HEAD_PIPELINE_TAGS.get(auto_name, pipeline_tag)
+    if auto_name in HEAD_PIPELINE_TAGS:  # a task head: not the family's language model
+        pipeline_tag = HEAD_PIPELINE_TAGS[auto_name]
+        description = f"{description.partition(' (')[0]} with a {pipeline_tag.replace('-', ' ')} head"
     objective = args.get("objective")
 
     tags = ["hfzoo", config.model_type]

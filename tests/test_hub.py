@@ -246,6 +246,11 @@ def test_model_card_of_a_task_head_has_its_pipeline_tag(tmp_path, config_class, 
     card = hub.build_model_card(tmp_path, model_name="me/finetuned")
     assert card.data.pipeline_tag == pipeline_tag
     assert model_class.__name__ in card.text
+    first_line = card.text.split("\n# me/finetuned\n\n")[1].split("\n")[0]
+    if pipeline_tag == "fill-mask":  # the bare encoder: the family's description
+        assert "encoder-only Transformer (masked language model)" in first_line
+    else:
+        assert f"Transformer with a {pipeline_tag.replace('-', ' ')} head: `{model_class.__name__}`" in first_line
 
 
 def test_model_card_errors(tmp_path):
