@@ -14,6 +14,7 @@ BERT keys are given without the `bert.` prefix of the BertFor* models.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,6 +49,8 @@ from .common import (
     read_source,
     resolve_tied_head,
 )
+
+logger = logging.getLogger(__name__)
 
 #: The tokenizer files of a BERT checkpoint (fetched with a hub id's config and weights).
 BERT_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
@@ -125,6 +128,9 @@ _BERT_FIXED = {
     "attention_bias": (True, "BERT's projections have biases"),
     "mlp_bias": (True, "BERT's projections have biases"),
 }
+
+# BertForPreTraining's next-sentence-prediction head (in the original BERT checkpoints): no hfzoo counterpart.
+_BERT_NEXT_SENTENCE_HEAD = "cls.seq_relationship."
 
 # BertForMaskedLM holds the decoder bias twice (`cls.predictions.bias` is `cls.predictions.decoder.bias`).
 _BERT_MLM_BIAS_ALIAS = ("cls.predictions.bias", "cls.predictions.decoder.bias")
@@ -481,7 +487,10 @@ def convert_bert_checkpoint(bert_path: str | Path, output_dir: str | Path) -> Pa
     pretrained pooler exactly as `BertForSequenceClassification.from_pretrained(bert_path)` does (only
     `classifier.out_proj` is newly initialised). A finetuned `BertForSequenceClassification`,
     `BertForQuestionAnswering` or `BertForTokenClassification` checkpoint keeps its head, and its `architectures`
-    names the hfzoo class that computes the same outputs.
+    names the hfzoo class that computes the same outputs. A `BertForPreTraining` checkpoint (the original BERT
+    releases) converts to `HfzooEncoderForMaskedLM`: its next-sentence-prediction head (`cls.seq_relationship.*`),
+    which hfzoo's encoder does not have, is left out with a logged warning, as `BertForMaskedLM.from_pretrained`
+    leaves it out.
 
     Args:
         bert_path: a folder with a BERT `config.json` and `model.safetensors` (or `pytorch_model.bin`), or
@@ -518,6 +527,15 @@ def convert_bert_checkpoint(bert_path: str | Path, output_dir: str | Path) -> Pa
         state = torch.load(bert_path / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
         raise FileNotFoundError(f"{source}: neither model.safetensors nor pytorch_model.bin")
+    next_sentence_head = sorted(k for k in state if k.startswith(_BERT_NEXT_SENTENCE_HEAD))
+    if next_sentence_head:
+        state = {k: v for k, v in state.items() if k not in next_sentence_head}
+        logger.warning(
+            "%s: left out BERT's next-sentence-prediction head (%s): the hfzoo encoder has none (it converts to "
+            "HfzooEncoderForMaskedLM, as BertForMaskedLM.from_pretrained would load it)",
+            source,
+            ", ".join(next_sentence_head),
+        )
     config = hfzoo_config_from_bert(bert_config)
     index = _bert_class_for_state(state)
     hfzoo_state = bert_state_dict_to_hfzoo(state, config.num_hidden_layers, index == _TOKEN_CLASSIFICATION)

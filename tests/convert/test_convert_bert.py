@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from helpers.paths import minilm_dir
 from transformers import (
+    AutoModelForMaskedLM,
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
@@ -321,3 +324,23 @@ def test_finetuned_checkpoint_keeps_its_head_both_ways(tmp_path, bert_class, aut
     original = bert.state_dict()
     assert sorted(back.state_dict()) == sorted(original)
     assert all(torch.equal(back.state_dict()[key], value) for key, value in original.items())
+
+
+def test_pretraining_checkpoint_converts_to_the_masked_lm_without_its_next_sentence_head(tmp_path, caplog):
+    """The original BERT releases are BertForPreTraining folders: masked-LM head kept, NSP head left out with a word."""
+    from transformers import BertForPreTraining
+
+    bert = random_bert(BertForPreTraining, "h32-l2-a4")
+    bert.save_pretrained(tmp_path / "bert")
+    with caplog.at_level(logging.WARNING, logger="hfzoo.convert.bert"):
+        out = convert_bert_checkpoint(tmp_path / "bert", tmp_path / "hfzoo")
+    assert "left out BERT's next-sentence-prediction head (cls.seq_relationship.bias, cls.seq_relationship.weight)" in (
+        caplog.text
+    )
+    model = AutoModelForMaskedLM.from_pretrained(out, attn_implementation="eager").eval()
+    assert isinstance(model, HfzooEncoderForMaskedLM)
+    batch = padded_batch(bert.config)
+    with torch.no_grad():
+        expected = bert(**batch).prediction_logits
+    real = batch["attention_mask"].bool()
+    assert (outputs(model, batch)[real] - expected[real]).abs().max() <= TOLERANCE
