@@ -41,11 +41,11 @@ IGNORE_PATTERNS = [
     "__pycache__/*",
     "*.pyc",
 ]
-#: per family (model_type): (pipeline tag, one-line description).
+#: per family (model_type): (pipeline tag, architecture, what its language-model head makes of it).
 FAMILY_INFO = {
-    "hfzoo_decoder": ("text-generation", "decoder-only Transformer (causal language model)"),
-    "hfzoo_encoder": ("fill-mask", "encoder-only Transformer (masked language model)"),
-    "hfzoo_encoder_decoder": ("text2text-generation", "encoder-decoder Transformer (sequence-to-sequence model)"),
+    "hfzoo_decoder": ("text-generation", "decoder-only Transformer", "causal language model"),
+    "hfzoo_encoder": ("fill-mask", "encoder-only Transformer", "masked language model"),
+    "hfzoo_encoder_decoder": ("text2text-generation", "encoder-decoder Transformer", "sequence-to-sequence model"),
 }
 #: the hub's pipeline tag of a task head (its Auto class name); the other heads get their family's tag.
 HEAD_PIPELINE_TAGS = {
@@ -244,10 +244,11 @@ def build_model_card(
     if remote_code is None:
         remote_code = bool(getattr(config, "auto_map", None))
     name = model_name or (folder.resolve().name if folder is not None else config.model_type)
-    pipeline_tag, description = FAMILY_INFO[family.model_type]
+    pipeline_tag, architecture, language_model = FAMILY_INFO[family.model_type]
+    description = f"{architecture} ({language_model})"
     if auto_name in HEAD_PIPELINE_TAGS:  # a task head: not the family's language model
         pipeline_tag = HEAD_PIPELINE_TAGS[auto_name]
-        description = f"{description.partition(' (')[0]} with a {pipeline_tag.replace('-', ' ')} head"
+        description = f"{architecture} with a {pipeline_tag.replace('-', ' ')} head"
     objective = args.get("objective")
 
     tags = ["hfzoo", config.model_type]

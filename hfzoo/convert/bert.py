@@ -269,7 +269,8 @@ def bert_state_dict_to_hfzoo(
         The hfzoo state dict.
 
     Raises:
-        ValueError: a key this mapping does not know, or a missing encoder key (both listed).
+        ValueError: a key this mapping does not know, or a missing encoder key (both listed); a
+            question-answering head with other than 2 outputs (`qa_outputs`: start and end).
     """
     # Full BertFor* names: the encoder (and pooler) under `bert.`, the heads at the top level.
     state = {
@@ -297,6 +298,8 @@ def bert_state_dict_to_hfzoo(
     missing = sorted(k for k in names if k.startswith("bert.") and not k.startswith("bert.pooler.") and k not in state)
     if unknown or missing:
         raise ValueError(f"BERT state dict does not match its config: missing {missing}, unexpected {unknown}")
+    if "qa_outputs.weight" in state:
+        _check_answer_head(state["qa_outputs.weight"])
     return {names[k]: v for k, v in state.items()}
 
 
@@ -420,8 +423,6 @@ def bert_to_hfzoo(
         bert_config_from_hfzoo(config)  # raises if BERT cannot express it
         hfzoo_config = config
     hfzoo_state = bert_state_dict_to_hfzoo(state, hfzoo_config.num_hidden_layers, index == _TOKEN_CLASSIFICATION)
-    if index == _QUESTION_ANSWERING:
-        _check_answer_head(hfzoo_state["qa_outputs.weight"])
     if index == _MASKED_LM:
         hfzoo_state = resolve_tied_head(
             hfzoo_state, hfzoo_config.tie_word_embeddings, "model.embed_tokens.weight", "lm_head.decoder.weight", "BERT"
@@ -537,14 +538,11 @@ def convert_bert_checkpoint(bert_path: str | Path, output_dir: str | Path) -> Pa
             ", ".join(next_sentence_head),
         )
     config = hfzoo_config_from_bert(bert_config)
-    index = _bert_class_for_state(state)
-    hfzoo_state = bert_state_dict_to_hfzoo(state, config.num_hidden_layers, index == _TOKEN_CLASSIFICATION)
-    if index == _QUESTION_ANSWERING:
-        _check_answer_head(hfzoo_state["qa_outputs.weight"])
+    hfzoo_state = bert_state_dict_to_hfzoo(state, config.num_hidden_layers)
     if config.tie_word_embeddings:
         hfzoo_state.pop("lm_head.decoder.weight", None)  # restored from the embeddings by the tie
     output_dir.mkdir(parents=True, exist_ok=True)
-    config.architectures = [_HFZOO_ENCODER_CLASSES[index].__name__]
+    config.architectures = [_HFZOO_ENCODER_CLASSES[_bert_class_for_state(state)].__name__]
     config.save_pretrained(output_dir)
     save_file({k: v.contiguous() for k, v in hfzoo_state.items()}, output_dir / "model.safetensors", {"format": "pt"})
     if (bert_path / "tokenizer_config.json").is_file() or (bert_path / "vocab.txt").is_file():

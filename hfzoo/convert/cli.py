@@ -29,15 +29,10 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel, T5ForConditionalGeneration
 
+from .. import AUTO_CLASSES
 from ..hub import copy_sentence_transformers_files
 from ..models.decoder import HfzooDecoderForCausalLM
-from ..models.encoder import (
-    HfzooEncoderForMaskedLM,
-    HfzooEncoderForQuestionAnswering,
-    HfzooEncoderForSequenceClassification,
-    HfzooEncoderForTokenClassification,
-    HfzooEncoderModel,
-)
+from ..models.encoder import HfzooEncoderConfig, HfzooEncoderModel
 from ..models.encoder_decoder import HfzooEncoderDecoderForConditionalGeneration
 from ..outputs import check_output_folder, check_output_is_not_source, removed_if_refused
 from .bert import convert_bert_checkpoint, hfzoo_to_bert
@@ -78,13 +73,7 @@ def _from_bert(source: Path, output_dir: Path) -> None:
 
 def _to_bert(source: Path, output_dir: Path) -> torch.nn.Module:
     config = AutoConfig.from_pretrained(source)
-    heads = (
-        HfzooEncoderForMaskedLM,
-        HfzooEncoderForSequenceClassification,
-        HfzooEncoderForQuestionAnswering,
-        HfzooEncoderForTokenClassification,
-    )
-    classes = {cls.__name__: cls for cls in heads}
+    classes = {cls.__name__: cls for cls in AUTO_CLASSES[HfzooEncoderConfig].values()}  # the encoder's heads
     model_class = next((classes[a] for a in config.architectures or [] if a in classes), HfzooEncoderModel)
     return hfzoo_to_bert(model_class.from_pretrained(source))
 
