@@ -46,6 +46,8 @@ from ..training.arguments import check_scheduler_arguments, muon_settings
 from ..training.checkpointing import (
     DATA_CHANGE,
     DATA_FLAGS,
+    OBJECTIVE_CHANGE,
+    OBJECTIVE_FLAGS,
     TRAIN_HISTORY_FILE,
     _check_resume_topology,
     _resolve_resume,
@@ -252,6 +254,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         check_resume_tokenizer(resume_path, tokenizer, f"{tokenizer_flag} {tokenizer_name}")
         resharded_from = _check_resume_topology(resume_path, accelerator, args)
         check_resume_optimizer(resume_path, args)
+        check_resume_arguments(resume_path, args, OBJECTIVE_FLAGS, "objective_arguments", OBJECTIVE_CHANGE)
         if resharded_from is not None and accelerator.distributed_type == DistributedType.DEEPSPEED:
             enable_universal_checkpoint_loading(accelerator)
     block_size = check_block_size(args.block_size, config)

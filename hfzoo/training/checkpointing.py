@@ -42,6 +42,7 @@ from .faults import (
     first_nonfinite_parameter,
     gather_messages,
 )
+from .objectives import OBJECTIVES
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -523,6 +524,14 @@ DATA_CHANGE = (
     "the resumed run would go on at the checkpoint's position in other data, training some blocks twice and holding "
     "out text it trained on (resume with the checkpoint's data settings, or start a new run from its weights)"
 )
+#: The flags that decide what a pretraining run's model learns to predict: `--objective` and each objective's own
+#: flags (`--mlm_probability`, `--noise_density`, ...; `training_state.json`'s `objective_arguments`).
+OBJECTIVE_FLAGS = ("objective", *(name for objective in OBJECTIVES.values() for name in objective.flags))
+#: What a pretraining resume with other objective settings would do (`check_resume_arguments`).
+OBJECTIVE_CHANGE = (
+    "the resumed run would go on from the checkpoint's step with another objective, its training and held-out "
+    "losses mixing two tasks (resume with the checkpoint's objective settings, or start a new run from its weights)"
+)
 
 
 def recorded_arguments(args: argparse.Namespace, flags: tuple[str, ...]) -> dict[str, Any]:
@@ -566,8 +575,10 @@ def check_resume_arguments(
     Pretraining checkpoints record `DATA_FLAGS` as `data_arguments`: the data position counts the blocks already
     trained on in the run's data, so with other files, another split, block size or seed the resumed run would go on
     at that position in other blocks, training some twice, skipping others, and training on documents held out
-    before, so that the held-out loss no longer measures unseen text. Flags missing from the record (a checkpoint
-    of an older hfzoo) are not checked.
+    before, so that the held-out loss no longer measures unseen text. They also record `OBJECTIVE_FLAGS` as
+    `objective_arguments`: with another masking rate or span length the run would switch tasks at the checkpoint's
+    step, and its loss curves would join two. Flags missing from the record (a checkpoint of an older hfzoo) are
+    not checked.
 
     Args:
         resume_path: the checkpoint folder.
@@ -899,6 +910,7 @@ def save_checkpoint(
             **_run_topology(accelerator, args),
             "optimizer_arguments": optimizer_arguments(args),
             "data_arguments": recorded_arguments(args, DATA_FLAGS),
+            "objective_arguments": recorded_arguments(args, OBJECTIVE_FLAGS),
             **(extra_state or {}),
         }
         (tmp / TRAINING_STATE).write_text(json.dumps(state))

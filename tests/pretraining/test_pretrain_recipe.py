@@ -511,6 +511,33 @@ def test_a_resume_with_other_data_settings_is_refused_and_the_files_may_move(
     assert resumed["train_steps"] == 2
 
 
+def test_a_resume_with_other_objective_settings_is_refused(tmp_path, small_jsonl_xz, family_tokenizers, capsys):
+    """Another masking rate or whole-word masking would switch the encoder's task at the checkpoint's step (the
+    loss curves joining two); the same settings, given explicitly or as the defaults, resume."""
+    run = tmp_path / "run"
+
+    def mlm_args(output_dir, *extra):
+        argv = base_args(small_jsonl_xz, family_tokenizers["encoder"], output_dir, "--objective", "mlm", *extra)
+        argv[argv.index("decoder-tiny")] = "encoder-tiny"
+        return argv
+
+    main(mlm_args(run, "--max_train_steps", "1", "--checkpointing_steps", "1"))
+    checkpoint = run / "checkpoints" / "step_1"
+    state = json.loads((checkpoint / "training_state.json").read_text())
+    assert state["objective_arguments"] == {"objective": "mlm", "mlm_probability": 0.15, "whole_word_mask": False,
+                                           "noise_density": 0.15, "mean_noise_span_length": 3.0}  # fmt: skip
+    resume = ("--max_train_steps", "2", "--resume_from_checkpoint", str(checkpoint))
+    message = run_main_expecting_error(mlm_args(tmp_path / "other", *resume, "--mlm_probability", "0.3",
+                                                "--whole_word_mask"), capsys)  # fmt: skip
+    assert (
+        f"--resume_from_checkpoint {checkpoint}: written with --mlm_probability 0.15, --whole_word_mask False; this "
+        "run has --mlm_probability 0.3, --whole_word_mask True: the resumed run would go on from the checkpoint's "
+        "step with another objective" in message
+    )
+    assert not (tmp_path / "other").exists()
+    assert main(mlm_args(tmp_path / "resumed", *resume, "--mlm_probability", "0.15"))["train_steps"] == 2
+
+
 @pytest.mark.slow
 def test_the_main_job_script_ends_with_the_one_line_error_of_a_refused_run(gutenberg_books, tmp_path):
     """README command 1's script (`recipes/gutenberg_decoder.sh`) on a few books in its data layout: an argument the
