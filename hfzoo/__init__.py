@@ -22,7 +22,9 @@ from .modeling_utils import HfzooPreTrainedModel
 from .models.decoder import (
     HfzooDecoderConfig,
     HfzooDecoderForCausalLM,
+    HfzooDecoderForQuestionAnswering,
     HfzooDecoderForSequenceClassification,
+    HfzooDecoderForTokenClassification,
     HfzooDecoderModel,
     HfzooDecoderPreTrainedModel,
 )
@@ -51,6 +53,8 @@ AUTO_CLASSES = {
         AutoModel: HfzooDecoderModel,
         AutoModelForCausalLM: HfzooDecoderForCausalLM,
         AutoModelForSequenceClassification: HfzooDecoderForSequenceClassification,
+        AutoModelForTokenClassification: HfzooDecoderForTokenClassification,
+        AutoModelForQuestionAnswering: HfzooDecoderForQuestionAnswering,
     },
     HfzooEncoderConfig: {
         AutoModel: HfzooEncoderModel,
@@ -76,7 +80,9 @@ __all__ = [
     "HfzooConfig",
     "HfzooDecoderConfig",
     "HfzooDecoderForCausalLM",
+    "HfzooDecoderForQuestionAnswering",
     "HfzooDecoderForSequenceClassification",
+    "HfzooDecoderForTokenClassification",
     "HfzooDecoderModel",
     "HfzooDecoderPreTrainedModel",
     "HfzooEncoderConfig",

@@ -531,9 +531,10 @@ class HfzooConfig(PreTrainedConfig):
                 f"num_key_value_heads={self.num_key_value_heads} must divide num_attention_heads="
                 f"{self.num_attention_heads} (each key/value head serves the same number of query heads)"
             )
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "activation_dropout"):
-            value = getattr(self, name)
-            if name == "activation_dropout" and value is None:
+        # classifier_dropout: a field of each family's config (None: hidden_dropout_prob)
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "activation_dropout", "classifier_dropout"):
+            value = getattr(self, name, None)
+            if value is None:
                 continue
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {value!r}")

@@ -585,6 +585,98 @@ class HfzooPreTrainedModel(PreTrainedModel):
         weighted = aux_loss if loss_share is None else aux_loss * loss_share.to(aux_loss.device)
         return loss + weighted.to(loss.device), fields
 
+    def _token_classification_output(
+        self,
+        logits: torch.Tensor,
+        labels: torch.LongTensor | None,
+        outputs,
+        attention_mask: torch.Tensor | None,
+        return_router_logits: bool,
+        num_items_in_batch=None,
+    ) -> MoeTokenClassifierOutput:
+        """A token-classification head's output from its logits (the encoder's and the decoder's heads).
+
+        The loss is transformers' `ForTokenClassification` (the mean cross-entropy over labelled positions, or
+        their sum divided by `num_items_in_batch`), plus the auxiliary losses (`_add_router_losses`).
+
+        Args:
+            logits: `(batch_size, seq_len, num_labels)` scores of each token.
+            labels: `(batch_size, seq_len)` int64 class ids, -100 for ignored positions; or None.
+            outputs: the base model's output (`hidden_states`, `attentions`, routers' logits).
+            attention_mask: `(batch_size, seq_len)` padding mask, or None.
+            return_router_logits: `_request_router_logits`'s answer.
+            num_items_in_batch: the labelled positions of the accumulated batch (transformers' `Trainer`), or None.
+
+        Returns:
+            `MoeTokenClassifierOutput` with `logits`, `loss` (None without labels), `hidden_states`, `attentions`
+            and, with experts, `aux_loss` (included in `loss`) and the routers' logits when asked for.
+        """
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(
+                logits, labels.contiguous(), config=self.config, num_items_in_batch=num_items_in_batch
+            )
+        share = self._loss_share(labels, num_items_in_batch)
+        loss, moe = self._add_router_losses(
+            loss, outputs, attention_mask, return_router_logits=return_router_logits, loss_share=share
+        )
+        return MoeTokenClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions, **moe
+        )
+
+    def _question_answering_output(
+        self,
+        span_logits: torch.Tensor,
+        start_positions: torch.LongTensor | None,
+        end_positions: torch.LongTensor | None,
+        outputs,
+        attention_mask: torch.Tensor | None,
+        return_router_logits: bool,
+        num_items_in_batch=None,
+    ) -> MoeQuestionAnsweringModelOutput:
+        """A span-extraction head's output from its `qa_outputs` scores (the encoder's and the decoder's heads).
+
+        The loss is transformers' `ForQuestionAnsweringLoss` on float32 logits: the mean of the start and the
+        end cross-entropies over the sequence, positions at or beyond `seq_len` left out; plus the auxiliary
+        losses (`_add_router_losses`).
+
+        Args:
+            span_logits: `(batch_size, seq_len, 2)` start and end scores of each token.
+            start_positions: `(batch_size,)` int64 token index of the answer's first token (checked by
+                `hfzoo.modules.heads.check_answer_positions`), or None.
+            end_positions: `(batch_size,)` int64 token index of the answer's last token, or None.
+            outputs: the base model's output (`hidden_states`, `attentions`, routers' logits).
+            attention_mask: `(batch_size, seq_len)` padding mask, or None.
+            return_router_logits: `_request_router_logits`'s answer.
+            num_items_in_batch: transformers' `Trainer` count: the summed losses are divided by it instead of
+                averaged over the rows; or None.
+
+        Returns:
+            `MoeQuestionAnsweringModelOutput` with `start_logits` and `end_logits`, each `(batch_size, seq_len)`
+            in the model's dtype, the float32 `loss` given both positions, `hidden_states`, `attentions` and,
+            with experts, `aux_loss` (included in `loss`) and the routers' logits when asked for.
+        """
+        start_logits, end_logits = span_logits.unbind(dim=-1)
+        start_logits, end_logits = start_logits.contiguous(), end_logits.contiguous()
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = self.loss_function(
+                start_logits.float(),
+                end_logits.float(),
+                start_positions,
+                end_positions,
+                num_items_in_batch=num_items_in_batch,
+            )
+        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
+        return MoeQuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits,
+            end_logits=end_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            **moe,
+        )
+
     def _init_weights(self, module: nn.Module) -> None:
         """Initialise `module`'s own tensors (transformers calls this only on modules with tensors to initialise)."""
         scale = getattr(module, "residual_init_scale", None)

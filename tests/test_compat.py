@@ -14,6 +14,7 @@ import pytest
 import torch
 from helpers.trainer import HEADS, build, dataset, train
 from helpers.variant_checks import check_cached_generation
+from peft import TaskType
 from transformers import DynamicCache
 from transformers.utils.generic import TransformersKwargs
 
@@ -101,9 +102,9 @@ def test_the_cache_is_accepted_under_both_names_and_not_twice(head):
         with torch.no_grad():
             prompt = model.model(batch["input_ids"][:, :4], use_cache=True)
             rest = {"input_ids": batch["input_ids"][:, 4:], "attention_mask": batch["attention_mask"]}
-            new = model(**rest, cache=output_cache(prompt)).logits
+            new = main_output(model(**rest, cache=output_cache(prompt)))
             prompt = model.model(batch["input_ids"][:, :4], use_cache=True)
-            old = model(**rest, past_key_values=output_cache(prompt)).logits
+            old = main_output(model(**rest, past_key_values=output_cache(prompt)))
         torch.testing.assert_close(new, old, rtol=0, atol=0)
     with pytest.raises(ValueError, match="past_key_values"):
         model(**batch, cache=DynamicCache(), past_key_values=DynamicCache())
@@ -141,17 +142,22 @@ def test_trainer_passes_only_accepted_keywords(tmp_path, head):
     assert set().union(*calls) <= accepted_keywords(model)
 
 
-@pytest.mark.parametrize("head", ["decoder-seqcls", "encoder-seqcls", "encoder-decoder-seqcls"])
+#: The task heads and their PEFT task types.
+PEFT_TASKS = {"seqcls": TaskType.SEQ_CLS, "tokcls": TaskType.TOKEN_CLS, "qa": TaskType.QUESTION_ANS}
+
+
+@pytest.mark.parametrize("head", [head for head in HEADS if head.rsplit("-", 1)[1] in PEFT_TASKS])
 def test_peft_prefix_tuning_passes_its_prefix_as_the_cache(head):
     """PEFT hands its prefix over as `past_key_values`; it must reach the layers (the output changes)."""
     base = build(head).eval()
     batch = batch_of(head)
     with torch.no_grad():
-        plain = base(**batch).logits
-    model = wrap_with_peft(base, build_peft_config("prefix", base.config, num_virtual_tokens=3)).eval()
+        plain = main_output(base(**batch))
+    task_type = PEFT_TASKS[head.rsplit("-", 1)[1]]
+    model = wrap_with_peft(base, build_peft_config("prefix", base.config, task_type=task_type, num_virtual_tokens=3))
     calls = recorded_keywords(base)
     with torch.no_grad():
-        prefixed = model(**batch).logits
+        prefixed = main_output(model.eval()(**batch))
     assert calls and LEGACY_CACHE_NAME in calls[0]
     assert not torch.allclose(prefixed, plain)
 

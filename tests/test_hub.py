@@ -236,6 +236,8 @@ def test_model_card_per_family(config_class, pipeline_tag, model_class):
         (hfzoo.HfzooEncoderConfig, hfzoo.HfzooEncoderForTokenClassification, "token-classification"),
         (hfzoo.HfzooEncoderConfig, hfzoo.HfzooEncoderForQuestionAnswering, "question-answering"),
         (hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderForSequenceClassification, "text-classification"),
+        (hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderForTokenClassification, "token-classification"),
+        (hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderForQuestionAnswering, "question-answering"),
         (hfzoo.HfzooEncoderConfig, hfzoo.HfzooEncoderModel, "fill-mask"),
     ],
 )

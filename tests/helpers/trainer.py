@@ -9,7 +9,9 @@ from helpers.variant_checks import TINY
 from hfzoo import (
     HfzooDecoderConfig,
     HfzooDecoderForCausalLM,
+    HfzooDecoderForQuestionAnswering,
     HfzooDecoderForSequenceClassification,
+    HfzooDecoderForTokenClassification,
     HfzooEncoderConfig,
     HfzooEncoderDecoderConfig,
     HfzooEncoderDecoderForConditionalGeneration,
@@ -25,6 +27,8 @@ NUM_EXAMPLES, SEQ_LEN, TGT_LEN = 24, 10, 6
 HEADS = {
     "decoder-clm": (HfzooDecoderForCausalLM, HfzooDecoderConfig, {}),
     "decoder-seqcls": (HfzooDecoderForSequenceClassification, HfzooDecoderConfig, {"num_labels": 3}),
+    "decoder-tokcls": (HfzooDecoderForTokenClassification, HfzooDecoderConfig, {"num_labels": 5}),
+    "decoder-qa": (HfzooDecoderForQuestionAnswering, HfzooDecoderConfig, {}),
     "encoder-mlm": (HfzooEncoderForMaskedLM, HfzooEncoderConfig, {}),
     "encoder-seqcls": (HfzooEncoderForSequenceClassification, HfzooEncoderConfig, {"num_labels": 3}),
     "encoder-regression": (HfzooEncoderForSequenceClassification, HfzooEncoderConfig, {"num_labels": 1}),
@@ -61,9 +65,9 @@ def dataset(head: str, seed: int = 0) -> list[dict[str, torch.Tensor]]:
             chosen = (torch.rand(SEQ_LEN, generator=g) < 0.4) & (mask == 1)
             chosen[0] = True
             example["labels"] = ids.masked_fill(~chosen, -100)
-        elif head == "encoder-tokcls":
+        elif head.endswith("-tokcls"):
             example["labels"] = torch.randint(0, 5, (SEQ_LEN,), generator=g).masked_fill(mask == 0, -100)
-        elif head == "encoder-qa":  # an answer span inside the row's tokens
+        elif head.endswith("-qa"):  # an answer span inside the row's tokens
             start = int(torch.randint(0, length, (), generator=g))
             example["start_positions"] = torch.tensor(start)
             example["end_positions"] = torch.randint(start, length, (), generator=g)

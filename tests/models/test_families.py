@@ -19,7 +19,9 @@ from transformers.cache_utils import DynamicCache
 import hfzoo
 from hfzoo import (
     HfzooDecoderConfig,
+    HfzooDecoderForQuestionAnswering,
     HfzooDecoderForSequenceClassification,
+    HfzooDecoderForTokenClassification,
     HfzooEncoderConfig,
     HfzooEncoderDecoderConfig,
     HfzooEncoderDecoderForConditionalGeneration,
@@ -58,6 +60,8 @@ def padded_batch(lengths, seed=0, pad=0, low=2):
         (HfzooEncoderDecoderConfig, AutoModelForSeq2SeqLM, HfzooEncoderDecoderForConditionalGeneration),
         (HfzooEncoderDecoderConfig, AutoModelForSequenceClassification, HfzooEncoderDecoderForSequenceClassification),
         (HfzooDecoderConfig, AutoModelForSequenceClassification, HfzooDecoderForSequenceClassification),
+        (HfzooDecoderConfig, AutoModelForTokenClassification, HfzooDecoderForTokenClassification),
+        (HfzooDecoderConfig, AutoModelForQuestionAnswering, HfzooDecoderForQuestionAnswering),
     ],
 )
 def test_auto_classes(config_class, auto_class, model_class):
@@ -162,6 +166,7 @@ def test_sequence_classification_problem_types(model_class, config_class, proble
         (HfzooDecoderForSequenceClassification, HfzooDecoderConfig, torch.tensor([-1, 0])),
         (HfzooEncoderDecoderForSequenceClassification, HfzooEncoderDecoderConfig, torch.tensor([5, 0])),
         (HfzooEncoderForTokenClassification, HfzooEncoderConfig, torch.tensor([[0, 1, -100, 7, 0, 0]] * 2)),
+        (HfzooDecoderForTokenClassification, HfzooDecoderConfig, torch.tensor([[0, 1, -100, 0, 0, -2]] * 2)),
     ],
 )
 def test_labels_outside_num_labels_are_refused(model_class, config_class, labels):
@@ -172,8 +177,19 @@ def test_labels_outside_num_labels_are_refused(model_class, config_class, labels
         model(ids, labels=labels)
 
 
-def test_token_classification_loss_ignores_minus_100():
-    model = build(HfzooEncoderForTokenClassification, HfzooEncoderConfig, num_labels=4)
+TOKEN_CLASSIFIERS = [
+    (HfzooEncoderForTokenClassification, HfzooEncoderConfig),
+    (HfzooDecoderForTokenClassification, HfzooDecoderConfig),
+]
+SPAN_HEADS = [
+    (HfzooEncoderForQuestionAnswering, HfzooEncoderConfig),
+    (HfzooDecoderForQuestionAnswering, HfzooDecoderConfig),
+]
+
+
+@pytest.mark.parametrize("model_class, config_class", TOKEN_CLASSIFIERS)
+def test_token_classification_loss_ignores_minus_100(model_class, config_class):
+    model = build(model_class, config_class, num_labels=4)
     ids, mask = padded_batch([6, 4])
     labels = torch.tensor([[0, 1, 2, 3, 0, 1], [3, 2, 1, 0, -100, -100]])
     out = model(ids, attention_mask=mask, labels=labels)
@@ -181,8 +197,9 @@ def test_token_classification_loss_ignores_minus_100():
     torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits[keep], labels[keep]))
 
 
-def test_span_head_scores_each_row_as_if_alone_and_refuses_negative_positions():
-    model = build(HfzooEncoderForQuestionAnswering, HfzooEncoderConfig, num_labels=5)  # two outputs regardless
+@pytest.mark.parametrize("model_class, config_class", SPAN_HEADS)
+def test_span_head_scores_each_row_as_if_alone_and_refuses_negative_positions(model_class, config_class):
+    model = build(model_class, config_class, num_labels=5)  # two outputs regardless
     ids, mask = padded_batch([9, 6])
     out = model(ids, attention_mask=mask)
     assert out.start_logits.shape == out.end_logits.shape == (2, 9)
@@ -202,38 +219,54 @@ def test_span_head_scores_each_row_as_if_alone_and_refuses_negative_positions():
     torch.testing.assert_close(half.loss, expected)
 
 
+PEFT_HEADS = [
+    (*SPAN_HEADS[0], "QUESTION_ANS", "qa_outputs"),
+    (*SPAN_HEADS[1], "QUESTION_ANS", "qa_outputs"),
+    (*TOKEN_CLASSIFIERS[0], "TOKEN_CLS", "classifier"),
+    (*TOKEN_CLASSIFIERS[1], "TOKEN_CLS", "score"),
+]
+
+
 @pytest.mark.parametrize("method", ["lora", "prefix"])
-def test_span_head_trains_and_reloads_with_peft(tmp_path, method):
-    """PEFT's QUESTION_ANS task: the adapter trains, `qa_outputs` is trained and saved with it, the reload matches."""
-    from peft import PeftModel, TaskType
+@pytest.mark.parametrize("model_class, config_class, task_type, head", PEFT_HEADS)
+def test_span_and_token_heads_train_and_reload_with_peft(tmp_path, method, model_class, config_class, task_type, head):
+    """PEFT's QUESTION_ANS and TOKEN_CLS tasks: the adapter trains through the model's own forward (its loss), the
+    head is trained and saved with it, the reload matches."""
+    from peft import PeftModel
 
     from hfzoo.finetuning.adapters import build_peft_config, wrap_with_peft
 
-    base = build(HfzooEncoderForQuestionAnswering, HfzooEncoderConfig, attn="eager")
+    base = build(model_class, config_class, attn="eager", num_labels=3)
     ids, mask = padded_batch([7, 5])
-    positions = {"start_positions": torch.tensor([1, 2]), "end_positions": torch.tensor([3, 4])}
+    if task_type == "QUESTION_ANS":
+        targets = {"start_positions": torch.tensor([1, 2]), "end_positions": torch.tensor([3, 4])}
+        output = lambda out: out.start_logits  # noqa: E731
+    else:
+        targets = {"labels": torch.tensor([[0, 1, 2, 0, 1, 2, 0], [2, 1, 0, 2, 1, -100, -100]])}
+        output = lambda out: out.logits  # noqa: E731
     with torch.no_grad():
-        before = base(ids, attention_mask=mask).start_logits
-    config = build_peft_config(method, base.config, task_type=TaskType.QUESTION_ANS, num_virtual_tokens=4)
+        before = output(base(ids, attention_mask=mask))
+    config = build_peft_config(method, base.config, task_type=task_type, num_virtual_tokens=4)
     model = wrap_with_peft(base, config).train()
     trainable = [name for name, param in model.named_parameters() if param.requires_grad]
-    assert any("qa_outputs.modules_to_save" in name for name in trainable), trainable
+    assert any(f"{head}.modules_to_save" in name for name in trainable), trainable
+    calls = []
+    base.register_forward_pre_hook(lambda module, args, kwargs: calls.append(set(kwargs)), with_kwargs=True)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     losses = []
     for _ in range(5):
-        loss = model(input_ids=ids, attention_mask=mask, **positions).loss
+        loss = model(input_ids=ids, attention_mask=mask, **targets).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
+    assert len(calls) == 5  # PEFT called the model (not its own loss on the backbone's states)
     model.save_pretrained(tmp_path)
-    reloaded = PeftModel.from_pretrained(
-        build(HfzooEncoderForQuestionAnswering, HfzooEncoderConfig, attn="eager"), tmp_path
-    )
+    reloaded = PeftModel.from_pretrained(build(model_class, config_class, attn="eager", num_labels=3), tmp_path)
     with torch.no_grad():
-        trained = model.eval()(input_ids=ids, attention_mask=mask).start_logits
-        again = reloaded.eval()(input_ids=ids, attention_mask=mask).start_logits
+        trained = output(model.eval()(input_ids=ids, attention_mask=mask))
+        again = output(reloaded.eval()(input_ids=ids, attention_mask=mask))
     assert not torch.allclose(trained, before, atol=1e-3)
     torch.testing.assert_close(again, trained, rtol=0, atol=0)
 
@@ -250,6 +283,50 @@ def test_encoder_accepts_prefix_key_values():
     without = model(ids, attention_mask=mask)
     assert with_prefix.last_hidden_state.shape == without.last_hidden_state.shape
     assert not torch.allclose(with_prefix.last_hidden_state, without.last_hidden_state)
+
+
+# ---------------------------------------------------------------- decoder
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("head", ["token-classification", "question-answering"])
+def test_decoder_task_heads_equal_transformers_llama_heads(head):
+    """`LlamaForTokenClassification` / `LlamaForQuestionAnswering` (transformers' generic decoder heads) with their
+    body converted by `hfzoo.convert.llama_to_hfzoo` and their head copied by name: the same logits and loss."""
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForQuestionAnswering, LlamaForTokenClassification
+
+    from hfzoo.convert import llama_to_hfzoo
+
+    torch.manual_seed(0)
+    llama_config = LlamaConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, intermediate_size=64, num_labels=5, pad_token_id=0)  # fmt: skip
+    native_class, hfzoo_class = {
+        "token-classification": (LlamaForTokenClassification, HfzooDecoderForTokenClassification),
+        "question-answering": (LlamaForQuestionAnswering, HfzooDecoderForQuestionAnswering),
+    }[head]
+    native = native_class(llama_config).eval()
+    body = native.base_model_prefix + "."  # "model." or "transformer."
+    causal_lm = LlamaForCausalLM(llama_config)
+    causal_lm.model.load_state_dict(
+        {k.removeprefix(body): v for k, v in native.state_dict().items() if k.startswith(body)}
+    )
+    converted = llama_to_hfzoo(causal_lm)
+    converted.config.num_labels = 5  # the causal-LM converter carries no label set
+    model = hfzoo_class(converted.config).eval()
+    state = {k: v for k, v in converted.state_dict().items() if k.startswith("model.")}
+    state |= {k: v for k, v in native.state_dict().items() if not k.startswith(body)}  # score / qa_outputs
+    model.load_state_dict(state, strict=True)
+    ids, mask = padded_batch([9, 6])
+    if head == "token-classification":
+        labels = torch.randint(0, 5, ids.shape).masked_fill(mask == 0, -100)
+        expected, got = native(ids, attention_mask=mask, labels=labels), model(ids, attention_mask=mask, labels=labels)
+        torch.testing.assert_close(got.logits, expected.logits, rtol=1e-5, atol=1e-5)
+    else:
+        positions = {"start_positions": torch.tensor([1, 3]), "end_positions": torch.tensor([4, 12])}  # 12: cut off
+        expected, got = native(ids, attention_mask=mask, **positions), model(ids, attention_mask=mask, **positions)
+        torch.testing.assert_close(got.start_logits, expected.start_logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.end_logits, expected.end_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.loss, expected.loss, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- encoder-decoder

@@ -3,7 +3,9 @@
 from .configuration_decoder import HfzooDecoderConfig
 from .modeling_decoder import (
     HfzooDecoderForCausalLM,
+    HfzooDecoderForQuestionAnswering,
     HfzooDecoderForSequenceClassification,
+    HfzooDecoderForTokenClassification,
     HfzooDecoderModel,
     HfzooDecoderPreTrainedModel,
 )
@@ -11,7 +13,9 @@ from .modeling_decoder import (
 __all__ = [
     "HfzooDecoderConfig",
     "HfzooDecoderForCausalLM",
+    "HfzooDecoderForQuestionAnswering",
     "HfzooDecoderForSequenceClassification",
+    "HfzooDecoderForTokenClassification",
     "HfzooDecoderModel",
     "HfzooDecoderPreTrainedModel",
 ]

@@ -12,9 +12,13 @@ from ...modules.stack import StackLayout
 class HfzooDecoderConfig(HfzooConfig):
     r"""Configuration of `HfzooDecoderModel` / `HfzooDecoderForCausalLM` (`model_type="hfzoo_decoder"`).
 
-    All fields are those of `hfzoo.configuration_utils.HfzooConfig`. The defaults describe the
-    decoder of Vaswani et al. 2017 as GPT-2 runs it: pre-LN, learned absolute positions, GELU
-    feed-forward, tied input/output embeddings.
+    Fields of `hfzoo.configuration_utils.HfzooConfig`, plus:
+
+    Args:
+        classifier_dropout: dropout before the token-classification head (None: `hidden_dropout_prob`).
+
+    The defaults describe the decoder of Vaswani et al. 2017 as GPT-2 runs it: pre-LN, learned absolute
+    positions, GELU feed-forward, tied input/output embeddings.
 
     Example:
         ```python
@@ -27,6 +31,8 @@ class HfzooDecoderConfig(HfzooConfig):
     """
 
     model_type = "hfzoo_decoder"
+
+    classifier_dropout: float | int | None = None
 
     def stack_layouts(self) -> tuple[StackLayout, ...]:
         """One causal stack of `num_hidden_layers` layers (see `HfzooConfig.stack_layouts`)."""

@@ -1,4 +1,4 @@
-"""The hfzoo decoder family: a stack of causal `HfzooLayer`s and a language-modelling head.
+"""The hfzoo decoder family: a stack of causal `HfzooLayer`s, a language-modelling head and task heads.
 
 Built only from the shared blocks in `hfzoo/modules/` (one causal `stack`); the family-specific part
 is the heads.
@@ -16,11 +16,13 @@ from transformers.utils.output_capturing import capture_outputs
 from ...modeling_utils import (
     HfzooGenerationMixin,
     HfzooPreTrainedModel,
+    MoeQuestionAnsweringModelOutput,
     MoeSequenceClassifierOutputWithPast,
+    MoeTokenClassifierOutput,
     sequence_classification_loss,
 )
 from ...modules.embeddings import build_vocab_projection, tied_embedding_keys
-from ...modules.heads import check_classification_labels, last_token_pool
+from ...modules.heads import check_answer_positions, check_classification_labels, last_token_pool
 from ...modules.stack import HfzooStack
 from .configuration_decoder import HfzooDecoderConfig
 
@@ -291,4 +293,158 @@ class HfzooDecoderForSequenceClassification(HfzooDecoderPreTrainedModel):
             logits=pooled_logits,
             **self._carried(outputs, "hidden_states", "attentions"),
             **moe,
+        )
+
+
+class HfzooDecoderForTokenClassification(HfzooDecoderPreTrainedModel):
+    """Decoder + a per-token linear classifier `score`, as transformers' `LlamaForTokenClassification`.
+
+    Each token is classified from its causal state (it sees itself and the tokens before it). The head is
+    `dropout` (`classifier_dropout`, or `hidden_dropout_prob` when that is None) then `score` (`hidden_size` ->
+    `num_labels`, with a bias), named as in transformers' decoder token classifiers
+    (`GenericForTokenClassification`), so that PEFT's `TOKEN_CLS` task trains and saves `score` beside the
+    adapter.
+
+    Args:
+        config: an `HfzooDecoderConfig` (`num_labels`, `classifier_dropout`).
+    """
+
+    def __init__(self, config: HfzooDecoderConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = HfzooDecoderModel(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> MoeTokenClassifierOutput:
+        """Classify each token.
+
+        Args:
+            input_ids: `(batch_size, seq_len)` int64 token ids (or give `inputs_embeds`).
+            attention_mask: `(batch_size, past_len + seq_len)`, 1 for tokens and 0 for padding.
+            position_ids: `(batch_size, seq_len)` int64 positions.
+            cache: a `Cache`, e.g. PEFT prefix tuning's prefix keys/values; also accepted as `past_key_values`
+                (PEFT's name, and transformers' before 5.24). No cache is returned: none is built unless
+                `use_cache=True` is given.
+            inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
+            labels: `(batch_size, seq_len)` int64 class ids, -100 for ignored positions.
+            **kwargs: forwarded to the decoder (the keyword contract of `HfzooPreTrainedModel`: named here or by the
+                decoder, or in `PASSED_DOWN_KWARGS`; `IGNORED_KWARGS` dropped; others raise `TypeError`);
+                `num_items_in_batch` (transformers' `Trainer`) divides the summed loss by the labelled positions of the
+                whole accumulated batch; `output_router_logits` returns the routers' logits.
+
+        Returns:
+            `MoeTokenClassifierOutput` (a `TokenClassifierOutput`) with `logits` `(batch_size, seq_len,
+            num_labels)` and the mean cross-entropy `loss` over labelled positions; with experts, `aux_loss`
+            (included in `loss`).
+
+        Raises:
+            ValueError: a label outside `[0, num_labels)` other than -100.
+        """
+        check_classification_labels(labels, self.config)
+        return_router_logits = self._request_router_logits(kwargs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        kwargs.setdefault("use_cache", False)
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
+        )
+        logits = self.score(self.dropout(outputs.last_hidden_state))
+        return self._token_classification_output(
+            logits, labels, outputs, attention_mask, return_router_logits, num_items_in_batch
+        )
+
+
+class HfzooDecoderForQuestionAnswering(HfzooDecoderPreTrainedModel):
+    """Decoder + a span-extraction head: a start and an end logit per token, as `LlamaForQuestionAnswering`.
+
+    The head is one linear layer `qa_outputs` of `hidden_size` -> 2 (start, end), named and shaped as in
+    transformers' decoder span heads (`GenericForQuestionAnswering`), on each token's causal state; PEFT's
+    `QUESTION_ANS` task trains and saves it beside the adapter. It has two outputs whatever `config.num_labels`
+    is. The loss is transformers' `ForQuestionAnsweringLoss` in float32 (the encoder's span head,
+    `HfzooEncoderForQuestionAnswering`, has the same; Devlin et al. 2019 §4.2 define the span scores).
+
+    Args:
+        config: an `HfzooDecoderConfig`.
+    """
+
+    def __init__(self, config: HfzooDecoderConfig) -> None:
+        super().__init__(config)
+        self.model = HfzooDecoderModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.LongTensor | None = None,
+        end_positions: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> MoeQuestionAnsweringModelOutput:
+        """Score every token as the start and as the end of the answer span.
+
+        Args:
+            input_ids: `(batch_size, seq_len)` int64 token ids, question then context (or give `inputs_embeds`).
+            attention_mask: `(batch_size, past_len + seq_len)`, 1 for tokens and 0 for padding.
+            position_ids: `(batch_size, seq_len)` int64 positions.
+            cache: a `Cache`, e.g. PEFT prefix tuning's prefix keys/values; also accepted as `past_key_values`.
+                No cache is returned: none is built unless `use_cache=True` is given.
+            inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
+            start_positions: `(batch_size,)` int64 index of the answer's first token; at or beyond `seq_len`:
+                left out of the loss (an answer truncated away).
+            end_positions: `(batch_size,)` int64 index of the answer's last token (same convention).
+            **kwargs: forwarded to the decoder (the keyword contract of `HfzooPreTrainedModel`);
+                `num_items_in_batch` (transformers' `Trainer`) divides the summed losses by it instead of averaging
+                over the rows; `output_router_logits` returns the routers' logits.
+
+        Returns:
+            `MoeQuestionAnsweringModelOutput` (a `QuestionAnsweringModelOutput`) with `start_logits` and
+            `end_logits`, each `(batch_size, seq_len)` in the model's dtype, and, given both positions, the float32
+            `loss` `(start_loss + end_loss) / 2`; with experts, `aux_loss` (included in `loss`).
+
+        Raises:
+            ValueError: a negative start or end position (`check_answer_positions`).
+        """
+        check_answer_positions(start_positions, "start_positions")
+        check_answer_positions(end_positions, "end_positions")
+        return_router_logits = self._request_router_logits(kwargs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        kwargs.setdefault("use_cache", False)
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
+        )
+        return self._question_answering_output(
+            self.qa_outputs(outputs.last_hidden_state),
+            start_positions,
+            end_positions,
+            outputs,
+            attention_mask,
+            return_router_logits,
+            num_items_in_batch,
         )

@@ -53,5 +53,3 @@ class HfzooEncoderConfig(HfzooConfig):
         """Check the encoder-only fields; raise `ValueError` naming the bad one."""
         if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
             raise ValueError(f"type_vocab_size must be an integer >= 0, got {self.type_vocab_size!r}")
-        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
-            raise ValueError(f"classifier_dropout must be in [0, 1), got {self.classifier_dropout!r}")

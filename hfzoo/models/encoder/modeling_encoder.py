@@ -284,6 +284,7 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> MoeTokenClassifierOutput:
         """Classify each token.
@@ -295,6 +296,8 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
             position_ids: `(batch_size, seq_len)` int64 positions (default 0..seq_len-1).
             inputs_embeds: `(batch_size, seq_len, hidden_size)` instead of `input_ids`.
             labels: `(batch_size, seq_len)` int64 class ids, -100 for ignored positions.
+            cache: prefix keys/values for every layer, also accepted as `past_key_values` (PEFT prefix
+                tuning; `attention_mask` then covers prefix + tokens), or None.
             **kwargs: forwarded to the encoder (the keyword contract of `HfzooPreTrainedModel`: named here or by the
                 encoder, or in `PASSED_DOWN_KWARGS`; `IGNORED_KWARGS` dropped; others raise `TypeError`);
                 `num_items_in_batch` (transformers' `Trainer`) divides the summed loss by the labelled positions of the
@@ -317,20 +320,12 @@ class HfzooEncoderForTokenClassification(HfzooEncoderPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
+            cache=cache,
             **kwargs,
         )
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
-        loss = None
-        if labels is not None:  # transformers' ForTokenClassification
-            loss = self.loss_function(
-                logits, labels.contiguous(), config=self.config, num_items_in_batch=num_items_in_batch
-            )
-        share = self._loss_share(labels, num_items_in_batch)
-        loss, moe = self._add_router_losses(
-            loss, outputs, attention_mask, return_router_logits=return_router_logits, loss_share=share
-        )
-        return MoeTokenClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions, **moe
+        return self._token_classification_output(
+            logits, labels, outputs, attention_mask, return_router_logits, num_items_in_batch
         )
 
 
@@ -363,6 +358,7 @@ class HfzooEncoderForQuestionAnswering(HfzooEncoderPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         start_positions: torch.LongTensor | None = None,
         end_positions: torch.LongTensor | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> MoeQuestionAnsweringModelOutput:
         """Score every token as the start and as the end of the answer span.
@@ -376,9 +372,11 @@ class HfzooEncoderForQuestionAnswering(HfzooEncoderPreTrainedModel):
             start_positions: `(batch_size,)` int64 index of the answer's first token; at or beyond `seq_len`:
                 left out of the loss (an answer truncated away).
             end_positions: `(batch_size,)` int64 index of the answer's last token (same convention).
+            cache: prefix keys/values for every layer, also accepted as `past_key_values` (PEFT prefix
+                tuning; `attention_mask` then covers prefix + tokens), or None.
             **kwargs: forwarded to the encoder (the keyword contract of `HfzooPreTrainedModel`: named here or by the
-                encoder, or in `PASSED_DOWN_KWARGS`; `IGNORED_KWARGS` dropped; others raise `TypeError`), e.g. PEFT
-                prefix tuning's `past_key_values`; `num_items_in_batch` (transformers' `Trainer`) divides the summed
+                encoder, or in `PASSED_DOWN_KWARGS`; `IGNORED_KWARGS` dropped; others raise `TypeError`);
+                `num_items_in_batch` (transformers' `Trainer`) divides the summed
                 losses by it instead of averaging over the rows.
 
         Returns:
@@ -400,25 +398,15 @@ class HfzooEncoderForQuestionAnswering(HfzooEncoderPreTrainedModel):
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
+            cache=cache,
             **kwargs,
         )
-        start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
-        start_logits, end_logits = start_logits.contiguous(), end_logits.contiguous()
-        loss = None
-        if start_positions is not None and end_positions is not None:  # transformers' ForQuestionAnswering, in fp32
-            loss = self.loss_function(
-                start_logits.float(),
-                end_logits.float(),
-                start_positions,
-                end_positions,
-                num_items_in_batch=num_items_in_batch,
-            )
-        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
-        return MoeQuestionAnsweringModelOutput(
-            loss=loss,
-            start_logits=start_logits,
-            end_logits=end_logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            **moe,
+        return self._question_answering_output(
+            self.qa_outputs(outputs.last_hidden_state),
+            start_positions,
+            end_positions,
+            outputs,
+            attention_mask,
+            return_router_logits,
+            num_items_in_batch,
         )

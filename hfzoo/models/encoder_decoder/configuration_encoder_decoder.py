@@ -97,5 +97,3 @@ class HfzooEncoderDecoderConfig(HfzooConfig):
         start = self.decoder_start_token_id
         if start is not None and not 0 <= start < self.vocab_size:
             raise ValueError(f"decoder_start_token_id={start} is outside the vocabulary [0, {self.vocab_size})")
-        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
-            raise ValueError(f"classifier_dropout must be in [0, 1), got {self.classifier_dropout!r}")
