@@ -7,8 +7,9 @@ One module per source model, each with its config mapping, its state-dict tables
   `BertForQuestionAnswering`, `BertForTokenClassification`) <-> the hfzoo encoder, and `convert_bert_checkpoint`
   (a folder, pooler kept for sequence classification);
 - `hfzoo.convert.t5`: T5 (`T5ForConditionalGeneration`, v1.0 and v1.1) <-> the hfzoo encoder-decoder;
-- `hfzoo.convert.llama`: Llama, Qwen3 and Mistral (`LlamaForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`)
-  <-> the hfzoo decoder;
+- `hfzoo.convert.llama`: Llama, Qwen3 and Mistral (`LlamaForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`,
+  and their `...ForSequenceClassification`, `...ForTokenClassification`, `...ForQuestionAnswering`) <-> the hfzoo
+  decoder and its heads;
 - `hfzoo.convert.gguf`: a Llama-shaped decoder (hfzoo or native Llama / Qwen3) as a GGUF file for llama.cpp
   (`write_gguf`, `convert_to_gguf`; needs the `gguf` extra);
 - `hfzoo.convert.common`: the checks and the loading they share;
@@ -48,9 +49,11 @@ from .gpt2 import (
     hfzoo_to_gpt2,
 )
 from .llama import (
+    HFZOO_DECODER_HEADS,
     LLAMA_TO_HFZOO_GLOBAL,
     LLAMA_TO_HFZOO_LAYER,
     NATIVE_LLAMA_CLASSES,
+    NATIVE_LLAMA_HEADS,
     hfzoo_config_from_llama,
     hfzoo_to_llama,
     llama_config_from_hfzoo,
@@ -75,9 +78,11 @@ __all__ = [
     "GGUF_OUTTYPES",
     "GPT2_TO_HFZOO_GLOBAL",
     "GPT2_TO_HFZOO_LAYER",
+    "HFZOO_DECODER_HEADS",
     "LLAMA_TO_HFZOO_GLOBAL",
     "LLAMA_TO_HFZOO_LAYER",
     "NATIVE_LLAMA_CLASSES",
+    "NATIVE_LLAMA_HEADS",
     "T5_TO_HFZOO_DECODER_LAYER",
     "T5_TO_HFZOO_ENCODER_LAYER",
     "T5_TO_HFZOO_GLOBAL",

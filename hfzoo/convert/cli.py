@@ -7,7 +7,8 @@
 The direction follows from the source's `model_type` (`CHECKPOINT_CONVERTERS` at the bottom of this
 file): `gpt2`, `bert`, `t5`, `llama`, `qwen3` and `mistral` convert to hfzoo, `hfzoo_encoder` to BERT and
 `hfzoo_encoder_decoder` to T5; `hfzoo_decoder` converts to the Llama family when it has rotary positions
-(Llama; Qwen3 with QK-norm; Mistral with a sliding window, `hfzoo.convert.llama`), else to GPT-2. The output
+(Llama; Qwen3 with QK-norm; Mistral with a sliding window, `hfzoo.convert.llama`), else to GPT-2. The class
+follows from the source's `architectures`: BERT's and the Llama family's task heads convert to hfzoo's and back. The output
 is a `save_pretrained` folder (weights, config, generation config where the model generates) with the source's
 tokenizer and, for a sentence-transformers model, its `modules.json` and module folders (pooling, normalisation,
 dense layers), so that `SentenceTransformer(output_dir)` computes the source's embeddings. Also
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel, T5ForConditionalGeneration
+from transformers import AutoConfig, AutoTokenizer, GPT2LMHeadModel, T5ForConditionalGeneration
 
 from .. import AUTO_CLASSES
 from ..hub import copy_sentence_transformers_files
@@ -38,11 +39,33 @@ from ..outputs import check_output_folder, check_output_is_not_source, removed_i
 from .bert import convert_bert_checkpoint, hfzoo_to_bert
 from .gguf import GGUF_OUTTYPES, convert_to_gguf
 from .gpt2 import gpt2_to_hfzoo, hfzoo_to_gpt2
-from .llama import hfzoo_to_llama, llama_config_from_hfzoo, llama_to_hfzoo
+from .llama import HFZOO_DECODER_HEADS, NATIVE_LLAMA_HEADS, hfzoo_to_llama, llama_config_from_hfzoo, llama_to_hfzoo
 from .t5 import hfzoo_to_t5, t5_to_hfzoo
 
 
+def _class_of(config, classes: tuple[type, ...], source: Path, converter: str) -> type:
+    """The class of `classes` that `config.architectures` names; the first (the language model) when it names none.
+
+    Raises:
+        ValueError: `architectures` names a class outside `classes` (a task head the converter has no counterpart
+            for, whose weights loading as the language model would drop).
+    """
+    by_name = {cls.__name__: cls for cls in classes}
+    architectures = config.architectures or []
+    named = [by_name[name] for name in architectures if name in by_name]
+    if named:
+        return named[0]
+    others = [name for name in architectures if not name.endswith(("Model", "LMHeadModel", "ForCausalLM"))]
+    if others:
+        raise ValueError(
+            f"{source}: {others[0]} is a task head the {converter} conversion has no counterpart for (it converts "
+            f"{', '.join(by_name)}); loading it as the language model would drop the head's weights"
+        )
+    return classes[0]
+
+
 def _from_gpt2(source: Path, output_dir: Path) -> torch.nn.Module:
+    _class_of(AutoConfig.from_pretrained(source), (GPT2LMHeadModel,), source, "GPT-2")
     return gpt2_to_hfzoo(GPT2LMHeadModel.from_pretrained(source))
 
 
@@ -50,14 +73,18 @@ def _from_decoder(source: Path, output_dir: Path) -> torch.nn.Module:
     config = AutoConfig.from_pretrained(source)
     if config.position_embedding_type == "rotary":  # the Llama family (GPT-2 has learned positions)
         llama_config_from_hfzoo(config)  # refused before the weights are read
-        model = HfzooDecoderForCausalLM.from_pretrained(source)
-        return _with_generation_config(hfzoo_to_llama(model), model)
+        model = _class_of(config, HFZOO_DECODER_HEADS, source, "Llama").from_pretrained(source)
+        converted = hfzoo_to_llama(model)
+        return _with_generation_config(converted, model) if converted.can_generate() else converted
+    _class_of(config, (HfzooDecoderForCausalLM,), source, "GPT-2")
     return hfzoo_to_gpt2(HfzooDecoderForCausalLM.from_pretrained(source))
 
 
 def _from_llama(source: Path, output_dir: Path) -> torch.nn.Module:
-    model = AutoModelForCausalLM.from_pretrained(source)
-    return _with_generation_config(llama_to_hfzoo(model), model)
+    config = AutoConfig.from_pretrained(source)
+    model = _class_of(config, NATIVE_LLAMA_HEADS[config.model_type], source, "Llama").from_pretrained(source)
+    converted = llama_to_hfzoo(model)
+    return _with_generation_config(converted, model) if converted.can_generate() else converted
 
 
 def _with_generation_config(converted: torch.nn.Module, source: torch.nn.Module) -> torch.nn.Module:
@@ -79,10 +106,12 @@ def _to_bert(source: Path, output_dir: Path) -> torch.nn.Module:
 
 
 def _from_t5(source: Path, output_dir: Path) -> torch.nn.Module:
+    _class_of(AutoConfig.from_pretrained(source), (T5ForConditionalGeneration,), source, "T5")
     return t5_to_hfzoo(T5ForConditionalGeneration.from_pretrained(source))
 
 
 def _to_t5(source: Path, output_dir: Path) -> torch.nn.Module:
+    _class_of(AutoConfig.from_pretrained(source), (HfzooEncoderDecoderForConditionalGeneration,), source, "T5")
     return hfzoo_to_t5(HfzooEncoderDecoderForConditionalGeneration.from_pretrained(source))
 
 
@@ -90,8 +119,12 @@ def convert_checkpoint(model_name_or_path: str | Path, output_dir: str | Path) -
     """Convert a checkpoint folder to the other side (see the module docstring) and save it with its tokenizer.
 
     An hfzoo decoder with rotary positions converts to `LlamaForCausalLM` (`Qwen3ForCausalLM` with QK-norm,
-    `MistralForCausalLM` with a sliding window), any other to GPT-2; the Llama family keeps the source's
-    generation config. An hfzoo encoder converts to the BERT class of its `architectures`
+    `MistralForCausalLM` with a sliding window), or to the family's `...ForSequenceClassification`,
+    `...ForTokenClassification` or `...ForQuestionAnswering` when its `architectures` names that hfzoo head (and
+    back: a native head converts to the hfzoo decoder's); any other decoder converts to GPT-2. The Llama family's
+    language models keep the source's generation config. GPT-2 and T5 convert their language models only: a folder
+    whose `architectures` names one of their task heads is refused (loading it as the language model would drop
+    the head's weights). An hfzoo encoder converts to the BERT class of its `architectures`
     (`HfzooEncoderForMaskedLM` -> `BertForMaskedLM`, `...ForSequenceClassification` ->
     `BertForSequenceClassification`, `...ForQuestionAnswering` -> `BertForQuestionAnswering`,
     `...ForTokenClassification` -> `BertForTokenClassification`, else `BertModel`).
@@ -105,8 +138,8 @@ def convert_checkpoint(model_name_or_path: str | Path, output_dir: str | Path) -
         `output_dir` as a `Path`.
 
     Raises:
-        ValueError: a `model_type` without a converter, or a config the other side cannot express (the
-            message names the field).
+        ValueError: a `model_type` without a converter, a config the other side cannot express (the message names
+            the field), or a task head the converter has no counterpart for (`architectures`).
         OSError: no loadable checkpoint at `model_name_or_path`.
     """
     output_dir = Path(output_dir)

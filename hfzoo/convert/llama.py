@@ -43,15 +43,30 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
+    LlamaForQuestionAnswering,
+    LlamaForSequenceClassification,
+    LlamaForTokenClassification,
     MistralConfig,
     MistralForCausalLM,
+    MistralForQuestionAnswering,
+    MistralForSequenceClassification,
+    MistralForTokenClassification,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3ForQuestionAnswering,
+    Qwen3ForSequenceClassification,
+    Qwen3ForTokenClassification,
 )
 from transformers.activations import ACT2FN
 
 from ..configuration_utils import _hfzoo_field_types
-from ..models.decoder import HfzooDecoderConfig, HfzooDecoderForCausalLM
+from ..models.decoder import (
+    HfzooDecoderConfig,
+    HfzooDecoderForCausalLM,
+    HfzooDecoderForQuestionAnswering,
+    HfzooDecoderForSequenceClassification,
+    HfzooDecoderForTokenClassification,
+)
 from ..modules.attention import key_value_heads
 from ..modules.feed_forward import ACTIVATIONS
 from .common import build_hfzoo_config, check_keys, load_converted, read_source, resolve_tied_head
@@ -60,6 +75,8 @@ __all__ = [
     "LLAMA_TO_HFZOO_GLOBAL",
     "LLAMA_TO_HFZOO_LAYER",
     "NATIVE_LLAMA_CLASSES",
+    "HFZOO_DECODER_HEADS",
+    "NATIVE_LLAMA_HEADS",
     "hfzoo_config_from_llama",
     "hfzoo_to_llama",
     "llama_config_from_hfzoo",
@@ -72,6 +89,31 @@ NATIVE_LLAMA_CLASSES: dict[str, tuple[type, type]] = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     "mistral": (MistralConfig, MistralForCausalLM),
 }
+
+#: The hfzoo decoder's classes the Llama family converts, the language model first; a model converts to the
+#: class at the same position of `NATIVE_LLAMA_HEADS`.
+HFZOO_DECODER_HEADS = (
+    HfzooDecoderForCausalLM,
+    HfzooDecoderForSequenceClassification,
+    HfzooDecoderForTokenClassification,
+    HfzooDecoderForQuestionAnswering,
+)
+_CAUSAL_LM, _SEQUENCE_CLASSIFICATION, _TOKEN_CLASSIFICATION, _QUESTION_ANSWERING = range(len(HFZOO_DECODER_HEADS))
+#: `model_type` -> the native classes at the positions of `HFZOO_DECODER_HEADS`: the causal LM, then
+#: transformers' generic decoder heads (`score` without bias pooled at the last non-padding token; `score` with a
+#: bias on every token; `qa_outputs`, start and end).
+NATIVE_LLAMA_HEADS: dict[str, tuple[type, type, type, type]] = {
+    "llama": (LlamaForCausalLM, LlamaForSequenceClassification, LlamaForTokenClassification, LlamaForQuestionAnswering),
+    "qwen3": (Qwen3ForCausalLM, Qwen3ForSequenceClassification, Qwen3ForTokenClassification, Qwen3ForQuestionAnswering),
+    "mistral": (
+        MistralForCausalLM,
+        MistralForSequenceClassification,
+        MistralForTokenClassification,
+        MistralForQuestionAnswering,
+    ),
+}  # fmt: skip
+#: Each head's own tensors, named alike on both sides (the causal LM's `lm_head.weight` is in `LLAMA_TO_HFZOO_GLOBAL`).
+_HEAD_KEYS = ((), ("score.weight",), ("score.weight", "score.bias"), ("qa_outputs.weight", "qa_outputs.bias"))
 
 # --------------------------------------------------------------------------------------------------
 # The state-dict mapping: every tensor is copied (same shape), only names change. `(native, hfzoo)`.
@@ -116,6 +158,7 @@ _NOT_COMPARED = {
     "moe_layer_interval",
     "output_router_logits",
     "layer_norm_eps",
+    "classifier_dropout",  # carried as the rate the token classifier applies (`_native_fields`)
 }
 
 
@@ -156,10 +199,12 @@ def hfzoo_config_from_llama(native_config: LlamaConfig | Qwen3Config | MistralCo
     `num_key_value_heads`, `head_dim`, `hidden_act`, `max_position_embeddings`, `rms_norm_eps`,
     `rope_parameters["rope_theta"]` -> `rope_theta`, `attention_bias`, `mlp_bias` (Llama; False for the others),
     `attention_dropout` -> `attention_probs_dropout_prob`, `initializer_range`, `tie_word_embeddings`,
-    `use_cache` and the special token ids; Qwen3 adds `qk_norm="rms_norm"`, Mistral with a `sliding_window`
-    `token_mixer="sliding_window"` and `attention_window = 2 * (sliding_window - 1)` (Mistral's
-    `sliding_window=None` is full attention). Fixed: rotary positions, pre-norm RMSNorm, gated feed-forward, no
-    dropout besides attention's (`hidden_dropout_prob=activation_dropout=0.0`).
+    `use_cache`, the special token ids and the task fields (`num_labels` via `id2label`, `label2id`,
+    `problem_type`; `classifier_dropout`, 0.1 when unset, as transformers' token classifier applies); Qwen3 adds
+    `qk_norm="rms_norm"`, Mistral with a `sliding_window` `token_mixer="sliding_window"` and
+    `attention_window = 2 * (sliding_window - 1)` (Mistral's `sliding_window=None` is full attention). Fixed:
+    rotary positions, pre-norm RMSNorm, gated feed-forward, no dropout besides attention's and the token
+    classifier's (`hidden_dropout_prob=activation_dropout=0.0`).
 
     Args:
         native_config: a `LlamaConfig`, `Qwen3Config` or `MistralConfig`.
@@ -208,12 +253,26 @@ def hfzoo_config_from_llama(native_config: LlamaConfig | Qwen3Config | MistralCo
         pad_token_id=c.pad_token_id,
         bos_token_id=c.bos_token_id,
         eos_token_id=c.eos_token_id,
+        classifier_dropout=_native_classifier_dropout(c),
+        id2label=dict(c.id2label),
+        label2id=None if c.label2id is None else dict(c.label2id),  # None beside a given id2label
+        problem_type=c.problem_type,
     )
     if isinstance(c, Qwen3Config):
         fields["qk_norm"] = "rms_norm"
     if window is not None:
         fields.update(token_mixer="sliding_window", attention_window=2 * (window - 1))
     return build_hfzoo_config(HfzooDecoderConfig, fields, f"{type(c).__name__}")
+
+
+def _native_classifier_dropout(config: Any) -> float:
+    """The dropout rate of a native token classifier: `classifier_dropout`, else 0.1.
+
+    transformers' `GenericForTokenClassification` falls back to `hidden_dropout`, which the native configs lack,
+    then to 0.1.
+    """
+    rate = getattr(config, "classifier_dropout", None)
+    return 0.1 if rate is None else rate
 
 
 def _native_class_of(config: HfzooDecoderConfig) -> str:
@@ -246,7 +305,13 @@ def _native_fields(config: HfzooDecoderConfig, model_type: str) -> dict[str, Any
         pad_token_id=config.pad_token_id,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
+        id2label=dict(config.id2label),
+        label2id=None if config.label2id is None else dict(config.label2id),  # None beside a given id2label
+        problem_type=config.problem_type,
     )
+    rate = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+    if rate != _native_classifier_dropout(None):  # the rate the token classifier applies, set where not the default
+        fields["classifier_dropout"] = rate
     if model_type in ("llama", "qwen3"):
         fields["attention_bias"] = config.attention_bias
     if model_type == "llama":
@@ -326,8 +391,11 @@ def llama_config_from_hfzoo(config: HfzooDecoderConfig) -> LlamaConfig | Qwen3Co
 # ------------------------------------------------------------------------------------------------ weights
 
 
-def _expected_keys(config: HfzooDecoderConfig, side: int) -> set[str]:
-    """The state-dict keys of either side (`side` 0: native, 1: hfzoo) for `config`, lm_head included."""
+def _expected_keys(config: HfzooDecoderConfig, side: int, head: int = _CAUSAL_LM) -> set[str]:
+    """The state-dict keys of either side (`side` 0: native, 1: hfzoo) for `config` and the head at `head`.
+
+    The native body is under `model.` here (`_body_prefix` renames a `transformer.` one).
+    """
     layer_keys = []
     for pair in LLAMA_TO_HFZOO_LAYER:
         hfzoo_key = pair[1]
@@ -338,45 +406,100 @@ def _expected_keys(config: HfzooDecoderConfig, side: int) -> set[str]:
         if "_norm.weight" in hfzoo_key and hfzoo_key.startswith("self_attn.") and config.qk_norm is None:
             continue
         layer_keys.append(pair[side])
-    keys = {pair[side] for pair in LLAMA_TO_HFZOO_GLOBAL}
+    keys = {pair[side] for pair in LLAMA_TO_HFZOO_GLOBAL if head == _CAUSAL_LM or pair[side] != "lm_head.weight"}
+    keys |= set(_HEAD_KEYS[head])
     return keys | {f"model.layers.{i}.{key}" for i in range(config.num_hidden_layers) for key in layer_keys}
 
 
 def _rename(state: Mapping[str, torch.Tensor], config: HfzooDecoderConfig, to_hfzoo: bool) -> dict[str, torch.Tensor]:
-    """Rename a state dict's keys to the other side (`LLAMA_TO_HFZOO_*`); tensors are shared, not copied."""
+    """Rename a state dict's keys to the other side (`LLAMA_TO_HFZOO_*`); tensors are shared, not copied.
+
+    A head's own tensors (`score.*`, `qa_outputs.*`) keep their names.
+    """
     source, target = (0, 1) if to_hfzoo else (1, 0)
-    out = {pair[target]: state[pair[source]] for pair in LLAMA_TO_HFZOO_GLOBAL}
+    out = {pair[target]: state[pair[source]] for pair in LLAMA_TO_HFZOO_GLOBAL if pair[source] in state}
     layer = {pair[source]: pair[target] for pair in LLAMA_TO_HFZOO_LAYER}
     for key, value in state.items():
         if key.startswith("model.layers."):
             index, rest = key.removeprefix("model.layers.").split(".", 1)
             out[f"model.layers.{index}.{layer[rest]}"] = value
+        elif key.startswith(("score.", "qa_outputs.")):
+            out[key] = value
     return out
 
 
+def _body_prefix(state: Mapping[str, torch.Tensor], old: str, new: str) -> dict[str, torch.Tensor]:
+    """`state` with the body's key prefix `old` replaced by `new`.
+
+    `LlamaForQuestionAnswering` and `Qwen3ForQuestionAnswering` keep their body under `transformer.`, every other
+    native class and hfzoo under `model.`.
+    """
+    return {new + k.removeprefix(old) if k.startswith(old) else k: v for k, v in state.items()}
+
+
+def _head_of_state(state: Mapping[str, torch.Tensor]) -> int:
+    """The head a state dict holds (a position of `HFZOO_DECODER_HEADS`), from its keys.
+
+    `qa_outputs.*`: question answering; `score.*` with a bias: token classification, without: sequence
+    classification; else the causal LM.
+    """
+    if "qa_outputs.weight" in state:
+        return _QUESTION_ANSWERING
+    if "score.weight" in state:
+        return _TOKEN_CLASSIFICATION if "score.bias" in state else _SEQUENCE_CLASSIFICATION
+    return _CAUSAL_LM
+
+
+#: The native classes `llama_to_hfzoo` takes and `hfzoo_to_llama` returns (annotations).
+NativeLlamaModels = (
+    LlamaForCausalLM
+    | LlamaForSequenceClassification
+    | LlamaForTokenClassification
+    | LlamaForQuestionAnswering
+    | Qwen3ForCausalLM
+    | Qwen3ForSequenceClassification
+    | Qwen3ForTokenClassification
+    | Qwen3ForQuestionAnswering
+    | MistralForCausalLM
+    | MistralForSequenceClassification
+    | MistralForTokenClassification
+    | MistralForQuestionAnswering
+)
+#: The hfzoo decoder classes they correspond to.
+HfzooDecoderHeads = (
+    HfzooDecoderForCausalLM
+    | HfzooDecoderForSequenceClassification
+    | HfzooDecoderForTokenClassification
+    | HfzooDecoderForQuestionAnswering
+)
+
+
 def llama_to_hfzoo(
-    model_or_state_dict: LlamaForCausalLM | Qwen3ForCausalLM | MistralForCausalLM | Mapping[str, torch.Tensor],
+    model_or_state_dict: NativeLlamaModels | Mapping[str, torch.Tensor],
     config: LlamaConfig | Qwen3Config | MistralConfig | HfzooDecoderConfig | None = None,
     *,
     attn_implementation: str | None = None,
-) -> HfzooDecoderForCausalLM:
-    """Convert a native Llama / Qwen3 / Mistral causal LM (or its state dict) to an `HfzooDecoderForCausalLM`.
+) -> HfzooDecoderHeads:
+    """Convert a native Llama / Qwen3 / Mistral model (or its state dict) to the hfzoo decoder class computing the same.
 
-    The result computes the same logits and can be trained further with any hfzoo modification switched on
-    (e.g. `model.config` edited and the model rebuilt, or the saved folder used as `--model_name_or_path`).
-    Tensors are copied unchanged, keys renamed per `LLAMA_TO_HFZOO_LAYER`; the result has the source's dtype and
-    device and is in eval mode.
+    `*ForCausalLM` -> `HfzooDecoderForCausalLM` (same logits), `*ForSequenceClassification` ->
+    `HfzooDecoderForSequenceClassification`, `*ForTokenClassification` -> `HfzooDecoderForTokenClassification`,
+    `*ForQuestionAnswering` -> `HfzooDecoderForQuestionAnswering` (same logits and loss; the label set, problem type
+    and classifier dropout carried over). A state dict picks the class from its keys (`_head_of_state`). The result
+    can be trained further with any hfzoo modification switched on (e.g. `model.config` edited and the model
+    rebuilt, or the saved folder used as `--model_name_or_path`). Tensors are copied unchanged, keys renamed per
+    `LLAMA_TO_HFZOO_LAYER`; the result has the source's dtype and device and is in eval mode.
 
     Args:
-        model_or_state_dict: a `LlamaForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM` or a state dict of
-            one (a tied one may omit `lm_head.weight`).
+        model_or_state_dict: one of the `NATIVE_LLAMA_HEADS` classes or a state dict of one (a tied causal LM may
+            omit `lm_head.weight`).
         config: required with a state dict (ignored for a model): its native config, or an
             `HfzooDecoderConfig` the native classes can express.
         attn_implementation: attention backend of the result; default: the source model's (a model), hfzoo's
             default (a state dict).
 
     Returns:
-        The `HfzooDecoderForCausalLM`.
+        The hfzoo decoder model.
 
     Raises:
         TypeError: a state dict without `config`, or an unsupported input type.
@@ -384,58 +507,73 @@ def llama_to_hfzoo(
             classes cannot (`llama_config_from_hfzoo`); state-dict keys that do not match the config (missing /
             unexpected keys listed); a tied config whose `lm_head.weight` differs from the embeddings.
     """
-    classes = tuple(model_class for _, model_class in NATIVE_LLAMA_CLASSES.values())
+    classes = tuple(model_class for heads in NATIVE_LLAMA_HEADS.values() for model_class in heads)
+    source = model_or_state_dict
     state, config, attn_implementation = read_source(
-        model_or_state_dict, classes, config, attn_implementation,
+        source, classes, config, attn_implementation,
         "llama_to_hfzoo", "LlamaConfig, Qwen3Config, MistralConfig or HfzooDecoderConfig",
     )  # fmt: skip
+    if isinstance(source, classes):
+        head = next(heads.index(type(source)) for heads in NATIVE_LLAMA_HEADS.values() if type(source) in heads)
+        state = _body_prefix(state, f"{source.base_model_prefix}.", "model.")
+    else:
+        state = _body_prefix(state, "transformer.", "model.")
+        head = _head_of_state(state)
     if isinstance(config, HfzooDecoderConfig):
         llama_config_from_hfzoo(config)  # raises if the native classes cannot express it
         hfzoo_config = config
     else:
         hfzoo_config = hfzoo_config_from_llama(config)
-    state = resolve_tied_head(
-        state, hfzoo_config.tie_word_embeddings, "model.embed_tokens.weight", "lm_head.weight", "native"
-    )
-    check_keys(set(state), _expected_keys(hfzoo_config, 0), type(config).__name__.removesuffix("Config"))
-    model = HfzooDecoderForCausalLM(hfzoo_config)
+    if head == _CAUSAL_LM:
+        state = resolve_tied_head(
+            state, hfzoo_config.tie_word_embeddings, "model.embed_tokens.weight", "lm_head.weight", "native"
+        )
+    check_keys(set(state), _expected_keys(hfzoo_config, 0, head), type(config).__name__.removesuffix("Config"))
+    model = HFZOO_DECODER_HEADS[head](hfzoo_config)
     return load_converted(model, _rename(state, hfzoo_config, to_hfzoo=True), attn_implementation)
 
 
 def hfzoo_to_llama(
-    model_or_state_dict: HfzooDecoderForCausalLM | Mapping[str, torch.Tensor],
+    model_or_state_dict: HfzooDecoderHeads | Mapping[str, torch.Tensor],
     config: HfzooDecoderConfig | None = None,
     *,
     attn_implementation: str | None = None,
-) -> LlamaForCausalLM | Qwen3ForCausalLM | MistralForCausalLM:
-    """Convert an `HfzooDecoderForCausalLM` (or its state dict) to transformers' native Llama, Qwen3 or Mistral.
+) -> NativeLlamaModels:
+    """Convert an hfzoo decoder (or its state dict) to transformers' native Llama, Qwen3 or Mistral class.
 
-    The class follows from the config (`llama_config_from_hfzoo`), which is checked before any tensor is
-    touched. The result computes the same logits, loads with plain transformers (`save_pretrained`, then
-    `AutoModelForCausalLM.from_pretrained` without hfzoo installed and without remote code), has the source's
-    dtype and device and is in eval mode.
+    The family follows from the config (`llama_config_from_hfzoo`), which is checked before any tensor is
+    touched; the class from the head: `HfzooDecoderForCausalLM` -> `*ForCausalLM`,
+    `HfzooDecoderForSequenceClassification` -> `*ForSequenceClassification`, `HfzooDecoderForTokenClassification`
+    -> `*ForTokenClassification`, `HfzooDecoderForQuestionAnswering` -> `*ForQuestionAnswering` (a state dict: from
+    its keys, `_head_of_state`). The result computes the same outputs, loads with plain transformers
+    (`save_pretrained`, then the matching `AutoModelFor...from_pretrained` without hfzoo installed and without
+    remote code), has the source's dtype and device and is in eval mode.
 
     Args:
-        model_or_state_dict: an `HfzooDecoderForCausalLM` or its state dict.
+        model_or_state_dict: an hfzoo decoder of the four classes above, or its state dict.
         config: required with a state dict (ignored for a model): the `HfzooDecoderConfig`.
         attn_implementation: attention backend of the result; default: the source model's (a model),
             transformers' default (a state dict).
 
     Returns:
-        A `LlamaForCausalLM`, `Qwen3ForCausalLM` or `MistralForCausalLM`.
+        The native model (`NATIVE_LLAMA_HEADS`).
 
     Raises:
         TypeError: a state dict without `config`, or an unsupported input or config type.
-        ValueError: a config the native classes cannot express (one message naming every such field); state-dict
+        ValueError: a config the native classes cannot express (one message naming every field); state-dict
             keys that do not match the config; a tied config whose `lm_head.weight` differs from the embeddings.
     """
+    source = model_or_state_dict
     state, config, attn_implementation = read_source(
-        model_or_state_dict, (HfzooDecoderForCausalLM,), config, attn_implementation,
-        "hfzoo_to_llama", "HfzooDecoderConfig",
-    )  # fmt: skip
+        source, HFZOO_DECODER_HEADS, config, attn_implementation, "hfzoo_to_llama", "HfzooDecoderConfig"
+    )
     native_config = llama_config_from_hfzoo(config)
-    state = resolve_tied_head(state, config.tie_word_embeddings, "model.embed_tokens.weight", "lm_head.weight", "hfzoo")
-    check_keys(set(state), _expected_keys(config, 1), "hfzoo")
-    model_class = NATIVE_LLAMA_CLASSES[native_config.model_type][1]
-    model = model_class(native_config)
-    return load_converted(model, _rename(state, config, to_hfzoo=False), attn_implementation)
+    head = HFZOO_DECODER_HEADS.index(type(source)) if isinstance(source, HFZOO_DECODER_HEADS) else _head_of_state(state)
+    if head == _CAUSAL_LM:
+        state = resolve_tied_head(
+            state, config.tie_word_embeddings, "model.embed_tokens.weight", "lm_head.weight", "hfzoo"
+        )
+    check_keys(set(state), _expected_keys(config, 1, head), "hfzoo")
+    model = NATIVE_LLAMA_HEADS[native_config.model_type][head](native_config)
+    native_state = _body_prefix(_rename(state, config, to_hfzoo=False), "model.", f"{model.base_model_prefix}.")
+    return load_converted(model, native_state, attn_implementation)

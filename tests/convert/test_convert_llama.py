@@ -285,6 +285,99 @@ def test_cli_round_trip_and_the_native_folder_loads_without_hfzoo(tmp_path, toke
     assert AutoTokenizer.from_pretrained(again)("a b")["input_ids"] == tokenizer("a b")["input_ids"]
 
 
+HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
+
+
+def native_head(kind: str, head: str, **fields):
+    """The native task head of `kind`'s family (`LlamaForTokenClassification`, ...), random parameters."""
+    import transformers
+
+    config_class, model_class, extra = NATIVE[kind]
+    head_class = getattr(transformers, model_class.__name__.replace("ForCausalLM", head))
+    torch.manual_seed(0)
+    model = head_class(config_class(**TINY, **extra, num_labels=3, **fields)).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3)
+    return model
+
+
+def head_outputs(model, ids, mask, head: str) -> dict[str, torch.Tensor]:
+    """The head's logits and loss on a right-padded batch (the classifier pools the last non-padding token)."""
+    if head == "ForSequenceClassification":
+        targets = {"labels": torch.tensor([0, 2])}
+    elif head == "ForTokenClassification":
+        targets = {
+            "labels": torch.randint(0, 3, ids.shape, generator=torch.Generator().manual_seed(2)).masked_fill(
+                mask == 0, -100
+            )
+        }
+    else:
+        targets = {"start_positions": torch.tensor([1, 4]), "end_positions": torch.tensor([3, 20])}  # 20: cut off
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, **targets)
+    return {key: value for key, value in out.items() if key in ("loss", "logits", "start_logits", "end_logits")}
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("head", HEADS)
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "mistral"])
+def test_native_task_heads_convert_to_the_hfzoo_heads_and_back_exactly(kind, head):
+    """transformers' generic decoder heads (Llama's, Qwen3's, Mistral's; the span heads of Llama and Qwen3 keep their
+    body under `transformer.`): the same logits and loss, the label set carried, the state dict back exactly."""
+    native = native_head(kind, head, id2label={0: "neg", 1: "neu", 2: "pos"}, classifier_dropout=0.25)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (2, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    model = llama_to_hfzoo(native)
+    assert type(model).__name__ == f"HfzooDecoder{head}"
+    assert model.config.id2label == {0: "neg", 1: "neu", 2: "pos"} and model.config.classifier_dropout == 0.25
+    expected = head_outputs(native, ids, mask, head)
+    got = head_outputs(model, ids, mask, head)
+    assert got.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], atol=TOLERANCE, rtol=TOLERANCE, msg=key)
+    back = hfzoo_to_llama(model)
+    assert type(back) is type(native)
+    assert back.config.to_diff_dict() == native.config.to_diff_dict()
+    assert list(back.state_dict()) == list(native.state_dict())
+    assert all(torch.equal(back.state_dict()[key], value) for key, value in native.state_dict().items())
+    # a state dict picks its head from its keys, either way
+    from_state = llama_to_hfzoo(native.state_dict(), native.config)
+    assert type(from_state) is type(model)
+    assert type(hfzoo_to_llama(model.state_dict(), model.config)) is type(native)
+
+
+def test_cli_converts_a_native_classifier_folder_and_back_keeping_its_head(tmp_path):
+    """A finetuned Qwen3 classifier folder (a reward model's shape) becomes the hfzoo decoder's classifier, not a
+    language model without its `score`; the GPT-2 conversion, which has no heads, refuses one."""
+    from transformers import AutoModelForSequenceClassification, GPT2Config, GPT2ForSequenceClassification
+
+    native = native_head("qwen3", "ForSequenceClassification")
+    source, hfzoo_dir, again = tmp_path / "native", tmp_path / "hfzoo", tmp_path / "again"
+    native.save_pretrained(source)
+    main(["--model_name_or_path", str(source), "--output_dir", str(hfzoo_dir)])
+    assert json.loads((hfzoo_dir / "config.json").read_text())["architectures"] == [
+        "HfzooDecoderForSequenceClassification"
+    ]
+    model = AutoModelForSequenceClassification.from_pretrained(hfzoo_dir).eval()
+    ids = torch.randint(3, VOCAB, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, native(ids).logits, atol=TOLERANCE, rtol=TOLERANCE)
+    main(["--model_name_or_path", str(hfzoo_dir), "--output_dir", str(again)])
+    assert json.loads((again / "config.json").read_text())["architectures"] == ["Qwen3ForSequenceClassification"]
+    reloaded = AutoModelForSequenceClassification.from_pretrained(again)
+    assert all(torch.equal(reloaded.state_dict()[k], v) for k, v in native.state_dict().items())
+
+    gpt2 = tmp_path / "gpt2-classifier"
+    GPT2ForSequenceClassification(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB)).save_pretrained(gpt2)
+    with pytest.raises(SystemExit, match="GPT2ForSequenceClassification is a task head the GPT-2 conversion has no"):
+        main(["--model_name_or_path", str(gpt2), "--output_dir", str(tmp_path / "refused")])
+    assert not (tmp_path / "refused").exists()
+
+
 def test_cli_refuses_a_rotary_decoder_that_does_not_map_naming_every_field(tmp_path, capsys):
     source = tmp_path / "hfzoo"
     config = build_config("llama-tiny", vocab_size=VOCAB, norm_position="post", unet_skips=True)
