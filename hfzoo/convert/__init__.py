@@ -2,7 +2,8 @@
 
 One module per source model, each with its config mapping, its state-dict tables and both directions:
 
-- `hfzoo.convert.gpt2`: GPT-2 (`GPT2LMHeadModel`) <-> the hfzoo decoder (`HfzooDecoderForCausalLM`);
+- `hfzoo.convert.gpt2`: GPT-2 (`GPT2LMHeadModel`, `GPT2ForSequenceClassification`, `GPT2ForTokenClassification`,
+  `GPT2ForQuestionAnswering`) <-> the hfzoo decoder (`HfzooDecoderForCausalLM`) and its heads;
 - `hfzoo.convert.bert`: BERT (`BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`,
   `BertForQuestionAnswering`, `BertForTokenClassification`) <-> the hfzoo encoder, and `convert_bert_checkpoint`
   (a folder, pooler kept for sequence classification);
@@ -12,7 +13,8 @@ One module per source model, each with its config mapping, its state-dict tables
   decoder and its heads;
 - `hfzoo.convert.gguf`: a Llama-shaped decoder (hfzoo or native Llama / Qwen3) as a GGUF file for llama.cpp
   (`write_gguf`, `convert_to_gguf`; needs the `gguf` extra);
-- `hfzoo.convert.common`: the checks and the loading they share;
+- `hfzoo.convert.common`: the checks and the loading they share, and the hfzoo decoder's heads
+  (`HFZOO_DECODER_HEADS`) the decoder converters map position by position;
 - `hfzoo.convert.cli`: `convert_checkpoint(src, dst)` for folders, either direction, and the `hfzoo-convert` CLI.
 
 Every public name is importable from `hfzoo.convert`. Conversions only rename, split, concatenate and
@@ -32,6 +34,7 @@ from .bert import (
     hfzoo_to_bert,
 )
 from .cli import convert_checkpoint
+from .common import HFZOO_DECODER_HEADS
 from .gguf import (
     GGUF_OUTTYPES,
     check_gguf_config,
@@ -41,7 +44,9 @@ from .gguf import (
     write_gguf,
 )
 from .gpt2 import (
+    GPT2_HEADS,
     GPT2_TO_HFZOO_GLOBAL,
+    GPT2_TO_HFZOO_HEADS,
     GPT2_TO_HFZOO_LAYER,
     gpt2_config_from_hfzoo,
     gpt2_to_hfzoo,
@@ -49,7 +54,6 @@ from .gpt2 import (
     hfzoo_to_gpt2,
 )
 from .llama import (
-    HFZOO_DECODER_HEADS,
     LLAMA_TO_HFZOO_GLOBAL,
     LLAMA_TO_HFZOO_LAYER,
     NATIVE_LLAMA_CLASSES,
@@ -76,7 +80,9 @@ __all__ = [
     "BERT_TO_HFZOO_LAYER",
     "BERT_TO_HFZOO_TOKEN_CLASSIFIER",
     "GGUF_OUTTYPES",
+    "GPT2_HEADS",
     "GPT2_TO_HFZOO_GLOBAL",
+    "GPT2_TO_HFZOO_HEADS",
     "GPT2_TO_HFZOO_LAYER",
     "HFZOO_DECODER_HEADS",
     "LLAMA_TO_HFZOO_GLOBAL",

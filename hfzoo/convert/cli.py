@@ -8,11 +8,11 @@ The direction follows from the source's `model_type` (`CHECKPOINT_CONVERTERS` at
 file): `gpt2`, `bert`, `t5`, `llama`, `qwen3` and `mistral` convert to hfzoo, `hfzoo_encoder` to BERT and
 `hfzoo_encoder_decoder` to T5; `hfzoo_decoder` converts to the Llama family when it has rotary positions
 (Llama; Qwen3 with QK-norm; Mistral with a sliding window, `hfzoo.convert.llama`), else to GPT-2. The class
-follows from the source's `architectures`: BERT's and the Llama family's task heads convert to hfzoo's and back. The output
-is a `save_pretrained` folder (weights, config, generation config where the model generates) with the source's
-tokenizer and, for a sentence-transformers model, its `modules.json` and module folders (pooling, normalisation,
-dense layers), so that `SentenceTransformer(output_dir)` computes the source's embeddings. Also
-`python -m hfzoo.convert`.
+follows from the source's `architectures`: the task heads of BERT, GPT-2 and the Llama family convert to hfzoo's
+and back (T5 converts its language model only). The output is a `save_pretrained` folder (weights, config,
+generation config where the model generates) with the source's tokenizer and, for a sentence-transformers model,
+its `modules.json` and module folders (pooling, normalisation, dense layers), so that
+`SentenceTransformer(output_dir)` computes the source's embeddings. Also `python -m hfzoo.convert`.
 
 `--to gguf` instead writes a Llama-shaped decoder (hfzoo, or native Llama / Qwen3) and its tokenizer as one GGUF
 file for llama.cpp, `{output_dir}/model-{outtype}.gguf` (`hfzoo.convert.gguf`; needs `pip install "hfzoo[gguf]"`):
@@ -28,18 +28,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, GPT2LMHeadModel, T5ForConditionalGeneration
+from transformers import AutoConfig, AutoTokenizer, T5ForConditionalGeneration
 
 from .. import AUTO_CLASSES
 from ..hub import copy_sentence_transformers_files
-from ..models.decoder import HfzooDecoderForCausalLM
 from ..models.encoder import HfzooEncoderConfig, HfzooEncoderModel
 from ..models.encoder_decoder import HfzooEncoderDecoderForConditionalGeneration
 from ..outputs import check_output_folder, check_output_is_not_source, removed_if_refused
 from .bert import convert_bert_checkpoint, hfzoo_to_bert
+from .common import HFZOO_DECODER_HEADS
 from .gguf import GGUF_OUTTYPES, convert_to_gguf
-from .gpt2 import gpt2_to_hfzoo, hfzoo_to_gpt2
-from .llama import HFZOO_DECODER_HEADS, NATIVE_LLAMA_HEADS, hfzoo_to_llama, llama_config_from_hfzoo, llama_to_hfzoo
+from .gpt2 import GPT2_HEADS, gpt2_to_hfzoo, hfzoo_to_gpt2
+from .llama import NATIVE_LLAMA_HEADS, hfzoo_to_llama, llama_config_from_hfzoo, llama_to_hfzoo
 from .t5 import hfzoo_to_t5, t5_to_hfzoo
 
 
@@ -65,8 +65,9 @@ def _class_of(config, classes: tuple[type, ...], source: Path, converter: str) -
 
 
 def _from_gpt2(source: Path, output_dir: Path) -> torch.nn.Module:
-    _class_of(AutoConfig.from_pretrained(source), (GPT2LMHeadModel,), source, "GPT-2")
-    return gpt2_to_hfzoo(GPT2LMHeadModel.from_pretrained(source))
+    return gpt2_to_hfzoo(
+        _class_of(AutoConfig.from_pretrained(source), GPT2_HEADS, source, "GPT-2").from_pretrained(source)
+    )
 
 
 def _from_decoder(source: Path, output_dir: Path) -> torch.nn.Module:
@@ -76,8 +77,7 @@ def _from_decoder(source: Path, output_dir: Path) -> torch.nn.Module:
         model = _class_of(config, HFZOO_DECODER_HEADS, source, "Llama").from_pretrained(source)
         converted = hfzoo_to_llama(model)
         return _with_generation_config(converted, model) if converted.can_generate() else converted
-    _class_of(config, (HfzooDecoderForCausalLM,), source, "GPT-2")
-    return hfzoo_to_gpt2(HfzooDecoderForCausalLM.from_pretrained(source))
+    return hfzoo_to_gpt2(_class_of(config, HFZOO_DECODER_HEADS, source, "GPT-2").from_pretrained(source))
 
 
 def _from_llama(source: Path, output_dir: Path) -> torch.nn.Module:
@@ -121,10 +121,11 @@ def convert_checkpoint(model_name_or_path: str | Path, output_dir: str | Path) -
     An hfzoo decoder with rotary positions converts to `LlamaForCausalLM` (`Qwen3ForCausalLM` with QK-norm,
     `MistralForCausalLM` with a sliding window), or to the family's `...ForSequenceClassification`,
     `...ForTokenClassification` or `...ForQuestionAnswering` when its `architectures` names that hfzoo head (and
-    back: a native head converts to the hfzoo decoder's); any other decoder converts to GPT-2. The Llama family's
-    language models keep the source's generation config. GPT-2 and T5 convert their language models only: a folder
-    whose `architectures` names one of their task heads is refused (loading it as the language model would drop
-    the head's weights). An hfzoo encoder converts to the BERT class of its `architectures`
+    back: a native head converts to the hfzoo decoder's); any other decoder converts to GPT-2, its heads to
+    `GPT2ForSequenceClassification`, `GPT2ForTokenClassification` and `GPT2ForQuestionAnswering` (and back). The
+    Llama family's language models keep the source's generation config. T5 converts its language model only: a
+    folder whose `architectures` names one of its task heads is refused (loading it as the language model would
+    drop the head's weights). An hfzoo encoder converts to the BERT class of its `architectures`
     (`HfzooEncoderForMaskedLM` -> `BertForMaskedLM`, `...ForSequenceClassification` ->
     `BertForSequenceClassification`, `...ForQuestionAnswering` -> `BertForQuestionAnswering`,
     `...ForTokenClassification` -> `BertForTokenClassification`, else `BertModel`).

@@ -14,7 +14,77 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 from transformers.activations import ACT2FN
 
+from ..models.decoder import (
+    HfzooDecoderForCausalLM,
+    HfzooDecoderForQuestionAnswering,
+    HfzooDecoderForSequenceClassification,
+    HfzooDecoderForTokenClassification,
+)
 from ..modules.attention import has_fused_qkv_projections
+
+#: The hfzoo decoder's classes the decoder converters (GPT-2, the Llama family) map, the language model first; a
+#: model converts to the source family's class at the same position.
+HFZOO_DECODER_HEADS = (
+    HfzooDecoderForCausalLM,
+    HfzooDecoderForSequenceClassification,
+    HfzooDecoderForTokenClassification,
+    HfzooDecoderForQuestionAnswering,
+)
+#: The classes of `HFZOO_DECODER_HEADS` (annotations).
+HfzooDecoderHeads = (
+    HfzooDecoderForCausalLM
+    | HfzooDecoderForSequenceClassification
+    | HfzooDecoderForTokenClassification
+    | HfzooDecoderForQuestionAnswering
+)
+#: The positions of `HFZOO_DECODER_HEADS`.
+CAUSAL_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, QUESTION_ANSWERING = range(len(HFZOO_DECODER_HEADS))
+#: The dropout transformers' decoder token classifiers (`GPT2ForTokenClassification`, `GenericForTokenClassification`)
+#: apply when their config sets no `classifier_dropout` (nor `hidden_dropout`, which GPT-2's and Llama's lack).
+TRANSFORMERS_CLASSIFIER_DROPOUT = 0.1
+
+
+def task_fields(config: Any, classifier_dropout: float | None) -> dict[str, Any]:
+    """The task fields a converter carries from one side's config to the other's.
+
+    Args:
+        config: the source config (transformers' or hfzoo's).
+        classifier_dropout: the rate the source's token classifier applies; None leaves it out (the target's
+            default is that rate).
+
+    Returns:
+        `id2label`, `label2id` (None when the source has none: transformers leaves it None beside an explicit
+        `id2label`), `problem_type` and, unless None, `classifier_dropout`, as config keyword arguments.
+    """
+    fields = {
+        "id2label": dict(config.id2label),
+        "label2id": None if config.label2id is None else dict(config.label2id),
+        "problem_type": config.problem_type,
+    }
+    if classifier_dropout is not None:
+        fields["classifier_dropout"] = classifier_dropout
+    return fields
+
+
+def decoder_task_fields(config: Any, to_hfzoo: bool) -> dict[str, Any]:
+    """`task_fields` between a transformers decoder config (GPT-2, Llama, ...) and an `HfzooDecoderConfig`.
+
+    The token classifier's dropout is carried as the rate each side applies: transformers' `classifier_dropout`,
+    else `TRANSFORMERS_CLASSIFIER_DROPOUT`; hfzoo's `classifier_dropout`, else `hidden_dropout_prob`. Towards
+    transformers it is set only where it is not that default, so a round trip gives the source config back.
+
+    Args:
+        config: the source config.
+        to_hfzoo: True for transformers -> hfzoo, False for hfzoo -> transformers.
+
+    Returns:
+        The target config's keyword arguments (`task_fields`).
+    """
+    if to_hfzoo:
+        rate = getattr(config, "classifier_dropout", None)
+        return task_fields(config, TRANSFORMERS_CLASSIFIER_DROPOUT if rate is None else rate)
+    rate = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+    return task_fields(config, None if rate == TRANSFORMERS_CLASSIFIER_DROPOUT else rate)
 
 
 def read_source(

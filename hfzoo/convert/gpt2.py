@@ -1,4 +1,4 @@
-"""GPT-2 (`GPT2LMHeadModel`) <-> the hfzoo decoder (`HfzooDecoderForCausalLM`), both ways.
+"""GPT-2 (`GPT2LMHeadModel` and its task heads) <-> the hfzoo decoder (`HfzooDecoderForCausalLM`, ...), both ways.
 
 GPT-2 (Radford et al. 2019) is a pre-LN decoder with learned absolute positions, biases everywhere,
 GELU (tanh approximation, `gelu_new`) and tied input/output embeddings: exactly what
@@ -30,23 +30,36 @@ import re
 from collections.abc import Mapping
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
+from transformers import (
+    GPT2Config,
+    GPT2ForQuestionAnswering,
+    GPT2ForSequenceClassification,
+    GPT2ForTokenClassification,
+    GPT2LMHeadModel,
+    GPT2Model,
+)
 
-from ..models.decoder import HfzooDecoderConfig, HfzooDecoderForCausalLM
+from ..models.decoder import HfzooDecoderConfig
 from .common import (
+    CAUSAL_LM,
+    HFZOO_DECODER_HEADS,
+    HfzooDecoderHeads,
     build_hfzoo_config,
     check_activation,
     check_fixed_fields,
     check_keys,
     check_multi_head,
     check_standard_head_dim,
+    decoder_task_fields,
     load_converted,
     read_source,
     resolve_tied_head,
 )
 
 __all__ = [
+    "GPT2_HEADS",
     "GPT2_TO_HFZOO_GLOBAL",
+    "GPT2_TO_HFZOO_HEADS",
     "GPT2_TO_HFZOO_LAYER",
     "gpt2_config_from_hfzoo",
     "gpt2_to_hfzoo",
@@ -88,6 +101,19 @@ GPT2_TO_HFZOO_LAYER: tuple[tuple[str, str | tuple[str, str, str], str], ...] = (
     ("mlp.c_proj.bias",    "mlp.down_proj.bias",                                                    "copy"),
 )  # fmt: skip
 
+#: GPT-2's classes at the positions of `hfzoo.convert.common.HFZOO_DECODER_HEADS`: the language model, then the
+#: sequence classifier (`score` without bias, pooled at the last non-padding token), the token classifier
+#: (`classifier`, hfzoo's `score`) and the span head (`qa_outputs`).
+GPT2_HEADS = (GPT2LMHeadModel, GPT2ForSequenceClassification, GPT2ForTokenClassification, GPT2ForQuestionAnswering)
+#: Each head's own tensors, `(GPT-2 key, hfzoo key)`, by position (the language model's `lm_head.weight` is in
+#: `GPT2_TO_HFZOO_GLOBAL`).
+GPT2_TO_HFZOO_HEADS: tuple[tuple[tuple[str, str], ...], ...] = (
+    (),
+    (("score.weight", "score.weight"),),
+    (("classifier.weight", "score.weight"), ("classifier.bias", "score.bias")),
+    (("qa_outputs.weight", "qa_outputs.weight"), ("qa_outputs.bias", "qa_outputs.bias")),
+)
+
 # hfzoo fields GPT-2 fixes, with the value GPT-2 needs and why.
 _GPT2_FIXED = {
     "norm_position": ("pre", "GPT-2 is pre-LN (norm before each sub-block, final ln_f)"),
@@ -111,15 +137,16 @@ _LEGACY_GPT2_BUFFERS = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
 def hfzoo_config_from_gpt2(gpt2_config: GPT2Config) -> HfzooDecoderConfig:
     """Build the `HfzooDecoderConfig` describing the same network as a `GPT2Config`.
 
-    Mapped fields: `vocab_size`, `n_embd` -> `hidden_size`, `n_layer` -> `num_hidden_layers`,
-    `n_head` -> `num_attention_heads`, `n_inner` (None: `4 * n_embd`) -> `intermediate_size`,
-    `activation_function` -> `hidden_act`, `n_positions` -> `max_position_embeddings`,
-    `layer_norm_epsilon` -> `layer_norm_eps`, `resid_pdrop` (= `embd_pdrop`) -> `hidden_dropout_prob`,
-    `attn_pdrop` -> `attention_probs_dropout_prob`, `initializer_range`, `tie_word_embeddings`,
-    `use_cache` and the special token ids. The architecture choices are fixed to GPT-2's: pre-LN
-    layer norm, learned positions, biases in every projection, no dropout on the feed-forward hidden
-    layer (`activation_dropout=0.0`). `reorder_and_upcast_attn` is accepted and dropped (it changes
-    only the precision of eager attention; hfzoo's eager softmax is float32).
+    Mapped fields: `vocab_size`, `n_embd` -> `hidden_size`, `n_layer` -> `num_hidden_layers`, `n_head` ->
+    `num_attention_heads`, `n_inner` (None: `4 * n_embd`) -> `intermediate_size`, `activation_function` ->
+    `hidden_act`, `n_positions` -> `max_position_embeddings`, `layer_norm_epsilon` -> `layer_norm_eps`,
+    `resid_pdrop` (= `embd_pdrop`) -> `hidden_dropout_prob`, `attn_pdrop` -> `attention_probs_dropout_prob`,
+    `initializer_range`, `tie_word_embeddings`, `use_cache`, the special token ids and the task fields
+    (`id2label`, `label2id`, `problem_type`, and `classifier_dropout`: 0.1 when unset, as
+    `GPT2ForTokenClassification` applies). The architecture choices are fixed to GPT-2's: pre-LN layer norm,
+    learned positions, biases in every projection, no dropout on the feed-forward hidden layer
+    (`activation_dropout=0.0`). `reorder_and_upcast_attn` is accepted and dropped (it changes only the precision
+    of eager attention; hfzoo's eager softmax is float32).
 
     Args:
         gpt2_config: the GPT-2 config.
@@ -175,6 +202,7 @@ def hfzoo_config_from_gpt2(gpt2_config: GPT2Config) -> HfzooDecoderConfig:
         pad_token_id=c.pad_token_id,
         bos_token_id=c.bos_token_id,
         eos_token_id=c.eos_token_id,
+        **decoder_task_fields(c, to_hfzoo=True),
     )
     return build_hfzoo_config(HfzooDecoderConfig, fields, "GPT-2 config")
 
@@ -228,17 +256,27 @@ def gpt2_config_from_hfzoo(config: HfzooDecoderConfig) -> GPT2Config:
         pad_token_id=config.pad_token_id,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
+        **decoder_task_fields(config, to_hfzoo=False),
     )
 
 
 # ------------------------------------------------------------------------------------------------ weights
 
 
-def _gpt2_state_dict_to_hfzoo(state: Mapping[str, torch.Tensor], config: HfzooDecoderConfig) -> dict[str, torch.Tensor]:
+def _global_keys(head: int) -> tuple[tuple[str, str, str], ...]:
+    """The rows of `GPT2_TO_HFZOO_GLOBAL` a model with the head at `head` has (`lm_head` only in the language model)."""
+    return tuple(row for row in GPT2_TO_HFZOO_GLOBAL if head == CAUSAL_LM or row[0] != "lm_head.weight")
+
+
+def _gpt2_state_dict_to_hfzoo(
+    state: Mapping[str, torch.Tensor], config: HfzooDecoderConfig, head: int = CAUSAL_LM
+) -> dict[str, torch.Tensor]:
     """Map a GPT-2 state dict (keys without `transformer.`) to hfzoo keys and layouts (see the tables)."""
     hidden = config.hidden_size
     out = {}
-    for gpt2_key, hfzoo_key, _op in GPT2_TO_HFZOO_GLOBAL:
+    for gpt2_key, hfzoo_key, _op in _global_keys(head):
+        out[hfzoo_key] = state[gpt2_key]
+    for gpt2_key, hfzoo_key in GPT2_TO_HFZOO_HEADS[head]:
         out[hfzoo_key] = state[gpt2_key]
     for i in range(config.num_hidden_layers):
         for gpt2_key, hfzoo_key, op in GPT2_TO_HFZOO_LAYER:
@@ -252,11 +290,15 @@ def _gpt2_state_dict_to_hfzoo(state: Mapping[str, torch.Tensor], config: HfzooDe
     return out
 
 
-def _hfzoo_state_dict_to_gpt2(state: Mapping[str, torch.Tensor], config: HfzooDecoderConfig) -> dict[str, torch.Tensor]:
-    """Map an hfzoo decoder state dict to GPT2LMHeadModel keys (with `transformer.`) and Conv1D layouts."""
+def _hfzoo_state_dict_to_gpt2(
+    state: Mapping[str, torch.Tensor], config: HfzooDecoderConfig, head: int = CAUSAL_LM
+) -> dict[str, torch.Tensor]:
+    """Map an hfzoo decoder state dict to the GPT-2 class's keys (body under `transformer.`) and Conv1D layouts."""
     out = {}
-    for gpt2_key, hfzoo_key, _op in GPT2_TO_HFZOO_GLOBAL:
+    for gpt2_key, hfzoo_key, _op in _global_keys(head):
         out[gpt2_key if gpt2_key == "lm_head.weight" else f"transformer.{gpt2_key}"] = state[hfzoo_key]
+    for gpt2_key, hfzoo_key in GPT2_TO_HFZOO_HEADS[head]:
+        out[gpt2_key] = state[hfzoo_key]
     for i in range(config.num_hidden_layers):
         for gpt2_key, hfzoo_key, op in GPT2_TO_HFZOO_LAYER:
             if op.startswith("split3"):
@@ -271,35 +313,57 @@ def _hfzoo_state_dict_to_gpt2(state: Mapping[str, torch.Tensor], config: HfzooDe
     return out
 
 
-def _expected_gpt2_keys(num_layers: int) -> set[str]:
-    keys = {g for g, _, _ in GPT2_TO_HFZOO_GLOBAL}
+def _expected_gpt2_keys(num_layers: int, head: int = CAUSAL_LM) -> set[str]:
+    keys = {g for g, _, _ in _global_keys(head)} | {g for g, _ in GPT2_TO_HFZOO_HEADS[head]}
     return keys | {f"h.{i}.{g}" for i in range(num_layers) for g, _, _ in GPT2_TO_HFZOO_LAYER}
 
 
+def _head_of_state(state: Mapping[str, torch.Tensor], side: int) -> int:
+    """The head a state dict holds (a position of `HFZOO_DECODER_HEADS`): the language model when it has none.
+
+    Read from its head keys (`side` 0: GPT-2's, 1: hfzoo's), the heads with more keys first (hfzoo's token
+    classifier is `score` with a bias, its sequence classifier `score` without).
+    """
+    for head in sorted(range(len(GPT2_TO_HFZOO_HEADS)), key=lambda h: -len(GPT2_TO_HFZOO_HEADS[h])):
+        pairs = GPT2_TO_HFZOO_HEADS[head]
+        if pairs and all(pair[side] in state for pair in pairs):
+            return head
+    return CAUSAL_LM
+
+
+#: The GPT-2 classes `gpt2_to_hfzoo` takes and `hfzoo_to_gpt2` returns (annotations).
+GPT2Models = GPT2LMHeadModel | GPT2ForSequenceClassification | GPT2ForTokenClassification | GPT2ForQuestionAnswering
+
+
 def gpt2_to_hfzoo(
-    gpt2_model_or_state_dict: GPT2LMHeadModel | GPT2Model | Mapping[str, torch.Tensor],
+    gpt2_model_or_state_dict: GPT2Models | GPT2Model | Mapping[str, torch.Tensor],
     config: GPT2Config | HfzooDecoderConfig | None = None,
     *,
     attn_implementation: str | None = None,
-) -> HfzooDecoderForCausalLM:
-    """Convert a GPT-2 model (or its state dict) to an `HfzooDecoderForCausalLM` computing the same logits.
+) -> HfzooDecoderHeads:
+    """Convert a GPT-2 model (or its state dict) to the hfzoo decoder class computing the same outputs.
 
-    Weights are re-laid out per `GPT2_TO_HFZOO_GLOBAL` / `GPT2_TO_HFZOO_LAYER`: `c_attn`
-    `(hidden, 3 * hidden)` is split into `q_proj`, `k_proj`, `v_proj` `(hidden, hidden)` each (transposed),
-    the other `Conv1D` weights `(in, out)` are transposed to `nn.Linear`'s `(out, in)`. A `GPT2Model`
-    (or a state dict without `lm_head.weight`, as in the original OpenAI checkpoints) is accepted when
-    the embeddings are tied. The result has the source's dtype and device and is in eval mode.
+    `GPT2LMHeadModel` -> `HfzooDecoderForCausalLM` (same logits), `GPT2ForSequenceClassification` ->
+    `HfzooDecoderForSequenceClassification`, `GPT2ForTokenClassification` -> `HfzooDecoderForTokenClassification`
+    (`classifier` -> `score`), `GPT2ForQuestionAnswering` -> `HfzooDecoderForQuestionAnswering` (same logits and
+    loss; the label set, problem type and classifier dropout carried over). Weights are re-laid out per
+    `GPT2_TO_HFZOO_GLOBAL` / `GPT2_TO_HFZOO_LAYER`: `c_attn` `(hidden, 3 * hidden)` is split into `q_proj`,
+    `k_proj`, `v_proj` `(hidden, hidden)` each (transposed), the other `Conv1D` weights `(in, out)` are transposed
+    to `nn.Linear`'s `(out, in)`. A `GPT2Model` (or a state dict without `lm_head.weight` nor a head, as in the
+    original OpenAI checkpoints) converts to the language model when the embeddings are tied. A state dict picks
+    its head from its keys (`classifier.*`, `score.*`, `qa_outputs.*`). The result has the source's dtype and
+    device and is in eval mode.
 
     Args:
-        gpt2_model_or_state_dict: a `GPT2LMHeadModel`, a `GPT2Model`, or a state dict of either
-            (keys with or without the `transformer.` prefix; legacy `attn.bias` mask buffers are ignored).
+        gpt2_model_or_state_dict: one of `GPT2_HEADS`, a `GPT2Model`, or a state dict of one (keys with or
+            without the `transformer.` prefix; legacy `attn.bias` mask buffers are ignored).
         config: required with a state dict (ignored for a model, whose config is used): a
             `GPT2Config`, or an `HfzooDecoderConfig` that GPT-2 can express.
         attn_implementation: attention backend of the result ("eager", "sdpa", ...); default: the
             source model's backend (a model), hfzoo's default (a state dict).
 
     Returns:
-        The `HfzooDecoderForCausalLM`.
+        The hfzoo decoder model (`hfzoo.convert.common.HFZOO_DECODER_HEADS`).
 
     Raises:
         TypeError: a state dict without `config`, or an unsupported input type.
@@ -307,8 +371,9 @@ def gpt2_to_hfzoo(
             do not match the config (missing / unexpected keys listed); a tied config whose
             `lm_head.weight` differs from `wte.weight`.
     """
+    source = gpt2_model_or_state_dict
     state, config, attn_implementation = read_source(
-        gpt2_model_or_state_dict, (GPT2LMHeadModel, GPT2Model), config, attn_implementation,
+        source, (*GPT2_HEADS, GPT2Model), config, attn_implementation,
         "gpt2_to_hfzoo", "GPT2Config or HfzooDecoderConfig",
     )  # fmt: skip
     if isinstance(config, GPT2Config):
@@ -318,50 +383,61 @@ def gpt2_to_hfzoo(
         hfzoo_config = config
     state = {key.removeprefix("transformer."): value for key, value in state.items()}
     state = {key: value for key, value in state.items() if not _LEGACY_GPT2_BUFFERS.fullmatch(key)}
-    state = resolve_tied_head(state, hfzoo_config.tie_word_embeddings, "wte.weight", "lm_head.weight", "GPT-2")
-    check_keys(set(state), _expected_gpt2_keys(hfzoo_config.num_hidden_layers), "GPT-2")
-    model = HfzooDecoderForCausalLM(hfzoo_config)
-    return load_converted(model, _gpt2_state_dict_to_hfzoo(state, hfzoo_config), attn_implementation)
+    head = GPT2_HEADS.index(type(source)) if type(source) in GPT2_HEADS else _head_of_state(state, 0)
+    if head == CAUSAL_LM:
+        state = resolve_tied_head(state, hfzoo_config.tie_word_embeddings, "wte.weight", "lm_head.weight", "GPT-2")
+    check_keys(set(state), _expected_gpt2_keys(hfzoo_config.num_hidden_layers, head), "GPT-2")
+    model = HFZOO_DECODER_HEADS[head](hfzoo_config)
+    return load_converted(model, _gpt2_state_dict_to_hfzoo(state, hfzoo_config, head), attn_implementation)
 
 
 def hfzoo_to_gpt2(
-    model_or_state_dict: HfzooDecoderForCausalLM | Mapping[str, torch.Tensor],
+    model_or_state_dict: HfzooDecoderHeads | Mapping[str, torch.Tensor],
     config: HfzooDecoderConfig | None = None,
     *,
     attn_implementation: str | None = None,
-) -> GPT2LMHeadModel:
-    """Convert an `HfzooDecoderForCausalLM` (or its state dict) to a `GPT2LMHeadModel` computing the same logits.
+) -> GPT2Models:
+    """Convert an hfzoo decoder (or its state dict) to the GPT-2 class computing the same outputs.
 
-    The inverse of `gpt2_to_hfzoo`: `q_proj`, `k_proj`, `v_proj` `(hidden, hidden)` are transposed and
-    concatenated into `c_attn` `(hidden, 3 * hidden)`, the other `nn.Linear` weights `(out, in)` are
-    transposed to `Conv1D`'s `(in, out)`. The result has the source's dtype and device, eval mode.
+    The inverse of `gpt2_to_hfzoo`: `HfzooDecoderForCausalLM` -> `GPT2LMHeadModel`,
+    `HfzooDecoderForSequenceClassification` -> `GPT2ForSequenceClassification`,
+    `HfzooDecoderForTokenClassification` -> `GPT2ForTokenClassification` (`score` -> `classifier`),
+    `HfzooDecoderForQuestionAnswering` -> `GPT2ForQuestionAnswering` (a state dict: from its keys). `q_proj`,
+    `k_proj`, `v_proj` `(hidden, hidden)` are transposed and concatenated into `c_attn` `(hidden, 3 * hidden)`,
+    the other `nn.Linear` weights `(out, in)` are transposed to `Conv1D`'s `(in, out)`. The result has the
+    source's dtype and device, eval mode.
 
     Args:
-        model_or_state_dict: an `HfzooDecoderForCausalLM` or its state dict.
+        model_or_state_dict: an hfzoo decoder of `hfzoo.convert.common.HFZOO_DECODER_HEADS`, or its state dict.
         config: required with a state dict (ignored for a model): the `HfzooDecoderConfig`.
         attn_implementation: attention backend of the result; default: the source model's backend
             (a model), transformers' default (a state dict).
 
     Returns:
-        The `GPT2LMHeadModel`.
+        The GPT-2 model (`GPT2_HEADS`).
 
     Raises:
         TypeError: a state dict without `config`, or an unsupported input type / config type.
         ValueError: a config GPT-2 cannot express (see `gpt2_config_from_hfzoo`); state-dict keys that
             do not match the config; a tied config whose `lm_head.weight` differs from the embeddings.
     """
+    source = model_or_state_dict
     state, config, attn_implementation = read_source(
-        model_or_state_dict, (HfzooDecoderForCausalLM,), config, attn_implementation,
-        "hfzoo_to_gpt2", "HfzooDecoderConfig",
-    )  # fmt: skip
+        source, HFZOO_DECODER_HEADS, config, attn_implementation, "hfzoo_to_gpt2", "HfzooDecoderConfig"
+    )
     gpt2_config = gpt2_config_from_hfzoo(config)
-    state = resolve_tied_head(state, config.tie_word_embeddings, "model.embed_tokens.weight", "lm_head.weight", "hfzoo")
-    expected = {h for _, h, _ in GPT2_TO_HFZOO_GLOBAL} | {
+    head = HFZOO_DECODER_HEADS.index(type(source)) if type(source) in HFZOO_DECODER_HEADS else _head_of_state(state, 1)
+    if head == CAUSAL_LM:
+        state = resolve_tied_head(
+            state, config.tie_word_embeddings, "model.embed_tokens.weight", "lm_head.weight", "hfzoo"
+        )
+    expected = {h for _, h, _ in _global_keys(head)} | {h for _, h in GPT2_TO_HFZOO_HEADS[head]}
+    expected |= {
         f"model.layers.{i}.{key}"
         for i in range(config.num_hidden_layers)
         for _, h, _ in GPT2_TO_HFZOO_LAYER
         for key in (h if isinstance(h, tuple) else (h,))
     }
     check_keys(set(state), expected, "hfzoo")
-    model = GPT2LMHeadModel(gpt2_config)
-    return load_converted(model, _hfzoo_state_dict_to_gpt2(state, config), attn_implementation)
+    model = GPT2_HEADS[head](gpt2_config)
+    return load_converted(model, _hfzoo_state_dict_to_gpt2(state, config, head), attn_implementation)

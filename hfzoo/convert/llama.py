@@ -62,20 +62,28 @@ from transformers.activations import ACT2FN
 from ..configuration_utils import _hfzoo_field_types
 from ..models.decoder import (
     HfzooDecoderConfig,
-    HfzooDecoderForCausalLM,
-    HfzooDecoderForQuestionAnswering,
-    HfzooDecoderForSequenceClassification,
-    HfzooDecoderForTokenClassification,
 )
 from ..modules.attention import key_value_heads
 from ..modules.feed_forward import ACTIVATIONS
-from .common import build_hfzoo_config, check_keys, load_converted, read_source, resolve_tied_head
+from .common import (
+    CAUSAL_LM,
+    HFZOO_DECODER_HEADS,
+    QUESTION_ANSWERING,
+    SEQUENCE_CLASSIFICATION,
+    TOKEN_CLASSIFICATION,
+    HfzooDecoderHeads,
+    build_hfzoo_config,
+    check_keys,
+    decoder_task_fields,
+    load_converted,
+    read_source,
+    resolve_tied_head,
+)
 
 __all__ = [
     "LLAMA_TO_HFZOO_GLOBAL",
     "LLAMA_TO_HFZOO_LAYER",
     "NATIVE_LLAMA_CLASSES",
-    "HFZOO_DECODER_HEADS",
     "NATIVE_LLAMA_HEADS",
     "hfzoo_config_from_llama",
     "hfzoo_to_llama",
@@ -90,15 +98,6 @@ NATIVE_LLAMA_CLASSES: dict[str, tuple[type, type]] = {
     "mistral": (MistralConfig, MistralForCausalLM),
 }
 
-#: The hfzoo decoder's classes the Llama family converts, the language model first; a model converts to the
-#: class at the same position of `NATIVE_LLAMA_HEADS`.
-HFZOO_DECODER_HEADS = (
-    HfzooDecoderForCausalLM,
-    HfzooDecoderForSequenceClassification,
-    HfzooDecoderForTokenClassification,
-    HfzooDecoderForQuestionAnswering,
-)
-_CAUSAL_LM, _SEQUENCE_CLASSIFICATION, _TOKEN_CLASSIFICATION, _QUESTION_ANSWERING = range(len(HFZOO_DECODER_HEADS))
 #: `model_type` -> the native classes at the positions of `HFZOO_DECODER_HEADS`: the causal LM, then
 #: transformers' generic decoder heads (`score` without bias pooled at the last non-padding token; `score` with a
 #: bias on every token; `qa_outputs`, start and end).
@@ -158,7 +157,7 @@ _NOT_COMPARED = {
     "moe_layer_interval",
     "output_router_logits",
     "layer_norm_eps",
-    "classifier_dropout",  # carried as the rate the token classifier applies (`_native_fields`)
+    "classifier_dropout",  # carried as the rate the token classifier applies (`common.decoder_task_fields`)
 }
 
 
@@ -253,26 +252,13 @@ def hfzoo_config_from_llama(native_config: LlamaConfig | Qwen3Config | MistralCo
         pad_token_id=c.pad_token_id,
         bos_token_id=c.bos_token_id,
         eos_token_id=c.eos_token_id,
-        classifier_dropout=_native_classifier_dropout(c),
-        id2label=dict(c.id2label),
-        label2id=None if c.label2id is None else dict(c.label2id),  # None beside a given id2label
-        problem_type=c.problem_type,
+        **decoder_task_fields(c, to_hfzoo=True),
     )
     if isinstance(c, Qwen3Config):
         fields["qk_norm"] = "rms_norm"
     if window is not None:
         fields.update(token_mixer="sliding_window", attention_window=2 * (window - 1))
     return build_hfzoo_config(HfzooDecoderConfig, fields, f"{type(c).__name__}")
-
-
-def _native_classifier_dropout(config: Any) -> float:
-    """The dropout rate of a native token classifier: `classifier_dropout`, else 0.1.
-
-    transformers' `GenericForTokenClassification` falls back to `hidden_dropout`, which the native configs lack,
-    then to 0.1.
-    """
-    rate = getattr(config, "classifier_dropout", None)
-    return 0.1 if rate is None else rate
 
 
 def _native_class_of(config: HfzooDecoderConfig) -> str:
@@ -305,13 +291,8 @@ def _native_fields(config: HfzooDecoderConfig, model_type: str) -> dict[str, Any
         pad_token_id=config.pad_token_id,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
-        id2label=dict(config.id2label),
-        label2id=None if config.label2id is None else dict(config.label2id),  # None beside a given id2label
-        problem_type=config.problem_type,
+        **decoder_task_fields(config, to_hfzoo=False),
     )
-    rate = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-    if rate != _native_classifier_dropout(None):  # the rate the token classifier applies, set where not the default
-        fields["classifier_dropout"] = rate
     if model_type in ("llama", "qwen3"):
         fields["attention_bias"] = config.attention_bias
     if model_type == "llama":
@@ -391,7 +372,7 @@ def llama_config_from_hfzoo(config: HfzooDecoderConfig) -> LlamaConfig | Qwen3Co
 # ------------------------------------------------------------------------------------------------ weights
 
 
-def _expected_keys(config: HfzooDecoderConfig, side: int, head: int = _CAUSAL_LM) -> set[str]:
+def _expected_keys(config: HfzooDecoderConfig, side: int, head: int = CAUSAL_LM) -> set[str]:
     """The state-dict keys of either side (`side` 0: native, 1: hfzoo) for `config` and the head at `head`.
 
     The native body is under `model.` here (`_body_prefix` renames a `transformer.` one).
@@ -406,7 +387,7 @@ def _expected_keys(config: HfzooDecoderConfig, side: int, head: int = _CAUSAL_LM
         if "_norm.weight" in hfzoo_key and hfzoo_key.startswith("self_attn.") and config.qk_norm is None:
             continue
         layer_keys.append(pair[side])
-    keys = {pair[side] for pair in LLAMA_TO_HFZOO_GLOBAL if head == _CAUSAL_LM or pair[side] != "lm_head.weight"}
+    keys = {pair[side] for pair in LLAMA_TO_HFZOO_GLOBAL if head == CAUSAL_LM or pair[side] != "lm_head.weight"}
     keys |= set(_HEAD_KEYS[head])
     return keys | {f"model.layers.{i}.{key}" for i in range(config.num_hidden_layers) for key in layer_keys}
 
@@ -444,10 +425,10 @@ def _head_of_state(state: Mapping[str, torch.Tensor]) -> int:
     classification; else the causal LM.
     """
     if "qa_outputs.weight" in state:
-        return _QUESTION_ANSWERING
+        return QUESTION_ANSWERING
     if "score.weight" in state:
-        return _TOKEN_CLASSIFICATION if "score.bias" in state else _SEQUENCE_CLASSIFICATION
-    return _CAUSAL_LM
+        return TOKEN_CLASSIFICATION if "score.bias" in state else SEQUENCE_CLASSIFICATION
+    return CAUSAL_LM
 
 
 #: The native classes `llama_to_hfzoo` takes and `hfzoo_to_llama` returns (annotations).
@@ -464,13 +445,6 @@ NativeLlamaModels = (
     | MistralForSequenceClassification
     | MistralForTokenClassification
     | MistralForQuestionAnswering
-)
-#: The hfzoo decoder classes they correspond to.
-HfzooDecoderHeads = (
-    HfzooDecoderForCausalLM
-    | HfzooDecoderForSequenceClassification
-    | HfzooDecoderForTokenClassification
-    | HfzooDecoderForQuestionAnswering
 )
 
 
@@ -524,7 +498,7 @@ def llama_to_hfzoo(
         hfzoo_config = config
     else:
         hfzoo_config = hfzoo_config_from_llama(config)
-    if head == _CAUSAL_LM:
+    if head == CAUSAL_LM:
         state = resolve_tied_head(
             state, hfzoo_config.tie_word_embeddings, "model.embed_tokens.weight", "lm_head.weight", "native"
         )
@@ -569,7 +543,7 @@ def hfzoo_to_llama(
     )
     native_config = llama_config_from_hfzoo(config)
     head = HFZOO_DECODER_HEADS.index(type(source)) if isinstance(source, HFZOO_DECODER_HEADS) else _head_of_state(state)
-    if head == _CAUSAL_LM:
+    if head == CAUSAL_LM:
         state = resolve_tied_head(
             state, config.tie_word_embeddings, "model.embed_tokens.weight", "lm_head.weight", "hfzoo"
         )

@@ -245,6 +245,67 @@ def test_gpt2_settings_hfzoo_cannot_express_are_refused(overrides, field):
         hfzoo_config_from_gpt2(gpt2_config("h32-l2-a4", **overrides))
 
 
+@pytest.mark.compat
+@pytest.mark.parametrize("head", ["ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering"])
+def test_gpt2_task_heads_convert_to_the_hfzoo_heads_and_back_exactly(head):
+    """GPT-2's classifiers and span head: the same logits and loss (the sequence classifier pools each row's last
+    non-padding token), the label set and classifier dropout carried, the state dict back exactly, also from a
+    state dict (its head read from its keys); the token classifier's `classifier` is hfzoo's `score`."""
+    import transformers
+
+    gpt2_class = getattr(transformers, f"GPT2{head}")
+    torch.manual_seed(0)
+    config = gpt2_config("h32-l2-a4", num_labels=3, id2label={0: "a", 1: "b", 2: "c"}, pad_token_id=96,
+                         classifier_dropout=0.2)  # fmt: skip
+    gpt2 = gpt2_class(config).eval()
+    with torch.no_grad():
+        for parameter in gpt2.parameters():
+            parameter.normal_(0.0, 0.25)
+    ids, mask = padded_batch(97, "right")
+    targets = {
+        "ForSequenceClassification": {"labels": torch.tensor([0, 2, 1, 1])},
+        "ForTokenClassification": {"labels": torch.randint(0, 3, ids.shape).masked_fill(mask == 0, -100)},
+        "ForQuestionAnswering": {"start_positions": torch.tensor([0, 2, 1, 0]), "end_positions": torch.tensor([5, 30, 3, 0])},
+    }[head]  # fmt: skip
+    model = gpt2_to_hfzoo(gpt2)
+    assert type(model).__name__ == f"HfzooDecoder{head}"
+    assert model.config.id2label == config.id2label and model.config.classifier_dropout == 0.2
+    with torch.no_grad():
+        expected, got = gpt2(ids, attention_mask=mask, **targets), model(ids, attention_mask=mask, **targets)
+    for key in ("loss", "logits", "start_logits", "end_logits"):
+        if key in expected:
+            torch.testing.assert_close(got[key], expected[key], atol=TOLERANCE, rtol=TOLERANCE, msg=key)
+    back = hfzoo_to_gpt2(model)
+    assert type(back) is gpt2_class and back.config.to_diff_dict() == gpt2.config.to_diff_dict()
+    assert list(back.state_dict()) == list(gpt2.state_dict())
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in gpt2.state_dict().items())
+    assert type(gpt2_to_hfzoo(gpt2.state_dict(), config)) is type(model)
+    assert type(hfzoo_to_gpt2(model.state_dict(), model.config)) is gpt2_class
+
+
+def test_cli_converts_a_gpt2_token_classifier_folder_and_back(tmp_path):
+    """`hfzoo-convert` reads the head from the folder's `architectures` (loading it as `GPT2LMHeadModel` would drop
+    the classifier): the hfzoo folder loads with `AutoModelForTokenClassification` and converts back exactly."""
+    from transformers import AutoModelForTokenClassification, GPT2ForTokenClassification
+
+    from hfzoo.convert.cli import main
+
+    torch.manual_seed(0)
+    gpt2 = GPT2ForTokenClassification(gpt2_config("h32-l2-a4", num_labels=4)).eval()
+    source, converted, again = tmp_path / "gpt2", tmp_path / "hfzoo", tmp_path / "again"
+    gpt2.save_pretrained(source)
+    main(["--model_name_or_path", str(source), "--output_dir", str(converted)])
+    model = AutoModelForTokenClassification.from_pretrained(converted).eval()
+    assert type(model).__name__ == "HfzooDecoderForTokenClassification"
+    ids = torch.randint(0, 96, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, gpt2(ids).logits, atol=TOLERANCE, rtol=TOLERANCE)
+    main(["--model_name_or_path", str(converted), "--output_dir", str(again)])
+    back = AutoModelForTokenClassification.from_pretrained(again)
+    assert type(back) is GPT2ForTokenClassification
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in gpt2.state_dict().items())
+
+
 def test_wrong_config_and_model_types_are_refused():
     with pytest.raises(TypeError, match="GPT2Config"):
         hfzoo_config_from_gpt2(HfzooDecoderConfig())
