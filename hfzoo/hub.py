@@ -47,8 +47,10 @@ FAMILY_INFO = {
     "hfzoo_encoder": ("fill-mask", "encoder-only Transformer", "masked language model"),
     "hfzoo_encoder_decoder": ("text2text-generation", "encoder-decoder Transformer", "sequence-to-sequence model"),
 }
-#: the hub's pipeline tag of a task head (its Auto class name); the other heads get their family's tag.
+#: the hub's pipeline tag of a task head (its Auto class name), and of the bare stack (`AutoModel`: its hidden
+#: states, as the hub tags `BertModel`); the language-model heads get their family's tag.
 HEAD_PIPELINE_TAGS = {
+    "AutoModel": "feature-extraction",
     "AutoModelForSequenceClassification": "text-classification",
     "AutoModelForTokenClassification": "token-classification",
     "AutoModelForQuestionAnswering": "question-answering",
@@ -193,8 +195,8 @@ def build_model_card(
 
     Metadata: `library_name: transformers`, `tags` (`hfzoo`, the model type, the objective when
     known), the `pipeline_tag` of the head in the config's `architectures` (`HEAD_PIPELINE_TAGS`: text-classification,
-    token-classification, question-answering), else of the family (text-generation, fill-mask or
-    text2text-generation), the hub
+    token-classification, question-answering; feature-extraction for the bare stack), else of the family
+    (text-generation, fill-mask or text2text-generation), the hub
     dataset when one was used, and `metrics: [perplexity]` when a perplexity is reported. A folder holding a
     sentence-transformers model (`modules.json`) gets `library_name: sentence-transformers`, `pipeline_tag:
     sentence-similarity`, the tag `sentence-transformers` and its loading example first. Body: family
@@ -246,7 +248,9 @@ def build_model_card(
     name = model_name or (folder.resolve().name if folder is not None else config.model_type)
     pipeline_tag, architecture, language_model = FAMILY_INFO[family.model_type]
     description = f"{architecture} ({language_model})"
-    if auto_name in HEAD_PIPELINE_TAGS:  # a task head: not the family's language model
+    if auto_name == "AutoModel":  # the bare stack: no language-model head
+        pipeline_tag, description = HEAD_PIPELINE_TAGS[auto_name], f"{architecture} without a head (hidden states)"
+    elif auto_name in HEAD_PIPELINE_TAGS:  # a task head: not the family's language model
         pipeline_tag = HEAD_PIPELINE_TAGS[auto_name]
         description = f"{architecture} with a {pipeline_tag.replace('-', ' ')} head"
     objective = args.get("objective")

@@ -238,7 +238,8 @@ def test_model_card_per_family(config_class, pipeline_tag, model_class):
         (hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderForSequenceClassification, "text-classification"),
         (hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderForTokenClassification, "token-classification"),
         (hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderForQuestionAnswering, "question-answering"),
-        (hfzoo.HfzooEncoderConfig, hfzoo.HfzooEncoderModel, "fill-mask"),
+        (hfzoo.HfzooEncoderConfig, hfzoo.HfzooEncoderModel, "feature-extraction"),
+        (hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderModel, "feature-extraction"),
     ],
 )
 def test_model_card_of_a_task_head_has_its_pipeline_tag(tmp_path, config_class, model_class, pipeline_tag):
@@ -249,8 +250,8 @@ def test_model_card_of_a_task_head_has_its_pipeline_tag(tmp_path, config_class, 
     assert card.data.pipeline_tag == pipeline_tag
     assert model_class.__name__ in card.text
     first_line = card.text.split("\n# me/finetuned\n\n")[1].split("\n")[0]
-    if pipeline_tag == "fill-mask":  # the bare encoder: the family's description
-        assert "encoder-only Transformer (masked language model)" in first_line
+    if pipeline_tag == "feature-extraction":  # the bare stack: no head
+        assert f"Transformer without a head (hidden states): `{model_class.__name__}`" in first_line
     else:
         assert f"Transformer with a {pipeline_tag.replace('-', ' ')} head: `{model_class.__name__}`" in first_line
 
