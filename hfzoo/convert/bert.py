@@ -23,6 +23,7 @@ import torch
 from transformers import (
     BertConfig,
     BertForMaskedLM,
+    BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
@@ -358,6 +359,23 @@ HfzooEncoders = (
 )
 
 
+def _without_next_sentence_head(state: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    """`state` without `BertForPreTraining`'s next-sentence-prediction head (`cls.seq_relationship.*`).
+
+    A logged warning names `source` and the keys left out; a state dict without them is returned as it is.
+    """
+    next_sentence_head = sorted(k for k in state if k.startswith(_BERT_NEXT_SENTENCE_HEAD))
+    if not next_sentence_head:
+        return state
+    logger.warning(
+        "%s: left out BERT's next-sentence-prediction head (%s): the hfzoo encoder has none (it converts to "
+        "HfzooEncoderForMaskedLM, as BertForMaskedLM.from_pretrained would load it)",
+        source,
+        ", ".join(next_sentence_head),
+    )
+    return {k: v for k, v in state.items() if k not in next_sentence_head}
+
+
 def _has_token_classifier(state: Mapping[str, torch.Tensor]) -> bool:
     """A `classifier` without a pooler: BertForTokenClassification's (BertForSequenceClassification pools)."""
     keys = [k.removeprefix("bert.") for k in state]
@@ -387,7 +405,9 @@ def bert_to_hfzoo(
     `BertForSequenceClassification` -> `HfzooEncoderForSequenceClassification` (pooler ->
     `classifier.dense`, `classifier` -> `classifier.out_proj`), `BertForQuestionAnswering` ->
     `HfzooEncoderForQuestionAnswering` (same `start_logits` / `end_logits`), `BertForTokenClassification` ->
-    `HfzooEncoderForTokenClassification`. A state dict picks the class from its keys (`qa_outputs.*`: question
+    `HfzooEncoderForTokenClassification`, `BertForPreTraining` (the original BERT releases) ->
+    `HfzooEncoderForMaskedLM` (its next-sentence-prediction head and pooler left out, with a logged warning
+    naming the head). A state dict picks the class from its keys (`qa_outputs.*`: question
     answering; `classifier.*`: sequence classification with a pooler, token classification without;
     `cls.predictions.*`: masked LM; else the bare encoder). Tensors are renamed only (`BERT_TO_HFZOO_*` tables), so
     `hfzoo_to_bert` returns the original state dict exactly. The result has the source's dtype and device, eval mode.
@@ -409,14 +429,18 @@ def bert_to_hfzoo(
     """
     source = bert_model_or_state_dict
     state, config, attn_implementation = read_source(
-        source, _BERT_CLASSES, config, attn_implementation, "bert_to_hfzoo", "BertConfig or HfzooEncoderConfig"
+        source, (*_BERT_CLASSES, BertForPreTraining), config, attn_implementation,
+        "bert_to_hfzoo", "BertConfig or HfzooEncoderConfig",
+    )  # fmt: skip
+    state = _without_next_sentence_head(
+        state, type(source).__name__ if isinstance(source, torch.nn.Module) else "the state dict"
     )
     if isinstance(source, _BERT_CLASSES):
         index = next(i for i, cls in enumerate(_BERT_CLASSES) if isinstance(source, cls))
-        if index == _BASE:
-            state = {k: v for k, v in state.items() if not k.startswith("pooler.")}
     else:
-        index = _bert_class_for_state(state)
+        index = _bert_class_for_state(state)  # BertForPreTraining (its NSP head left out): masked LM
+    if index in (_BASE, _MASKED_LM):  # a pooler (BertModel, BertForPreTraining) serves no head there
+        state = {k: v for k, v in state.items() if not k.removeprefix("bert.").startswith("pooler.")}
     if isinstance(config, BertConfig):
         hfzoo_config = hfzoo_config_from_bert(config)
     else:
@@ -528,15 +552,7 @@ def convert_bert_checkpoint(bert_path: str | Path, output_dir: str | Path) -> Pa
         state = torch.load(bert_path / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
         raise FileNotFoundError(f"{source}: neither model.safetensors nor pytorch_model.bin")
-    next_sentence_head = sorted(k for k in state if k.startswith(_BERT_NEXT_SENTENCE_HEAD))
-    if next_sentence_head:
-        state = {k: v for k, v in state.items() if k not in next_sentence_head}
-        logger.warning(
-            "%s: left out BERT's next-sentence-prediction head (%s): the hfzoo encoder has none (it converts to "
-            "HfzooEncoderForMaskedLM, as BertForMaskedLM.from_pretrained would load it)",
-            source,
-            ", ".join(next_sentence_head),
-        )
+    state = _without_next_sentence_head(state, str(source))
     config = hfzoo_config_from_bert(bert_config)
     hfzoo_state = bert_state_dict_to_hfzoo(state, config.num_hidden_layers)
     if config.tie_word_embeddings:

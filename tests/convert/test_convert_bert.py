@@ -344,3 +344,11 @@ def test_pretraining_checkpoint_converts_to_the_masked_lm_without_its_next_sente
         expected = bert(**batch).prediction_logits
     real = batch["attention_mask"].bool()
     assert (outputs(model, batch)[real] - expected[real]).abs().max() <= TOLERANCE
+    # in memory too, from the model or its state dict
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hfzoo.convert.bert"):
+        for source in (bert, bert.state_dict()):
+            converted = bert_to_hfzoo(source, bert.config, attn_implementation="eager")
+            assert isinstance(converted, HfzooEncoderForMaskedLM)
+            assert (outputs(converted, batch)[real] - expected[real]).abs().max() <= TOLERANCE
+    assert caplog.text.count("left out BERT's next-sentence-prediction head") == 2
