@@ -8,8 +8,8 @@ The direction follows from the source's `model_type` (`CHECKPOINT_CONVERTERS` at
 file): `gpt2`, `bert`, `t5`, `llama`, `qwen3` and `mistral` convert to hfzoo, `hfzoo_encoder` to BERT and
 `hfzoo_encoder_decoder` to T5; `hfzoo_decoder` converts to the Llama family when it has rotary positions
 (Llama; Qwen3 with QK-norm; Mistral with a sliding window, `hfzoo.convert.llama`), else to GPT-2. The class
-follows from the source's `architectures`: the task heads of BERT, GPT-2 and the Llama family convert to hfzoo's
-and back (T5 converts its language model only). The output is a `save_pretrained` folder (weights, config,
+follows from the source's `architectures`: the task heads of BERT, GPT-2 and the Llama family and T5's sequence
+classifier convert to hfzoo's and back. The output is a `save_pretrained` folder (weights, config,
 generation config where the model generates) with the source's tokenizer and, for a sentence-transformers model,
 its `modules.json` and module folders (pooling, normalisation, dense layers), so that
 `SentenceTransformer(output_dir)` computes the source's embeddings. Also `python -m hfzoo.convert`.
@@ -28,19 +28,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, T5ForConditionalGeneration
+from transformers import AutoConfig, AutoTokenizer
 
 from .. import AUTO_CLASSES
 from ..hub import copy_sentence_transformers_files
 from ..models.encoder import HfzooEncoderConfig, HfzooEncoderModel
-from ..models.encoder_decoder import HfzooEncoderDecoderForConditionalGeneration
+from ..models.encoder_decoder import (
+    HfzooEncoderDecoderForConditionalGeneration,
+    HfzooEncoderDecoderForSequenceClassification,
+)
 from ..outputs import check_output_folder, check_output_is_not_source, removed_if_refused
 from .bert import convert_bert_checkpoint, hfzoo_to_bert
 from .common import HFZOO_DECODER_HEADS
 from .gguf import GGUF_OUTTYPES, convert_to_gguf
 from .gpt2 import GPT2_HEADS, gpt2_to_hfzoo, hfzoo_to_gpt2
 from .llama import NATIVE_LLAMA_HEADS, hfzoo_to_llama, llama_config_from_hfzoo, llama_to_hfzoo
-from .t5 import hfzoo_to_t5, t5_to_hfzoo
+from .t5 import T5_HEADS, hfzoo_to_t5, t5_to_hfzoo
 
 
 def _class_of(config, classes: tuple[type, ...], source: Path, converter: str) -> type:
@@ -106,13 +109,12 @@ def _to_bert(source: Path, output_dir: Path) -> torch.nn.Module:
 
 
 def _from_t5(source: Path, output_dir: Path) -> torch.nn.Module:
-    _class_of(AutoConfig.from_pretrained(source), (T5ForConditionalGeneration,), source, "T5")
-    return t5_to_hfzoo(T5ForConditionalGeneration.from_pretrained(source))
+    return t5_to_hfzoo(_class_of(AutoConfig.from_pretrained(source), T5_HEADS, source, "T5").from_pretrained(source))
 
 
 def _to_t5(source: Path, output_dir: Path) -> torch.nn.Module:
-    _class_of(AutoConfig.from_pretrained(source), (HfzooEncoderDecoderForConditionalGeneration,), source, "T5")
-    return hfzoo_to_t5(HfzooEncoderDecoderForConditionalGeneration.from_pretrained(source))
+    heads = (HfzooEncoderDecoderForConditionalGeneration, HfzooEncoderDecoderForSequenceClassification)
+    return hfzoo_to_t5(_class_of(AutoConfig.from_pretrained(source), heads, source, "T5").from_pretrained(source))
 
 
 def convert_checkpoint(model_name_or_path: str | Path, output_dir: str | Path) -> Path:
@@ -123,13 +125,13 @@ def convert_checkpoint(model_name_or_path: str | Path, output_dir: str | Path) -
     `...ForTokenClassification` or `...ForQuestionAnswering` when its `architectures` names that hfzoo head (and
     back: a native head converts to the hfzoo decoder's); any other decoder converts to GPT-2, its heads to
     `GPT2ForSequenceClassification`, `GPT2ForTokenClassification` and `GPT2ForQuestionAnswering` (and back). The
-    Llama family's language models keep the source's generation config. T5 converts its language model only: a
-    folder whose `architectures` names one of its task heads is refused (loading it as the language model would
-    drop the head's weights). An hfzoo encoder converts to the BERT class of its `architectures`
-    (`HfzooEncoderForMaskedLM` -> `BertForMaskedLM`, `...ForSequenceClassification` ->
+    Llama family's language models keep the source's generation config. T5 converts its language model and
+    `T5ForSequenceClassification`: a folder whose `architectures` names another of its heads is refused (loading it
+    as the language model would drop the head's weights). An hfzoo encoder converts to the BERT class of its
+    `architectures` (`HfzooEncoderForMaskedLM` -> `BertForMaskedLM`, `...ForSequenceClassification` ->
     `BertForSequenceClassification`, `...ForQuestionAnswering` -> `BertForQuestionAnswering`,
-    `...ForTokenClassification` -> `BertForTokenClassification`, else `BertModel`).
-    A sentence-transformers model keeps its module configuration (`hfzoo.hub.copy_sentence_transformers_files`).
+    `...ForTokenClassification` -> `BertForTokenClassification`, else `BertModel`). A sentence-transformers model
+    keeps its module configuration (`hfzoo.hub.copy_sentence_transformers_files`).
 
     Args:
         model_name_or_path: the source checkpoint folder (or hub id).

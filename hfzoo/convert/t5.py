@@ -1,5 +1,7 @@
 """T5 (Raffel et al. 2020) <-> the hfzoo encoder-decoder (`HfzooEncoderDecoderForConditionalGeneration`).
 
+Also the sequence classifiers: `T5ForSequenceClassification` <-> `HfzooEncoderDecoderForSequenceClassification`.
+
 T5 is a pre-norm encoder-decoder with RMSNorm without bias (epsilon 1e-6), no biases anywhere, unscaled
 attention scores, a bucketed relative attention bias stored in layer 0 of each stack and shared by its
 layers, one embedding matrix for encoder and decoder inputs, and either (v1.0) a ReLU feed-forward and an
@@ -17,10 +19,14 @@ import re
 from collections.abc import Mapping
 
 import torch
-from transformers import T5Config, T5ForConditionalGeneration
+from transformers import T5Config, T5ForConditionalGeneration, T5ForSequenceClassification
 from transformers.activations import ACT2FN
 
-from ..models.encoder_decoder import HfzooEncoderDecoderConfig, HfzooEncoderDecoderForConditionalGeneration
+from ..models.encoder_decoder import (
+    HfzooEncoderDecoderConfig,
+    HfzooEncoderDecoderForConditionalGeneration,
+    HfzooEncoderDecoderForSequenceClassification,
+)
 from .common import (
     build_hfzoo_config,
     check_activation,
@@ -30,9 +36,12 @@ from .common import (
     load_converted,
     read_source,
     resolve_tied_head,
+    task_fields,
 )
 
 __all__ = [
+    "T5_HEADS",
+    "T5_TO_HFZOO_CLASSIFIER",
     "T5_TO_HFZOO_DECODER_LAYER",
     "T5_TO_HFZOO_ENCODER_LAYER",
     "T5_TO_HFZOO_GLOBAL",
@@ -57,6 +66,19 @@ T5_TO_HFZOO_GLOBAL: tuple[tuple[str, str], ...] = (
 )  # fmt: skip
 
 _T5_ATTENTION = (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj"))
+
+#: T5's classes and the hfzoo classes they convert to, position by position: the language model, then the sequence
+#: classifier (the decoder's state at the source's last end-of-sequence token, `dense`, tanh, `out_proj`).
+T5_HEADS = (T5ForConditionalGeneration, T5ForSequenceClassification)
+_HFZOO_T5_HEADS = (HfzooEncoderDecoderForConditionalGeneration, HfzooEncoderDecoderForSequenceClassification)
+_LANGUAGE_MODEL, _SEQUENCE_CLASSIFICATION = range(len(T5_HEADS))
+#: `T5ForSequenceClassification`'s head (its body under `transformer.`) -> hfzoo's `SequenceClassificationHead`.
+T5_TO_HFZOO_CLASSIFIER: tuple[tuple[str, str], ...] = (
+    ("classification_head.dense.weight", "classifier.dense.weight"),
+    ("classification_head.dense.bias", "classifier.dense.bias"),
+    ("classification_head.out_proj.weight", "classifier.out_proj.weight"),
+    ("classification_head.out_proj.bias", "classifier.out_proj.bias"),
+)
 
 # Per layer: T5 key (after `{stack}.block.{i}.`) -> hfzoo key (after `model.{stack}.layers.{i}.`).
 T5_TO_HFZOO_ENCODER_LAYER: tuple[tuple[str, str], ...] = (
@@ -101,9 +123,15 @@ _T5_FIXED = {
 }
 
 
-def _t5_key_map(config: HfzooEncoderDecoderConfig) -> dict[str, str]:
-    """`{T5 key: hfzoo key}` for every weight of a T5 model with this config (tied copies included)."""
+def _t5_key_map(config: HfzooEncoderDecoderConfig, head: int = _LANGUAGE_MODEL) -> dict[str, str]:
+    """`{T5 key: hfzoo key}` for every weight of a T5 model with this config and head (tied copies included).
+
+    The sequence classifier's T5 keys are given without its body's `transformer.` prefix.
+    """
     mapping = dict(T5_TO_HFZOO_GLOBAL)
+    if head == _SEQUENCE_CLASSIFICATION:
+        del mapping["lm_head.weight"]
+        mapping.update(T5_TO_HFZOO_CLASSIFIER)
     mlp = T5_TO_HFZOO_MLP[config.gated_mlp]
     for stack, num_layers, layer_table, mlp_index in (
         ("encoder", config.num_hidden_layers, T5_TO_HFZOO_ENCODER_LAYER, 1),
@@ -123,15 +151,15 @@ def hfzoo_config_from_t5(t5_config: T5Config, tie_word_embeddings: bool | None =
     """Build the `HfzooEncoderDecoderConfig` describing the same network as a `T5Config`.
 
     Mapped fields: `vocab_size`, `d_model` -> `hidden_size`, `num_layers` -> `num_hidden_layers`,
-    `num_decoder_layers`, `num_heads` -> `num_attention_heads`, `d_kv` -> `head_dim`, `d_ff` ->
-    `intermediate_size`, `feed_forward_proj` -> `hidden_act` + `gated_mlp` ("gated-gelu" is gated
-    `gelu_new`), `relative_attention_num_buckets`, `relative_attention_max_distance`, `dropout_rate` ->
-    `hidden_dropout_prob` and `attention_probs_dropout_prob`, `layer_norm_epsilon` -> `rms_norm_eps`,
-    `scale_decoder_outputs` -> `scale_lm_head_input`, `classifier_dropout`, `use_cache` and the special
-    token ids (`decoder_start_token_id`, when the config has none, is `pad_token_id`, as in T5's
-    checkpoints). The architecture is fixed to T5's (see the section comment). `initializer_factor` is
-    not mapped (hfzoo initialises with `initializer_range`); training-only difference: T5 also applies
-    dropout after each stack's final norm.
+    `num_decoder_layers`, `num_heads` -> `num_attention_heads`, `d_kv` -> `head_dim`, `d_ff` -> `intermediate_size`,
+    `feed_forward_proj` -> `hidden_act` + `gated_mlp` ("gated-gelu" is gated `gelu_new`),
+    `relative_attention_num_buckets`, `relative_attention_max_distance`, `dropout_rate` -> `hidden_dropout_prob` and
+    `attention_probs_dropout_prob`, `layer_norm_epsilon` -> `rms_norm_eps`, `scale_decoder_outputs` ->
+    `scale_lm_head_input`, `use_cache`, the task fields (`classifier_dropout`, `id2label`, `label2id`,
+    `problem_type`) and the special token ids (`decoder_start_token_id`, when the config has none, is
+    `pad_token_id`, as in T5's checkpoints). The architecture is fixed to T5's (see the section comment).
+    `initializer_factor` is not mapped (hfzoo initialises with `initializer_range`); training-only difference: T5
+    also applies dropout after each stack's final norm.
 
     Args:
         t5_config: the T5 config.
@@ -178,11 +206,11 @@ def hfzoo_config_from_t5(t5_config: T5Config, tie_word_embeddings: bool | None =
         tie_word_embeddings=scale if tie_word_embeddings is None else tie_word_embeddings,
         hidden_dropout_prob=c.dropout_rate,
         attention_probs_dropout_prob=c.dropout_rate,
-        classifier_dropout=c.classifier_dropout,
         use_cache=c.use_cache,
         pad_token_id=c.pad_token_id,
         eos_token_id=c.eos_token_id,
         decoder_start_token_id=start if start is not None else c.pad_token_id,
+        **task_fields(c, c.classifier_dropout),
     )
     return build_hfzoo_config(HfzooEncoderDecoderConfig, fields, "T5 config")
 
@@ -233,12 +261,12 @@ def t5_config_from_hfzoo(config: HfzooEncoderDecoderConfig) -> T5Config:
         dropout_rate=config.hidden_dropout_prob,
         layer_norm_epsilon=config.rms_norm_eps,
         feed_forward_proj=feed_forward_proj,
-        classifier_dropout=config.classifier_dropout if config.classifier_dropout is not None else 0.0,
         use_cache=config.use_cache,
         pad_token_id=config.pad_token_id,
         eos_token_id=config.eos_token_id,
         decoder_start_token_id=config.decoder_start_token_id,
         scale_decoder_outputs=config.scale_lm_head_input,
+        **task_fields(config, config.classifier_dropout if config.classifier_dropout is not None else 0.0),
     )
     if t5_config.dense_act_fn != config.hidden_act:  # "gated-gelu" maps to gelu_new; refuse other gelu spellings
         raise ValueError(f"hidden_act={config.hidden_act!r} with gated_mlp=True cannot be converted to T5")
@@ -250,74 +278,88 @@ def _t5_tied(state: Mapping[str, torch.Tensor]) -> bool:
 
 
 def t5_to_hfzoo(
-    t5_model_or_state_dict: T5ForConditionalGeneration | Mapping[str, torch.Tensor],
+    t5_model_or_state_dict: T5ForConditionalGeneration | T5ForSequenceClassification | Mapping[str, torch.Tensor],
     config: T5Config | HfzooEncoderDecoderConfig | None = None,
     *,
     attn_implementation: str | None = None,
-) -> HfzooEncoderDecoderForConditionalGeneration:
-    """Convert a T5 model (or its state dict) to an `HfzooEncoderDecoderForConditionalGeneration` with the same logits.
+) -> HfzooEncoderDecoderForConditionalGeneration | HfzooEncoderDecoderForSequenceClassification:
+    """Convert a T5 model (or its state dict) to the hfzoo encoder-decoder class computing the same outputs.
 
-    Every weight keeps its values under a new name (`T5_TO_HFZOO_*` tables). The `lm_head` is tied in
-    the result when the source's `lm_head.weight` is missing or equal to `shared.weight`. The result
-    has the source's dtype and device and is in eval mode.
+    `T5ForConditionalGeneration` -> `HfzooEncoderDecoderForConditionalGeneration` (same logits),
+    `T5ForSequenceClassification` -> `HfzooEncoderDecoderForSequenceClassification` (same logits and loss in
+    eval mode: both classify the decoder's state at the source's last end-of-sequence token, the decoder reading
+    the source shifted right; in training, T5's head also applies its dropout before `dense`). Every weight keeps
+    its values under a new name (`T5_TO_HFZOO_*` tables). The `lm_head` is tied in the result when the source's
+    `lm_head.weight` is missing or equal to `shared.weight`. A state dict with `classification_head.*` keys is a
+    sequence classifier. The result has the source's dtype and device and is in eval mode.
 
     Args:
-        t5_model_or_state_dict: a `T5ForConditionalGeneration` or its state dict (tied copies
-            `encoder.embed_tokens.weight`, `decoder.embed_tokens.weight`, `lm_head.weight` may be missing).
+        t5_model_or_state_dict: one of `T5_HEADS` or its state dict (tied copies `encoder.embed_tokens.weight`,
+            `decoder.embed_tokens.weight`, `lm_head.weight` may be missing; the classifier's body keys with or
+            without `transformer.`).
         config: required with a state dict (ignored for a model): a `T5Config` or an
             `HfzooEncoderDecoderConfig` that T5 can express.
         attn_implementation: attention backend of the result ("eager" or "sdpa"); default: the source
             model's backend (a model), hfzoo's default (a state dict).
 
     Returns:
-        The `HfzooEncoderDecoderForConditionalGeneration`.
+        The hfzoo encoder-decoder model.
 
     Raises:
         TypeError: a state dict without `config`, or an unsupported input type.
         ValueError: a config one side cannot express; keys that do not match the config (listed); a tied
             config whose `lm_head.weight` differs from `shared.weight`.
     """
+    source = t5_model_or_state_dict
     state, config, attn_implementation = read_source(
-        t5_model_or_state_dict, (T5ForConditionalGeneration,), config, attn_implementation,
-        "t5_to_hfzoo", "T5Config or HfzooEncoderDecoderConfig",
-    )  # fmt: skip
+        source, T5_HEADS, config, attn_implementation, "t5_to_hfzoo", "T5Config or HfzooEncoderDecoderConfig"
+    )
+    state = {key.removeprefix("transformer."): value for key, value in state.items()}
     state = {key: value for key, value in state.items() if not _LEGACY_T5_KEYS.fullmatch(key)}
     if "shared.weight" not in state:
         raise ValueError("T5 state dict has no 'shared.weight'")
-    if isinstance(config, T5Config):
-        hfzoo_config = hfzoo_config_from_t5(config, tie_word_embeddings=_t5_tied(state))
+    head = _SEQUENCE_CLASSIFICATION if any(k.startswith("classification_head.") for k in state) else _LANGUAGE_MODEL
+    if isinstance(config, T5Config):  # a classifier has no lm_head to show the tie: its config's default
+        tied = _t5_tied(state) if head == _LANGUAGE_MODEL else None
+        hfzoo_config = hfzoo_config_from_t5(config, tie_word_embeddings=tied)
     else:
         t5_config_from_hfzoo(config)  # raises if T5 cannot express it
         hfzoo_config = config
     for key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
         state.setdefault(key, state["shared.weight"])
-    state = resolve_tied_head(state, hfzoo_config.tie_word_embeddings, "shared.weight", "lm_head.weight", "T5")
-    mapping = _t5_key_map(hfzoo_config)
+    if head == _LANGUAGE_MODEL:
+        state = resolve_tied_head(state, hfzoo_config.tie_word_embeddings, "shared.weight", "lm_head.weight", "T5")
+    mapping = _t5_key_map(hfzoo_config, head)
     check_keys(set(state), set(mapping), "T5")
-    model = HfzooEncoderDecoderForConditionalGeneration(hfzoo_config)
+    model = _HFZOO_T5_HEADS[head](hfzoo_config)
     return load_converted(model, {mapping[key]: value for key, value in state.items()}, attn_implementation)
 
 
 def hfzoo_to_t5(
-    model_or_state_dict: HfzooEncoderDecoderForConditionalGeneration | Mapping[str, torch.Tensor],
+    model_or_state_dict: HfzooEncoderDecoderForConditionalGeneration
+    | HfzooEncoderDecoderForSequenceClassification
+    | Mapping[str, torch.Tensor],
     config: HfzooEncoderDecoderConfig | None = None,
     *,
     attn_implementation: str | None = None,
-) -> T5ForConditionalGeneration:
-    """Convert an `HfzooEncoderDecoderForConditionalGeneration` (or its state dict) to a `T5ForConditionalGeneration`.
+) -> T5ForConditionalGeneration | T5ForSequenceClassification:
+    """Convert an hfzoo encoder-decoder (or its state dict) to the T5 class computing the same outputs.
 
-    The inverse of `t5_to_hfzoo`: weights are renamed; with `tie_word_embeddings=False` the T5 model's
-    `lm_head` is untied from `shared` (transformers 5 builds T5 tied). The result has the source's dtype
-    and device and is in eval mode.
+    `HfzooEncoderDecoderForConditionalGeneration` -> `T5ForConditionalGeneration`,
+    `HfzooEncoderDecoderForSequenceClassification` -> `T5ForSequenceClassification`. The inverse of `t5_to_hfzoo`:
+    weights are renamed; with `tie_word_embeddings=False` the T5 language model's `lm_head` is untied from `shared`
+    (transformers 5 builds T5 tied). A state dict with `classifier.*` keys is a sequence classifier. The result has
+    the source's dtype and device and is in eval mode.
 
     Args:
-        model_or_state_dict: the hfzoo model or its state dict.
+        model_or_state_dict: an `HfzooEncoderDecoderForConditionalGeneration` or
+            `HfzooEncoderDecoderForSequenceClassification`, or its state dict.
         config: required with a state dict (ignored for a model): the `HfzooEncoderDecoderConfig`.
         attn_implementation: attention backend of the result; default: the source model's backend (a
             model), transformers' default (a state dict).
 
     Returns:
-        The `T5ForConditionalGeneration`.
+        The T5 model (`T5_HEADS`).
 
     Raises:
         TypeError: a state dict without `config`, or an unsupported input / config type.
@@ -325,17 +367,23 @@ def hfzoo_to_t5(
             config; a tied config whose `lm_head.weight` differs from the embeddings.
     """
     state, config, attn_implementation = read_source(
-        model_or_state_dict, (HfzooEncoderDecoderForConditionalGeneration,), config, attn_implementation,
-        "hfzoo_to_t5", "HfzooEncoderDecoderConfig",
-    )  # fmt: skip
+        model_or_state_dict, _HFZOO_T5_HEADS, config, attn_implementation, "hfzoo_to_t5", "HfzooEncoderDecoderConfig"
+    )
     t5_config = t5_config_from_hfzoo(config)
+    head = _SEQUENCE_CLASSIFICATION if any(k.startswith("classifier.") for k in state) else _LANGUAGE_MODEL
     for key in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
         state.setdefault(key, state["model.shared.weight"])
-    state = resolve_tied_head(state, config.tie_word_embeddings, "model.shared.weight", "lm_head.weight", "hfzoo")
-    inverse = {hfzoo_key: t5_key for t5_key, hfzoo_key in _t5_key_map(config).items()}
+    if head == _LANGUAGE_MODEL:
+        state = resolve_tied_head(state, config.tie_word_embeddings, "model.shared.weight", "lm_head.weight", "hfzoo")
+    inverse = {hfzoo_key: t5_key for t5_key, hfzoo_key in _t5_key_map(config, head).items()}
     check_keys(set(state), set(inverse), "hfzoo")
-    model = T5ForConditionalGeneration(t5_config)
-    if not config.tie_word_embeddings:
+    model = T5_HEADS[head](t5_config)
+    if head == _LANGUAGE_MODEL and not config.tie_word_embeddings:
         model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight))
         model.all_tied_weights_keys.pop("lm_head.weight", None)  # save_pretrained must keep it
-    return load_converted(model, {inverse[key]: value for key, value in state.items()}, attn_implementation)
+    body = "" if head == _LANGUAGE_MODEL else "transformer."
+    renamed = {
+        (inverse[key] if inverse[key].startswith("classification_head.") else body + inverse[key]): value
+        for key, value in state.items()
+    }
+    return load_converted(model, renamed, attn_implementation)

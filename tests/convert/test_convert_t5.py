@@ -259,6 +259,70 @@ def test_hfzoo_settings_t5_cannot_express_are_refused(overrides, field):
         t5_config_from_hfzoo(HfzooEncoderDecoderConfig(**fields))
 
 
+@pytest.mark.compat
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_t5_sequence_classifier_converts_to_the_hfzoo_classifier_and_back_exactly(version):
+    """`T5ForSequenceClassification` (body under `transformer.`, `classification_head`): the same logits and loss in
+    eval mode (both classify the decoder's state at the source's last EOS), the label set carried, the state dict
+    back exactly; a state dict picks the classifier from its keys."""
+    from transformers import T5ForSequenceClassification
+
+    from hfzoo import HfzooEncoderDecoderForSequenceClassification
+
+    torch.manual_seed(0)
+    config = T5Config(**SIZES["d32-l2-h4"], **VERSIONS[version], dropout_rate=0.0, decoder_start_token_id=0,
+                      num_labels=3, id2label={0: "a", 1: "b", 2: "c"}, classifier_dropout=0.1)  # fmt: skip
+    t5 = T5ForSequenceClassification(config).eval()
+    with torch.no_grad():
+        for name, param in t5.named_parameters():
+            if "layer_norm" in name:
+                param.copy_(1 + 0.3 * torch.randn_like(param))
+            elif "relative_attention_bias" in name or "classification_head" in name:
+                param.normal_(0.0, 0.5)
+    ids = torch.randint(2, 97, (3, 10))
+    mask = torch.ones_like(ids)
+    ids[0, 9], ids[1, 6], ids[2, 3] = 1, 1, 1  # each row ends with EOS (id 1), then padding
+    mask[1, 7:], mask[2, 4:] = 0, 0
+    ids = ids.masked_fill(mask == 0, 0)
+    labels = torch.tensor([0, 2, 1])
+    model = t5_to_hfzoo(t5)
+    assert isinstance(model, HfzooEncoderDecoderForSequenceClassification)
+    assert model.config.id2label == config.id2label and model.config.classifier_dropout == 0.1
+    with torch.no_grad():
+        expected = t5(input_ids=ids, attention_mask=mask, labels=labels)
+        got = model(input_ids=ids, attention_mask=mask, labels=labels)
+    torch.testing.assert_close(got.logits, expected.logits, atol=TOLERANCE, rtol=TOLERANCE)
+    torch.testing.assert_close(got.loss, expected.loss, atol=TOLERANCE, rtol=TOLERANCE)
+    back = hfzoo_to_t5(model)
+    assert type(back) is T5ForSequenceClassification
+    assert back.config.to_diff_dict() == t5.config.to_diff_dict()
+    assert sorted(back.state_dict()) == sorted(t5.state_dict())
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in t5.state_dict().items())
+    assert isinstance(t5_to_hfzoo(t5.state_dict(), config), HfzooEncoderDecoderForSequenceClassification)
+    assert type(hfzoo_to_t5(model.state_dict(), model.config)) is T5ForSequenceClassification
+
+
+def test_cli_converts_a_t5_classifier_folder_and_back(tmp_path):
+    """`hfzoo-convert` reads the classifier from `architectures` both ways (as `T5ForConditionalGeneration` its head
+    would be dropped)."""
+    from transformers import AutoModelForSequenceClassification, T5ForSequenceClassification
+
+    from hfzoo.convert.cli import main
+
+    torch.manual_seed(0)
+    t5 = T5ForSequenceClassification(t5_config("d32-l2-h4", "v1.1")).eval()
+    source, converted, again = tmp_path / "t5", tmp_path / "hfzoo", tmp_path / "again"
+    t5.save_pretrained(source)
+    main(["--model_name_or_path", str(source), "--output_dir", str(converted)])
+    assert type(AutoModelForSequenceClassification.from_pretrained(converted)).__name__ == (
+        "HfzooEncoderDecoderForSequenceClassification"
+    )
+    main(["--model_name_or_path", str(converted), "--output_dir", str(again)])
+    back = AutoModelForSequenceClassification.from_pretrained(again)
+    assert type(back) is T5ForSequenceClassification
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in t5.state_dict().items())
+
+
 def test_wrong_config_and_model_types_are_refused():
     with pytest.raises(TypeError, match="T5Config"):
         hfzoo_config_from_t5(HfzooEncoderDecoderConfig())
