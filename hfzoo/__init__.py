@@ -40,6 +40,7 @@ from .models.encoder import (
 from .models.encoder_decoder import (
     HfzooEncoderDecoderConfig,
     HfzooEncoderDecoderForConditionalGeneration,
+    HfzooEncoderDecoderForQuestionAnswering,
     HfzooEncoderDecoderForSequenceClassification,
     HfzooEncoderDecoderModel,
     HfzooEncoderDecoderPreTrainedModel,
@@ -67,6 +68,7 @@ AUTO_CLASSES = {
         AutoModel: HfzooEncoderDecoderModel,
         AutoModelForSeq2SeqLM: HfzooEncoderDecoderForConditionalGeneration,
         AutoModelForSequenceClassification: HfzooEncoderDecoderForSequenceClassification,
+        AutoModelForQuestionAnswering: HfzooEncoderDecoderForQuestionAnswering,
     },
 }
 
@@ -88,6 +90,7 @@ __all__ = [
     "HfzooEncoderConfig",
     "HfzooEncoderDecoderConfig",
     "HfzooEncoderDecoderForConditionalGeneration",
+    "HfzooEncoderDecoderForQuestionAnswering",
     "HfzooEncoderDecoderForSequenceClassification",
     "HfzooEncoderDecoderModel",
     "HfzooEncoderDecoderPreTrainedModel",

@@ -19,6 +19,7 @@ from transformers.modeling_outputs import (
     MaskedLMOutput,
     QuestionAnsweringModelOutput,
     Seq2SeqMoEOutput,
+    Seq2SeqQuestionAnsweringModelOutput,
     Seq2SeqSequenceClassifierOutput,
     SequenceClassifierOutput,
     SequenceClassifierOutputWithPast,
@@ -633,8 +634,12 @@ class HfzooPreTrainedModel(PreTrainedModel):
         attention_mask: torch.Tensor | None,
         return_router_logits: bool,
         num_items_in_batch=None,
+        *,
+        decoder_attention_mask: torch.Tensor | None = None,
+        output_class: type | None = None,
+        carried: dict | None = None,
     ) -> MoeQuestionAnsweringModelOutput:
-        """A span-extraction head's output from its `qa_outputs` scores (the encoder's and the decoder's heads).
+        """A span-extraction head's output from its `qa_outputs` scores (the span heads of all three families).
 
         The loss is transformers' `ForQuestionAnsweringLoss` on float32 logits: the mean of the start and the
         end cross-entropies over the sequence, positions at or beyond `seq_len` left out; plus the auxiliary
@@ -650,11 +655,15 @@ class HfzooPreTrainedModel(PreTrainedModel):
             return_router_logits: `_request_router_logits`'s answer.
             num_items_in_batch: transformers' `Trainer` count: the summed losses are divided by it instead of
                 averaged over the rows; or None.
+            decoder_attention_mask: the encoder-decoder's decoder padding mask (its experts' losses), or None.
+            output_class: the output class (default `MoeQuestionAnsweringModelOutput`; the encoder-decoder's
+                `Seq2SeqMoEQuestionAnsweringModelOutput`).
+            carried: the base model's fields the output carries (default: `hidden_states` and `attentions`).
 
         Returns:
-            `MoeQuestionAnsweringModelOutput` with `start_logits` and `end_logits`, each `(batch_size, seq_len)`
-            in the model's dtype, the float32 `loss` given both positions, `hidden_states`, `attentions` and,
-            with experts, `aux_loss` (included in `loss`) and the routers' logits when asked for.
+            `output_class` with `start_logits` and `end_logits`, each `(batch_size, seq_len)` in the model's dtype,
+            the float32 `loss` given both positions, the `carried` fields and, with experts, `aux_loss` (included
+            in `loss`) and the routers' logits when asked for.
         """
         start_logits, end_logits = span_logits.unbind(dim=-1)
         start_logits, end_logits = start_logits.contiguous(), end_logits.contiguous()
@@ -667,15 +676,13 @@ class HfzooPreTrainedModel(PreTrainedModel):
                 end_positions,
                 num_items_in_batch=num_items_in_batch,
             )
-        loss, moe = self._add_router_losses(loss, outputs, attention_mask, return_router_logits=return_router_logits)
-        return MoeQuestionAnsweringModelOutput(
-            loss=loss,
-            start_logits=start_logits,
-            end_logits=end_logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            **moe,
+        loss, moe = self._add_router_losses(
+            loss, outputs, attention_mask, decoder_attention_mask, return_router_logits=return_router_logits
         )
+        if carried is None:
+            carried = {"hidden_states": outputs.hidden_states, "attentions": outputs.attentions}
+        output_class = output_class or MoeQuestionAnsweringModelOutput
+        return output_class(loss=loss, start_logits=start_logits, end_logits=end_logits, **carried, **moe)
 
     def _init_weights(self, module: nn.Module) -> None:
         """Initialise `module`'s own tensors (transformers calls this only on modules with tensors to initialise)."""
@@ -1030,6 +1037,27 @@ class MoeQuestionAnsweringModelOutput(QuestionAnsweringModelOutput):
 @dataclass
 class Seq2SeqMoESequenceClassifierOutput(Seq2SeqSequenceClassifierOutput):
     """`Seq2SeqSequenceClassifierOutput` plus the mixture-of-experts fields of `Seq2SeqMoELMOutput`.
+
+    Args:
+        aux_loss: float32 scalar included in `loss`, or None for a dense model.
+        encoder_aux_loss, decoder_aux_loss: each stack's load-balancing loss (unweighted), or None.
+        encoder_z_loss, decoder_z_loss: each stack's router z-loss (unweighted), or None.
+        encoder_router_logits, decoder_router_logits: one `(batch_size * seq_len, num_experts)` tensor per
+            MoE layer of the stack, when `output_router_logits`.
+    """
+
+    aux_loss: torch.FloatTensor | None = None
+    encoder_aux_loss: torch.FloatTensor | None = None
+    decoder_aux_loss: torch.FloatTensor | None = None
+    encoder_z_loss: torch.FloatTensor | None = None
+    decoder_z_loss: torch.FloatTensor | None = None
+    encoder_router_logits: tuple[torch.FloatTensor, ...] | None = None
+    decoder_router_logits: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class Seq2SeqMoEQuestionAnsweringModelOutput(Seq2SeqQuestionAnsweringModelOutput):
+    """`Seq2SeqQuestionAnsweringModelOutput` plus the mixture-of-experts fields of `Seq2SeqMoELMOutput`.
 
     Args:
         aux_loss: float32 scalar included in `loss`, or None for a dense model.

@@ -238,6 +238,7 @@ def test_model_card_per_family(config_class, pipeline_tag, model_class):
         (hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderForSequenceClassification, "text-classification"),
         (hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderForTokenClassification, "token-classification"),
         (hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderForQuestionAnswering, "question-answering"),
+        (hfzoo.HfzooEncoderDecoderConfig, hfzoo.HfzooEncoderDecoderForQuestionAnswering, "question-answering"),
         (hfzoo.HfzooEncoderConfig, hfzoo.HfzooEncoderModel, "feature-extraction"),
         (hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderModel, "feature-extraction"),
     ],

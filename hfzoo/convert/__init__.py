@@ -7,8 +7,8 @@ One module per source model, each with its config mapping, its state-dict tables
 - `hfzoo.convert.bert`: BERT (`BertModel`, `BertForMaskedLM`, `BertForSequenceClassification`,
   `BertForQuestionAnswering`, `BertForTokenClassification`) <-> the hfzoo encoder, and `convert_bert_checkpoint`
   (a folder, pooler kept for sequence classification);
-- `hfzoo.convert.t5`: T5 (`T5ForConditionalGeneration`, v1.0 and v1.1, and `T5ForSequenceClassification`) <->
-  the hfzoo encoder-decoder and its classifier;
+- `hfzoo.convert.t5`: T5 (`T5ForConditionalGeneration`, v1.0 and v1.1, `T5ForSequenceClassification`,
+  `T5ForQuestionAnswering`) <-> the hfzoo encoder-decoder and its heads;
 - `hfzoo.convert.llama`: Llama, Qwen3 and Mistral (`LlamaForCausalLM`, `Qwen3ForCausalLM`, `MistralForCausalLM`,
   and their `...ForSequenceClassification`, `...ForTokenClassification`, `...ForQuestionAnswering`) <-> the hfzoo
   decoder and its heads;
@@ -65,6 +65,7 @@ from .llama import (
     llama_to_hfzoo,
 )
 from .t5 import (
+    HFZOO_T5_HEADS,
     T5_HEADS,
     T5_TO_HFZOO_CLASSIFIER,
     T5_TO_HFZOO_DECODER_LAYER,
@@ -92,6 +93,7 @@ __all__ = [
     "LLAMA_TO_HFZOO_LAYER",
     "NATIVE_LLAMA_CLASSES",
     "NATIVE_LLAMA_HEADS",
+    "HFZOO_T5_HEADS",
     "T5_HEADS",
     "T5_TO_HFZOO_CLASSIFIER",
     "T5_TO_HFZOO_DECODER_LAYER",

@@ -42,6 +42,7 @@ from ..models.encoder import (
 from .common import (
     build_hfzoo_config,
     check_activation,
+    check_answer_head,
     check_fixed_fields,
     check_keys,
     check_multi_head,
@@ -300,7 +301,7 @@ def bert_state_dict_to_hfzoo(
     if unknown or missing:
         raise ValueError(f"BERT state dict does not match its config: missing {missing}, unexpected {unknown}")
     if "qa_outputs.weight" in state:
-        _check_answer_head(state["qa_outputs.weight"])
+        check_answer_head(state["qa_outputs.weight"], "BertForQuestionAnswering", "HfzooEncoderForQuestionAnswering")
     return {names[k]: v for k, v in state.items()}
 
 
@@ -456,15 +457,6 @@ def bert_to_hfzoo(
     model = _HFZOO_ENCODER_CLASSES[index](hfzoo_config)
     check_keys(set(hfzoo_state), set(model.state_dict()), "BERT")
     return load_converted(model, hfzoo_state, attn_implementation)
-
-
-def _check_answer_head(weight: torch.Tensor) -> None:
-    """Refuse a BERT question-answering head whose `qa_outputs` is not `(2, hidden_size)` (start, end)."""
-    if weight.shape[0] != 2:
-        raise ValueError(
-            f"qa_outputs.weight has {weight.shape[0]} outputs (BertForQuestionAnswering with num_labels="
-            f"{weight.shape[0]}); hfzoo's HfzooEncoderForQuestionAnswering scores a start and an end: 2 outputs"
-        )
 
 
 def hfzoo_to_bert(model: HfzooEncoders, *, attn_implementation: str | None = None) -> BertModels:

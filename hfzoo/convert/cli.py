@@ -8,8 +8,8 @@ The direction follows from the source's `model_type` (`CHECKPOINT_CONVERTERS` at
 file): `gpt2`, `bert`, `t5`, `llama`, `qwen3` and `mistral` convert to hfzoo, `hfzoo_encoder` to BERT and
 `hfzoo_encoder_decoder` to T5; `hfzoo_decoder` converts to the Llama family when it has rotary positions
 (Llama; Qwen3 with QK-norm; Mistral with a sliding window, `hfzoo.convert.llama`), else to GPT-2. The class
-follows from the source's `architectures`: the task heads of BERT, GPT-2 and the Llama family and T5's sequence
-classifier convert to hfzoo's and back. The output is a `save_pretrained` folder (weights, config,
+follows from the source's `architectures`: the task heads of BERT, GPT-2, T5 and the Llama family convert to
+hfzoo's and back. The output is a `save_pretrained` folder (weights, config,
 generation config where the model generates) with the source's tokenizer and, for a sentence-transformers model,
 its `modules.json` and module folders (pooling, normalisation, dense layers), so that
 `SentenceTransformer(output_dir)` computes the source's embeddings. Also `python -m hfzoo.convert`.
@@ -33,17 +33,13 @@ from transformers import AutoConfig, AutoTokenizer
 from .. import AUTO_CLASSES
 from ..hub import copy_sentence_transformers_files
 from ..models.encoder import HfzooEncoderConfig, HfzooEncoderModel
-from ..models.encoder_decoder import (
-    HfzooEncoderDecoderForConditionalGeneration,
-    HfzooEncoderDecoderForSequenceClassification,
-)
 from ..outputs import check_output_folder, check_output_is_not_source, removed_if_refused
 from .bert import convert_bert_checkpoint, hfzoo_to_bert
 from .common import HFZOO_DECODER_HEADS
 from .gguf import GGUF_OUTTYPES, convert_to_gguf
 from .gpt2 import GPT2_HEADS, gpt2_to_hfzoo, hfzoo_to_gpt2
 from .llama import NATIVE_LLAMA_HEADS, hfzoo_to_llama, llama_config_from_hfzoo, llama_to_hfzoo
-from .t5 import T5_HEADS, hfzoo_to_t5, t5_to_hfzoo
+from .t5 import HFZOO_T5_HEADS, T5_HEADS, hfzoo_to_t5, t5_to_hfzoo
 
 
 def _class_of(config, classes: tuple[type, ...], source: Path, converter: str) -> type:
@@ -67,25 +63,44 @@ def _class_of(config, classes: tuple[type, ...], source: Path, converter: str) -
     return classes[0]
 
 
+def _load(model_class: type, source: Path) -> torch.nn.Module:
+    """`model_class.from_pretrained(source)`, refusing a checkpoint that lacks some of the class's weights.
+
+    transformers initialises missing weights at random with a warning; converted, they would pass for trained
+    ones (a `T5EncoderModel` folder loaded as `T5ForConditionalGeneration` gets a random decoder).
+
+    Raises:
+        ValueError: names the class, the number of missing weights and the first of them.
+    """
+    model, info = model_class.from_pretrained(source, output_loading_info=True)
+    missing = sorted(info["missing_keys"])
+    if missing:
+        architectures = getattr(model.config, "architectures", None) or ["(none)"]
+        raise ValueError(
+            f"{source}: loaded as {model_class.__name__}, {len(missing)} of its weights are not in the checkpoint "
+            f"(first: {', '.join(missing[:3])}) and would start at random values; the checkpoint is a "
+            f"{architectures[0]}"
+        )
+    return model
+
+
 def _from_gpt2(source: Path, output_dir: Path) -> torch.nn.Module:
-    return gpt2_to_hfzoo(
-        _class_of(AutoConfig.from_pretrained(source), GPT2_HEADS, source, "GPT-2").from_pretrained(source)
-    )
+    return gpt2_to_hfzoo(_load(_class_of(AutoConfig.from_pretrained(source), GPT2_HEADS, source, "GPT-2"), source))
 
 
 def _from_decoder(source: Path, output_dir: Path) -> torch.nn.Module:
     config = AutoConfig.from_pretrained(source)
     if config.position_embedding_type == "rotary":  # the Llama family (GPT-2 has learned positions)
         llama_config_from_hfzoo(config)  # refused before the weights are read
-        model = _class_of(config, HFZOO_DECODER_HEADS, source, "Llama").from_pretrained(source)
+        model = _load(_class_of(config, HFZOO_DECODER_HEADS, source, "Llama"), source)
         converted = hfzoo_to_llama(model)
         return _with_generation_config(converted, model) if converted.can_generate() else converted
-    return hfzoo_to_gpt2(_class_of(config, HFZOO_DECODER_HEADS, source, "GPT-2").from_pretrained(source))
+    return hfzoo_to_gpt2(_load(_class_of(config, HFZOO_DECODER_HEADS, source, "GPT-2"), source))
 
 
 def _from_llama(source: Path, output_dir: Path) -> torch.nn.Module:
     config = AutoConfig.from_pretrained(source)
-    model = _class_of(config, NATIVE_LLAMA_HEADS[config.model_type], source, "Llama").from_pretrained(source)
+    model = _load(_class_of(config, NATIVE_LLAMA_HEADS[config.model_type], source, "Llama"), source)
     converted = llama_to_hfzoo(model)
     return _with_generation_config(converted, model) if converted.can_generate() else converted
 
@@ -105,16 +120,15 @@ def _to_bert(source: Path, output_dir: Path) -> torch.nn.Module:
     config = AutoConfig.from_pretrained(source)
     classes = {cls.__name__: cls for cls in AUTO_CLASSES[HfzooEncoderConfig].values()}  # the encoder's heads
     model_class = next((classes[a] for a in config.architectures or [] if a in classes), HfzooEncoderModel)
-    return hfzoo_to_bert(model_class.from_pretrained(source))
+    return hfzoo_to_bert(_load(model_class, source))
 
 
 def _from_t5(source: Path, output_dir: Path) -> torch.nn.Module:
-    return t5_to_hfzoo(_class_of(AutoConfig.from_pretrained(source), T5_HEADS, source, "T5").from_pretrained(source))
+    return t5_to_hfzoo(_load(_class_of(AutoConfig.from_pretrained(source), T5_HEADS, source, "T5"), source))
 
 
 def _to_t5(source: Path, output_dir: Path) -> torch.nn.Module:
-    heads = (HfzooEncoderDecoderForConditionalGeneration, HfzooEncoderDecoderForSequenceClassification)
-    return hfzoo_to_t5(_class_of(AutoConfig.from_pretrained(source), heads, source, "T5").from_pretrained(source))
+    return hfzoo_to_t5(_load(_class_of(AutoConfig.from_pretrained(source), HFZOO_T5_HEADS, source, "T5"), source))
 
 
 def convert_checkpoint(model_name_or_path: str | Path, output_dir: str | Path) -> Path:
@@ -125,9 +139,11 @@ def convert_checkpoint(model_name_or_path: str | Path, output_dir: str | Path) -
     `...ForTokenClassification` or `...ForQuestionAnswering` when its `architectures` names that hfzoo head (and
     back: a native head converts to the hfzoo decoder's); any other decoder converts to GPT-2, its heads to
     `GPT2ForSequenceClassification`, `GPT2ForTokenClassification` and `GPT2ForQuestionAnswering` (and back). The
-    Llama family's language models keep the source's generation config. T5 converts its language model and
-    `T5ForSequenceClassification`: a folder whose `architectures` names another of its heads is refused (loading it
-    as the language model would drop the head's weights). An hfzoo encoder converts to the BERT class of its
+    Llama family's language models keep the source's generation config. T5 converts its language model,
+    `T5ForSequenceClassification` and `T5ForQuestionAnswering`: a folder whose `architectures` names another head
+    (`T5ForTokenClassification`) is refused, since loading it as the language model would drop the head's weights,
+    and so is a folder that lacks weights of the class it loads as (a `T5EncoderModel` has no decoder), which
+    would start at random values. An hfzoo encoder converts to the BERT class of its
     `architectures` (`HfzooEncoderForMaskedLM` -> `BertForMaskedLM`, `...ForSequenceClassification` ->
     `BertForSequenceClassification`, `...ForQuestionAnswering` -> `BertForQuestionAnswering`,
     `...ForTokenClassification` -> `BertForTokenClassification`, else `BertModel`). A sentence-transformers model

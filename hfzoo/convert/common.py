@@ -263,3 +263,24 @@ def load_converted(
     if attn_implementation is not None:
         model.set_attn_implementation(attn_implementation)
     return model.eval()
+
+
+def check_answer_head(weight: torch.Tensor, source_class: str, target_class: str) -> None:
+    """Refuse a question-answering head whose `qa_outputs` is not `(2, hidden_size)` (a start and an end score).
+
+    transformers' `BertForQuestionAnswering` and `T5ForQuestionAnswering` size `qa_outputs` by `num_labels`;
+    hfzoo's span heads always have two outputs.
+
+    Args:
+        weight: the source's `qa_outputs.weight`, `(num_labels, hidden_size)`.
+        source_class: the source class, for the message (`BertForQuestionAnswering`).
+        target_class: the hfzoo class, for the message.
+
+    Raises:
+        ValueError: `weight` has other than 2 rows; the message names the count.
+    """
+    if weight.shape[0] != 2:
+        raise ValueError(
+            f"qa_outputs.weight has {weight.shape[0]} outputs ({source_class} with num_labels={weight.shape[0]}); "
+            f"hfzoo's {target_class} scores a start and an end: 2 outputs"
+        )

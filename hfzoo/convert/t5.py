@@ -1,6 +1,7 @@
 """T5 (Raffel et al. 2020) <-> the hfzoo encoder-decoder (`HfzooEncoderDecoderForConditionalGeneration`).
 
-Also the sequence classifiers: `T5ForSequenceClassification` <-> `HfzooEncoderDecoderForSequenceClassification`.
+Also the task heads: `T5ForSequenceClassification` <-> `HfzooEncoderDecoderForSequenceClassification`,
+`T5ForQuestionAnswering` <-> `HfzooEncoderDecoderForQuestionAnswering`.
 
 T5 is a pre-norm encoder-decoder with RMSNorm without bias (epsilon 1e-6), no biases anywhere, unscaled
 attention scores, a bucketed relative attention bias stored in layer 0 of each stack and shared by its
@@ -19,17 +20,19 @@ import re
 from collections.abc import Mapping
 
 import torch
-from transformers import T5Config, T5ForConditionalGeneration, T5ForSequenceClassification
+from transformers import T5Config, T5ForConditionalGeneration, T5ForQuestionAnswering, T5ForSequenceClassification
 from transformers.activations import ACT2FN
 
 from ..models.encoder_decoder import (
     HfzooEncoderDecoderConfig,
     HfzooEncoderDecoderForConditionalGeneration,
+    HfzooEncoderDecoderForQuestionAnswering,
     HfzooEncoderDecoderForSequenceClassification,
 )
 from .common import (
     build_hfzoo_config,
     check_activation,
+    check_answer_head,
     check_fixed_fields,
     check_keys,
     check_multi_head,
@@ -40,6 +43,7 @@ from .common import (
 )
 
 __all__ = [
+    "HFZOO_T5_HEADS",
     "T5_HEADS",
     "T5_TO_HFZOO_CLASSIFIER",
     "T5_TO_HFZOO_DECODER_LAYER",
@@ -67,11 +71,16 @@ T5_TO_HFZOO_GLOBAL: tuple[tuple[str, str], ...] = (
 
 _T5_ATTENTION = (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj"))
 
-#: T5's classes and the hfzoo classes they convert to, position by position: the language model, then the sequence
-#: classifier (the decoder's state at the source's last end-of-sequence token, `dense`, tanh, `out_proj`).
-T5_HEADS = (T5ForConditionalGeneration, T5ForSequenceClassification)
-_HFZOO_T5_HEADS = (HfzooEncoderDecoderForConditionalGeneration, HfzooEncoderDecoderForSequenceClassification)
-_LANGUAGE_MODEL, _SEQUENCE_CLASSIFICATION = range(len(T5_HEADS))
+#: T5's classes and the hfzoo classes they convert to, position by position: the language model, the sequence
+#: classifier (the decoder's state at the source's last end-of-sequence token, `dense`, tanh, `out_proj`; its body
+#: under `transformer.`) and the span head (`qa_outputs` on the decoder's states).
+T5_HEADS = (T5ForConditionalGeneration, T5ForSequenceClassification, T5ForQuestionAnswering)
+HFZOO_T5_HEADS = (
+    HfzooEncoderDecoderForConditionalGeneration,
+    HfzooEncoderDecoderForSequenceClassification,
+    HfzooEncoderDecoderForQuestionAnswering,
+)
+_LANGUAGE_MODEL, _SEQUENCE_CLASSIFICATION, _QUESTION_ANSWERING = range(len(T5_HEADS))
 #: `T5ForSequenceClassification`'s head (its body under `transformer.`) -> hfzoo's `SequenceClassificationHead`.
 T5_TO_HFZOO_CLASSIFIER: tuple[tuple[str, str], ...] = (
     ("classification_head.dense.weight", "classifier.dense.weight"),
@@ -129,9 +138,12 @@ def _t5_key_map(config: HfzooEncoderDecoderConfig, head: int = _LANGUAGE_MODEL) 
     The sequence classifier's T5 keys are given without its body's `transformer.` prefix.
     """
     mapping = dict(T5_TO_HFZOO_GLOBAL)
-    if head == _SEQUENCE_CLASSIFICATION:
+    if head != _LANGUAGE_MODEL:
         del mapping["lm_head.weight"]
+    if head == _SEQUENCE_CLASSIFICATION:
         mapping.update(T5_TO_HFZOO_CLASSIFIER)
+    if head == _QUESTION_ANSWERING:
+        mapping.update({key: key for key in ("qa_outputs.weight", "qa_outputs.bias")})
     mlp = T5_TO_HFZOO_MLP[config.gated_mlp]
     for stack, num_layers, layer_table, mlp_index in (
         ("encoder", config.num_hidden_layers, T5_TO_HFZOO_ENCODER_LAYER, 1),
@@ -273,25 +285,45 @@ def t5_config_from_hfzoo(config: HfzooEncoderDecoderConfig) -> T5Config:
     return t5_config
 
 
+def _t5_head_of_state(state: Mapping[str, torch.Tensor], classifier_prefix: str) -> int:
+    """The head a state dict holds (a position of `T5_HEADS`).
+
+    `qa_outputs.*`: the span head; keys under `classifier_prefix` (T5's `classification_head.`, hfzoo's
+    `classifier.`): the sequence classifier; else the language model.
+    """
+    if "qa_outputs.weight" in state:
+        return _QUESTION_ANSWERING
+    return _SEQUENCE_CLASSIFICATION if any(k.startswith(classifier_prefix) for k in state) else _LANGUAGE_MODEL
+
+
 def _t5_tied(state: Mapping[str, torch.Tensor]) -> bool:
     return "lm_head.weight" not in state or torch.equal(state["lm_head.weight"], state["shared.weight"])
 
 
 def t5_to_hfzoo(
-    t5_model_or_state_dict: T5ForConditionalGeneration | T5ForSequenceClassification | Mapping[str, torch.Tensor],
+    t5_model_or_state_dict: T5ForConditionalGeneration
+    | T5ForSequenceClassification
+    | T5ForQuestionAnswering
+    | Mapping[str, torch.Tensor],
     config: T5Config | HfzooEncoderDecoderConfig | None = None,
     *,
     attn_implementation: str | None = None,
-) -> HfzooEncoderDecoderForConditionalGeneration | HfzooEncoderDecoderForSequenceClassification:
+) -> (
+    HfzooEncoderDecoderForConditionalGeneration
+    | HfzooEncoderDecoderForSequenceClassification
+    | HfzooEncoderDecoderForQuestionAnswering
+):
     """Convert a T5 model (or its state dict) to the hfzoo encoder-decoder class computing the same outputs.
 
     `T5ForConditionalGeneration` -> `HfzooEncoderDecoderForConditionalGeneration` (same logits),
     `T5ForSequenceClassification` -> `HfzooEncoderDecoderForSequenceClassification` (same logits and loss in
     eval mode: both classify the decoder's state at the source's last end-of-sequence token, the decoder reading
-    the source shifted right; in training, T5's head also applies its dropout before `dense`). Every weight keeps
+    the source shifted right; in training, T5's head also applies its dropout before `dense`),
+    `T5ForQuestionAnswering` -> `HfzooEncoderDecoderForQuestionAnswering` (same logits and loss). Every weight keeps
     its values under a new name (`T5_TO_HFZOO_*` tables). The `lm_head` is tied in the result when the source's
     `lm_head.weight` is missing or equal to `shared.weight`. A state dict with `classification_head.*` keys is a
-    sequence classifier. The result has the source's dtype and device and is in eval mode.
+    sequence classifier, one with `qa_outputs.*` a span head. The result has the source's dtype and device and is
+    in eval mode.
 
     Args:
         t5_model_or_state_dict: one of `T5_HEADS` or its state dict (tied copies `encoder.embed_tokens.weight`,
@@ -308,7 +340,7 @@ def t5_to_hfzoo(
     Raises:
         TypeError: a state dict without `config`, or an unsupported input type.
         ValueError: a config one side cannot express; keys that do not match the config (listed); a tied
-            config whose `lm_head.weight` differs from `shared.weight`.
+            config whose `lm_head.weight` differs from `shared.weight`; a span head with other than 2 outputs.
     """
     source = t5_model_or_state_dict
     state, config, attn_implementation = read_source(
@@ -318,7 +350,11 @@ def t5_to_hfzoo(
     state = {key: value for key, value in state.items() if not _LEGACY_T5_KEYS.fullmatch(key)}
     if "shared.weight" not in state:
         raise ValueError("T5 state dict has no 'shared.weight'")
-    head = _SEQUENCE_CLASSIFICATION if any(k.startswith("classification_head.") for k in state) else _LANGUAGE_MODEL
+    head = _t5_head_of_state(state, "classification_head.")
+    if head == _QUESTION_ANSWERING:
+        check_answer_head(
+            state["qa_outputs.weight"], "T5ForQuestionAnswering", "HfzooEncoderDecoderForQuestionAnswering"
+        )
     if isinstance(config, T5Config):  # a classifier has no lm_head to show the tie: its config's default
         tied = _t5_tied(state) if head == _LANGUAGE_MODEL else None
         hfzoo_config = hfzoo_config_from_t5(config, tie_word_embeddings=tied)
@@ -331,29 +367,30 @@ def t5_to_hfzoo(
         state = resolve_tied_head(state, hfzoo_config.tie_word_embeddings, "shared.weight", "lm_head.weight", "T5")
     mapping = _t5_key_map(hfzoo_config, head)
     check_keys(set(state), set(mapping), "T5")
-    model = _HFZOO_T5_HEADS[head](hfzoo_config)
+    model = HFZOO_T5_HEADS[head](hfzoo_config)
     return load_converted(model, {mapping[key]: value for key, value in state.items()}, attn_implementation)
 
 
 def hfzoo_to_t5(
     model_or_state_dict: HfzooEncoderDecoderForConditionalGeneration
     | HfzooEncoderDecoderForSequenceClassification
+    | HfzooEncoderDecoderForQuestionAnswering
     | Mapping[str, torch.Tensor],
     config: HfzooEncoderDecoderConfig | None = None,
     *,
     attn_implementation: str | None = None,
-) -> T5ForConditionalGeneration | T5ForSequenceClassification:
+) -> T5ForConditionalGeneration | T5ForSequenceClassification | T5ForQuestionAnswering:
     """Convert an hfzoo encoder-decoder (or its state dict) to the T5 class computing the same outputs.
 
     `HfzooEncoderDecoderForConditionalGeneration` -> `T5ForConditionalGeneration`,
-    `HfzooEncoderDecoderForSequenceClassification` -> `T5ForSequenceClassification`. The inverse of `t5_to_hfzoo`:
-    weights are renamed; with `tie_word_embeddings=False` the T5 language model's `lm_head` is untied from `shared`
-    (transformers 5 builds T5 tied). A state dict with `classifier.*` keys is a sequence classifier. The result has
-    the source's dtype and device and is in eval mode.
+    `HfzooEncoderDecoderForSequenceClassification` -> `T5ForSequenceClassification`,
+    `HfzooEncoderDecoderForQuestionAnswering` -> `T5ForQuestionAnswering` (`num_labels=2`). The inverse of
+    `t5_to_hfzoo`: weights are renamed; with `tie_word_embeddings=False` the T5 language model's `lm_head` is untied
+    from `shared` (transformers 5 builds T5 tied). A state dict with `classifier.*` keys is a sequence classifier,
+    one with `qa_outputs.*` a span head. The result has the source's dtype and device and is in eval mode.
 
     Args:
-        model_or_state_dict: an `HfzooEncoderDecoderForConditionalGeneration` or
-            `HfzooEncoderDecoderForSequenceClassification`, or its state dict.
+        model_or_state_dict: an hfzoo encoder-decoder of the three classes above, or its state dict.
         config: required with a state dict (ignored for a model): the `HfzooEncoderDecoderConfig`.
         attn_implementation: attention backend of the result; default: the source model's backend (a
             model), transformers' default (a state dict).
@@ -367,10 +404,12 @@ def hfzoo_to_t5(
             config; a tied config whose `lm_head.weight` differs from the embeddings.
     """
     state, config, attn_implementation = read_source(
-        model_or_state_dict, _HFZOO_T5_HEADS, config, attn_implementation, "hfzoo_to_t5", "HfzooEncoderDecoderConfig"
+        model_or_state_dict, HFZOO_T5_HEADS, config, attn_implementation, "hfzoo_to_t5", "HfzooEncoderDecoderConfig"
     )
     t5_config = t5_config_from_hfzoo(config)
-    head = _SEQUENCE_CLASSIFICATION if any(k.startswith("classifier.") for k in state) else _LANGUAGE_MODEL
+    head = _t5_head_of_state(state, "classifier.")
+    if head == _QUESTION_ANSWERING:
+        t5_config.num_labels = 2  # T5ForQuestionAnswering sizes qa_outputs by num_labels
     for key in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
         state.setdefault(key, state["model.shared.weight"])
     if head == _LANGUAGE_MODEL:
@@ -381,7 +420,7 @@ def hfzoo_to_t5(
     if head == _LANGUAGE_MODEL and not config.tie_word_embeddings:
         model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight))
         model.all_tied_weights_keys.pop("lm_head.weight", None)  # save_pretrained must keep it
-    body = "" if head == _LANGUAGE_MODEL else "transformer."
+    body = "transformer." if head == _SEQUENCE_CLASSIFICATION else ""
     renamed = {
         (inverse[key] if inverse[key].startswith("classification_head.") else body + inverse[key]): value
         for key, value in state.items()

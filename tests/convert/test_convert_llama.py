@@ -353,7 +353,7 @@ def test_native_task_heads_convert_to_the_hfzoo_heads_and_back_exactly(kind, hea
 def test_cli_converts_a_native_classifier_folder_and_back_keeping_its_head(tmp_path):
     """A finetuned Qwen3 classifier folder (a reward model's shape) becomes the hfzoo decoder's classifier, not a
     language model without its `score`; a head the T5 conversion has no counterpart for is refused."""
-    from transformers import AutoModelForSequenceClassification, T5Config, T5ForQuestionAnswering
+    from transformers import AutoModelForSequenceClassification, T5Config, T5ForTokenClassification
 
     native = native_head("qwen3", "ForSequenceClassification")
     source, hfzoo_dir, again = tmp_path / "native", tmp_path / "hfzoo", tmp_path / "again"
@@ -372,9 +372,9 @@ def test_cli_converts_a_native_classifier_folder_and_back_keeping_its_head(tmp_p
     assert all(torch.equal(reloaded.state_dict()[k], v) for k, v in native.state_dict().items())
 
     t5 = tmp_path / "t5-classifier"
-    T5ForQuestionAnswering(T5Config(vocab_size=VOCAB, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2,
+    T5ForTokenClassification(T5Config(vocab_size=VOCAB, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2,
                                          decoder_start_token_id=0)).save_pretrained(t5)  # fmt: skip
-    with pytest.raises(SystemExit, match="T5ForQuestionAnswering is a task head the T5 conversion has no"):
+    with pytest.raises(SystemExit, match="T5ForTokenClassification is a task head the T5 conversion has no"):
         main(["--model_name_or_path", str(t5), "--output_dir", str(tmp_path / "refused")])
     assert not (tmp_path / "refused").exists()
 

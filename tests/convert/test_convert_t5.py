@@ -302,10 +302,43 @@ def test_t5_sequence_classifier_converts_to_the_hfzoo_classifier_and_back_exactl
     assert type(hfzoo_to_t5(model.state_dict(), model.config)) is T5ForSequenceClassification
 
 
+@pytest.mark.compat
+def test_t5_span_head_converts_to_the_hfzoo_span_head_and_back_exactly():
+    """`T5ForQuestionAnswering` (`qa_outputs` on the decoder reading the source shifted right, no decoder mask):
+    the same start and end logits and loss on a right-padded batch with an answer cut off, the state dict back
+    exactly; a head with other than two outputs is refused."""
+    from transformers import T5ForQuestionAnswering
+
+    from hfzoo import HfzooEncoderDecoderForQuestionAnswering
+
+    torch.manual_seed(0)
+    t5 = T5ForQuestionAnswering(t5_config("d48-l3x2-h3-kv12", "v1.1")).eval()
+    with torch.no_grad():
+        for name, param in t5.named_parameters():
+            if "relative_attention_bias" in name or "qa_outputs" in name:
+                param.normal_(0.0, 0.5)
+    batch = padded_batch(131, "right")
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    positions = {"start_positions": torch.tensor([0, 3, 1, 0]), "end_positions": torch.tensor([5, 8, 30, 0])}
+    model = t5_to_hfzoo(t5)
+    assert isinstance(model, HfzooEncoderDecoderForQuestionAnswering)
+    with torch.no_grad():
+        expected, got = t5(**inputs, **positions), model(**inputs, **positions)
+    for key in ("start_logits", "end_logits", "loss"):
+        torch.testing.assert_close(got[key], expected[key], atol=TOLERANCE, rtol=TOLERANCE, msg=key)
+    back = hfzoo_to_t5(model)
+    assert type(back) is T5ForQuestionAnswering and back.config.to_diff_dict() == t5.config.to_diff_dict()
+    assert sorted(back.state_dict()) == sorted(t5.state_dict())
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in t5.state_dict().items())
+    three = T5ForQuestionAnswering(T5Config(**SIZES["d32-l2-h4"], num_labels=3, decoder_start_token_id=0))
+    with pytest.raises(ValueError, match="qa_outputs.weight has 3 outputs .T5ForQuestionAnswering with num_labels=3"):
+        t5_to_hfzoo(three)
+
+
 def test_cli_converts_a_t5_classifier_folder_and_back(tmp_path):
     """`hfzoo-convert` reads the classifier from `architectures` both ways (as `T5ForConditionalGeneration` its head
-    would be dropped)."""
-    from transformers import AutoModelForSequenceClassification, T5ForSequenceClassification
+    would be dropped), and refuses a folder lacking weights of the class it loads as."""
+    from transformers import AutoModelForSequenceClassification, T5EncoderModel, T5ForSequenceClassification
 
     from hfzoo.convert.cli import main
 
@@ -321,6 +354,12 @@ def test_cli_converts_a_t5_classifier_folder_and_back(tmp_path):
     back = AutoModelForSequenceClassification.from_pretrained(again)
     assert type(back) is T5ForSequenceClassification
     assert all(torch.equal(back.state_dict()[k], v) for k, v in t5.state_dict().items())
+    # a folder without the decoder (T5EncoderModel) would load as T5ForConditionalGeneration with a random one
+    encoder_only = tmp_path / "t5-encoder"
+    T5EncoderModel(t5_config("d32-l2-h4", "v1.1")).save_pretrained(encoder_only)
+    with pytest.raises(SystemExit, match=r"loaded as T5ForConditionalGeneration, \d+ of its weights are not in the "):
+        main(["--model_name_or_path", str(encoder_only), "--output_dir", str(tmp_path / "refused")])
+    assert not (tmp_path / "refused").exists()
 
 
 def test_wrong_config_and_model_types_are_refused():

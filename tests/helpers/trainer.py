@@ -15,6 +15,7 @@ from hfzoo import (
     HfzooEncoderConfig,
     HfzooEncoderDecoderConfig,
     HfzooEncoderDecoderForConditionalGeneration,
+    HfzooEncoderDecoderForQuestionAnswering,
     HfzooEncoderDecoderForSequenceClassification,
     HfzooEncoderForMaskedLM,
     HfzooEncoderForQuestionAnswering,
@@ -40,6 +41,7 @@ HEADS = {
         HfzooEncoderDecoderConfig,
         {"num_labels": 3},
     ),
+    "encoder-decoder-qa": (HfzooEncoderDecoderForQuestionAnswering, HfzooEncoderDecoderConfig, {}),
 }
 
 

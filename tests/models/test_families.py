@@ -25,6 +25,7 @@ from hfzoo import (
     HfzooEncoderConfig,
     HfzooEncoderDecoderConfig,
     HfzooEncoderDecoderForConditionalGeneration,
+    HfzooEncoderDecoderForQuestionAnswering,
     HfzooEncoderDecoderForSequenceClassification,
     HfzooEncoderForMaskedLM,
     HfzooEncoderForQuestionAnswering,
@@ -59,6 +60,7 @@ def padded_batch(lengths, seed=0, pad=0, low=2):
         (HfzooEncoderConfig, AutoModelForQuestionAnswering, HfzooEncoderForQuestionAnswering),
         (HfzooEncoderDecoderConfig, AutoModelForSeq2SeqLM, HfzooEncoderDecoderForConditionalGeneration),
         (HfzooEncoderDecoderConfig, AutoModelForSequenceClassification, HfzooEncoderDecoderForSequenceClassification),
+        (HfzooEncoderDecoderConfig, AutoModelForQuestionAnswering, HfzooEncoderDecoderForQuestionAnswering),
         (HfzooDecoderConfig, AutoModelForSequenceClassification, HfzooDecoderForSequenceClassification),
         (HfzooDecoderConfig, AutoModelForTokenClassification, HfzooDecoderForTokenClassification),
         (HfzooDecoderConfig, AutoModelForQuestionAnswering, HfzooDecoderForQuestionAnswering),
@@ -184,6 +186,7 @@ TOKEN_CLASSIFIERS = [
 SPAN_HEADS = [
     (HfzooEncoderForQuestionAnswering, HfzooEncoderConfig),
     (HfzooDecoderForQuestionAnswering, HfzooDecoderConfig),
+    (HfzooEncoderDecoderForQuestionAnswering, HfzooEncoderDecoderConfig),
 ]
 
 
@@ -222,6 +225,7 @@ def test_span_head_scores_each_row_as_if_alone_and_refuses_negative_positions(mo
 PEFT_HEADS = [
     (*SPAN_HEADS[0], "QUESTION_ANS", "qa_outputs"),
     (*SPAN_HEADS[1], "QUESTION_ANS", "qa_outputs"),
+    (*SPAN_HEADS[2], "QUESTION_ANS", "qa_outputs"),
     (*TOKEN_CLASSIFIERS[0], "TOKEN_CLS", "classifier"),
     (*TOKEN_CLASSIFIERS[1], "TOKEN_CLS", "score"),
 ]

@@ -3,6 +3,7 @@
 from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
 from .modeling_encoder_decoder import (
     HfzooEncoderDecoderForConditionalGeneration,
+    HfzooEncoderDecoderForQuestionAnswering,
     HfzooEncoderDecoderForSequenceClassification,
     HfzooEncoderDecoderModel,
     HfzooEncoderDecoderPreTrainedModel,
@@ -13,6 +14,7 @@ from .modeling_encoder_decoder import (
 __all__ = [
     "HfzooEncoderDecoderConfig",
     "HfzooEncoderDecoderForConditionalGeneration",
+    "HfzooEncoderDecoderForQuestionAnswering",
     "HfzooEncoderDecoderForSequenceClassification",
     "HfzooEncoderDecoderModel",
     "HfzooEncoderDecoderPreTrainedModel",

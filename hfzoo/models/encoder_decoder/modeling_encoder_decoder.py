@@ -25,6 +25,7 @@ from ...modeling_utils import (
     HfzooGenerationMixin,
     HfzooPreTrainedModel,
     Seq2SeqMoELMOutput,
+    Seq2SeqMoEQuestionAnsweringModelOutput,
     Seq2SeqMoESequenceClassifierOutput,
     sequence_classification_loss,
 )
@@ -36,7 +37,12 @@ from ...modules.embeddings import (
     tied_embedding_keys,
 )
 from ...modules.experts import HfzooRouter
-from ...modules.heads import SequenceClassificationHead, check_classification_labels, last_eos_pool
+from ...modules.heads import (
+    SequenceClassificationHead,
+    check_answer_positions,
+    check_classification_labels,
+    last_eos_pool,
+)
 from ...modules.stack import LAYER_TYPES, HfzooStack, HfzooStackOutput
 from ...modules.universal import UniversalTransformerLayerStack
 from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
@@ -586,4 +592,94 @@ class HfzooEncoderDecoderForSequenceClassification(HfzooEncoderDecoderPreTrained
             logits=logits,
             **self._carried(outputs, *SEQ2SEQ_CARRIED_FIELDS),
             **moe,
+        )
+
+
+class HfzooEncoderDecoderForQuestionAnswering(HfzooEncoderDecoderPreTrainedModel):
+    """Encoder-decoder + a span-extraction head on the decoder's states, as transformers' `T5ForQuestionAnswering`.
+
+    The decoder reads the source itself (decoder inputs = source shifted right when not given, as in
+    `HfzooEncoderDecoderForSequenceClassification`), so its state at a position has seen the source up to that
+    token through its own causal attention and the whole source through cross-attention; `qa_outputs`
+    (`hidden_size` -> 2, start and end) scores each position as the start and as the end of the answer span
+    (Devlin et al. 2019 §4.2's span scores). The loss is transformers' `ForQuestionAnsweringLoss` in float32, as
+    the other families' span heads.
+
+    Args:
+        config: an `HfzooEncoderDecoderConfig`.
+    """
+
+    def __init__(self, config: HfzooEncoderDecoderConfig) -> None:
+        super().__init__(config)
+        self.model = HfzooEncoderDecoderModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        start_positions: torch.LongTensor | None = None,
+        end_positions: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> Seq2SeqMoEQuestionAnsweringModelOutput:
+        """Score every source position as the start and as the end of the answer span.
+
+        Args:
+            input_ids: `(batch_size, src_len)` int64 source ids, question and context.
+            attention_mask: `(batch_size, src_len)` source padding mask.
+            decoder_input_ids: `(batch_size, src_len)` decoder inputs (default: `input_ids` shifted right behind
+                `decoder_start_token_id`).
+            decoder_attention_mask: decoder padding mask (default: none, as `T5ForQuestionAnswering`: the decoder
+                reads the shifted source causally, so with right padding no real position sees a padding token;
+                pad sources on the right).
+            start_positions: `(batch_size,)` int64 index of the answer's first token; at or beyond the sequence
+                length: left out of the loss (an answer truncated away).
+            end_positions: `(batch_size,)` int64 index of the answer's last token (same convention).
+            cache: PEFT prefix tuning's prefix for both stacks (see `split_prefix_cache`; `attention_mask` then
+                covers prefix + source tokens), or None; also accepted as `past_key_values`.
+            **kwargs: forwarded to the model (the keyword contract of `HfzooPreTrainedModel`);
+                `num_items_in_batch` (transformers' `Trainer`) divides the summed losses by it instead of averaging
+                over the rows; `output_router_logits` returns the routers' logits.
+
+        Returns:
+            `Seq2SeqMoEQuestionAnsweringModelOutput` (a `Seq2SeqQuestionAnsweringModelOutput`) with `start_logits`
+            and `end_logits`, each `(batch_size, tgt_len)` in the model's dtype, and, given both positions, the
+            float32 `loss` `(start_loss + end_loss) / 2`; with experts, the auxiliary losses of
+            `Seq2SeqMoELMOutput` (`aux_loss` included in `loss`).
+
+        Raises:
+            ValueError: a negative start or end position (`check_answer_positions`).
+        """
+        check_answer_positions(start_positions, "start_positions")
+        check_answer_positions(end_positions, "end_positions")
+        return_router_logits = self._request_router_logits(kwargs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        if decoder_input_ids is None:  # as T5ForQuestionAnswering: no decoder mask unless given
+            decoder_input_ids = shift_tokens_right(
+                input_ids, self.config.pad_token_id, self.config.decoder_start_token_id
+            )
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            cache=cache,
+            **kwargs,
+        )
+        return self._question_answering_output(
+            self.qa_outputs(outputs.last_hidden_state),
+            start_positions,
+            end_positions,
+            outputs,
+            attention_mask,
+            return_router_logits,
+            num_items_in_batch,
+            decoder_attention_mask=decoder_attention_mask,
+            output_class=Seq2SeqMoEQuestionAnsweringModelOutput,
+            carried=self._carried(outputs, *SEQ2SEQ_CARRIED_FIELDS),
         )
