@@ -9,10 +9,10 @@ file): `gpt2`, `bert`, `t5`, `llama`, `qwen3` and `mistral` convert to hfzoo, `h
 `hfzoo_encoder_decoder` to T5; `hfzoo_decoder` converts to the Llama family when it has rotary positions
 (Llama; Qwen3 with QK-norm; Mistral with a sliding window, `hfzoo.convert.llama`), else to GPT-2. The class
 follows from the source's `architectures`: the task heads of BERT, GPT-2, T5 and the Llama family convert to
-hfzoo's and back. The output is a `save_pretrained` folder (weights, config,
-generation config where the model generates) with the source's tokenizer and, for a sentence-transformers model,
-its `modules.json` and module folders (pooling, normalisation, dense layers), so that
-`SentenceTransformer(output_dir)` computes the source's embeddings. Also `python -m hfzoo.convert`.
+hfzoo's and back. The output is a `save_pretrained` folder (weights, config, generation config where the model
+generates) with the source's tokenizer and, for a sentence-transformers model, its `modules.json` and module
+folders (pooling, normalisation, dense layers), so that `SentenceTransformer(output_dir)` computes the source's
+embeddings. Also `python -m hfzoo.convert`.
 
 `--to gguf` instead writes a Llama-shaped decoder (hfzoo, or native Llama / Qwen3) and its tokenizer as one GGUF
 file for llama.cpp, `{output_dir}/model-{outtype}.gguf` (`hfzoo.convert.gguf`; needs `pip install "hfzoo[gguf]"`):
@@ -158,7 +158,8 @@ def convert_checkpoint(model_name_or_path: str | Path, output_dir: str | Path) -
 
     Raises:
         ValueError: a `model_type` without a converter, a config the other side cannot express (the message names
-            the field), or a task head the converter has no counterpart for (`architectures`).
+            the field), a task head the converter has no counterpart for (`architectures`), or a folder lacking
+            weights of the class it loads as.
         OSError: no loadable checkpoint at `model_name_or_path`.
     """
     output_dir = Path(output_dir)

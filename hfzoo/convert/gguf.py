@@ -367,7 +367,8 @@ def convert_to_gguf(model_name_or_path: str | Path, output_file: str | Path, out
 
     Raises:
         ImportError: the `gguf` package is not installed.
-        ValueError: another `model_type`, an unknown `outtype`, a config or tokenizer llama.cpp cannot express.
+        ValueError: another `model_type`, an unknown `outtype`, a task head (`architectures`: a sequence classifier,
+            ...), a config or tokenizer llama.cpp cannot express.
         OSError: no loadable checkpoint or tokenizer at `model_name_or_path`.
     """
     _import_gguf()
@@ -378,6 +379,12 @@ def convert_to_gguf(model_name_or_path: str | Path, output_file: str | Path, out
         raise ValueError(
             f"{model_name_or_path}: model_type {config.model_type!r} cannot be exported to GGUF; choose a checkpoint "
             f"of {', '.join(_SOURCES)}"
+        )
+    heads = [name for name in config.architectures or [] if not name.endswith(("ForCausalLM", "Model"))]
+    if heads:  # loaded as the language model, a classifier would lose its head (and get a random lm_head if untied)
+        raise ValueError(
+            f"{model_name_or_path}: {heads[0]} is a task head; a GGUF file holds a language model (a ...ForCausalLM "
+            "checkpoint)"
         )
     check_gguf_config(config)  # before the weights are read
     tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hfzoo import HfzooDecoderForCausalLM
+from hfzoo import HfzooDecoderForCausalLM, HfzooDecoderForSequenceClassification
 from hfzoo.convert import check_gguf_config, gguf_permute_qk, gguf_unpermute_qk, hfzoo_to_llama, write_gguf
 from hfzoo.convert.cli import main
 from hfzoo.models.presets import build_config
@@ -191,3 +191,10 @@ def test_cli_exports_hfzoo_and_native_folders(tmp_path, tokenizer, capsys):
     with pytest.raises(SystemExit, match=r"^error: .*hidden_act='gelu'"):
         main(["--model_name_or_path", str(bad), "--output_dir", str(tmp_path / "bad-gguf"), "--to", "gguf"])
     assert not (tmp_path / "bad-gguf").exists()
+    # a classifier: loaded as the language model it would lose its head
+    classifier = tmp_path / "classifier"
+    HfzooDecoderForSequenceClassification(model.config).save_pretrained(classifier)
+    tokenizer.save_pretrained(classifier)
+    with pytest.raises(SystemExit, match=r"HfzooDecoderForSequenceClassification is a task head; a GGUF file holds a"):
+        main(["--model_name_or_path", str(classifier), "--output_dir", str(tmp_path / "cls-gguf"), "--to", "gguf"])
+    assert not (tmp_path / "cls-gguf").exists()
