@@ -60,9 +60,7 @@ from transformers import (
 from transformers.activations import ACT2FN
 
 from ..configuration_utils import _hfzoo_field_types
-from ..models.decoder import (
-    HfzooDecoderConfig,
-)
+from ..models.decoder import HfzooDecoderConfig
 from ..modules.attention import key_value_heads
 from ..modules.feed_forward import ACTIVATIONS
 from .common import (
@@ -488,7 +486,9 @@ def llama_to_hfzoo(
         "llama_to_hfzoo", "LlamaConfig, Qwen3Config, MistralConfig or HfzooDecoderConfig",
     )  # fmt: skip
     if isinstance(source, classes):
-        head = next(heads.index(type(source)) for heads in NATIVE_LLAMA_HEADS.values() if type(source) in heads)
+        head = next(
+            i for heads in NATIVE_LLAMA_HEADS.values() for i, cls in enumerate(heads) if isinstance(source, cls)
+        )
         state = _body_prefix(state, f"{source.base_model_prefix}.", "model.")
     else:
         state = _body_prefix(state, "transformer.", "model.")

@@ -366,11 +366,10 @@ DOMAINS: dict[str, Domain] = {
     "qk_norm_learnable_scale": Domain(st.booleans(), needs={"qk_norm": "rms_norm"}),
     "attn_logit_softcapping": Domain(st.one_of(st.none(), POSITIVE_FLOAT), NOT_POSITIVE_FLOAT),
     "final_logit_softcapping": Domain(st.one_of(st.none(), POSITIVE_FLOAT), NOT_POSITIVE_FLOAT),
+    # ---- the task heads' (every family)
+    "classifier_dropout": Domain(st.one_of(st.none(), PROBABILITY), NOT_PROBABILITY),
     # ---- the encoder's
     "type_vocab_size": Domain(st.integers(0, 2), st.integers(max_value=-1), families=("encoder",)),
-    "classifier_dropout": Domain(
-        st.one_of(st.none(), PROBABILITY), NOT_PROBABILITY, families=("encoder", "encoder-decoder")
-    ),
     # ---- the encoder-decoder's
     "num_decoder_layers": Domain(st.one_of(st.none(), positive(1, 3)), NOT_POSITIVE, families=("encoder-decoder",)),
     "decoder_start_token_id": Domain(TOKEN, NOT_TOKEN, families=("encoder-decoder",)),
