@@ -35,7 +35,7 @@ from ..hub import copy_sentence_transformers_files
 from ..models.encoder import HfzooEncoderConfig, HfzooEncoderModel
 from ..outputs import check_output_folder, check_output_is_not_source, removed_if_refused
 from .bert import convert_bert_checkpoint, hfzoo_to_bert
-from .common import HFZOO_DECODER_HEADS
+from .common import HFZOO_DECODER_HEADS, task_head_architectures
 from .gguf import GGUF_OUTTYPES, convert_to_gguf
 from .gpt2 import GPT2_HEADS, gpt2_to_hfzoo, hfzoo_to_gpt2
 from .llama import NATIVE_LLAMA_HEADS, hfzoo_to_llama, llama_config_from_hfzoo, llama_to_hfzoo
@@ -54,7 +54,7 @@ def _class_of(config, classes: tuple[type, ...], source: Path, converter: str) -
     named = [by_name[name] for name in architectures if name in by_name]
     if named:
         return named[0]
-    others = [name for name in architectures if not name.endswith(("Model", "LMHeadModel", "ForCausalLM"))]
+    others = task_head_architectures(config)
     if others:
         raise ValueError(
             f"{source}: {others[0]} is a task head the {converter} conversion has no counterpart for (it converts "

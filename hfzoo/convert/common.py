@@ -44,6 +44,21 @@ CAUSAL_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, QUESTION_ANSWERING = r
 TRANSFORMERS_CLASSIFIER_DROPOUT = 0.1
 
 
+def task_head_architectures(config: Any) -> list[str]:
+    """The names in `config.architectures` that are task heads, e.g. `Qwen3ForSequenceClassification`.
+
+    A task head is neither a language model (`...ForCausalLM`, `...LMHeadModel`) nor a bare stack (`...Model`). A
+    checkpoint of such a head loaded as its family's language model would lose the head's weights.
+
+    Args:
+        config: a transformers or hfzoo config (`architectures` may be None).
+
+    Returns:
+        The task heads' class names, in the config's order (empty when there are none).
+    """
+    return [name for name in config.architectures or [] if not name.endswith(("ForCausalLM", "Model"))]
+
+
 def task_fields(config: Any, classifier_dropout: float | None) -> dict[str, Any]:
     """The task fields a converter carries from one side's config to the other's.
 

@@ -53,6 +53,7 @@ from transformers import (
 )
 
 from ..models.decoder import HfzooDecoderConfig, HfzooDecoderForCausalLM
+from .common import task_head_architectures
 from .llama import hfzoo_to_llama, llama_config_from_hfzoo
 
 __all__ = [
@@ -380,7 +381,7 @@ def convert_to_gguf(model_name_or_path: str | Path, output_file: str | Path, out
             f"{model_name_or_path}: model_type {config.model_type!r} cannot be exported to GGUF; choose a checkpoint "
             f"of {', '.join(_SOURCES)}"
         )
-    heads = [name for name in config.architectures or [] if not name.endswith(("ForCausalLM", "Model"))]
+    heads = task_head_architectures(config)
     if heads:  # loaded as the language model, a classifier would lose its head (and get a random lm_head if untied)
         raise ValueError(
             f"{model_name_or_path}: {heads[0]} is a task head; a GGUF file holds a language model (a ...ForCausalLM "
