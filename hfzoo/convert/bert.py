@@ -47,6 +47,7 @@ from .common import (
     check_keys,
     check_multi_head,
     check_standard_head_dim,
+    class_position,
     load_converted,
     read_source,
     resolve_tied_head,
@@ -436,10 +437,9 @@ def bert_to_hfzoo(
     state = _without_next_sentence_head(
         state, type(source).__name__ if isinstance(source, torch.nn.Module) else "the state dict"
     )
-    if isinstance(source, _BERT_CLASSES):
-        index = next(i for i, cls in enumerate(_BERT_CLASSES) if isinstance(source, cls))
-    else:
-        index = _bert_class_for_state(state)  # BertForPreTraining (its NSP head left out): masked LM
+    index = class_position(source, _BERT_CLASSES)
+    if index is None:  # a state dict, or BertForPreTraining (its NSP head left out): masked LM
+        index = _bert_class_for_state(state)
     if index in (_BASE, _MASKED_LM):  # a pooler (BertModel, BertForPreTraining) serves no head there
         state = {k: v for k, v in state.items() if not k.removeprefix("bert.").startswith("pooler.")}
     if isinstance(config, BertConfig):
@@ -480,7 +480,7 @@ def hfzoo_to_bert(model: HfzooEncoders, *, attn_implementation: str | None = Non
     """
     if not isinstance(model, _HFZOO_ENCODER_CLASSES):
         raise TypeError(f"expected an hfzoo encoder model, got {type(model).__name__}")
-    index = next(i for i, cls in enumerate(_HFZOO_ENCODER_CLASSES) if isinstance(model, cls))
+    index = class_position(model, _HFZOO_ENCODER_CLASSES)
     bert_config = bert_config_from_hfzoo(model.config)
     if index == _QUESTION_ANSWERING:
         bert_config.num_labels = 2  # BertForQuestionAnswering's qa_outputs has num_labels outputs

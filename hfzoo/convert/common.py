@@ -44,6 +44,15 @@ CAUSAL_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, QUESTION_ANSWERING = r
 TRANSFORMERS_CLASSIFIER_DROPOUT = 0.1
 
 
+def class_position(obj: Any, classes: tuple[type, ...]) -> int | None:
+    """The position in `classes` of the first class `obj` is an instance of (a subclass counts), else None.
+
+    The converters keep matching classes at matching positions (`HFZOO_DECODER_HEADS` and each family's heads), so
+    the position of a model's class picks the class to convert it to.
+    """
+    return next((i for i, cls in enumerate(classes) if isinstance(obj, cls)), None)
+
+
 def task_head_architectures(config: Any) -> list[str]:
     """The names in `config.architectures` that are task heads, e.g. `Qwen3ForSequenceClassification`.
 

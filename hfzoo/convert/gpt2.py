@@ -50,6 +50,7 @@ from .common import (
     check_keys,
     check_multi_head,
     check_standard_head_dim,
+    class_position,
     decoder_task_fields,
     load_converted,
     read_source,
@@ -383,7 +384,9 @@ def gpt2_to_hfzoo(
         hfzoo_config = config
     state = {key.removeprefix("transformer."): value for key, value in state.items()}
     state = {key: value for key, value in state.items() if not _LEGACY_GPT2_BUFFERS.fullmatch(key)}
-    head = GPT2_HEADS.index(type(source)) if type(source) in GPT2_HEADS else _head_of_state(state, 0)
+    head = class_position(source, GPT2_HEADS)
+    if head is None:  # a state dict, or a GPT2Model
+        head = _head_of_state(state, 0)
     if head == CAUSAL_LM:
         state = resolve_tied_head(state, hfzoo_config.tie_word_embeddings, "wte.weight", "lm_head.weight", "GPT-2")
     check_keys(set(state), _expected_gpt2_keys(hfzoo_config.num_hidden_layers, head), "GPT-2")
@@ -426,7 +429,9 @@ def hfzoo_to_gpt2(
         source, HFZOO_DECODER_HEADS, config, attn_implementation, "hfzoo_to_gpt2", "HfzooDecoderConfig"
     )
     gpt2_config = gpt2_config_from_hfzoo(config)
-    head = HFZOO_DECODER_HEADS.index(type(source)) if type(source) in HFZOO_DECODER_HEADS else _head_of_state(state, 1)
+    head = class_position(source, HFZOO_DECODER_HEADS)
+    if head is None:  # a state dict
+        head = _head_of_state(state, 1)
     if head == CAUSAL_LM:
         state = resolve_tied_head(
             state, config.tie_word_embeddings, "model.embed_tokens.weight", "lm_head.weight", "hfzoo"

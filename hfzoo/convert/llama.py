@@ -72,6 +72,7 @@ from .common import (
     HfzooDecoderHeads,
     build_hfzoo_config,
     check_keys,
+    class_position,
     decoder_task_fields,
     load_converted,
     read_source,
@@ -486,9 +487,7 @@ def llama_to_hfzoo(
         "llama_to_hfzoo", "LlamaConfig, Qwen3Config, MistralConfig or HfzooDecoderConfig",
     )  # fmt: skip
     if isinstance(source, classes):
-        head = next(
-            i for heads in NATIVE_LLAMA_HEADS.values() for i, cls in enumerate(heads) if isinstance(source, cls)
-        )
+        head = class_position(source, classes) % len(HFZOO_DECODER_HEADS)  # each family's heads in that order
         state = _body_prefix(state, f"{source.base_model_prefix}.", "model.")
     else:
         state = _body_prefix(state, "transformer.", "model.")
@@ -542,7 +541,9 @@ def hfzoo_to_llama(
         source, HFZOO_DECODER_HEADS, config, attn_implementation, "hfzoo_to_llama", "HfzooDecoderConfig"
     )
     native_config = llama_config_from_hfzoo(config)
-    head = HFZOO_DECODER_HEADS.index(type(source)) if isinstance(source, HFZOO_DECODER_HEADS) else _head_of_state(state)
+    head = class_position(source, HFZOO_DECODER_HEADS)
+    if head is None:  # a state dict
+        head = _head_of_state(state)
     if head == CAUSAL_LM:
         state = resolve_tied_head(
             state, config.tie_word_embeddings, "model.embed_tokens.weight", "lm_head.weight", "hfzoo"

@@ -349,6 +349,13 @@ def test_native_task_heads_convert_to_the_hfzoo_heads_and_back_exactly(kind, hea
     assert type(from_state) is type(model)
     assert type(hfzoo_to_llama(model.state_dict(), model.config)) is type(native)
 
+    class Finetuned(type(model)):  # a subclass (a user's own head class) converts as the class it extends
+        pass
+
+    subclassed = Finetuned(model.config)
+    subclassed.load_state_dict(model.state_dict())
+    assert type(hfzoo_to_llama(subclassed)) is type(native)
+
 
 def test_cli_converts_a_native_classifier_folder_and_back_keeping_its_head(tmp_path):
     """A finetuned Qwen3 classifier folder (a reward model's shape) becomes the hfzoo decoder's classifier, not a
