@@ -39,9 +39,9 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
-from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, load_glue
+from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, glue_files, load_glue
 from ..data.loading import check_distinct_files
 from ..data.sampling import EpochLengthGroupedSampler
 from ..hub import load_checkpoint_config
@@ -66,7 +66,13 @@ from ..training.arguments import (
     resolve_choice_flags,
     scheduler_kwargs,
 )
-from ..training.checkpointing import check_resume_optimizer, delete_earlier_checkpoints, refuse_earlier_checkpoints
+from ..training.checkpointing import (
+    base_model_record,
+    check_resume_base_model,
+    check_resume_optimizer,
+    delete_earlier_checkpoints,
+    refuse_earlier_checkpoints,
+)
 from ..training.compilation import compile_model
 from ..training.optimization import create_optimizer, create_scheduler, warmup_outlasts_training
 from ..training.precision import MIXED_PRECISION_CHOICES
@@ -419,7 +425,7 @@ def _eval_splits(splits) -> list[str]:
     return [s for s in splits if s.startswith("validation")]
 
 
-def build_glue_model(args: argparse.Namespace, task: GlueTask, tokenizer):
+def build_glue_model(args: argparse.Namespace, task: GlueTask, tokenizer, config) -> tuple[torch.nn.Module, dict]:
     """Load the checkpoint with a sequence-classification head for `task` and wrap it for `--peft`.
 
     Args:
@@ -428,12 +434,14 @@ def build_glue_model(args: argparse.Namespace, task: GlueTask, tokenizer):
             `num_virtual_tokens`, `prefix_projection`, `prefix_hidden_size`).
         task: the GLUE task (number of labels, label names, regression or not).
         tokenizer: supplies the padding id when the checkpoint's config has none.
+        config: the checkpoint's config (`AutoConfig.from_pretrained(args.model_name_or_path)`), unchanged.
 
     Returns:
         The model: a `PeftModel` (base frozen, adapter and head trainable) or, with `--peft none`, the
-        plain `*ForSequenceClassification`.
+        plain `*ForSequenceClassification`; and the base's `hfzoo.training.checkpointing.base_model_record`
+        (its loaded weights, config and vocabulary, taken before any wrapping; the new head left out), which the
+        run's checkpoints record and a resume compares.
     """
-    config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     labels = {}
     if not task.is_regression:
         labels = {
@@ -445,14 +453,19 @@ def build_glue_model(args: argparse.Namespace, task: GlueTask, tokenizer):
         kwargs["attn_implementation"] = args.attn_implementation
     if config.pad_token_id is None and tokenizer.pad_token_id is not None:
         kwargs["pad_token_id"] = tokenizer.pad_token_id
-    model = AutoModelForSequenceClassification.from_pretrained(
+    model, loading = AutoModelForSequenceClassification.from_pretrained(
         args.model_name_or_path,
         num_labels=task.num_labels,
         problem_type="regression" if task.is_regression else "single_label_classification",
         ignore_mismatched_sizes=args.ignore_mismatched_sizes,
         trust_remote_code=args.trust_remote_code,
+        output_loading_info=True,
         **labels,
         **kwargs,
+    )
+    mismatched = {key if isinstance(key, str) else key[0] for key in loading.get("mismatched_keys") or ()}
+    base = base_model_record(
+        args.model_name_or_path, model, config, tokenizer, {*loading.get("missing_keys", ()), *mismatched}
     )
     peft_config = build_peft_config(
         args.peft,
@@ -465,7 +478,7 @@ def build_glue_model(args: argparse.Namespace, task: GlueTask, tokenizer):
         prefix_projection=args.prefix_projection,
         encoder_hidden_size=args.prefix_hidden_size,
     )
-    return wrap_with_peft(model, peft_config)
+    return wrap_with_peft(model, peft_config), base
 
 
 def check_model_path(name: str, argument: str = "--model_name_or_path") -> None:
@@ -499,6 +512,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
     check_scheduler_arguments(args)
     check_output_folder(args.output_dir)  # before any work: a run never ends unable to save its results
     check_model_path(args.model_name_or_path)
+    glue_files(task, args.data_dir, args.train_file, args.validation_file)  # they exist: read after the model loads
     if os.path.isdir(args.model_name_or_path):
         check_weight_files(args.model_name_or_path)  # names a truncated or corrupt weight file, before any work
     config = load_checkpoint_config(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
@@ -518,9 +532,10 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    model, base_model = build_glue_model(args, task, tokenizer, config)
+    if resume_path is not None:  # before any data is read
+        check_resume_base_model(resume_path, base_model, config, GLUE_STATE)
     encoded = load_glue_data(args, task, tokenizer, accelerator)
-
-    model = build_glue_model(args, task, tokenizer)
     trainable, total = count_parameters(model)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     encoded = drop_unused_columns(encoded, base, accelerator)
@@ -587,6 +602,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
         max_train_steps=max_steps,
         num_train_epochs=math.ceil(max_steps / steps_per_epoch),
         resume_path=resume_path,
+        base_model=base_model,
         throughput=Throughput(
             resolve_peak_tflops(accelerator.device, accelerator.mixed_precision, args.peak_tflops),
             accelerator.num_processes,

@@ -64,6 +64,8 @@ class GlueRun:
     max_train_steps: int
     num_train_epochs: int
     resume_path: Path | None = None
+    # The base's `hfzoo.training.checkpointing.base_model_record`, which its checkpoints record (None: not recorded).
+    base_model: dict[str, Any] | None = None
     throughput: Throughput | None = None  # TFLOP/s and MFU of the logged windows (None: tokens/s only)
     flops: SequenceClassificationFlops | None = None  # a batch's model FLOPs (None: not counted)
     precision: PrecisionChoice | None = None  # the precision it trains in and why (`--mixed_precision`)
@@ -159,6 +161,9 @@ class GlueProgress:
         data_arguments, adapter_arguments: the values of `GLUE_DATA_FLAGS` and `GLUE_ADAPTER_FLAGS` that wrote it
             (`hfzoo.training.checkpointing.recorded_arguments`; None in checkpoints of an older hfzoo): a resume must
             keep them (`check_glue_resume_arguments`).
+        base_model: the pretrained model it finetunes (`hfzoo.training.checkpointing.base_model_record`: its
+            config, a digest of its vocabulary and of its loaded weights; None in checkpoints of an older hfzoo): a
+            resume must start from the same model (`hfzoo.training.checkpointing.check_resume_base_model`).
     """
 
     step: int = 0
@@ -173,6 +178,7 @@ class GlueProgress:
     optimizer_arguments: dict[str, Any] | None = None
     data_arguments: dict[str, Any] | None = None
     adapter_arguments: dict[str, Any] | None = None
+    base_model: dict[str, Any] | None = None
 
 
 def check_glue_resume_arguments(resume_path: Path, args: argparse.Namespace) -> None:
@@ -336,6 +342,7 @@ def train_glue(run: GlueRun) -> GlueProgress:
         "optimizer_arguments": optimizer_arguments(args),
         "data_arguments": recorded_arguments(args, GLUE_DATA_FLAGS),
         "adapter_arguments": recorded_arguments(args, GLUE_ADAPTER_FLAGS),
+        "base_model": run.base_model,
     }
     progress, best_state = GlueProgress(**layout), None
     if run.resume_path is not None:  # with this run's layout and optimizer (checked in `prepare_glue`)

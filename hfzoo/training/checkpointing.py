@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import logging
 import os
 import pickle
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -459,6 +460,85 @@ def check_resume_tokenizer(resume_path: Path, tokenizer, source: str) -> None:
             f"--resume_from_checkpoint {resume_path}: trained with another tokenizer than this run's ({source}): "
             f"{len(differ)} of its {len(saved)} tokens have other ids here or are missing (first: {first!r}, id "
             f"{saved.get(first)} there, {here.get(first)} here); resume with the tokenizer the checkpoint holds"
+        )
+
+
+def base_model_record(
+    name: str, model: torch.nn.Module, config, tokenizer, newly_initialized: Collection[str] = ()
+) -> dict[str, Any]:
+    """What identifies the pretrained model a finetuning run starts from, as its checkpoints record it.
+
+    A finetuning checkpoint holds the whole model's weights (accelerate's `save_state`), so a resume from another
+    base of the same architecture would load them over it without an error and go on training the first base, while
+    the saved adapter or model card would name the second (`check_resume_base_model`). The record identifies the
+    base by content, not by path, so the same model may be resumed from another folder or from the hub cache.
+
+    Args:
+        name: `--model_name_or_path` as given (for messages only; not compared).
+        model: the model as loaded from `name`, before any adapter wraps it or any step trains it.
+        config: the base's own config (`AutoConfig.from_pretrained(name)`, without the run's label settings).
+        tokenizer: the base's tokenizer (`get_vocab()`: token -> id).
+        newly_initialized: names in `model.state_dict()` that `from_pretrained` initialized rather than loaded (a
+            new task head: its `missing_keys` and `mismatched_keys`); left out of the weights' digest.
+
+    Returns:
+        `{"model_name_or_path": name, "config": config.to_dict() without the keys a save rewrites,
+        "vocabulary": "sha256:<hex>" of the sorted (token, id) pairs, "weights": "sha256:<hex>" of every loaded
+        tensor's name, dtype, shape and bytes in name order}`, JSON-serializable.
+    """
+    weights = hashlib.sha256()
+    for key, tensor in sorted(model.state_dict().items()):
+        if key in newly_initialized:
+            continue
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        weights.update(f"{key} {flat.dtype} {tuple(tensor.shape)};".encode())
+        weights.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    vocabulary = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode()
+    return {
+        "model_name_or_path": str(name),
+        "config": {k: v for k, v in config.to_dict().items() if k not in _RESUME_IGNORED_CONFIG_KEYS},
+        "vocabulary": f"sha256:{hashlib.sha256(vocabulary).hexdigest()}",
+        "weights": f"sha256:{weights.hexdigest()}",
+    }
+
+
+def check_resume_base_model(resume_path: Path, record: dict[str, Any], config, state_file: str) -> None:
+    """Refuse to resume a finetuning checkpoint on another pretrained model than the one it was written from.
+
+    Compares this run's `base_model_record` with the checkpoint's (`base_model` in `state_file`): the config (as
+    `check_resume_config` does, both read by this run's config class), then the tokenizer's vocabulary, then the
+    weights. A checkpoint of an older hfzoo, without the record, is not checked.
+
+    Args:
+        resume_path: the checkpoint folder.
+        record: this run's `base_model_record`.
+        config: this run's base config (the class that reads the saved one).
+        state_file: the checkpoint's loop state (`hfzoo.finetuning.loop.GLUE_STATE`).
+
+    Raises:
+        ValueError: one line naming both models and what differs (the first config fields with both values, the
+            vocabulary or the weights).
+    """
+    saved = json.loads((resume_path / state_file).read_text()).get("base_model")
+    if saved is None:
+        return
+    if saved["config"].get("model_type") != config.model_type:
+        differs = f"model_type {config.model_type!r}, not {saved['config'].get('model_type')!r}"
+    else:
+        there = {k: v for k, v in type(config).from_dict(saved["config"]).to_dict().items()
+                 if k not in _RESUME_IGNORED_CONFIG_KEYS}  # fmt: skip
+        keys = [k for k in sorted(there.keys() | record["config"].keys()) if there.get(k) != record["config"].get(k)]
+        differs = ", ".join(f"{k}={there.get(k)!r} there, {record['config'].get(k)!r} here" for k in keys[:3])
+        differs = f"another config ({differs})" if keys else ""
+        for part, what in (("vocabulary", "another tokenizer vocabulary"), ("weights", "other weights")):
+            if not differs and saved[part] != record[part]:
+                differs = what
+    if differs:
+        raise ValueError(
+            f"--resume_from_checkpoint {resume_path}: written finetuning {saved['model_name_or_path']}; this run's "
+            f"--model_name_or_path {record['model_name_or_path']} has {differs}: the checkpoint's weights would "
+            "replace its own and the saved model would name a base it was not trained from; resume from the model "
+            "the checkpoint was written from, or start a new run"
         )
 
 

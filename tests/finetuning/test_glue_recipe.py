@@ -33,7 +33,7 @@ from hfzoo.finetuning.loop import GLUE_STATE
 from hfzoo.metrics import load_glue_metric
 from hfzoo.models.flops import count_classification_flops
 from hfzoo.models.presets import build_config
-from hfzoo.training.checkpointing import MANIFEST, verify_checkpoint
+from hfzoo.training.checkpointing import MANIFEST, verify_checkpoint, write_manifest
 from hfzoo.training.faults import CheckpointError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -702,12 +702,33 @@ def test_a_resume_with_another_task_data_or_adapter_is_refused_before_any_data_i
     assert finetune(args)["train_steps"] == 2
 
 
+def base_model_refusal(checkpoint: Path, written_from: Path, model: Path, differs: str) -> str:
+    """The one-line refusal of a resume on another base model than `written_from` (`check_resume_base_model`)."""
+    return (
+        f"error: --resume_from_checkpoint {checkpoint}: written finetuning {written_from}; this run's "
+        f"--model_name_or_path {model} has {differs}: the checkpoint's weights would replace its own and the saved "
+        "model would name a base it was not trained from; resume from the model the checkpoint was written from, or "
+        "start a new run"
+    )
+
+
 def test_a_resume_from_another_model_is_refused_in_one_line(checkpoints, glue_dir, tmp_path):
-    """A checkpoint written from one model, resumed on another: torch's `load_state_dict` error named in one line
-    (it was a traceback)."""
+    """A checkpoint written from one model, resumed on another architecture: refused by the recorded base model's
+    config before any data is read; in a checkpoint without that record (an older hfzoo's), torch's
+    `load_state_dict` error is named in one line (it was a traceback)."""
     common = ("--max_train_steps", "2", "--checkpointing_steps", "1", "--peft", "lora")
     finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "full", "mrpc", *common))
     checkpoint = tmp_path / "full" / "checkpoints" / "step_1"
+    with pytest.raises(SystemExit) as exc:
+        finetune(argv(checkpoints["bert"], glue_dir, tmp_path / "other", "mrpc", *common,
+                      "--resume_from_checkpoint", str(checkpoint)))  # fmt: skip
+    assert str(exc.value.code) == base_model_refusal(
+        checkpoint, checkpoints["encoder-tiny"], checkpoints["bert"], "model_type 'bert', not 'hfzoo_encoder'"
+    )
+    state = json.loads((checkpoint / GLUE_STATE).read_text())
+    del state["base_model"]
+    (checkpoint / GLUE_STATE).write_text(json.dumps(state))
+    write_manifest(checkpoint)
     with pytest.raises(SystemExit) as exc:
         finetune(argv(checkpoints["bert"], glue_dir, tmp_path / "other", "mrpc", *common,
                       "--resume_from_checkpoint", str(checkpoint)))  # fmt: skip
@@ -717,6 +738,92 @@ def test_a_resume_from_another_model_is_refused_in_one_line(checkpoints, glue_di
         f"{checkpoints['bert']}: "
     ), message
     assert message.endswith("resume from the model the checkpoint was written from") and "\n" not in message
+
+
+def test_a_resume_from_another_base_of_the_same_architecture_is_refused_and_a_moved_base_is_not(
+    checkpoints, glue_dir, tmp_path, monkeypatch
+):
+    """The checkpoint holds the whole model: resumed on other weights, another config or vocabulary of the same
+    shapes, the run went on training the first base while its adapter named the second. The record is by content:
+    the same model in another folder resumes."""
+    from hfzoo.finetuning import glue
+
+    common = ("--max_train_steps", "2", "--checkpointing_steps", "1", "--peft", "lora")
+    source = checkpoints["encoder-tiny"]
+    finetune(argv(source, glue_dir, tmp_path / "full", "mrpc", *common))
+    checkpoint = tmp_path / "full" / "checkpoints" / "step_1"
+    recorded = json.loads((checkpoint / GLUE_STATE).read_text())["base_model"]
+    assert recorded["model_name_or_path"] == str(source) and recorded["config"]["model_type"] == "hfzoo_encoder"
+    assert recorded["weights"].startswith("sha256:") and recorded["vocabulary"].startswith("sha256:")
+
+    def variant(name: str, change) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(source, folder)
+        change(folder)
+        return folder
+
+    def other_weights(folder: Path) -> None:
+        model = AutoModel.from_pretrained(folder)
+        with torch.no_grad():
+            model.get_input_embeddings().weight[5, 0] += 1.0  # one number of the base
+        model.save_pretrained(folder)
+
+    def other_config(folder: Path) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "layer_norm_eps": 1e-3}))
+
+    def other_vocabulary(folder: Path) -> None:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer.add_tokens(["<new>"])  # the same model, but the tokenizer maps one more string to an id
+        tokenizer.save_pretrained(folder)
+
+    monkeypatch.setattr(glue, "load_glue_data", lambda *a, **k: pytest.fail("the data was read before the check"))
+    for name, change, differs in [
+        ("weights", other_weights, "other weights"),
+        ("config", other_config, "another config (layer_norm_eps=1e-05 there, 0.001 here)"),
+        ("vocabulary", other_vocabulary, "another tokenizer vocabulary"),
+    ]:
+        folder = variant(name, change)
+        with pytest.raises(SystemExit) as exc:
+            finetune(argv(folder, glue_dir, tmp_path / f"resumed-{name}", "mrpc", *common,
+                          "--resume_from_checkpoint", str(checkpoint)))  # fmt: skip
+        assert str(exc.value.code) == base_model_refusal(checkpoint, source, folder, differs)
+    monkeypatch.undo()
+    moved = variant("moved", lambda folder: None)
+    resumed = finetune(argv(moved, glue_dir, tmp_path / "resumed", "mrpc", *common,
+                            "--resume_from_checkpoint", str(checkpoint)))  # fmt: skip
+    assert resumed["train_steps"] == 2
+    assert json.loads((tmp_path / "resumed" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(
+        moved
+    )
+
+
+@pytest.mark.compat
+def test_the_base_model_record_leaves_out_the_head_the_run_initializes(checkpoints, glue_dir, tmp_path):
+    """A base with a 3-label head loaded for a 2-label task (`--ignore_mismatched_sizes`): the head drawn anew, with
+    any seed, is no part of what identifies the base; a changed weight of the body is."""
+    from hfzoo.finetuning.glue import build_glue_model
+
+    base = tmp_path / "three-labels"
+    source = AutoModelForSequenceClassification.from_pretrained(checkpoints["encoder-tiny"], num_labels=3)
+    source.save_pretrained(base)
+    AutoTokenizer.from_pretrained(checkpoints["encoder-tiny"]).save_pretrained(base)
+
+    def record(seed: int) -> tuple[dict, dict[str, torch.Tensor]]:
+        args = parse_glue_args(argv(base, glue_dir, tmp_path / "out", "rte", "--ignore_mismatched_sizes"))
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        torch.manual_seed(seed)
+        model, recorded = build_glue_model(args, GLUE_TASKS["rte"], tokenizer, AutoConfig.from_pretrained(base))
+        return recorded, model.state_dict()
+
+    (first, weights_0), (second, weights_1) = record(0), record(1)
+    new_head = [key for key in weights_0 if "classifier" in key and not torch.equal(weights_0[key], weights_1[key])]
+    assert new_head, "the new head was not drawn anew"
+    assert first == second and first["model_name_or_path"] == str(base)
+    with torch.no_grad():
+        source.get_input_embeddings().weight[3, 1] -= 0.5
+    source.save_pretrained(base)
+    assert record(0)[0]["weights"] != first["weights"]
 
 
 def test_best_epoch_weights_are_saved_and_reported_with_the_last(checkpoints, glue_dir, tmp_path, monkeypatch):
