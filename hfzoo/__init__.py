@@ -39,9 +39,11 @@ from .models.encoder import (
 )
 from .models.encoder_decoder import (
     HfzooEncoderDecoderConfig,
+    HfzooEncoderDecoderEncoderModel,
     HfzooEncoderDecoderForConditionalGeneration,
     HfzooEncoderDecoderForQuestionAnswering,
     HfzooEncoderDecoderForSequenceClassification,
+    HfzooEncoderDecoderForTokenClassification,
     HfzooEncoderDecoderModel,
     HfzooEncoderDecoderPreTrainedModel,
 )
@@ -68,9 +70,14 @@ AUTO_CLASSES = {
         AutoModel: HfzooEncoderDecoderModel,
         AutoModelForSeq2SeqLM: HfzooEncoderDecoderForConditionalGeneration,
         AutoModelForSequenceClassification: HfzooEncoderDecoderForSequenceClassification,
+        AutoModelForTokenClassification: HfzooEncoderDecoderForTokenClassification,
         AutoModelForQuestionAnswering: HfzooEncoderDecoderForQuestionAnswering,
     },
 }
+
+#: config class -> model classes outside the Auto classes, loaded by their own name (as transformers'
+#: `T5EncoderModel`): the encoder-decoder's encoder alone.
+OTHER_MODEL_CLASSES = {HfzooEncoderDecoderConfig: (HfzooEncoderDecoderEncoderModel,)}
 
 for _config_class, _models in AUTO_CLASSES.items():
     AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
@@ -79,6 +86,7 @@ for _config_class, _models in AUTO_CLASSES.items():
 
 __all__ = [
     "AUTO_CLASSES",
+    "OTHER_MODEL_CLASSES",
     "HfzooConfig",
     "HfzooDecoderConfig",
     "HfzooDecoderForCausalLM",
@@ -89,9 +97,11 @@ __all__ = [
     "HfzooDecoderPreTrainedModel",
     "HfzooEncoderConfig",
     "HfzooEncoderDecoderConfig",
+    "HfzooEncoderDecoderEncoderModel",
     "HfzooEncoderDecoderForConditionalGeneration",
     "HfzooEncoderDecoderForQuestionAnswering",
     "HfzooEncoderDecoderForSequenceClassification",
+    "HfzooEncoderDecoderForTokenClassification",
     "HfzooEncoderDecoderModel",
     "HfzooEncoderDecoderPreTrainedModel",
     "HfzooEncoderForMaskedLM",

@@ -24,7 +24,7 @@ import transformers
 from huggingface_hub import HfApi, ModelCard, ModelCardData
 from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 
-from . import AUTO_CLASSES
+from . import AUTO_CLASSES, OTHER_MODEL_CLASSES
 from .modules.attention import key_value_heads
 
 #: resumable checkpoints of the pretraining recipe (`hfzoo.training.checkpointing.CHECKPOINT_DIR`).
@@ -104,8 +104,13 @@ def _family(config: Any) -> type:
 
 
 def _model_class(config: Any) -> tuple[str, type]:
-    """The Auto class name and model class of the checkpoint (its `architectures`, else the main head)."""
-    heads = {auto.__name__: cls for auto, cls in AUTO_CLASSES[_family(config)].items()}
+    """The Auto class name and model class of the checkpoint (its `architectures`, else the main head).
+
+    A class of `OTHER_MODEL_CLASSES` (no Auto class) gives its own name in place of the Auto class's.
+    """
+    family = _family(config)
+    heads = {auto.__name__: cls for auto, cls in AUTO_CLASSES[family].items()}
+    heads.update({cls.__name__: cls for cls in OTHER_MODEL_CLASSES.get(family, ())})
     for name in getattr(config, "architectures", None) or []:
         for auto_name, cls in heads.items():
             if cls.__name__ == name:
@@ -250,6 +255,9 @@ def build_model_card(
     description = f"{architecture} ({language_model})"
     if auto_name == "AutoModel":  # the bare stack: no language-model head
         pipeline_tag, description = HEAD_PIPELINE_TAGS[auto_name], f"{architecture} without a head (hidden states)"
+    elif not auto_name.startswith("Auto"):  # OTHER_MODEL_CLASSES: the encoder-decoder's encoder alone
+        pipeline_tag = HEAD_PIPELINE_TAGS["AutoModel"]
+        description = f"{architecture}'s encoder alone, without a head (hidden states)"
     elif auto_name in HEAD_PIPELINE_TAGS:  # a task head: not the family's language model
         pipeline_tag = HEAD_PIPELINE_TAGS[auto_name]
         description = f"{architecture} with a {pipeline_tag.replace('-', ' ')} head"
@@ -330,7 +338,17 @@ def build_model_card(
             "As a transformers model:",
             "",
         ]
-    if remote_code:
+    if not auto_name.startswith("Auto"):  # a class of OTHER_MODEL_CLASSES: loaded by its name, from hfzoo
+        lines += [
+            "```python",
+            f"from hfzoo import {auto_name}",
+            "from transformers import AutoTokenizer",
+            "",
+            f'model = {auto_name}.from_pretrained("{name}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{name}")',
+            "```",
+        ]
+    elif remote_code:
         lines += [
             "The folder contains hfzoo's modeling code, so it loads without hfzoo installed:",
             "",

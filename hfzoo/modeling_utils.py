@@ -533,8 +533,8 @@ class HfzooPreTrainedModel(PreTrainedModel):
         Args:
             loss: the head's task loss (scalar), or None without labels.
             outputs: the base model's output after `_request_router_logits`: `router_logits` (and
-                `last_hidden_state`) for a single stack; `encoder_router_logits` / `decoder_router_logits`
-                (and `encoder_last_hidden_state`) for the encoder-decoder.
+                `last_hidden_state`) for a single stack (the encoder-decoder's encoder alone too);
+                `encoder_router_logits` / `decoder_router_logits` (and `encoder_last_hidden_state`) for both.
             attention_mask: `(batch_size, seq_len)` padding mask of the (encoder) input, or None.
             decoder_attention_mask: `(batch_size, tgt_len)` padding mask of the decoder input, or None.
             return_router_logits: also return the routers' logits (`_request_router_logits`'s answer).
@@ -559,7 +559,7 @@ class HfzooPreTrainedModel(PreTrainedModel):
             if ponder_loss is None:
                 return loss, {}
             return (None if loss is None else loss + ponder_loss.to(loss.device)), {"aux_loss": ponder_loss}
-        if self.config.is_encoder_decoder:
+        if hasattr(outputs, "encoder_router_logits"):  # both stacks (not the encoder-decoder's encoder alone)
             stacks = {
                 "encoder_": (outputs.encoder_router_logits, attention_mask, outputs.encoder_last_hidden_state),
                 "decoder_": (outputs.decoder_router_logits, decoder_attention_mask, outputs.last_hidden_state),

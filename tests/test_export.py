@@ -64,8 +64,10 @@ def family_inputs(family: str) -> dict[str, torch.Tensor]:
 
 def model_input_names(family: str, auto_name: str) -> list[str]:
     names = ["input_ids", "attention_mask"]
-    if family == "encoder_decoder" and auto_name != "AutoModelForSequenceClassification":
-        names.append("decoder_input_ids")  # the classifier builds its decoder inputs from the source
+    # the sequence classifier builds its decoder inputs from the source; the token classifier has no decoder
+    if family == "encoder_decoder" and auto_name not in ("AutoModelForSequenceClassification",
+                                                         "AutoModelForTokenClassification"):  # fmt: skip
+        names.append("decoder_input_ids")
     return names
 
 

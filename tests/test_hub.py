@@ -239,6 +239,8 @@ def test_model_card_per_family(config_class, pipeline_tag, model_class):
         (hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderForTokenClassification, "token-classification"),
         (hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderForQuestionAnswering, "question-answering"),
         (hfzoo.HfzooEncoderDecoderConfig, hfzoo.HfzooEncoderDecoderForQuestionAnswering, "question-answering"),
+        (hfzoo.HfzooEncoderDecoderConfig, hfzoo.HfzooEncoderDecoderForTokenClassification, "token-classification"),
+        (hfzoo.HfzooEncoderDecoderConfig, hfzoo.HfzooEncoderDecoderEncoderModel, "feature-extraction"),
         (hfzoo.HfzooEncoderConfig, hfzoo.HfzooEncoderModel, "feature-extraction"),
         (hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderModel, "feature-extraction"),
     ],
@@ -252,7 +254,8 @@ def test_model_card_of_a_task_head_has_its_pipeline_tag(tmp_path, config_class, 
     assert model_class.__name__ in card.text
     first_line = card.text.split("\n# me/finetuned\n\n")[1].split("\n")[0]
     if pipeline_tag == "feature-extraction":  # the bare stack: no head
-        assert f"Transformer without a head (hidden states): `{model_class.__name__}`" in first_line
+        assert f"without a head (hidden states): `{model_class.__name__}`" in first_line
+        assert f"{sum(p.numel() for p in model_class(config_class(**TINY)).parameters()):,} parameters" in card.text
     else:
         assert f"Transformer with a {pipeline_tag.replace('-', ' ')} head: `{model_class.__name__}`" in first_line
 

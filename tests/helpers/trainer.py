@@ -17,6 +17,7 @@ from hfzoo import (
     HfzooEncoderDecoderForConditionalGeneration,
     HfzooEncoderDecoderForQuestionAnswering,
     HfzooEncoderDecoderForSequenceClassification,
+    HfzooEncoderDecoderForTokenClassification,
     HfzooEncoderForMaskedLM,
     HfzooEncoderForQuestionAnswering,
     HfzooEncoderForSequenceClassification,
@@ -42,6 +43,11 @@ HEADS = {
         {"num_labels": 3},
     ),
     "encoder-decoder-qa": (HfzooEncoderDecoderForQuestionAnswering, HfzooEncoderDecoderConfig, {}),
+    "encoder-decoder-tokcls": (
+        HfzooEncoderDecoderForTokenClassification,
+        HfzooEncoderDecoderConfig,
+        {"num_labels": 5},
+    ),
 }
 
 

@@ -27,6 +27,7 @@ from hfzoo import (
     HfzooEncoderDecoderForConditionalGeneration,
     HfzooEncoderDecoderForQuestionAnswering,
     HfzooEncoderDecoderForSequenceClassification,
+    HfzooEncoderDecoderForTokenClassification,
     HfzooEncoderForMaskedLM,
     HfzooEncoderForQuestionAnswering,
     HfzooEncoderForSequenceClassification,
@@ -60,6 +61,7 @@ def padded_batch(lengths, seed=0, pad=0, low=2):
         (HfzooEncoderConfig, AutoModelForQuestionAnswering, HfzooEncoderForQuestionAnswering),
         (HfzooEncoderDecoderConfig, AutoModelForSeq2SeqLM, HfzooEncoderDecoderForConditionalGeneration),
         (HfzooEncoderDecoderConfig, AutoModelForSequenceClassification, HfzooEncoderDecoderForSequenceClassification),
+        (HfzooEncoderDecoderConfig, AutoModelForTokenClassification, HfzooEncoderDecoderForTokenClassification),
         (HfzooEncoderDecoderConfig, AutoModelForQuestionAnswering, HfzooEncoderDecoderForQuestionAnswering),
         (HfzooDecoderConfig, AutoModelForSequenceClassification, HfzooDecoderForSequenceClassification),
         (HfzooDecoderConfig, AutoModelForTokenClassification, HfzooDecoderForTokenClassification),
@@ -182,6 +184,7 @@ def test_labels_outside_num_labels_are_refused(model_class, config_class, labels
 TOKEN_CLASSIFIERS = [
     (HfzooEncoderForTokenClassification, HfzooEncoderConfig),
     (HfzooDecoderForTokenClassification, HfzooDecoderConfig),
+    (HfzooEncoderDecoderForTokenClassification, HfzooEncoderDecoderConfig),
 ]
 SPAN_HEADS = [
     (HfzooEncoderForQuestionAnswering, HfzooEncoderConfig),
@@ -228,6 +231,7 @@ PEFT_HEADS = [
     (*SPAN_HEADS[2], "QUESTION_ANS", "qa_outputs"),
     (*TOKEN_CLASSIFIERS[0], "TOKEN_CLS", "classifier"),
     (*TOKEN_CLASSIFIERS[1], "TOKEN_CLS", "score"),
+    (*TOKEN_CLASSIFIERS[2], "TOKEN_CLS", "classifier"),
 ]
 
 

@@ -2,9 +2,11 @@
 
 from .configuration_encoder_decoder import HfzooEncoderDecoderConfig
 from .modeling_encoder_decoder import (
+    HfzooEncoderDecoderEncoderModel,
     HfzooEncoderDecoderForConditionalGeneration,
     HfzooEncoderDecoderForQuestionAnswering,
     HfzooEncoderDecoderForSequenceClassification,
+    HfzooEncoderDecoderForTokenClassification,
     HfzooEncoderDecoderModel,
     HfzooEncoderDecoderPreTrainedModel,
     HfzooEncoderDecoderStack,
@@ -13,9 +15,11 @@ from .modeling_encoder_decoder import (
 
 __all__ = [
     "HfzooEncoderDecoderConfig",
+    "HfzooEncoderDecoderEncoderModel",
     "HfzooEncoderDecoderForConditionalGeneration",
     "HfzooEncoderDecoderForQuestionAnswering",
     "HfzooEncoderDecoderForSequenceClassification",
+    "HfzooEncoderDecoderForTokenClassification",
     "HfzooEncoderDecoderModel",
     "HfzooEncoderDecoderPreTrainedModel",
     "HfzooEncoderDecoderStack",

@@ -24,6 +24,7 @@ from ...compat import cache_field, output_cache
 from ...modeling_utils import (
     HfzooGenerationMixin,
     HfzooPreTrainedModel,
+    MoeTokenClassifierOutput,
     Seq2SeqMoELMOutput,
     Seq2SeqMoEQuestionAnsweringModelOutput,
     Seq2SeqMoESequenceClassifierOutput,
@@ -343,6 +344,91 @@ class HfzooEncoderDecoderModel(HfzooEncoderDecoderPreTrainedModel):
             if side_outputs.get("ponder_cost") is not None:  # Universal Transformer with ACT, when requested
                 outputs[f"{side}_ponder_cost"] = side_outputs["ponder_cost"]
         return outputs
+
+
+#: Weights of an encoder-decoder checkpoint that its token classifier leaves out when loading from it: the decoder
+#: stack and the heads on it (the language model's, the sequence classifier's, the span head's).
+DECODER_SIDE_KEYS = [r"(^|\.)decoder\.", r"^lm_head\.", r"^classifier\.(dense|out_proj)\.", r"^qa_outputs\."]
+
+
+class HfzooEncoderDecoderEncoderModel(HfzooEncoderDecoderPreTrainedModel):
+    """The encoder side of the encoder-decoder alone, as transformers' `T5EncoderModel`: `shared` and `encoder`.
+
+    Loads from any checkpoint of the family (a pretrained `HfzooEncoderDecoderForConditionalGeneration`, ...),
+    leaving the decoder and every head out without a warning (`DECODER_SIDE_KEYS`, and `classifier.`): the source's
+    bidirectional states for feature extraction, a text encoder, or a per-token head
+    (`HfzooEncoderDecoderForTokenClassification`).
+
+    Args:
+        config: an `HfzooEncoderDecoderConfig` (its decoder fields are kept, unused, so that the folder converts
+            and loads as the whole model again).
+    """
+
+    accepts_loss_kwargs = False  # no loss
+    _keys_to_ignore_on_load_unexpected = [*DECODER_SIDE_KEYS, r"^classifier\."]
+
+    def __init__(self, config: HfzooEncoderDecoderConfig) -> None:
+        super().__init__(config)
+        self.shared = build_token_embedding(config)
+        self.encoder = HfzooEncoderDecoderStack(config, self.shared, is_decoder=False)
+        self.post_init()
+
+    @property
+    def _tied_weights_keys(self) -> dict[str, str]:
+        """`encoder.embed_tokens` -> `shared`."""
+        return tied_embedding_keys(self.config, "encoder.embed_tokens", "shared")
+
+    def get_input_embeddings(self) -> nn.Module:
+        """Return the encoder's (shared) token embeddings."""
+        return self.shared
+
+    def set_input_embeddings(self, new_embeddings: nn.Module) -> None:
+        """Replace the shared token embeddings."""
+        self.shared = new_embeddings
+        self.encoder.embed_tokens = new_embeddings
+
+    def get_encoder(self, modality=None) -> HfzooEncoderDecoderStack:
+        """Return the encoder stack."""
+        return self.encoder
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> HfzooStackOutput:
+        """Encode the source.
+
+        Args:
+            input_ids: `(batch_size, src_len)` int64 source ids (or give `inputs_embeds`).
+            attention_mask: `(batch_size, src_len)` source padding mask (1 = token).
+            inputs_embeds: `(batch_size, src_len, hidden_size)` instead of `input_ids`.
+            cache: a prefix for the encoder's layers (PEFT prefix tuning): a cache of `num_hidden_layers` layers, or
+                one for both stacks (`num_hidden_layers + num_decoder_layers` layers, as `hfzoo.finetuning`'s
+                `prefix_num_layers` sizes it for the family), whose encoder layers are used; `attention_mask` may
+                cover prefix + source tokens. Also accepted as `past_key_values`.
+            **kwargs: those of `hfzoo.modeling_utils.PASSED_DOWN_KWARGS` (`output_hidden_states`,
+                `output_attentions`, ...); `IGNORED_KWARGS` are dropped, others raise `TypeError`.
+
+        Returns:
+            `HfzooStackOutput` (a `BaseModelOutput`) with `last_hidden_state` `(batch_size, src_len, hidden_size)`
+            (after the encoder's final norm), and the states, attentions and routers' logits asked for.
+
+        Raises:
+            ValueError: see `hfzoo.modules.stack.HfzooStack.forward`.
+        """
+        prefix = both_stacks_prefix(cache, self.config)
+        if prefix is not None:
+            cache, _ = split_prefix_cache(prefix, self.config.num_hidden_layers)
+        if cache is not None and cache.get_seq_length() > 0:
+            source_length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+            attention_mask = with_prefix_columns(attention_mask, cache.get_seq_length(), source_length)
+        return self.encoder(
+            input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, cache=cache, **kwargs
+        )
 
 
 class HfzooEncoderDecoderForConditionalGeneration(HfzooEncoderDecoderPreTrainedModel, HfzooGenerationMixin):
@@ -682,4 +768,71 @@ class HfzooEncoderDecoderForQuestionAnswering(HfzooEncoderDecoderPreTrainedModel
             decoder_attention_mask=decoder_attention_mask,
             output_class=Seq2SeqMoEQuestionAnsweringModelOutput,
             carried=self._carried(outputs, *SEQ2SEQ_CARRIED_FIELDS),
+        )
+
+
+class HfzooEncoderDecoderForTokenClassification(HfzooEncoderDecoderPreTrainedModel):
+    """The encoder side + a per-token linear classifier, as transformers' `T5ForTokenClassification`.
+
+    Each source token is classified from the encoder's bidirectional state (`HfzooEncoderDecoderEncoderModel`: no
+    decoder), after dropout (`classifier_dropout`, None: `hidden_dropout_prob`), as the encoder family's
+    `HfzooEncoderForTokenClassification` (Devlin et al. 2019 §5.3's tagging). Loads from any checkpoint of the
+    family, leaving its decoder and heads out (`DECODER_SIDE_KEYS`).
+
+    Args:
+        config: an `HfzooEncoderDecoderConfig` (`num_labels`, `classifier_dropout`).
+    """
+
+    _keys_to_ignore_on_load_unexpected = DECODER_SIDE_KEYS
+
+    def __init__(self, config: HfzooEncoderDecoderConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = HfzooEncoderDecoderEncoderModel(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> MoeTokenClassifierOutput:
+        """Classify each source token.
+
+        Args:
+            input_ids: `(batch_size, src_len)` int64 source ids (or give `inputs_embeds`).
+            attention_mask: `(batch_size, src_len)` source padding mask (1 = token).
+            inputs_embeds: `(batch_size, src_len, hidden_size)` instead of `input_ids`.
+            labels: `(batch_size, src_len)` int64 class ids, -100 for ignored positions.
+            cache: PEFT prefix tuning's prefix (see `HfzooEncoderDecoderEncoderModel.forward`), or None; also
+                accepted as `past_key_values`.
+            **kwargs: forwarded to the encoder (the keyword contract of `HfzooPreTrainedModel`: named here or by the
+                encoder, or in `PASSED_DOWN_KWARGS`; `IGNORED_KWARGS` dropped; others raise `TypeError`);
+                `num_items_in_batch` (transformers' `Trainer`) divides the summed loss by the labelled positions of the
+                whole accumulated batch.
+
+        Returns:
+            `MoeTokenClassifierOutput` (a `TokenClassifierOutput`) with `logits` `(batch_size, src_len,
+            num_labels)` and the mean cross-entropy `loss` over labelled positions; with experts, `aux_loss`
+            (included in `loss`) and, with `output_router_logits`, `router_logits`.
+
+        Raises:
+            ValueError: a label outside `[0, num_labels)` other than -100.
+        """
+        check_classification_labels(labels, self.config)
+        return_router_logits = self._request_router_logits(kwargs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        outputs = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, cache=cache, **kwargs
+        )
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))
+        return self._token_classification_output(
+            logits, labels, outputs, attention_mask, return_router_logits, num_items_in_batch
         )
