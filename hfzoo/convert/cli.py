@@ -67,7 +67,7 @@ def _load(model_class: type, source: Path) -> torch.nn.Module:
     """`model_class.from_pretrained(source)`, refusing a checkpoint that lacks some of the class's weights.
 
     transformers initialises missing weights at random with a warning; converted, they would pass for trained
-    ones (a `T5EncoderModel` folder loaded as `T5ForConditionalGeneration` gets a random decoder).
+    ones (a T5 folder whose config has more layers than its weights hold).
 
     Raises:
         ValueError: names the class, the number of missing weights and the first of them.
@@ -140,10 +140,11 @@ def convert_checkpoint(model_name_or_path: str | Path, output_dir: str | Path) -
     back: a native head converts to the hfzoo decoder's); any other decoder converts to GPT-2, its heads to
     `GPT2ForSequenceClassification`, `GPT2ForTokenClassification` and `GPT2ForQuestionAnswering` (and back). The
     Llama family's language models keep the source's generation config. T5 converts its language model,
-    `T5ForSequenceClassification` and `T5ForQuestionAnswering`: a folder whose `architectures` names another head
-    (`T5ForTokenClassification`) is refused, since loading it as the language model would drop the head's weights,
-    and so is a folder that lacks weights of the class it loads as (a `T5EncoderModel` has no decoder), which
-    would start at random values. An hfzoo encoder converts to the BERT class of its
+    `T5ForSequenceClassification`, `T5ForQuestionAnswering`, `T5ForTokenClassification` and `T5EncoderModel`. A
+    folder whose `architectures` names a head the conversion has no counterpart for (`GPT2DoubleHeadsModel`) is
+    refused, since loading it as the language model would drop the head's weights, and so is a folder that lacks
+    weights of the class it loads as, which would start at random values. An hfzoo encoder converts to the BERT
+    class of its
     `architectures` (`HfzooEncoderForMaskedLM` -> `BertForMaskedLM`, `...ForSequenceClassification` ->
     `BertForSequenceClassification`, `...ForQuestionAnswering` -> `BertForQuestionAnswering`,
     `...ForTokenClassification` -> `BertForTokenClassification`, else `BertModel`). A sentence-transformers model

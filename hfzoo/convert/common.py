@@ -56,7 +56,8 @@ def class_position(obj: Any, classes: tuple[type, ...]) -> int | None:
 def task_head_architectures(config: Any) -> list[str]:
     """The names in `config.architectures` that are task heads, e.g. `Qwen3ForSequenceClassification`.
 
-    A task head is neither a language model (`...ForCausalLM`, `...LMHeadModel`) nor a bare stack (`...Model`). A
+    A task head is neither a language model (`...ForCausalLM`, `...LMHeadModel`) nor a bare stack (`...Model`, but
+    not `...HeadsModel`: GPT-2's `GPT2DoubleHeadsModel` is a language model with a multiple-choice head). A
     checkpoint of such a head loaded as its family's language model would lose the head's weights.
 
     Args:
@@ -65,7 +66,11 @@ def task_head_architectures(config: Any) -> list[str]:
     Returns:
         The task heads' class names, in the config's order (empty when there are none).
     """
-    return [name for name in config.architectures or [] if not name.endswith(("ForCausalLM", "Model"))]
+    return [
+        name
+        for name in config.architectures or []
+        if not name.endswith(("ForCausalLM", "LMHeadModel")) and (not name.endswith("Model") or "Heads" in name)
+    ]
 
 
 def task_fields(config: Any, classifier_dropout: float | None) -> dict[str, Any]:

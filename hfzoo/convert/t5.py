@@ -1,7 +1,9 @@
 """T5 (Raffel et al. 2020) <-> the hfzoo encoder-decoder (`HfzooEncoderDecoderForConditionalGeneration`).
 
 Also the task heads: `T5ForSequenceClassification` <-> `HfzooEncoderDecoderForSequenceClassification`,
-`T5ForQuestionAnswering` <-> `HfzooEncoderDecoderForQuestionAnswering`.
+`T5ForQuestionAnswering` <-> `HfzooEncoderDecoderForQuestionAnswering`, `T5ForTokenClassification` <->
+`HfzooEncoderDecoderForTokenClassification`, and the encoder alone: `T5EncoderModel` <->
+`HfzooEncoderDecoderEncoderModel`.
 
 T5 is a pre-norm encoder-decoder with RMSNorm without bias (epsilon 1e-6), no biases anywhere, unscaled
 attention scores, a bucketed relative attention bias stored in layer 0 of each stack and shared by its
@@ -20,14 +22,23 @@ import re
 from collections.abc import Mapping
 
 import torch
-from transformers import T5Config, T5ForConditionalGeneration, T5ForQuestionAnswering, T5ForSequenceClassification
+from transformers import (
+    T5Config,
+    T5EncoderModel,
+    T5ForConditionalGeneration,
+    T5ForQuestionAnswering,
+    T5ForSequenceClassification,
+    T5ForTokenClassification,
+)
 from transformers.activations import ACT2FN
 
 from ..models.encoder_decoder import (
     HfzooEncoderDecoderConfig,
+    HfzooEncoderDecoderEncoderModel,
     HfzooEncoderDecoderForConditionalGeneration,
     HfzooEncoderDecoderForQuestionAnswering,
     HfzooEncoderDecoderForSequenceClassification,
+    HfzooEncoderDecoderForTokenClassification,
 )
 from .common import (
     build_hfzoo_config,
@@ -73,14 +84,26 @@ _T5_ATTENTION = (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_pro
 
 #: T5's classes and the hfzoo classes they convert to, position by position: the language model, the sequence
 #: classifier (the decoder's state at the source's last end-of-sequence token, `dense`, tanh, `out_proj`; its body
-#: under `transformer.`) and the span head (`qa_outputs` on the decoder's states).
-T5_HEADS = (T5ForConditionalGeneration, T5ForSequenceClassification, T5ForQuestionAnswering)
+#: under `transformer.`), the span head (`qa_outputs` on the decoder's states), the token classifier (`classifier`
+#: on the encoder's states; no decoder, its body under `transformer.`) and the encoder alone.
+T5_HEADS = (
+    T5ForConditionalGeneration,
+    T5ForSequenceClassification,
+    T5ForQuestionAnswering,
+    T5ForTokenClassification,
+    T5EncoderModel,
+)
 HFZOO_T5_HEADS = (
     HfzooEncoderDecoderForConditionalGeneration,
     HfzooEncoderDecoderForSequenceClassification,
     HfzooEncoderDecoderForQuestionAnswering,
+    HfzooEncoderDecoderForTokenClassification,
+    HfzooEncoderDecoderEncoderModel,
 )
-_LANGUAGE_MODEL, _SEQUENCE_CLASSIFICATION, _QUESTION_ANSWERING = range(len(T5_HEADS))
+_LANGUAGE_MODEL, _SEQUENCE_CLASSIFICATION, _QUESTION_ANSWERING, _TOKEN_CLASSIFICATION, _ENCODER = range(len(T5_HEADS))
+#: The positions of `T5_HEADS` without a decoder, and those whose T5 body is under `transformer.`.
+_ENCODER_ONLY = (_TOKEN_CLASSIFICATION, _ENCODER)
+_T5_BODY_UNDER_TRANSFORMER = (_SEQUENCE_CLASSIFICATION, _TOKEN_CLASSIFICATION)
 #: `T5ForSequenceClassification`'s head (its body under `transformer.`) -> hfzoo's `SequenceClassificationHead`.
 T5_TO_HFZOO_CLASSIFIER: tuple[tuple[str, str], ...] = (
     ("classification_head.dense.weight", "classifier.dense.weight"),
@@ -135,20 +158,25 @@ _T5_FIXED = {
 def _t5_key_map(config: HfzooEncoderDecoderConfig, head: int = _LANGUAGE_MODEL) -> dict[str, str]:
     """`{T5 key: hfzoo key}` for every weight of a T5 model with this config and head (tied copies included).
 
-    The sequence classifier's T5 keys are given without its body's `transformer.` prefix.
+    The T5 keys of a body under `transformer.` are given without that prefix; the hfzoo keys of the encoder alone
+    with `model.` (`HfzooEncoderDecoderEncoderModel`'s own keys lack it).
     """
     mapping = dict(T5_TO_HFZOO_GLOBAL)
     if head != _LANGUAGE_MODEL:
         del mapping["lm_head.weight"]
+    if head in _ENCODER_ONLY:
+        mapping = {t5: ours for t5, ours in mapping.items() if not t5.startswith("decoder.")}
     if head == _SEQUENCE_CLASSIFICATION:
         mapping.update(T5_TO_HFZOO_CLASSIFIER)
     if head == _QUESTION_ANSWERING:
         mapping.update({key: key for key in ("qa_outputs.weight", "qa_outputs.bias")})
+    if head == _TOKEN_CLASSIFICATION:
+        mapping.update({key: key for key in ("classifier.weight", "classifier.bias")})
     mlp = T5_TO_HFZOO_MLP[config.gated_mlp]
-    for stack, num_layers, layer_table, mlp_index in (
-        ("encoder", config.num_hidden_layers, T5_TO_HFZOO_ENCODER_LAYER, 1),
-        ("decoder", config.num_decoder_layers, T5_TO_HFZOO_DECODER_LAYER, 2),
-    ):
+    stacks = [("encoder", config.num_hidden_layers, T5_TO_HFZOO_ENCODER_LAYER, 1)]
+    if head not in _ENCODER_ONLY:
+        stacks.append(("decoder", config.num_decoder_layers, T5_TO_HFZOO_DECODER_LAYER, 2))
+    for stack, num_layers, layer_table, mlp_index in stacks:
         for i in range(num_layers):
             for t5_key, hfzoo_key in layer_table:
                 mapping[f"{stack}.block.{i}.{t5_key}"] = f"model.{stack}.layers.{i}.{hfzoo_key}"
@@ -285,15 +313,23 @@ def t5_config_from_hfzoo(config: HfzooEncoderDecoderConfig) -> T5Config:
     return t5_config
 
 
-def _t5_head_of_state(state: Mapping[str, torch.Tensor], classifier_prefix: str) -> int:
+def _t5_head_of_state(
+    state: Mapping[str, torch.Tensor], classifier_prefix: str, decoder_prefix: str | tuple[str, ...]
+) -> int:
     """The head a state dict holds (a position of `T5_HEADS`).
 
-    `qa_outputs.*`: the span head; keys under `classifier_prefix` (T5's `classification_head.`, hfzoo's
-    `classifier.`): the sequence classifier; else the language model.
+    `qa_outputs.*`: the span head; `classifier.weight` (a linear layer, both sides): the token classifier; keys under
+    `classifier_prefix` (T5's `classification_head.`, hfzoo's `classifier.`): the sequence classifier; no key under
+    `decoder_prefix` (T5's `decoder.`, hfzoo's `model.decoder.` or `decoder.`): the encoder alone; else the language
+    model.
     """
     if "qa_outputs.weight" in state:
         return _QUESTION_ANSWERING
-    return _SEQUENCE_CLASSIFICATION if any(k.startswith(classifier_prefix) for k in state) else _LANGUAGE_MODEL
+    if "classifier.weight" in state:
+        return _TOKEN_CLASSIFICATION
+    if any(k.startswith(classifier_prefix) for k in state):
+        return _SEQUENCE_CLASSIFICATION
+    return _LANGUAGE_MODEL if any(k.startswith(decoder_prefix) for k in state) else _ENCODER
 
 
 def _t5_tied(state: Mapping[str, torch.Tensor]) -> bool:
@@ -304,6 +340,8 @@ def t5_to_hfzoo(
     t5_model_or_state_dict: T5ForConditionalGeneration
     | T5ForSequenceClassification
     | T5ForQuestionAnswering
+    | T5ForTokenClassification
+    | T5EncoderModel
     | Mapping[str, torch.Tensor],
     config: T5Config | HfzooEncoderDecoderConfig | None = None,
     *,
@@ -312,6 +350,8 @@ def t5_to_hfzoo(
     HfzooEncoderDecoderForConditionalGeneration
     | HfzooEncoderDecoderForSequenceClassification
     | HfzooEncoderDecoderForQuestionAnswering
+    | HfzooEncoderDecoderForTokenClassification
+    | HfzooEncoderDecoderEncoderModel
 ):
     """Convert a T5 model (or its state dict) to the hfzoo encoder-decoder class computing the same outputs.
 
@@ -319,11 +359,15 @@ def t5_to_hfzoo(
     `T5ForSequenceClassification` -> `HfzooEncoderDecoderForSequenceClassification` (same logits and loss in
     eval mode: both classify the decoder's state at the source's last end-of-sequence token, the decoder reading
     the source shifted right; in training, T5's head also applies its dropout before `dense`),
-    `T5ForQuestionAnswering` -> `HfzooEncoderDecoderForQuestionAnswering` (same logits and loss). Every weight keeps
-    its values under a new name (`T5_TO_HFZOO_*` tables). The `lm_head` is tied in the result when the source's
-    `lm_head.weight` is missing or equal to `shared.weight`. A state dict with `classification_head.*` keys is a
-    sequence classifier, one with `qa_outputs.*` a span head. The result has the source's dtype and device and is
-    in eval mode.
+    `T5ForQuestionAnswering` -> `HfzooEncoderDecoderForQuestionAnswering` (same logits and loss),
+    `T5ForTokenClassification` -> `HfzooEncoderDecoderForTokenClassification` (same logits and loss in eval mode:
+    both classify the encoder's states after `classifier_dropout`; T5 also drops out after the final norm),
+    `T5EncoderModel` ->
+    `HfzooEncoderDecoderEncoderModel` (the same `last_hidden_state`). Every weight keeps its values under a new name
+    (`T5_TO_HFZOO_*` tables). The `lm_head` is tied in the result when the source's `lm_head.weight` is missing or
+    equal to `shared.weight`. A state dict with `classification_head.*` keys is a sequence classifier, one with
+    `qa_outputs.*` a span head, one with `classifier.weight` a token classifier, one without `decoder.*` keys the
+    encoder alone. The result has the source's dtype and device and is in eval mode.
 
     Args:
         t5_model_or_state_dict: one of `T5_HEADS` or its state dict (tied copies `encoder.embed_tokens.weight`,
@@ -350,7 +394,7 @@ def t5_to_hfzoo(
     state = {key: value for key, value in state.items() if not _LEGACY_T5_KEYS.fullmatch(key)}
     if "shared.weight" not in state:
         raise ValueError("T5 state dict has no 'shared.weight'")
-    head = _t5_head_of_state(state, "classification_head.")
+    head = _t5_head_of_state(state, "classification_head.", "decoder.")
     if head == _QUESTION_ANSWERING:
         check_answer_head(
             state["qa_outputs.weight"], "T5ForQuestionAnswering", "HfzooEncoderDecoderForQuestionAnswering"
@@ -361,36 +405,50 @@ def t5_to_hfzoo(
     else:
         t5_config_from_hfzoo(config)  # raises if T5 cannot express it
         hfzoo_config = config
-    for key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+    for key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")[: 1 if head in _ENCODER_ONLY else 2]:
         state.setdefault(key, state["shared.weight"])
     if head == _LANGUAGE_MODEL:
         state = resolve_tied_head(state, hfzoo_config.tie_word_embeddings, "shared.weight", "lm_head.weight", "T5")
     mapping = _t5_key_map(hfzoo_config, head)
     check_keys(set(state), set(mapping), "T5")
     model = HFZOO_T5_HEADS[head](hfzoo_config)
-    return load_converted(model, {mapping[key]: value for key, value in state.items()}, attn_implementation)
+    converted = {mapping[key]: value for key, value in state.items()}
+    if head == _ENCODER:  # the encoder alone has its weights at the top level
+        converted = {key.removeprefix("model."): value for key, value in converted.items()}
+    return load_converted(model, converted, attn_implementation)
 
 
 def hfzoo_to_t5(
     model_or_state_dict: HfzooEncoderDecoderForConditionalGeneration
     | HfzooEncoderDecoderForSequenceClassification
     | HfzooEncoderDecoderForQuestionAnswering
+    | HfzooEncoderDecoderForTokenClassification
+    | HfzooEncoderDecoderEncoderModel
     | Mapping[str, torch.Tensor],
     config: HfzooEncoderDecoderConfig | None = None,
     *,
     attn_implementation: str | None = None,
-) -> T5ForConditionalGeneration | T5ForSequenceClassification | T5ForQuestionAnswering:
+) -> (
+    T5ForConditionalGeneration
+    | T5ForSequenceClassification
+    | T5ForQuestionAnswering
+    | T5ForTokenClassification
+    | T5EncoderModel
+):
     """Convert an hfzoo encoder-decoder (or its state dict) to the T5 class computing the same outputs.
 
     `HfzooEncoderDecoderForConditionalGeneration` -> `T5ForConditionalGeneration`,
     `HfzooEncoderDecoderForSequenceClassification` -> `T5ForSequenceClassification`,
-    `HfzooEncoderDecoderForQuestionAnswering` -> `T5ForQuestionAnswering` (`num_labels=2`). The inverse of
-    `t5_to_hfzoo`: weights are renamed; with `tie_word_embeddings=False` the T5 language model's `lm_head` is untied
-    from `shared` (transformers 5 builds T5 tied). A state dict with `classifier.*` keys is a sequence classifier,
-    one with `qa_outputs.*` a span head. The result has the source's dtype and device and is in eval mode.
+    `HfzooEncoderDecoderForQuestionAnswering` -> `T5ForQuestionAnswering` (`num_labels=2`),
+    `HfzooEncoderDecoderForTokenClassification` -> `T5ForTokenClassification`, `HfzooEncoderDecoderEncoderModel` ->
+    `T5EncoderModel`. The inverse of `t5_to_hfzoo`: weights are renamed; with `tie_word_embeddings=False` the T5
+    language model's `lm_head` is untied from `shared` (transformers 5 builds T5 tied). A state dict with
+    `classifier.weight` is a token classifier, one with other `classifier.*` keys a sequence classifier, one with
+    `qa_outputs.*` a span head, one without decoder keys the encoder alone. The result has the source's dtype and
+    device and is in eval mode.
 
     Args:
-        model_or_state_dict: an hfzoo encoder-decoder of the three classes above, or its state dict.
+        model_or_state_dict: an hfzoo encoder-decoder of the five classes above, or its state dict.
         config: required with a state dict (ignored for a model): the `HfzooEncoderDecoderConfig`.
         attn_implementation: attention backend of the result; default: the source model's backend (a
             model), transformers' default (a state dict).
@@ -407,10 +465,13 @@ def hfzoo_to_t5(
         model_or_state_dict, HFZOO_T5_HEADS, config, attn_implementation, "hfzoo_to_t5", "HfzooEncoderDecoderConfig"
     )
     t5_config = t5_config_from_hfzoo(config)
-    head = _t5_head_of_state(state, "classifier.")
+    head = _t5_head_of_state(state, "classifier.", ("model.decoder.", "decoder."))
     if head == _QUESTION_ANSWERING:
         t5_config.num_labels = 2  # T5ForQuestionAnswering sizes qa_outputs by num_labels
-    for key in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
+    if head == _ENCODER:  # the encoder alone has its weights at the top level
+        state = {f"model.{key}": value for key, value in state.items()}
+    embeddings = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
+    for key in embeddings[: 1 if head in _ENCODER_ONLY else 2]:
         state.setdefault(key, state["model.shared.weight"])
     if head == _LANGUAGE_MODEL:
         state = resolve_tied_head(state, config.tie_word_embeddings, "model.shared.weight", "lm_head.weight", "hfzoo")
@@ -420,9 +481,11 @@ def hfzoo_to_t5(
     if head == _LANGUAGE_MODEL and not config.tie_word_embeddings:
         model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight))
         model.all_tied_weights_keys.pop("lm_head.weight", None)  # save_pretrained must keep it
-    body = "transformer." if head == _SEQUENCE_CLASSIFICATION else ""
+    body = "transformer." if head in _T5_BODY_UNDER_TRANSFORMER else ""
     renamed = {
-        (inverse[key] if inverse[key].startswith("classification_head.") else body + inverse[key]): value
+        (
+            inverse[key] if inverse[key].startswith(("classification_head.", "classifier.")) else body + inverse[key]
+        ): value
         for key, value in state.items()
     }
     return load_converted(model, renamed, attn_implementation)

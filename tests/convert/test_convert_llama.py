@@ -359,8 +359,8 @@ def test_native_task_heads_convert_to_the_hfzoo_heads_and_back_exactly(kind, hea
 
 def test_cli_converts_a_native_classifier_folder_and_back_keeping_its_head(tmp_path):
     """A finetuned Qwen3 classifier folder (a reward model's shape) becomes the hfzoo decoder's classifier, not a
-    language model without its `score`; a head the T5 conversion has no counterpart for is refused."""
-    from transformers import AutoModelForSequenceClassification, T5Config, T5ForTokenClassification
+    language model without its `score`; a head the conversion has no counterpart for is refused."""
+    from transformers import AutoModelForSequenceClassification, GPT2Config, GPT2DoubleHeadsModel
 
     native = native_head("qwen3", "ForSequenceClassification")
     source, hfzoo_dir, again = tmp_path / "native", tmp_path / "hfzoo", tmp_path / "again"
@@ -378,11 +378,11 @@ def test_cli_converts_a_native_classifier_folder_and_back_keeping_its_head(tmp_p
     reloaded = AutoModelForSequenceClassification.from_pretrained(again)
     assert all(torch.equal(reloaded.state_dict()[k], v) for k, v in native.state_dict().items())
 
-    t5 = tmp_path / "t5-classifier"
-    T5ForTokenClassification(T5Config(vocab_size=VOCAB, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2,
-                                         decoder_start_token_id=0)).save_pretrained(t5)  # fmt: skip
-    with pytest.raises(SystemExit, match="T5ForTokenClassification is a task head the T5 conversion has no"):
-        main(["--model_name_or_path", str(t5), "--output_dir", str(tmp_path / "refused")])
+    # GPT-2's language model with a multiple-choice head loaded as GPT2LMHeadModel without a word: it lost the head
+    double_heads = tmp_path / "gpt2-double-heads"
+    GPT2DoubleHeadsModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2)).save_pretrained(double_heads)
+    with pytest.raises(SystemExit, match="GPT2DoubleHeadsModel is a task head the GPT-2 conversion has no"):
+        main(["--model_name_or_path", str(double_heads), "--output_dir", str(tmp_path / "refused")])
     assert not (tmp_path / "refused").exists()
 
 

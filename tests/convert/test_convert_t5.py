@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from helpers.variant_checks import check_cached_generation
@@ -40,6 +42,17 @@ def t5_config(size: str, version: str) -> T5Config:
     return T5Config(**SIZES[size], **VERSIONS[version], dropout_rate=0.0, decoder_start_token_id=0)
 
 
+def perturb(model: torch.nn.Module, head: str, bias_std: float = 0.5) -> None:
+    """Norm weights away from 1, and the relative bias and the head (parameters named with `head`) away from T5's
+    small initial values, so that a misplaced norm, bias or head weight shows in the outputs."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "layer_norm" in name:
+                param.copy_(1 + 0.3 * torch.randn_like(param))
+            elif "relative_attention_bias" in name or (head and head in name):
+                param.normal_(0.0, bias_std)
+
+
 def random_t5(size: str, version: str, seed: int = 0) -> T5ForConditionalGeneration:
     """A T5 with T5's own random initialisation, random norm weights and biases, and (v1.1) an untied lm_head.
 
@@ -51,12 +64,7 @@ def random_t5(size: str, version: str, seed: int = 0) -> T5ForConditionalGenerat
     if version == "v1.1":
         model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight))
         model.all_tied_weights_keys.pop("lm_head.weight", None)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "layer_norm" in name:
-                param.copy_(1 + 0.3 * torch.randn_like(param))
-            elif "relative_attention_bias" in name:
-                param.normal_(0.0, 1.0)
+    perturb(model, "", bias_std=1.0)
     model.set_attn_implementation("eager")
     return model.eval()
 
@@ -273,12 +281,7 @@ def test_t5_sequence_classifier_converts_to_the_hfzoo_classifier_and_back_exactl
     config = T5Config(**SIZES["d32-l2-h4"], **VERSIONS[version], dropout_rate=0.0, decoder_start_token_id=0,
                       num_labels=3, id2label={0: "a", 1: "b", 2: "c"}, classifier_dropout=0.1)  # fmt: skip
     t5 = T5ForSequenceClassification(config).eval()
-    with torch.no_grad():
-        for name, param in t5.named_parameters():
-            if "layer_norm" in name:
-                param.copy_(1 + 0.3 * torch.randn_like(param))
-            elif "relative_attention_bias" in name or "classification_head" in name:
-                param.normal_(0.0, 0.5)
+    perturb(t5, "classification_head")
     ids = torch.randint(2, 97, (3, 10))
     mask = torch.ones_like(ids)
     ids[0, 9], ids[1, 6], ids[2, 3] = 1, 1, 1  # each row ends with EOS (id 1), then padding
@@ -335,9 +338,77 @@ def test_t5_span_head_converts_to_the_hfzoo_span_head_and_back_exactly():
         t5_to_hfzoo(three)
 
 
+@pytest.mark.compat
+@pytest.mark.parametrize("version", ["v1.0", "v1.1"])
+@pytest.mark.parametrize("head", ["ForTokenClassification", "EncoderModel"])
+def test_t5_encoder_alone_and_its_token_classifier_convert_and_back_exactly(version, head):
+    """`T5EncoderModel` and `T5ForTokenClassification` (no decoder; the classifier's body under `transformer.`): the
+    same hidden states, or logits and loss (labels with -100 at padding), on a left- and a right-padded batch; the
+    label set and classifier dropout carried; the state dict back exactly, and from state dicts by their keys."""
+    import transformers
+
+    from hfzoo import HfzooEncoderDecoderEncoderModel, HfzooEncoderDecoderForTokenClassification
+
+    t5_class = getattr(transformers, f"T5{head}")
+    ours_class = {"ForTokenClassification": HfzooEncoderDecoderForTokenClassification,
+                  "EncoderModel": HfzooEncoderDecoderEncoderModel}[head]  # fmt: skip
+    labels = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
+    config = T5Config(**SIZES["d48-l3x2-h3-kv12"], **VERSIONS[version], dropout_rate=0.0, decoder_start_token_id=0,
+                      num_labels=5, id2label=labels, classifier_dropout=0.2)  # fmt: skip
+    torch.manual_seed(0)
+    t5 = t5_class(config).eval()
+    perturb(t5, "classifier")
+    model = t5_to_hfzoo(t5)
+    assert type(model) is ours_class and not any(".decoder." in f".{key}" for key in model.state_dict())
+    for side in ("left", "right"):
+        batch = padded_batch(131, side)
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        if head == "ForTokenClassification":
+            inputs["labels"] = torch.randint(0, 5, (4, 12)).masked_fill(batch["attention_mask"] == 0, -100)
+        with torch.no_grad():
+            expected, got = t5(**inputs), model(**inputs)
+        for key in ("logits", "loss") if head == "ForTokenClassification" else ("last_hidden_state",):
+            real = batch["attention_mask"].bool() if key != "loss" else ...
+            torch.testing.assert_close(got[key][real], expected[key][real], atol=TOLERANCE, rtol=TOLERANCE, msg=key)
+    if head == "ForTokenClassification":
+        assert model.config.id2label == labels and model.config.classifier_dropout == 0.2
+    back = hfzoo_to_t5(model)
+    assert type(back) is t5_class and back.config.to_diff_dict() == t5.config.to_diff_dict()
+    assert sorted(back.state_dict()) == sorted(t5.state_dict())
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in t5.state_dict().items())
+    assert type(t5_to_hfzoo(t5.state_dict(), config)) is ours_class
+    assert type(hfzoo_to_t5(model.state_dict(), model.config)) is t5_class
+
+
+def test_the_encoder_alone_and_its_token_classifier_load_from_a_pretrained_encoder_decoder(tmp_path):
+    """From a pretrained language model's folder, without a warning about its decoder or head: the encoder's own
+    states, and a new classifier on them."""
+    from transformers import AutoModelForTokenClassification
+
+    from hfzoo import HfzooEncoderDecoderEncoderModel, HfzooEncoderDecoderForTokenClassification
+
+    pretrained = t5_to_hfzoo(random_t5("d48-l3x2-h3-kv12", "v1.1"))
+    pretrained.save_pretrained(tmp_path / "lm")
+    encoder, info = HfzooEncoderDecoderEncoderModel.from_pretrained(
+        tmp_path / "lm", output_loading_info=True, attn_implementation="eager"
+    )  # as the source
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    tagger, info = AutoModelForTokenClassification.from_pretrained(tmp_path / "lm", num_labels=3,
+                                                                   output_loading_info=True,
+                                                                   attn_implementation="eager")  # fmt: skip
+    assert type(tagger) is HfzooEncoderDecoderForTokenClassification and not info["unexpected_keys"]
+    assert sorted(info["missing_keys"]) == ["classifier.bias", "classifier.weight"]
+    batch = padded_batch(131, "right")
+    with torch.no_grad():
+        expected = pretrained.model.encoder(batch["input_ids"], attention_mask=batch["attention_mask"])
+        for model in (encoder.eval(), tagger.eval().model):
+            got = model(batch["input_ids"], attention_mask=batch["attention_mask"])
+            assert torch.equal(got.last_hidden_state, expected.last_hidden_state)
+
+
 def test_cli_converts_a_t5_classifier_folder_and_back(tmp_path):
     """`hfzoo-convert` reads the classifier from `architectures` both ways (as `T5ForConditionalGeneration` its head
-    would be dropped), and refuses a folder lacking weights of the class it loads as."""
+    would be dropped), converts the encoder alone, and refuses a folder lacking weights of the class it loads as."""
     from transformers import AutoModelForSequenceClassification, T5EncoderModel, T5ForSequenceClassification
 
     from hfzoo.convert.cli import main
@@ -354,11 +425,19 @@ def test_cli_converts_a_t5_classifier_folder_and_back(tmp_path):
     back = AutoModelForSequenceClassification.from_pretrained(again)
     assert type(back) is T5ForSequenceClassification
     assert all(torch.equal(back.state_dict()[k], v) for k, v in t5.state_dict().items())
-    # a folder without the decoder (T5EncoderModel) would load as T5ForConditionalGeneration with a random one
+    # a T5EncoderModel converts as the encoder alone (it loaded as T5ForConditionalGeneration, its decoder missing)
     encoder_only = tmp_path / "t5-encoder"
     T5EncoderModel(t5_config("d32-l2-h4", "v1.1")).save_pretrained(encoder_only)
+    main(["--model_name_or_path", str(encoder_only), "--output_dir", str(tmp_path / "hfzoo-encoder")])
+    config = json.loads((tmp_path / "hfzoo-encoder" / "config.json").read_text())
+    assert config["architectures"] == ["HfzooEncoderDecoderEncoderModel"]
+    # a folder whose config has more layers than its weights would get random ones: refused
+    deeper = tmp_path / "t5-deeper"
+    random_t5("d32-l2-h4", "v1.1").save_pretrained(deeper)
+    config = json.loads((deeper / "config.json").read_text())
+    (deeper / "config.json").write_text(json.dumps({**config, "num_decoder_layers": 3}))
     with pytest.raises(SystemExit, match=r"loaded as T5ForConditionalGeneration, \d+ of its weights are not in the "):
-        main(["--model_name_or_path", str(encoder_only), "--output_dir", str(tmp_path / "refused")])
+        main(["--model_name_or_path", str(deeper), "--output_dir", str(tmp_path / "refused")])
     assert not (tmp_path / "refused").exists()
 
 
