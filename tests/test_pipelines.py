@@ -1,4 +1,4 @@
-"""transformers pipelines on hfzoo checkpoints: fill-mask, text-generation, text2text-generation, text-classification."""
+"""transformers pipelines on hfzoo checkpoints: fill-mask, text-(2text-)generation, text- and token-classification."""
 
 from __future__ import annotations
 
@@ -119,3 +119,41 @@ def test_text_classification(tmp_path, texts, family, config_class, model_class)
             assert {r["label"]: r["score"] for r in row} == pytest.approx(
                 {"NEGATIVE": probs[0].item(), "POSITIVE": probs[1].item()}, rel=0, abs=1e-5
             )
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize(
+    "family, config_class, model_class",
+    [
+        ("encoder", hfzoo.HfzooEncoderConfig, hfzoo.HfzooEncoderForTokenClassification),
+        ("decoder", hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderForTokenClassification),
+        ("encoder-decoder", hfzoo.HfzooEncoderDecoderConfig, hfzoo.HfzooEncoderDecoderForTokenClassification),
+    ],
+)
+def test_token_classification(tmp_path, texts, family, config_class, model_class):
+    """Each token the pipeline reports is the saved model's own argmax at that token, with its probability and its
+    characters in the text; the tokens it leaves out are those whose argmax is "O" (and the special tokens)."""
+    tokenizer = tokenizer_for(family, texts)
+    torch.manual_seed(0)
+    labels = {0: "O", 1: "B-PER", 2: "I-PER"}
+    config = config_for(config_class, tokenizer, num_labels=3, id2label=labels,
+                        label2id={name: i for i, name in labels.items()})  # fmt: skip
+    model = model_class(config)
+    head = model.score if family == "decoder" else model.classifier  # the decoder's is named as Llama's
+    with torch.no_grad():
+        head.bias.copy_(torch.tensor([0.0, 0.1, 0.1]))  # some tokens of each label
+    tag = pipeline("token-classification", model=save(model, tokenizer, tmp_path))
+    text = "The old man and the sea went to London in 1952 with his son."
+    inputs = tokenizer(text, return_tensors="pt", return_offsets_mapping=True)
+    offsets = inputs.pop("offset_mapping")[0]
+    with torch.no_grad():
+        probs = model.eval()(**inputs).logits.softmax(-1)[0]
+    special = set(tokenizer.all_special_ids)
+    expected = [
+        (index, labels[int(row.argmax())], row.max().item(), *map(int, offsets[index]))
+        for index, row in enumerate(probs)
+        if int(row.argmax()) != 0 and int(inputs["input_ids"][0, index]) not in special
+    ]
+    got = [(e["index"], e["entity"], float(e["score"]), e["start"], e["end"]) for e in tag(text)]
+    assert [g[:2] + g[3:] for g in got] == [e[:2] + e[3:] for e in expected] and len(expected) >= 2
+    assert [g[2] for g in got] == pytest.approx([e[2] for e in expected], rel=0, abs=1e-5)
