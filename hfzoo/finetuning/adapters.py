@@ -7,7 +7,8 @@
 - Prefix tuning (Li & Liang 2021): `num_virtual_tokens` learned key/value vectors prepended to the
   self-attention of every layer. For the encoder-decoder, PEFT alone would feed only the decoder; here
   the prefix covers `num_hidden_layers + num_decoder_layers` layers and the model routes the first
-  block to the encoder (`hfzoo.models.encoder_decoder.modeling_encoder_decoder.split_prefix_cache`).
+  block to the encoder (`hfzoo.models.encoder_decoder.modeling_encoder_decoder.split_prefix_cache`); its token
+  classifier, the encoder alone, gets the encoder's layers only.
 - `none`: every parameter trains.
 
 With sequence classification, PEFT trains and saves the classification head (`classifier` /
@@ -67,16 +68,19 @@ def default_lora_target_modules(config) -> list[str] | None:
     return list(LORA_TARGET_MODULES) if config.model_type in _HFZOO_MODEL_TYPES else None
 
 
-def prefix_num_layers(config) -> int:
+def prefix_num_layers(config, task_type: str | None = None) -> int:
     """Number of self-attention layers the prefix covers: both stacks for the encoder-decoder.
 
     Args:
         config: the model config.
+        task_type: the PEFT task type; `TOKEN_CLS` on the encoder-decoder is its token classifier, which has the
+            encoder alone (`HfzooEncoderDecoderForTokenClassification`).
 
     Returns:
-        `num_hidden_layers + num_decoder_layers` for `hfzoo_encoder_decoder`, else `num_hidden_layers`.
+        `num_hidden_layers + num_decoder_layers` for `hfzoo_encoder_decoder` (its encoder's `num_hidden_layers`
+        with `TOKEN_CLS`), else `num_hidden_layers`.
     """
-    if config.model_type == "hfzoo_encoder_decoder":
+    if config.model_type == "hfzoo_encoder_decoder" and task_type != TaskType.TOKEN_CLS:
         return config.num_hidden_layers + config.num_decoder_layers
     return config.num_hidden_layers
 
@@ -173,7 +177,7 @@ def build_peft_config(
     return PrefixTuningConfig(
         task_type=task_type,
         num_virtual_tokens=num_virtual_tokens,
-        num_layers=prefix_num_layers(config),
+        num_layers=prefix_num_layers(config, task_type),
         num_attention_heads=heads,
         token_dim=heads * head_dim,
         prefix_projection=prefix_projection,

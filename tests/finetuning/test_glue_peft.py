@@ -58,6 +58,9 @@ def test_prefix_reaches_both_stacks_of_the_encoder_decoder():
     config = model.config
     peft_config = build_peft_config("prefix", config, num_virtual_tokens=3)
     assert peft_config.num_layers == config.num_hidden_layers + config.num_decoder_layers == prefix_num_layers(config)
+    # its token classifier is the encoder alone: a prefix for the encoder's layers only, none left untrained
+    tagger_config = build_peft_config("prefix", config, task_type="TOKEN_CLS", num_virtual_tokens=3)
+    assert tagger_config.num_layers == config.num_hidden_layers != peft_config.num_layers
     peft_model = wrap_with_peft(model, peft_config).eval()
     with torch.no_grad():  # a prefix far from zero, so that it matters
         peft_model.prompt_encoder["default"].embedding.weight.normal_(0, 1.0)

@@ -262,9 +262,13 @@ def test_span_and_token_heads_train_and_reload_with_peft(tmp_path, method, model
     base.register_forward_pre_hook(lambda module, args, kwargs: calls.append(set(kwargs)), with_kwargs=True)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     losses = []
-    for _ in range(5):
+    for step in range(5):
         loss = model(input_ids=ids, attention_mask=mask, **targets).loss
         loss.backward()
+        if method == "prefix" and step == 0:  # every layer's keys and values of the prefix reach the loss
+            grad = model.prompt_encoder["default"].embedding.weight.grad
+            per_layer = grad.view(config.num_virtual_tokens, config.num_layers * 2, -1).abs().sum((0, 2))
+            assert (per_layer > 0).all(), per_layer
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())

@@ -406,10 +406,10 @@ class HfzooEncoderDecoderEncoderModel(HfzooEncoderDecoderPreTrainedModel):
             input_ids: `(batch_size, src_len)` int64 source ids (or give `inputs_embeds`).
             attention_mask: `(batch_size, src_len)` source padding mask (1 = token).
             inputs_embeds: `(batch_size, src_len, hidden_size)` instead of `input_ids`.
-            cache: a prefix for the encoder's layers (PEFT prefix tuning): a cache of `num_hidden_layers` layers, or
-                one for both stacks (`num_hidden_layers + num_decoder_layers` layers, as `hfzoo.finetuning`'s
-                `prefix_num_layers` sizes it for the family), whose encoder layers are used; `attention_mask` may
-                cover prefix + source tokens. Also accepted as `past_key_values`.
+            cache: a prefix for the encoder's layers (PEFT prefix tuning): a cache of `num_hidden_layers` layers (as
+                `hfzoo.finetuning.adapters.prefix_num_layers` sizes it for the token classifier), or one for both
+                stacks (`num_hidden_layers + num_decoder_layers` layers), whose encoder layers are used;
+                `attention_mask` may cover prefix + source tokens. Also accepted as `past_key_values`.
             **kwargs: those of `hfzoo.modeling_utils.PASSED_DOWN_KWARGS` (`output_hidden_states`,
                 `output_attentions`, ...); `IGNORED_KWARGS` are dropped, others raise `TypeError`.
 
