@@ -36,6 +36,13 @@ def config_for(config_class, tokenizer, **extra):
     return config_class(vocab_size=len(tokenizer), **SIZES, **{k: v for k, v in ids.items() if v is not None}, **extra)
 
 
+def heads(suffix: str) -> list[tuple[str, type, type]]:
+    """`(family, config class, model class)` of each family's head `Hfzoo<Family><suffix>`."""
+    families = {"encoder": "Encoder", "decoder": "Decoder", "encoder-decoder": "EncoderDecoder"}
+    return [(family, getattr(hfzoo, f"Hfzoo{name}Config"), getattr(hfzoo, f"Hfzoo{name}{suffix}"))
+            for family, name in families.items()]  # fmt: skip
+
+
 @pytest.mark.compat
 def test_fill_mask(tmp_path, texts):
     tokenizer = tokenizer_for("encoder", texts)
@@ -91,14 +98,7 @@ def test_text2text_generation(tmp_path, texts):
 
 
 @pytest.mark.compat
-@pytest.mark.parametrize(
-    "family, config_class, model_class",
-    [
-        ("encoder", hfzoo.HfzooEncoderConfig, hfzoo.HfzooEncoderForSequenceClassification),
-        ("decoder", hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderForSequenceClassification),
-        ("encoder-decoder", hfzoo.HfzooEncoderDecoderConfig, hfzoo.HfzooEncoderDecoderForSequenceClassification),
-    ],
-)
+@pytest.mark.parametrize("family, config_class, model_class", heads("ForSequenceClassification"))
 def test_text_classification(tmp_path, texts, family, config_class, model_class):
     tokenizer = tokenizer_for(family, texts)
     torch.manual_seed(0)
@@ -122,14 +122,7 @@ def test_text_classification(tmp_path, texts, family, config_class, model_class)
 
 
 @pytest.mark.compat
-@pytest.mark.parametrize(
-    "family, config_class, model_class",
-    [
-        ("encoder", hfzoo.HfzooEncoderConfig, hfzoo.HfzooEncoderForTokenClassification),
-        ("decoder", hfzoo.HfzooDecoderConfig, hfzoo.HfzooDecoderForTokenClassification),
-        ("encoder-decoder", hfzoo.HfzooEncoderDecoderConfig, hfzoo.HfzooEncoderDecoderForTokenClassification),
-    ],
-)
+@pytest.mark.parametrize("family, config_class, model_class", heads("ForTokenClassification"))
 def test_token_classification(tmp_path, texts, family, config_class, model_class):
     """Each token the pipeline reports is the saved model's own argmax at that token, with its probability and its
     characters in the text; the tokens it leaves out are those whose argmax is "O" (and the special tokens)."""

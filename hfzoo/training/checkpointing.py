@@ -417,19 +417,29 @@ def check_resume_config(resume_path: Path, config) -> None:
     saved_file = resume_path / "config.json"
     if not saved_file.is_file():
         return
-    saved_type = json.loads(saved_file.read_text()).get("model_type")
-    if saved_type != config.model_type:
+    saved = json.loads(saved_file.read_text())
+    if saved.get("model_type") != config.model_type:
         raise ValueError(
-            f"--resume_from_checkpoint {resume_path}: saved from a {saved_type!r} model, "
+            f"--resume_from_checkpoint {resume_path}: saved from a {saved.get('model_type')!r} model, "
             f"this run builds {config.model_type!r}"
         )
-    saved = type(config).from_json_file(saved_file).to_dict()
-    current = config.to_dict()
-    keys = sorted((set(saved) | set(current)) - _RESUME_IGNORED_CONFIG_KEYS)
-    diffs = [k for k in keys if saved.get(k) != current.get(k)]
-    if diffs:
-        shown = ", ".join(f"{k}={saved.get(k)!r} there, {current.get(k)!r} here" for k in diffs[:3])
+    if shown := _config_differences(saved, config):
         raise ValueError(f"--resume_from_checkpoint {resume_path}: saved with a different model config ({shown})")
+
+
+def _config_differences(saved: dict[str, Any], config) -> str:
+    """The first three fields in which the config dict `saved` (of `config`'s model type) differs from `config`.
+
+    Both are read by `config`'s class, so fields a newer release adds get their defaults on both sides; the keys a
+    save rewrites (`_RESUME_IGNORED_CONFIG_KEYS`) are left out.
+
+    Returns:
+        `"name=<saved value> there, <this value> here, ..."`, or "" when they agree.
+    """
+    there, here = type(config).from_dict(saved).to_dict(), config.to_dict()
+    keys = sorted((there.keys() | here.keys()) - _RESUME_IGNORED_CONFIG_KEYS)
+    differ = [k for k in keys if there.get(k) != here.get(k)]
+    return ", ".join(f"{k}={there.get(k)!r} there, {here.get(k)!r} here" for k in differ[:3])
 
 
 def check_resume_tokenizer(resume_path: Path, tokenizer, source: str) -> None:
@@ -524,22 +534,20 @@ def check_resume_base_model(resume_path: Path, record: dict[str, Any], config, s
         return
     if saved["config"].get("model_type") != config.model_type:
         differs = f"model_type {config.model_type!r}, not {saved['config'].get('model_type')!r}"
+    elif fields := _config_differences(saved["config"], config):
+        differs = f"another config ({fields})"
+    elif saved["vocabulary"] != record["vocabulary"]:
+        differs = "another tokenizer vocabulary"
+    elif saved["weights"] != record["weights"]:
+        differs = "other weights"
     else:
-        there = {k: v for k, v in type(config).from_dict(saved["config"]).to_dict().items()
-                 if k not in _RESUME_IGNORED_CONFIG_KEYS}  # fmt: skip
-        keys = [k for k in sorted(there.keys() | record["config"].keys()) if there.get(k) != record["config"].get(k)]
-        differs = ", ".join(f"{k}={there.get(k)!r} there, {record['config'].get(k)!r} here" for k in keys[:3])
-        differs = f"another config ({differs})" if keys else ""
-        for part, what in (("vocabulary", "another tokenizer vocabulary"), ("weights", "other weights")):
-            if not differs and saved[part] != record[part]:
-                differs = what
-    if differs:
-        raise ValueError(
-            f"--resume_from_checkpoint {resume_path}: written finetuning {saved['model_name_or_path']}; this run's "
-            f"--model_name_or_path {record['model_name_or_path']} has {differs}: the checkpoint's weights would "
-            "replace its own and the saved model would name a base it was not trained from; resume from the model "
-            "the checkpoint was written from, or start a new run"
-        )
+        return
+    raise ValueError(
+        f"--resume_from_checkpoint {resume_path}: written finetuning {saved['model_name_or_path']}; this run's "
+        f"--model_name_or_path {record['model_name_or_path']} has {differs}: the checkpoint's weights would "
+        "replace its own and the saved model would name a base it was not trained from; resume from the model "
+        "the checkpoint was written from, or start a new run"
+    )
 
 
 def optimizer_arguments(args: argparse.Namespace) -> dict[str, Any]:
