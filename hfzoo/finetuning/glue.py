@@ -71,6 +71,7 @@ from ..training.checkpointing import (
     check_resume_base_model,
     check_resume_optimizer,
     delete_earlier_checkpoints,
+    newly_initialized_keys,
     refuse_earlier_checkpoints,
 )
 from ..training.compilation import compile_model
@@ -463,10 +464,7 @@ def build_glue_model(args: argparse.Namespace, task: GlueTask, tokenizer, config
         **labels,
         **kwargs,
     )
-    mismatched = {key if isinstance(key, str) else key[0] for key in loading.get("mismatched_keys") or ()}
-    base = base_model_record(
-        args.model_name_or_path, model, config, tokenizer, {*loading.get("missing_keys", ()), *mismatched}
-    )
+    base = base_model_record(args.model_name_or_path, model, config, tokenizer, newly_initialized_keys(loading))
     peft_config = build_peft_config(
         args.peft,
         model.config,

@@ -49,9 +49,12 @@ from ..training.checkpointing import (
     OBJECTIVE_CHANGE,
     OBJECTIVE_FLAGS,
     TRAIN_HISTORY_FILE,
+    TRAINING_STATE,
     _check_resume_topology,
     _resolve_resume,
+    base_model_record,
     check_resume_arguments,
+    check_resume_base_model,
     check_resume_config,
     check_resume_optimizer,
     check_resume_tokenizer,
@@ -60,6 +63,7 @@ from ..training.checkpointing import (
     delete_earlier_checkpoints,
     enable_universal_checkpoint_loading,
     load_checkpoint,
+    newly_initialized_keys,
     prepare_output_dir,
     refuse_earlier_checkpoints,
     save_checkpoint,
@@ -103,6 +107,8 @@ class PretrainingRun:
     resharded_from: int | None = None  # the resumed checkpoint's number of processes, when not this run's
     train_history: dict[str, list] | None = None  # the records so far, saved with each checkpoint (`train`)
     precision: PrecisionChoice | None = None  # the precision it trains in and why (`--mixed_precision`)
+    # `--model_name_or_path`'s `hfzoo.training.checkpointing.base_model_record` (None: newly initialized weights)
+    base_model: dict[str, Any] | None = None
 
 
 def _load_tokenizer(name: str, argument: str):
@@ -173,13 +179,16 @@ def check_block_size(block_size: int | None, config) -> int:
     return block_size
 
 
-def _build_model(args: argparse.Namespace, config) -> torch.nn.Module:
+def _build_model(args: argparse.Namespace, config, tokenizer) -> tuple[torch.nn.Module, dict[str, Any] | None]:
+    """The model to train, and the `base_model_record` of `--model_name_or_path` (None: newly initialized)."""
     auto_class = get_objective(args.objective).auto_class
-    if args.model_name_or_path is not None:
-        return auto_class.from_pretrained(
-            args.model_name_or_path, config=config, attn_implementation=args.attn_implementation
-        )
-    return auto_class.from_config(config, attn_implementation=args.attn_implementation)
+    if args.model_name_or_path is None:
+        return auto_class.from_config(config, attn_implementation=args.attn_implementation), None
+    model, loading = auto_class.from_pretrained(
+        args.model_name_or_path, config=config, attn_implementation=args.attn_implementation, output_loading_info=True
+    )
+    newly_initialized = newly_initialized_keys(loading)  # a head the base has not
+    return model, base_model_record(args.model_name_or_path, model, config, tokenizer, newly_initialized)
 
 
 @contextlib.contextmanager
@@ -263,6 +272,10 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     check_input_files(args.train_file, args.validation_file, args.streaming)  # every process, before any waits
     if resume_path is not None:  # once the files are known to exist
         check_resume_arguments(resume_path, args, DATA_FLAGS, "data_arguments", DATA_CHANGE)
+    with _zero3_init(accelerator):  # before the data: a resume on another base is refused before any work
+        model, base_model = _build_model(args, config, tokenizer)
+    if resume_path is not None:
+        check_resume_base_model(resume_path, base_model, config, TRAINING_STATE)
 
     if args.streaming:
         train_dataloader, eval_dataloader = _streaming_loaders(args, accelerator, tokenizer, objective, collator,
@@ -280,8 +293,6 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
             f"{len(train_dataset)} training and {len(eval_dataset)} validation blocks of {raw_block_size} tokens"
         )
 
-    with _zero3_init(accelerator):
-        model = _build_model(args, config)
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()
     compile_model(model, args, accelerator)  # in place: state_dict keys stay those of the eager model
@@ -383,6 +394,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         flops_per_token=flops_per_token,
         throughput=Throughput(peak, accelerator.num_processes),
         precision=precision,
+        base_model=base_model,
     )
 
 

@@ -121,6 +121,8 @@ class CheckpointedRun(Protocol):
         nonfinite_guard: the run's guard against non-finite steps (its state is saved), or None.
         train_history: optional; `{"log_history": [...], "eval_history": [...]}` so far, saved with each
             checkpoint as `train_history.json`.
+        base_model: optional; the pretrained model the run started from (`base_model_record`, None: newly
+            initialized weights), saved in `training_state.json` for `check_resume_base_model`.
     """
 
     args: argparse.Namespace
@@ -476,20 +478,23 @@ def check_resume_tokenizer(resume_path: Path, tokenizer, source: str) -> None:
 def base_model_record(
     name: str, model: torch.nn.Module, config, tokenizer, newly_initialized: Collection[str] = ()
 ) -> dict[str, Any]:
-    """What identifies the pretrained model a finetuning run starts from, as its checkpoints record it.
+    """What identifies the pretrained model a run starts from, as its checkpoints record it.
 
-    A finetuning checkpoint holds the whole model's weights (accelerate's `save_state`), so a resume from another
-    base of the same architecture would load them over it without an error and go on training the first base, while
-    the saved adapter or model card would name the second (`check_resume_base_model`). The record identifies the
-    base by content, not by path, so the same model may be resumed from another folder or from the hub cache.
+    Finetuning and continued pretraining record it. A checkpoint holds the whole model's weights (accelerate's
+    `save_state`), so a resume from another base of the same architecture would load them over it without an error
+    and go on training the first base, while the saved adapter or model card would name the second
+    (`check_resume_base_model`). The record identifies the base by content, not by path, so the same model may be
+    resumed from another folder or from the hub cache. Parameters that DeepSpeed ZeRO-3 partitioned as they were
+    loaded (`zero3_init_flag: true`) are gathered one at a time, so the record is the same under every engine; then
+    every process must call this function.
 
     Args:
         name: `--model_name_or_path` as given (for messages only; not compared).
-        model: the model as loaded from `name`, before any adapter wraps it or any step trains it.
+        model: the model as loaded from `name`, before an adapter or engine wraps it or a step trains it.
         config: the base's own config (`AutoConfig.from_pretrained(name)`, without the run's label settings).
-        tokenizer: the base's tokenizer (`get_vocab()`: token -> id).
+        tokenizer: the tokenizer the run uses with it (`get_vocab()`: token -> id).
         newly_initialized: names in `model.state_dict()` that `from_pretrained` initialized rather than loaded (a
-            new task head: its `missing_keys` and `mismatched_keys`); left out of the weights' digest.
+            new task head: `newly_initialized_keys`); left out of the weights' digest.
 
     Returns:
         `{"model_name_or_path": name, "config": config.to_dict() without the keys a save rewrites,
@@ -497,12 +502,18 @@ def base_model_record(
         tensor's name, dtype, shape and bytes in name order}`, JSON-serializable.
     """
     weights = hashlib.sha256()
+    parameters = dict(model.named_parameters(remove_duplicate=False))
     for key, tensor in sorted(model.state_dict().items()):
         if key in newly_initialized:
             continue
-        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-        weights.update(f"{key} {flat.dtype} {tuple(tensor.shape)};".encode())
-        weights.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+        parameter = parameters.get(key)
+        if parameter is not None and hasattr(parameter, "ds_id"):  # a ZeRO-3 partition: its state_dict entry is empty
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([parameter]):
+                _update_weights_digest(weights, key, parameter)
+        else:
+            _update_weights_digest(weights, key, tensor)
     vocabulary = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode()
     return {
         "model_name_or_path": str(name),
@@ -512,26 +523,65 @@ def base_model_record(
     }
 
 
-def check_resume_base_model(resume_path: Path, record: dict[str, Any], config, state_file: str) -> None:
-    """Refuse to resume a finetuning checkpoint on another pretrained model than the one it was written from.
+def newly_initialized_keys(loading_info: dict[str, Any]) -> set[str]:
+    """The state-dict names `from_pretrained(..., output_loading_info=True)` initialized instead of loading.
+
+    Args:
+        loading_info: its loading info (`missing_keys`; `mismatched_keys` as names or `(name, saved shape, shape)`).
+
+    Returns:
+        The missing and the mismatched names (a new task head), for `base_model_record`'s `newly_initialized`.
+    """
+    mismatched = {key if isinstance(key, str) else key[0] for key in loading_info.get("mismatched_keys") or ()}
+    return {*(loading_info.get("missing_keys") or ()), *mismatched}
+
+
+def _update_weights_digest(digest, key: str, tensor: torch.Tensor) -> None:
+    """Add one tensor (its name, dtype, shape and bytes) to `base_model_record`'s weights digest."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    digest.update(f"{key} {flat.dtype} {tuple(tensor.shape)};".encode())
+    digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+
+
+def check_resume_base_model(resume_path: Path, record: dict[str, Any] | None, config, state_file: str) -> None:
+    """Refuse to resume a checkpoint on another pretrained model than the one its run started from.
 
     Compares this run's `base_model_record` with the checkpoint's (`base_model` in `state_file`): the config (as
     `check_resume_config` does, both read by this run's config class), then the tokenizer's vocabulary, then the
-    weights. A checkpoint of an older hfzoo, without the record, is not checked.
+    weights. A record of None is a run that started from newly initialized weights (pretraining without
+    `--model_name_or_path`); such a checkpoint resumes only without a base, and a base's checkpoint only with it. A
+    checkpoint of an older hfzoo, without the record, is not checked.
 
     Args:
         resume_path: the checkpoint folder.
-        record: this run's `base_model_record`.
+        record: this run's `base_model_record`, or None when it starts from newly initialized weights.
         config: this run's base config (the class that reads the saved one).
-        state_file: the checkpoint's loop state (`hfzoo.finetuning.loop.GLUE_STATE`).
+        state_file: the checkpoint's loop state (`training_state.json`, or `hfzoo.finetuning.loop.GLUE_STATE`).
 
     Raises:
         ValueError: one line naming both models and what differs (the first config fields with both values, the
-            vocabulary or the weights).
+            vocabulary or the weights), or that one of the two runs starts from no pretrained model.
     """
-    saved = json.loads((resume_path / state_file).read_text()).get("base_model")
-    if saved is None:
+    state = json.loads((resume_path / state_file).read_text())
+    if "base_model" not in state:
         return
+    saved = state["base_model"]
+    if saved is None and record is None:
+        return
+    if saved is None:
+        raise ValueError(
+            f"--resume_from_checkpoint {resume_path}: written by a run that started from newly initialized weights; "
+            f"this run starts from --model_name_or_path {record['model_name_or_path']}: the checkpoint's weights "
+            "would replace its own and the saved model would name a base it was not trained from; resume without "
+            "--model_name_or_path, or start a new run"
+        )
+    if record is None:
+        raise ValueError(
+            f"--resume_from_checkpoint {resume_path}: written by a run that started from "
+            f"{saved['model_name_or_path']}; this run gives no --model_name_or_path: the saved model would not name "
+            f"the model it was trained from; resume with --model_name_or_path {saved['model_name_or_path']} (or the "
+            "same model from another folder)"
+        )
     if saved["config"].get("model_type") != config.model_type:
         differs = f"model_type {config.model_type!r}, not {saved['config'].get('model_type')!r}"
     elif fields := _config_differences(saved["config"], config):
@@ -543,9 +593,9 @@ def check_resume_base_model(resume_path: Path, record: dict[str, Any], config, s
     else:
         return
     raise ValueError(
-        f"--resume_from_checkpoint {resume_path}: written finetuning {saved['model_name_or_path']}; this run's "
-        f"--model_name_or_path {record['model_name_or_path']} has {differs}: the checkpoint's weights would "
-        "replace its own and the saved model would name a base it was not trained from; resume from the model "
+        f"--resume_from_checkpoint {resume_path}: written by a run that started from {saved['model_name_or_path']}; "
+        f"this run's --model_name_or_path {record['model_name_or_path']} has {differs}: the checkpoint's weights "
+        "would replace its own and the saved model would name a base it was not trained from; resume from the model "
         "the checkpoint was written from, or start a new run"
     )
 
@@ -1001,6 +1051,8 @@ def save_checkpoint(
             "objective_arguments": recorded_arguments(args, OBJECTIVE_FLAGS),
             **(extra_state or {}),
         }
+        if hasattr(run, "base_model"):
+            state["base_model"] = run.base_model
         (tmp / TRAINING_STATE).write_text(json.dumps(state))
         history = getattr(run, "train_history", None)
         if history is not None:  # the records so far, so that a resumed run's train_history.json keeps them

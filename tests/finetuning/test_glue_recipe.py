@@ -705,10 +705,10 @@ def test_a_resume_with_another_task_data_or_adapter_is_refused_before_any_data_i
 def base_model_refusal(checkpoint: Path, written_from: Path, model: Path, differs: str) -> str:
     """The one-line refusal of a resume on another base model than `written_from` (`check_resume_base_model`)."""
     return (
-        f"error: --resume_from_checkpoint {checkpoint}: written finetuning {written_from}; this run's "
-        f"--model_name_or_path {model} has {differs}: the checkpoint's weights would replace its own and the saved "
-        "model would name a base it was not trained from; resume from the model the checkpoint was written from, or "
-        "start a new run"
+        f"error: --resume_from_checkpoint {checkpoint}: written by a run that started from {written_from}; this "
+        f"run's --model_name_or_path {model} has {differs}: the checkpoint's weights would replace its own and the "
+        "saved model would name a base it was not trained from; resume from the model the checkpoint was written "
+        "from, or start a new run"
     )
 
 

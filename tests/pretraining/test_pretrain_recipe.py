@@ -6,6 +6,7 @@ import json
 import logging
 import lzma
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -472,6 +473,54 @@ def test_a_resume_with_another_tokenizer_of_the_same_size_is_refused(
     argv = base_args(small_jsonl_xz, copy, tmp_path / "resumed", "--max_train_steps", "2",
                      "--resume_from_checkpoint", str(checkpoint))  # fmt: skip
     assert main(argv)["train_steps"] == 2
+
+
+def test_a_resume_on_another_base_model_is_refused_and_the_same_model_from_another_folder_resumes(
+    tmp_path, small_jsonl_xz, tokenizer_dir, capsys
+):
+    """A checkpoint holds the whole model: resumed with another --model_name_or_path of the same config, or with
+    none, or a run from newly initialized weights resumed with one, would go on training the checkpoint's weights
+    while the saved model and its card named another start."""
+
+    def continued(base, output_dir, *extra):  # continued pretraining: the base's config, no --config_name
+        argv = base_args(small_jsonl_xz, tokenizer_dir, output_dir, "--max_train_steps", "2", *extra)
+        argv[argv.index("--config_name") : argv.index("--config_overrides") + 2] = []
+        return [*argv, "--model_name_or_path", str(base)]
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    main(base_args(small_jsonl_xz, tokenizer_dir, first, "--max_train_steps", "1", "--checkpointing_steps", "1"))
+    main(base_args(small_jsonl_xz, tokenizer_dir, second, "--max_train_steps", "1", "--seed", "7"))
+    main(continued(first, tmp_path / "continued", "--max_train_steps", "1", "--checkpointing_steps", "1"))
+    checkpoint = tmp_path / "continued" / "checkpoints" / "step_1"
+    resume = ["--resume_from_checkpoint", str(checkpoint)]
+
+    message = run_main_expecting_error(continued(second, tmp_path / "resumed", *resume), capsys)
+    assert (
+        f"--resume_from_checkpoint {checkpoint}: written by a run that started from {first}; this run's "
+        f"--model_name_or_path {second} has other weights: the checkpoint's weights would replace its own" in message
+    )
+    message = run_main_expecting_error(base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "resumed", *resume), capsys)
+    assert (
+        f"--resume_from_checkpoint {checkpoint}: written by a run that started from {first}; this run gives no "
+        f"--model_name_or_path: the saved model would not name the model it was trained from; resume with "
+        f"--model_name_or_path {first}" in message
+    )
+    scratch = first / "checkpoints" / "step_1"  # a run from newly initialized weights, with the base's config
+    message = run_main_expecting_error(
+        continued(first, tmp_path / "resumed", "--resume_from_checkpoint", str(scratch)), capsys
+    )
+    assert (
+        f"--resume_from_checkpoint {scratch}: written by a run that started from newly initialized weights; this "
+        f"run starts from --model_name_or_path {first}: " in message
+    )
+    assert not (tmp_path / "resumed").exists()  # refused before any work
+
+    copy = tmp_path / "copy-of-first"
+    shutil.copytree(first, copy, ignore=shutil.ignore_patterns("checkpoints"))
+    results = main(continued(copy, tmp_path / "resumed", *resume))
+    assert results["train_steps"] == 2
+    assert main(base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "scratch", "--max_train_steps", "2",
+                          "--resume_from_checkpoint", str(scratch)))["train_steps"] == 2  # fmt: skip
 
 
 def test_a_resume_with_other_data_settings_is_refused_and_the_files_may_move(

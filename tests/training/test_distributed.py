@@ -18,13 +18,14 @@ import torch
 from helpers.launch import GLOBAL_BATCH, STEPS, check_two_processes, launch, launch_command, launch_env, recipe_args
 from helpers.pretraining import restored_steps, tag_saved_history
 from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from hfzoo.pretraining import loop as pretraining
 from hfzoo.pretraining.arguments import parse_pretrain_args
 from hfzoo.pretraining.loop import main
 from hfzoo.training import accelerator as accelerator_module
 from hfzoo.training.accelerator import reconcile_deepspeed_config
-from hfzoo.training.checkpointing import find_latest_checkpoint
+from hfzoo.training.checkpointing import TRAINING_STATE, base_model_record, find_latest_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_OVERRIDES = (
@@ -110,6 +111,29 @@ def test_zero3_matches_single_process_and_consolidates(tmp_path, small_jsonl_xz,
     results = main([*argv, "--model_name_or_path", str(consolidated)])
     engine_loss = json.loads((out / "all_results.json").read_text())["eval_loss"]
     assert results["init_eval_loss"] == pytest.approx(engine_loss, rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_zero3_partitioning_at_load_records_the_base_model_whole(
+    tmp_path, small_jsonl_xz, tokenizer_dir, single_process_run
+):
+    """With `zero3_init_flag: true` each process loads only its partition of --model_name_or_path; the checkpoints
+    record the base as one process that loaded it whole does, so that a resume under any engine checks it."""
+    config = (REPO_ROOT / "accelerate_configs" / "deepspeed_zero3.yaml").read_text()
+    (tmp_path / "zero3_init.yaml").write_text(config.replace("zero3_init_flag: false", "zero3_init_flag: true"))
+    argv = recipe_args(small_jsonl_xz, tokenizer_dir, "run", GLOBAL_BATCH // 2, "--checkpointing_steps", "1")
+    argv[argv.index("--config_name") : argv.index("--config_overrides") + 2] = []
+    argv[argv.index("--max_train_steps") + 1] = "1"
+    launch(str(tmp_path / "zero3_init.yaml"), [*argv, "--model_name_or_path", str(single_process_run)], tmp_path)
+
+    state = json.loads((tmp_path / "run" / "checkpoints" / "step_1" / TRAINING_STATE).read_text())
+    whole = AutoModelForCausalLM.from_pretrained(single_process_run)
+    expected = base_model_record(
+        str(single_process_run), whole, AutoConfig.from_pretrained(single_process_run),
+        AutoTokenizer.from_pretrained(tokenizer_dir),
+    )  # fmt: skip
+    assert state["base_model"] == json.loads(json.dumps(expected))  # as JSON writes it (id2label's keys: strings)
 
 
 @pytest.mark.slow

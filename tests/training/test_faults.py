@@ -55,10 +55,10 @@ def nan_loss_at(monkeypatch):
                     output["loss"] = output["loss"] * float("nan")
             return output
 
-        def build(args, config):
-            model = real_build(args, config)
+        def build(*args):
+            model, base_model = real_build(*args)
             model.register_forward_hook(poison, with_kwargs=True)
-            return model
+            return model, base_model
 
         monkeypatch.setattr(pretraining, "_build_model", build)
 
