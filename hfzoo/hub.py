@@ -4,7 +4,8 @@
 metrics, how to load it) as a `huggingface_hub.ModelCard` with YAML metadata; `push_to_hub` writes
 it as `README.md` when the folder has none and uploads the folder without its resumable checkpoints,
 tracker logs and temporary files (`files_to_upload` lists exactly what would be sent).
-`load_checkpoint_config` loads a checkpoint's config with a one-line error naming the argument that gave it;
+`check_model_path` refuses a checkpoint path that does not exist before any work, and `load_checkpoint_config` loads
+a checkpoint's config with a one-line error naming the argument that gave it;
 `local_checkpoint_folder` gives a folder or a hub id's snapshot, and `copy_sentence_transformers_files` carries a
 sentence-transformers model's modules into a folder written from it (a conversion, a remote-code export).
 """
@@ -455,11 +456,34 @@ __all__ = [
     "CHECKPOINT_DIR",
     "IGNORE_PATTERNS",
     "build_model_card",
+    "check_model_path",
     "count_parameters",
     "files_to_upload",
     "load_checkpoint_config",
     "push_to_hub",
+    "source_error",
 ]
+
+
+def check_model_path(name: str, argument: str = "--model_name_or_path") -> None:
+    """Refuse a local checkpoint path that is a file or does not exist, before any work.
+
+    A name that can only be a path (absolute, starting with `.`, or of more than two parts) and does not exist is
+    refused here, instead of being read as a hub id and refused by the hub's repository-name rules; a name of the
+    hub's `namespace/name` form that is not a local folder passes (`load_checkpoint_config` tries the hub).
+
+    Args:
+        name: `--model_name_or_path` or `--tokenizer_name` as given (`~` expanded).
+        argument: the command-line argument that gave `name`, for the message.
+
+    Raises:
+        ValueError: one line naming the argument and the path (`is a file, not a folder`, `no such folder`).
+    """
+    path = Path(name).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{argument} {name}: is a file, not a folder")
+    if not path.exists() and (path.is_absolute() or name.startswith(".") or len(path.parts) > 2):
+        raise ValueError(f"{argument} {name}: no such folder")
 
 
 def load_checkpoint_config(name: str | Path, argument: str = "--model_name_or_path", **kwargs: Any):
@@ -476,12 +500,23 @@ def load_checkpoint_config(name: str | Path, argument: str = "--model_name_or_pa
     Raises:
         ValueError: `name` has no loadable config: no such folder or hub id, a folder without `config.json`, a hub
             id neither reachable nor cached, an unknown `model_type`; the message is
-            `"{argument} {name}: <the first line of transformers' error>"`.
+            `"{argument} {name}: <the first line of transformers' error>"`, or for a name that is no local folder
+            `"{argument} {name}: not a local folder; as a hub id: <...>"` (a mistyped folder reads as a hub id).
     """
     try:
         return transformers.AutoConfig.from_pretrained(name, **kwargs)
     except (OSError, ValueError) as err:
-        raise ValueError(f"{argument} {name}: {str(err).splitlines()[0]}") from err
+        raise ValueError(f"{argument} {name}: {source_error(name, err)}") from err
+
+
+def source_error(name: str | Path, err: Exception) -> str:
+    """The first line of a failed `from_pretrained(name)`'s error, saying so when `name` is no local folder.
+
+    Returns:
+        `"<first line>"` for an existing path, else `"not a local folder; as a hub id: <first line>"`.
+    """
+    first = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return first if Path(name).expanduser().exists() else f"not a local folder; as a hub id: {first}"
 
 
 def local_checkpoint_folder(source: str | Path, allow_patterns: list[str]) -> Path:

@@ -74,7 +74,7 @@ SCRIPTS = {
          "--config_overrides", TINY_OVERRIDES, "--block_size", "32", "--per_device_train_batch_size", "4",
          "--max_train_steps", "2", "--validation_file", "{text}", "--checkpointing_steps", "2", "--output_dir", "{out}"],
         {"--train_file": "in_file", "--validation_file": "in_file", "--tokenizer_name": "in_dir",
-         "--output_dir": "out_dir", "--resume_from_checkpoint": "in_dir"},
+         "--model_name_or_path": "in_dir", "--output_dir": "out_dir", "--resume_from_checkpoint": "in_dir"},
     ),
     "hfzoo-finetune-glue": (
         "hfzoo.finetuning.glue",
@@ -173,6 +173,10 @@ def test_a_path_argument_is_refused_before_work_or_its_output_folder_created(
     message = code if isinstance(code, str) else capsys.readouterr().err.strip().splitlines()[-1]
     assert isinstance(code, str) or code == 2, code
     assert "error" in message and "\n" not in message.strip(), message
+    if kind.startswith("in"):  # the message names the argument and the path given, and what is wrong with it
+        assert f"{argument} {value}" in message, message
+        if case == "wrong-kind" and argument not in ("--data_dir", "--resume_from_checkpoint"):
+            assert ("is a file, not a folder" if kind == "in_dir" else "is a directory, not a") in message, message
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == before  # nothing left on disk
 
 

@@ -269,6 +269,31 @@ def test_model_card_errors(tmp_path):
         hub.build_model_card(GPT2Config())
 
 
+def test_a_checkpoint_name_that_loads_nothing_is_refused_saying_whether_it_is_a_local_folder(tmp_path, monkeypatch):
+    """A mistyped folder of the hub's `namespace/name` form is tried as a hub id: the message says it is no folder."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # the hub's answer without a network wait
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as err:
+        hub.load_checkpoint_config("outputs/run", "--model_name_or_path")
+    assert str(err.value).startswith("--model_name_or_path outputs/run: not a local folder; as a hub id: ")
+    (tmp_path / "outputs" / "run").mkdir(parents=True)  # a folder, without a config
+    with pytest.raises(ValueError) as err:
+        hub.load_checkpoint_config("outputs/run", "--model_name_or_path")
+    assert str(err.value).startswith("--model_name_or_path outputs/run: ")
+    assert "not a local folder" not in str(err.value)
+    for name, expected in [("./outputs/other", "no such folder"), ("/no/such/run", "no such folder"),
+                           ("outputs/run/config.json", "no such folder")]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"^--tokenizer_name {name}: {expected}$"):
+            hub.check_model_path(name, "--tokenizer_name")
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="^--model_name_or_path weights.bin: is a file, not a folder$"):
+        hub.check_model_path("weights.bin")
+    hub.check_model_path("outputs/run")  # a folder
+    hub.check_model_path("someone/model")  # a hub id: left to the hub
+
+
 def test_save_final_model_writes_the_card_and_pushes(tmp_path, recorded_hub):
     """The recipe's `save_final_model`: README.md with results + arguments, then `hfzoo.hub.push_to_hub`."""
     from accelerate import Accelerator

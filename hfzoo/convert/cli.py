@@ -31,7 +31,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from .. import AUTO_CLASSES
-from ..hub import copy_sentence_transformers_files
+from ..hub import check_model_path, copy_sentence_transformers_files
 from ..models.encoder import HfzooEncoderConfig, HfzooEncoderModel
 from ..outputs import check_output_folder, check_output_is_not_source, removed_if_refused
 from .bert import convert_bert_checkpoint, hfzoo_to_bert
@@ -227,6 +227,10 @@ def main(argv: list[str] | None = None) -> None:
             check_output_is_not_source(args.output_dir, args.model_name_or_path, "the converted weights and config")
         except ValueError as err:
             parser.error(str(err))
+    try:
+        check_model_path(args.model_name_or_path)
+    except ValueError as err:
+        parser.error(str(err))
     target = args.output_dir
     try:
         with removed_if_refused(args.output_dir):  # a refused conversion leaves no empty output folder behind

@@ -32,7 +32,6 @@ import inspect
 import math
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,7 +43,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, Data
 from ..data.glue import GLUE_TASKS, GlueTask, get_glue_task, glue_files, load_glue
 from ..data.loading import check_distinct_files
 from ..data.sampling import EpochLengthGroupedSampler
-from ..hub import load_checkpoint_config
+from ..hub import check_model_path, load_checkpoint_config
 from ..integrity import check_weight_files
 from ..outputs import check_output_folder, check_output_is_not_source, removed_if_refused
 from ..training.accelerator import choose_mixed_precision, create_accelerator
@@ -477,19 +476,6 @@ def build_glue_model(args: argparse.Namespace, task: GlueTask, tokenizer, config
         encoder_hidden_size=args.prefix_hidden_size,
     )
     return wrap_with_peft(model, peft_config), base
-
-
-def check_model_path(name: str, argument: str = "--model_name_or_path") -> None:
-    """Refuse a local checkpoint path that is a file or does not exist (a hub id, `namespace/name`, passes).
-
-    Raises:
-        ValueError: one line naming the argument and the path.
-    """
-    path = Path(name).expanduser()
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{argument} {name}: is a file, not a checkpoint folder")
-    if not path.exists() and (path.is_absolute() or name.startswith(".") or len(path.parts) > 2):
-        raise ValueError(f"{argument} {name}: no such folder")
 
 
 def prepare_glue(args: argparse.Namespace) -> GlueRun:

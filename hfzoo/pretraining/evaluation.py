@@ -34,10 +34,11 @@ import datasets
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, default_data_collator
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, default_data_collator
 
 from ..data.loading import check_distinct_files, check_input_files, check_text_column, clean_text, load_local_files
 from ..data.packing import tokenize_and_pack
+from ..hub import check_model_path, load_checkpoint_config
 from ..integrity import check_weight_files
 from ..modules.positions import ABSOLUTE_POSITION_EMBEDDINGS
 from ..outputs import check_output_file, removed_if_refused
@@ -438,9 +439,14 @@ def _evaluate(args: argparse.Namespace) -> dict:
     except (ValueError, FileNotFoundError, ImportError) as err:
         raise SystemExit(f"error: {err}") from None
     try:
+        check_model_path(args.model_name_or_path)
+        config = load_checkpoint_config(args.model_name_or_path)  # the message names the argument
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+    try:
         if Path(args.model_name_or_path).is_dir():
             check_weight_files(args.model_name_or_path)  # names a truncated or corrupt weight file
-        backend = harness_backend(AutoConfig.from_pretrained(args.model_name_or_path))
+        backend = harness_backend(config)
         if backend == "seq2seq" and args.prompt:
             raise ValueError("--prompt continues a prompt with a causal LM; this checkpoint is an encoder-decoder")
     except (OSError, ValueError) as err:

@@ -35,7 +35,7 @@ from transformers import AutoTokenizer
 
 from ..data.loading import check_input_files, load_raw_datasets
 from ..data.packing import token_counts, tokenize_and_pack
-from ..hub import build_model_card, load_checkpoint_config, push_to_hub
+from ..hub import build_model_card, check_model_path, load_checkpoint_config, push_to_hub, source_error
 from ..integrity import check_weight_files
 from ..models.presets import PRESETS, build_config, parse_overrides
 from ..modules.embeddings import caller_checked_ids, check_batch_ids
@@ -115,7 +115,7 @@ def _load_tokenizer(name: str, argument: str):
     try:
         return AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError) as err:
-        raise ValueError(f"{argument} {name}: cannot load a tokenizer ({str(err).splitlines()[0]})") from err
+        raise ValueError(f"{argument} {name}: cannot load a tokenizer ({source_error(name, err)})") from err
 
 
 def build_model_config(args: argparse.Namespace, tokenizer) -> transformers.PreTrainedConfig:
@@ -251,6 +251,9 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     resume_path = _resolve_resume(args, accelerator)
     refuse_earlier_checkpoints(args, accelerator)
 
+    for name, flag in ((args.model_name_or_path, "--model_name_or_path"), (args.tokenizer_name, "--tokenizer_name")):
+        if name is not None:
+            check_model_path(name, flag)
     tokenizer_flag = "--tokenizer_name" if args.tokenizer_name else "--model_name_or_path"  # else its own tokenizer
     tokenizer_name = args.tokenizer_name or args.model_name_or_path
     tokenizer = _load_tokenizer(tokenizer_name, tokenizer_flag)

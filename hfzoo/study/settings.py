@@ -199,6 +199,8 @@ def load_settings(path: str | os.PathLike, overrides: dict[str, Any] | None = No
         ValueError: not a mapping, a missing or unknown key, or a value of the wrong type.
     """
     path = Path(path)
+    if path.is_dir():
+        raise FileNotFoundError(f"--study {path}: is a directory, not a study file (.yaml)")
     if not path.is_file():
         raise FileNotFoundError(f"--study {path}: no such file")
     values = yaml.safe_load(path.read_text(encoding="utf-8"))
