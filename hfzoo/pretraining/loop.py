@@ -118,6 +118,39 @@ def _load_tokenizer(name: str, argument: str):
         raise ValueError(f"{argument} {name}: cannot load a tokenizer ({source_error(name, err)})") from err
 
 
+def check_base_tokenizer(model_name_or_path: str, tokenizer, source: str) -> None:
+    """Refuse a tokenizer that gives the tokens of a pretrained model's own tokenizer other ids.
+
+    A model's embedding and output rows are learnt for its tokenizer's ids: continued with a tokenizer of the same
+    size trained on other text (which passes the `vocab_size` check), each row would be read for another token and
+    the run would train on without an error. A tokenizer that keeps every token of the model's at its id and adds
+    others (within `vocab_size`) passes. A model without tokenizer files is not checked.
+
+    Args:
+        model_name_or_path: `--model_name_or_path` (a folder or hub id).
+        tokenizer: this run's tokenizer (`get_vocab()`: token -> id).
+        source: where it comes from, for the message (`"--tokenizer_name tok"`).
+
+    Raises:
+        ValueError: one line naming both, how many of the model's tokens have other ids or are missing, and the
+            first of them.
+    """
+    try:
+        own = AutoTokenizer.from_pretrained(model_name_or_path).get_vocab()
+    except (OSError, ValueError):  # no tokenizer files beside the model
+        return
+    here = tokenizer.get_vocab()
+    changed = sorted((token for token, i in own.items() if here.get(token) != i), key=own.get)
+    if changed:
+        first = changed[0]
+        raise ValueError(
+            f"{source}: gives {len(changed)} of the {len(own)} tokens of --model_name_or_path {model_name_or_path}'s "
+            f"own tokenizer other ids or none (first: {first!r}, id {own[first]} there, {here.get(first)} here): "
+            "the model's embeddings would be read for other tokens; leave out --tokenizer_name to continue with the "
+            "model's tokenizer"
+        )
+
+
 def build_model_config(args: argparse.Namespace, tokenizer) -> transformers.PreTrainedConfig:
     """Build the model config from `--config_name`/`--config_overrides` (or the pretrained model's).
 
@@ -257,6 +290,8 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     tokenizer_flag = "--tokenizer_name" if args.tokenizer_name else "--model_name_or_path"  # else its own tokenizer
     tokenizer_name = args.tokenizer_name or args.model_name_or_path
     tokenizer = _load_tokenizer(tokenizer_name, tokenizer_flag)
+    if args.model_name_or_path is not None and args.tokenizer_name is not None:
+        check_base_tokenizer(args.model_name_or_path, tokenizer, f"--tokenizer_name {args.tokenizer_name}")
     config = build_model_config(args, tokenizer)
     if args.model_name_or_path is not None and os.path.isdir(args.model_name_or_path):
         check_weight_files(args.model_name_or_path)  # before the data: names a truncated or corrupt file

@@ -523,6 +523,42 @@ def test_a_resume_on_another_base_model_is_refused_and_the_same_model_from_anoth
                           "--resume_from_checkpoint", str(scratch)))["train_steps"] == 2  # fmt: skip
 
 
+def test_continued_pretraining_with_a_tokenizer_that_renumbers_the_models_tokens_is_refused(
+    tmp_path, small_jsonl_xz, gutenberg_books, tokenizer_dir, capsys
+):
+    """The model's embeddings are learnt for its own tokenizer's ids: one of the same size trained on other text
+    passes the vocab_size check but would read each row for another token. The same tokenizer from another folder,
+    one that only adds tokens, and a model without tokenizer files go on."""
+    model = tmp_path / "model"
+    main(base_args(small_jsonl_xz, tokenizer_dir, model, "--max_train_steps", "1", "--config_overrides",
+                   TINY_OVERRIDES + ",vocab_size=520"))  # fmt: skip
+
+    def continued(tokenizer, base=model):
+        argv = base_args(small_jsonl_xz, tokenizer, tmp_path / "continued", "--max_train_steps", "1")
+        argv[argv.index("--config_name") : argv.index("--config_overrides") + 2] = []
+        return [*argv, "--model_name_or_path", str(base), "--overwrite_output_dir"]
+
+    other = tmp_path / "other-tokenizer"
+    train_bpe_tokenizer([[row["text"][::-1] for row in gutenberg_books]], vocab_size=512).save_pretrained(other)
+    message = run_main_expecting_error(continued(other), capsys)
+    assert f"error: --tokenizer_name {other}: gives " in message
+    assert (
+        f" of the 512 tokens of --model_name_or_path {model}'s own tokenizer other ids or none (first: " in message
+        and "leave out --tokenizer_name to continue with the model's tokenizer" in message
+    )
+    assert not (tmp_path / "continued").exists()  # refused before any work
+
+    extended = tmp_path / "extended-tokenizer"
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.add_tokens(["<lang_en>", "<lang_fr>"])  # ids 512 and 513: rows the model has, unused so far
+    tokenizer.save_pretrained(extended)
+    for accepted in (extended, tokenizer_dir):
+        assert main(continued(accepted))["train_steps"] == 1, accepted
+    bare = tmp_path / "model-without-tokenizer"
+    shutil.copytree(model, bare, ignore=shutil.ignore_patterns("tokenizer*", "special_tokens_map.json"))
+    assert main(continued(other, bare))["train_steps"] == 1  # nothing to compare with
+
+
 def test_a_resume_with_other_data_settings_is_refused_and_the_files_may_move(
     tmp_path, small_jsonl_xz, tokenizer_dir, capsys
 ):
