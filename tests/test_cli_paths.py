@@ -130,6 +130,8 @@ def command_line(script: str, inputs: dict[str, Path], out: Path, argument: str,
     """The script's good command line with `argument` set to `value`."""
     _, template, _ = SCRIPTS[script]
     argv = [part.format(out=out, **inputs) for part in template]
+    if argument == "--model_name_or_path" and "--config_name" in argv:  # the pretrained model brings its config
+        argv[argv.index("--config_name") : argv.index("--config_overrides") + 2] = []
     if argument in argv:
         argv[argv.index(argument) + 1] = str(value)
     else:

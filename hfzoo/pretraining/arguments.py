@@ -348,7 +348,9 @@ def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
             twice, or as both a training and a validation file (`check_distinct_files`); both `--train_file` and
             `--dataset_name`, or `--dataset_config_name` without `--dataset_name` (`check_data_source`); a flag
             given without the one it acts with (`check_dependent_flags`: `--hub_model_id` without `--push_to_hub`,
-            ...); an `--output_dir` that is the `--model_name_or_path` folder (`check_output_is_not_source`).
+            ...); `--config_name` with `--model_name_or_path` on the command line (a `--config` file's
+            `config_name` gives way to a `--model_name_or_path`); an `--output_dir` that is the `--model_name_or_path`
+            folder (`check_output_is_not_source`).
         ValueError, FileNotFoundError: a bad YAML file.
     """
     parser = build_pretrain_parser()
@@ -381,6 +383,13 @@ def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
     check_data_source(parser, args)
     if args.model_name_or_path is None and args.config_name is None:
         parser.error("give --config_name (a preset or config) or --model_name_or_path")
+    if args.model_name_or_path is not None and args.config_name is not None:
+        if first.config_name is not None:  # on the command line: it would be ignored
+            parser.error(
+                f"--config_name {args.config_name} and --model_name_or_path {args.model_name_or_path}: the model is "
+                "built from its own config (its weights fit no other); give one of them"
+            )
+        args.config_name = None  # a --config file's model, replaced by the pretrained one given here
     if args.model_name_or_path is None and args.tokenizer_name is None:
         parser.error("give --tokenizer_name (train one with tokenizer_training/train_tokenizer.py)")
     if args.streaming and args.max_train_steps is None:

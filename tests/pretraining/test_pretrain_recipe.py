@@ -117,6 +117,26 @@ def test_yaml_config_is_read_and_overridden_by_flags(tmp_path, small_jsonl_xz, t
         parse_pretrain_args(["--config", str(config), "--output_dir", str(tmp_path)])
 
 
+def test_config_name_with_a_pretrained_model_is_refused_unless_it_comes_from_a_config_file(tmp_path, capsys):
+    """The model is built from --model_name_or_path's own config: a --config_name beside it would be ignored (and
+    recorded in the model card); a --config file's model gives way to the pretrained one."""
+    model = tmp_path / "model"
+    model.mkdir()
+    common = ["--train_file", "train.jsonl", "--output_dir", str(tmp_path / "out"), "--model_name_or_path", str(model)]
+    with pytest.raises(SystemExit):
+        parse_pretrain_args([*common, "--config_name", "decoder-small"])
+    assert (
+        f"--config_name decoder-small and --model_name_or_path {model}: the model is built from its own config (its "
+        "weights fit no other); give one of them" in capsys.readouterr().err
+    )
+    config = tmp_path / "run.yaml"
+    config.write_text("config_name: decoder-small\nlearning_rate: 0.01\n")
+    args = parse_pretrain_args([*common, "--config", str(config)])
+    assert args.config_name is None and args.learning_rate == 0.01
+    assert parse_pretrain_args(["--config", str(config), "--train_file", "t.jsonl", "--output_dir", "o",
+                                "--tokenizer_name", "tok"]).config_name == "decoder-small"  # fmt: skip
+
+
 @pytest.mark.parametrize("path", sorted((REPO_ROOT / "recipes" / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_recipe_configs_parse_and_build(path, tmp_path, tokenizer_dir):
     from hfzoo.models.presets import build_config
