@@ -167,8 +167,35 @@ def _public_args(training_args: dict[str, Any] | argparse.Namespace | None) -> d
     }
 
 
+def hub_base_model(name: str | os.PathLike | None) -> str | None:
+    """The `base_model` of a model card for a model trained from `name`: its hub id, or None for a local folder.
+
+    The hub accepts only model ids in `base_model` (an upload whose card names a local path is refused with a bad
+    request), so a model started from a local folder names it in the card's text only, as transformers' Trainer
+    does.
+
+    Args:
+        name: `--model_name_or_path` as given, or None.
+
+    Returns:
+        `name` when it is no existing local path and is a valid hub repository id, else None.
+    """
+    if name is None or Path(name).expanduser().exists():
+        return None
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(str(name))
+    except HFValidationError:
+        return None
+    return str(name)
+
+
 def _training_data(args: dict[str, Any]) -> list[str]:
     lines = []
+    if args.get("model_name_or_path"):
+        lines.append(f"- continued from: `{args['model_name_or_path']}` (its weights and config)")
     if args.get("dataset_name"):
         config_name = f" (configuration `{args['dataset_config_name']}`)" if args.get("dataset_config_name") else ""
         lines.append(f"- dataset: `{args['dataset_name']}`{config_name}")
@@ -203,10 +230,12 @@ def build_model_card(
     known), the `pipeline_tag` of the head in the config's `architectures` (`HEAD_PIPELINE_TAGS`: text-classification,
     token-classification, question-answering; feature-extraction for the bare stack), else of the family
     (text-generation, fill-mask or text2text-generation), the hub
-    dataset when one was used, and `metrics: [perplexity]` when a perplexity is reported. A folder holding a
-    sentence-transformers model (`modules.json`) gets `library_name: sentence-transformers`, `pipeline_tag:
-    sentence-similarity`, the tag `sentence-transformers` and its loading example first. Body: family
-    and model class, the architecture fields and parameter count, the training data, steps and tokens
+    dataset when one was used, `metrics: [perplexity]` when a perplexity is reported, and the `base_model` a
+    continued pretraining started from when it is a hub id (`hub_base_model`; a local folder is named in the text).
+    A folder holding a sentence-transformers model (`modules.json`) gets `library_name: sentence-transformers`,
+    `pipeline_tag: sentence-similarity`, the tag `sentence-transformers` and its loading example first. Body: family
+    and model class, the architecture fields and parameter count, the model it continued from, the training data,
+    steps and tokens
     seen, the precision it trained in and why, and the device (`mixed_precision`, `mixed_precision_reason`,
     `host_capability` of the results), the final metrics, the recipe arguments, and how to load the model.
 
@@ -276,6 +305,7 @@ def build_model_card(
         tags=tags,
         datasets=[args["dataset_name"]] if args.get("dataset_name") else None,
         metrics=["perplexity"] if results.get("perplexity") is not None else None,
+        base_model=hub_base_model(args.get("model_name_or_path")),
     )
 
     lines = [
@@ -459,6 +489,7 @@ __all__ = [
     "check_model_path",
     "count_parameters",
     "files_to_upload",
+    "hub_base_model",
     "load_checkpoint_config",
     "push_to_hub",
     "source_error",

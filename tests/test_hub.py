@@ -181,9 +181,26 @@ def test_model_card_metadata_architecture_and_metrics(model_folder):
     assert "import hfzoo" in text and "trust_remote_code" not in text.split("## How to use")[1].split("```")[1]
     assert "hf_this_must_not_leak" not in card.content and "hub_token" not in card.content
     assert "```json" in text and '"learning_rate": 0.0005' in text
+    assert card.data.base_model is None and "continued from" not in text  # trained from newly initialized weights
     # the card round-trips through README.md
     card.save(folder / "README.md")
     assert ModelCard.load(folder / "README.md").data.to_dict() == card.data.to_dict()
+
+
+def test_a_continued_pretraining_card_names_its_base_model_as_metadata_only_when_it_is_a_hub_id(model_folder):
+    """The hub accepts only model ids as `base_model`: an upload whose card names a local path is refused."""
+    folder, _ = model_folder
+    card = hub.build_model_card(folder, training_args={**ARGS, "model_name_or_path": "HuggingFaceTB/SmolLM2-135M"})
+    assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M"
+    assert "- continued from: `HuggingFaceTB/SmolLM2-135M`" in card.text
+    local = folder.parent / "outputs" / "smollm2-hfzoo"
+    local.mkdir(parents=True)
+    card = hub.build_model_card(folder, training_args={**ARGS, "model_name_or_path": str(local)})
+    assert card.data.base_model is None and f"- continued from: `{local}`" in card.text
+    assert "base_model" not in card.content.split("---")[1]
+    for name, expected in [(None, None), ("gpt2", "gpt2"), ("someone/model", "someone/model"), (str(local), None),
+                           ("./outputs/run", None), ("outputs/run/final", None), ("/abs/run", None)]:  # fmt: skip
+        assert hub.hub_base_model(name) == expected, name
 
 
 def test_model_card_of_an_exported_folder_says_trust_remote_code(tmp_path):

@@ -8,6 +8,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from ..hub import hub_base_model
 from ..training.plots import plot_training_curves
 from .loop import GlueProgress, GlueRun
 
@@ -63,7 +64,8 @@ def glue_results(run: GlueRun, progress: GlueProgress, seconds: float) -> dict[s
 def build_glue_model_card(run: GlueRun, results: dict[str, Any], model_name: str) -> ModelCard:
     """The model card (README.md) of a finetuned GLUE model, for hfzoo and stock transformers checkpoints alike.
 
-    Metadata: `base_model`, `library_name` (`peft` for an adapter), `pipeline_tag: text-classification`,
+    Metadata: `base_model` (a hub id; a local base folder is named in the text only: `hfzoo.hub.hub_base_model`),
+    `library_name` (`peft` for an adapter), `pipeline_tag: text-classification`,
     tags, the GLUE dataset and a `model-index` with the dev metrics. Body: the task, the method and its
     trainable parameters, the results (saved and last epoch), the arguments, and how to load it.
 
@@ -81,7 +83,7 @@ def build_glue_model_card(run: GlueRun, results: dict[str, Any], model_name: str
     metrics = {k.removeprefix("eval_"): v for k, v in results.items() if k.startswith("eval_") and "loss" not in k}
     data = ModelCardData(
         model_name=model_name,
-        base_model=str(args.model_name_or_path),
+        base_model=hub_base_model(args.model_name_or_path),  # a local folder: named in the text only
         library_name="peft" if args.peft != "none" else "transformers",
         pipeline_tag="text-classification",
         tags=[
