@@ -9,6 +9,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..hub import hub_base_model
+from ..training.arguments import hub_repository
 from ..training.plots import plot_training_curves
 from .loop import GlueProgress, GlueRun
 
@@ -178,7 +179,7 @@ def save_glue_outputs(run: GlueRun, results: dict[str, Any], progress: GlueProgr
             progress.log_history, progress.eval_history, output_dir / "training_curves.png",
             title=f"{run.task.name} ({args.peft}): {args.model_name_or_path}",
         )  # fmt: skip
-        model_name = args.hub_model_id or output_dir.name
+        model_name = hub_repository(args)
         build_glue_model_card(run, results, model_name).save(output_dir / "README.md")
         if args.push_to_hub:
             from ..hub import push_to_hub

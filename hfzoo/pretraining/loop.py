@@ -42,7 +42,7 @@ from ..modules.embeddings import caller_checked_ids, check_batch_ids
 from ..outputs import removed_if_refused
 from ..training import faults
 from ..training.accelerator import choose_mixed_precision, create_accelerator
-from ..training.arguments import check_scheduler_arguments, muon_settings
+from ..training.arguments import check_scheduler_arguments, hub_repository, muon_settings
 from ..training.checkpointing import (
     DATA_CHANGE,
     DATA_FLAGS,
@@ -930,7 +930,7 @@ def save_final_model(
         plot_training_curves(
             history, eval_history, output_dir / "training_curves.png", title=f"{output_dir.name} ({args.objective})"
         )
-        card = build_model_card(output_dir, results, args, model_name=args.hub_model_id or output_dir.name)
+        card = build_model_card(output_dir, results, args, model_name=hub_repository(args))
         card.save(output_dir / "README.md")
         zero3 = accelerator.distributed_type == DistributedType.DEEPSPEED and (
             accelerator.state.deepspeed_plugin.zero_stage == 3
@@ -943,7 +943,7 @@ def save_final_model(
                 generated = unwrapped.eval().generate(**inputs, max_new_tokens=32, do_sample=False)
             print(f"Sample: {run.tokenizer.decode(generated[0], skip_special_tokens=True)}")
         if args.push_to_hub:
-            push_to_hub(output_dir, args.hub_model_id or output_dir.name, token=args.hub_token)
+            push_to_hub(output_dir, hub_repository(args), token=args.hub_token)
     accelerator.wait_for_everyone()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -370,18 +371,40 @@ def refuse_flags_without(parser: argparse.ArgumentParser, args: argparse.Namespa
             parser.error(f"--{flag} {shown} needs --{needed} (without it, it would be ignored)")
 
 
+def hub_repository(args: argparse.Namespace) -> str:
+    """The hub repository `--push_to_hub` uploads to: `--hub_model_id`, else the `--output_dir` folder's name."""
+    return args.hub_model_id or Path(args.output_dir).resolve().name
+
+
 def check_dependent_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse a recipe flag given without the flag it acts with, where it would be ignored.
 
     `DEPENDENT_FLAGS` (`refuse_flags_without`), and `--torch_compile_scope` without compilation (`--torch_compile`,
     `--torch_compile_mode` or `--torch_compile_backend`) and `--overwrite_output_dir` with `--resume_from_checkpoint`
-    (one starts over, the other continues); then `--report_to`'s default (`tensorboard`) is filled in
-    when `--with_tracking` is on.
+    (one starts over, the other continues); with `--push_to_hub`, a repository name the hub would refuse at the
+    end of the run (`--hub_model_id`, else the `--output_dir` folder's name; `huggingface_hub`'s
+    `validate_repo_id`); then `--report_to`'s default (`tensorboard`) is filled in when `--with_tracking` is on.
 
     Raises:
-        SystemExit: argparse's one-line error naming the flag, its value and the flag it needs.
+        SystemExit: argparse's one-line error naming the flag, its value and the flag it needs (or what the hub
+            expects of a repository name).
     """
     refuse_flags_without(parser, args, DEPENDENT_FLAGS)
+    if getattr(args, "push_to_hub", False):
+        from huggingface_hub.errors import HFValidationError
+        from huggingface_hub.utils import validate_repo_id
+
+        name = hub_repository(args)
+        try:
+            validate_repo_id(name)
+        except HFValidationError as err:
+            reason = str(err).splitlines()[0]
+            if args.hub_model_id:
+                parser.error(f"--hub_model_id {name}: not a hub repository id ({reason})")
+            parser.error(
+                f"--push_to_hub: the repository would be named {name!r} after the --output_dir folder, which is not "
+                f"a hub repository id ({reason}); give --hub_model_id"
+            )
     if getattr(args, "overwrite_output_dir", False) and args.resume_from_checkpoint:
         parser.error(
             f"--overwrite_output_dir starts over and --resume_from_checkpoint {args.resume_from_checkpoint} continues "

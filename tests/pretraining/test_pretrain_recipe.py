@@ -55,12 +55,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
         (lambda a, tmp: a.extend(["--report_to", "wandb"]), "--report_to wandb needs --with_tracking"),
         (lambda a, tmp: a.extend(["--torch_compile_scope", "model"]), "--torch_compile_scope model needs --torch_compile"),
         (lambda a, tmp: a.extend(["--overwrite_output_dir", "--resume_from_checkpoint", "latest"]), "--overwrite_output_dir starts over and --resume_from_checkpoint latest continues a run: give one of them"),
+        (lambda a, tmp: a.extend(["--push_to_hub", "--hub_model_id", "me/tiny:v2"]), "--hub_model_id me/tiny:v2: not a hub repository id (Repo id must use alphanumeric chars"),
+        (lambda a, tmp: (a.__setitem__(a.index("--output_dir") + 1, str(tmp / "run 1")), a.append("--push_to_hub")), "--push_to_hub: the repository would be named 'run 1' after the --output_dir folder, which is not a hub repository id"),
     ],
     ids=[
         "missing-file", "empty-file", "text-column", "tokenizer-too-large", "block-size", "unknown-override",
         "bad-override-value", "batch-size", "steps", "accumulation", "preset", "resume-path", "weight-decay",
         "adam-beta1", "adam-beta2", "compile-backend", "seed", "eval-seed", "two-data-sources", "config-without-dataset",
-        "hub-id-without-push", "report-to-without-tracking", "compile-scope-without-compile", "overwrite-and-resume",
+        "hub-id-without-push", "report-to-without-tracking", "compile-scope-without-compile", "overwrite-and-resume", "hub-model-id", "hub-name-from-output-dir",
     ],
 )  # fmt: skip
 def test_bad_input_fails_before_training(change, expected, small_jsonl_xz, tokenizer_dir, tmp_path, capsys):
