@@ -9,7 +9,8 @@ in this process with the task's defaults from `TASK_DEFAULTS` (3 epochs, as tran
 arguments after `--` (which override them).
 Every task's arguments and data files are checked before the first task trains, so a bad flag or a
 missing file does not stop the sweep after hours of finished tasks; the flags the sweep sets itself
-(`SWEEP_OWNED`) are refused after `--`, as is a duplicate task.
+(`SWEEP_OWNED`) are refused after `--`, as are a duplicate task and, with several tasks, `--hub_model_id` (every
+task would upload to that one repository).
 After every task, `<output_dir>/results.json`, `results.md` (task, metric, value, epoch, trainable
 parameters, steps, wall time) and the bar chart `results.png` are rewritten, so an interrupted sweep
 keeps what it finished.
@@ -79,8 +80,8 @@ def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) ->
 
     Raises:
         SystemExit: an argparse error of the GLUE recipe (its one-line message); a `SWEEP_OWNED` argument
-            after `--` (`error: ...` naming it and why); a bad value, a missing data file or a task folder with an
-            earlier run's checkpoints (`error: ...`).
+            after `--` (`error: ...` naming it and why), or `--hub_model_id` with more than one task; a bad value, a
+            missing data file or a task folder with an earlier run's checkpoints (`error: ...`).
     """
     for task in tasks:
         try:
@@ -89,6 +90,11 @@ def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) ->
             for name, reason in SWEEP_OWNED.items():
                 if getattr(given, name) != getattr(expected, name):
                     raise ValueError(f"--{name} {getattr(given, name)} after `--`: {reason}")
+            if given.hub_model_id is not None and len(tasks) > 1:
+                raise ValueError(
+                    f"--hub_model_id {given.hub_model_id} after `--`: every task would upload to this one repository, "
+                    "each over the one before; leave it out to name each task's repository after its folder (<task>)"
+                )
             glue_files(task, args.data_dir)
             refuse_earlier_checkpoints(given)  # a later task's folder must not stop the sweep after hours
         except (ValueError, FileNotFoundError) as err:

@@ -402,12 +402,13 @@ def test_sweep_refuses_a_later_task_folder_with_an_earlier_runs_checkpoints_befo
         (["rte", "stsb"], ["--output_dir=/nowhere/else"], "--output_dir /nowhere/else after `--`: each task writes"),
         (["rte", "stsb"], ["--train_file", "x.tsv"], "--train_file x.tsv after `--`: one file cannot serve"),
         (["rte", "stsb"], ["--peft", "none"], "--peft none after `--`: give the sweep's --peft"),
+        (["rte", "stsb"], ["--push_to_hub", "--hub_model_id", "me/glue"], "--hub_model_id me/glue after `--`: every task would upload to this one repository"),
         (["rte", "stsb"], ["--lora_dropout", "1.5"], "--lora_dropout must be in [0, 1), got 1.5"),
         (["rte", "stsb"], ["--lora_r", "0"], "argument --lora_r: must be a positive integer, got 0"),
         (["rte", "RTE"], [], "--tasks names a task twice: ['rte', 'RTE']"),
         (["rte", "sst3"], [], "--tasks: unknown GLUE task 'sst3'"),
     ],
-    ids=["later-task-missing-data", "task-name", "abbreviated", "output-dir", "train-file", "peft", "bad-value",
+    ids=["later-task-missing-data", "task-name", "abbreviated", "output-dir", "train-file", "peft", "hub-model-id", "bad-value",
          "argparse-error", "twice", "unknown-task"],
 )  # fmt: skip
 def test_sweep_refuses_bad_input_before_its_first_task(tasks, extra, message, checkpoints, tmp_path, capsys):
