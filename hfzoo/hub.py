@@ -27,6 +27,7 @@ from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 
 from . import AUTO_CLASSES, OTHER_MODEL_CLASSES
 from .modules.attention import key_value_heads
+from .training.arguments import public_arguments
 
 #: resumable checkpoints of the pretraining recipe (`hfzoo.training.checkpointing.CHECKPOINT_DIR`).
 CHECKPOINT_DIR = "checkpoints"
@@ -92,7 +93,6 @@ TRAINING_FIELDS = (
     ("block_size", "block size (tokens)"),
     ("train_runtime", "training time (s)"),
 )
-_SECRET_MARKERS = ("token", "secret", "password", "api_key")
 
 
 def _family(config: Any) -> type:
@@ -156,14 +156,10 @@ def _format(value: Any) -> str:
 
 def _public_args(training_args: dict[str, Any] | argparse.Namespace | None) -> dict[str, Any]:
     """The recipe arguments worth recording (JSON values), without tokens or other secrets."""
-    if training_args is None:
-        return {}
-    args = vars(training_args) if isinstance(training_args, argparse.Namespace) else dict(training_args)
     return {
         key: value
-        for key, value in sorted(args.items())
-        if not any(marker in key.lower() for marker in _SECRET_MARKERS)
-        and (value is None or isinstance(value, (str, int, float, bool, list, tuple)))
+        for key, value in sorted(public_arguments(training_args).items())
+        if value is None or isinstance(value, (str, int, float, bool, list, tuple))
     }
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..hub import hub_base_model
-from ..training.arguments import hub_repository
+from ..training.arguments import hub_repository, public_arguments
 from ..training.plots import plot_training_curves
 from .loop import GlueProgress, GlueRun
 
@@ -110,7 +110,7 @@ def build_glue_model_card(run: GlueRun, results: dict[str, Any], model_name: str
         ],
     )
     method = {"lora": "LoRA (Hu et al. 2021)", "prefix": "prefix tuning (Li & Liang 2021)", "none": "full finetuning"}
-    public = {k: v for k, v in vars(args).items() if "token" not in k}
+    public = public_arguments(args)
     load_model = (
         f'AutoModelForSequenceClassification.from_pretrained("{args.model_name_or_path}", num_labels={task.num_labels})'
     )

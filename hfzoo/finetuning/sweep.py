@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
 from ..data.glue import GLUE_TASKS, get_glue_task, glue_files
-from ..training.arguments import OneLineErrorParser
+from ..training.arguments import OneLineErrorParser, secret_free_command
 from ..training.checkpointing import refuse_earlier_checkpoints
 from ..training.plots import plot_results_bars
 from .glue import main as finetune
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     results = []
     for task in tasks:
         task_argv = task_arguments(task, args)
-        print(f"=== {task}: finetune_glue.py {' '.join(task_argv + extra)}", flush=True)
+        print(f"=== {task}: finetune_glue.py {shlex.join(secret_free_command(task_argv + extra))}", flush=True)
         results.append(finetune(task_argv + extra))
         write_tables(output_dir, results)
     return results

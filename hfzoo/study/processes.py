@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 
+from ..training.arguments import secret_free_command
 from ..training.faults import EXIT_PREEMPTED
 
 
@@ -38,7 +39,7 @@ def run_stage(module: str, argv: list[str], launcher: str | None) -> None:
             `faults.EXIT_PREEMPTED`, or a child process ended by one of these signals).
         RuntimeError: the recipe refused its input or failed (the message says which).
     """
-    print(f"=== {module} {shlex.join(argv)}", flush=True)
+    print(f"=== {module} {shlex.join(secret_free_command(argv))}", flush=True)
     if launcher is None:
         from importlib import import_module
 
@@ -52,9 +53,11 @@ def run_stage(module: str, argv: list[str], launcher: str | None) -> None:
     command = [*shlex.split(launcher), "-m", module, *argv]
     completed = subprocess.run(command, preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None)
     if completed.returncode in _STOPPED_BY_SIGNAL:
-        raise StudyInterrupted(f"{shlex.join(command)} was stopped by a signal (status {completed.returncode})")
+        raise StudyInterrupted(
+            f"{shlex.join(secret_free_command(command))} was stopped by a signal (status {completed.returncode})"
+        )
     if completed.returncode != 0:
-        raise RuntimeError(f"{shlex.join(command)} exited with status {completed.returncode}")
+        raise RuntimeError(f"{shlex.join(secret_free_command(command))} exited with status {completed.returncode}")
 
 
 def _start_study_process(argv: list[str]) -> subprocess.Popen:

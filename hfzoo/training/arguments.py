@@ -367,8 +367,75 @@ def refuse_flags_without(parser: argparse.ArgumentParser, args: argparse.Namespa
     for flag, needed in dependent.items():
         value = getattr(args, flag, None)
         if value is not None and not getattr(args, needed, False):
-            shown = "***" if flag.endswith("_token") else value  # a token (`--hub_token`) is not printed
+            shown = "***" if is_secret_argument(flag) else value  # a token (`--hub_token`) is not printed
             parser.error(f"--{flag} {shown} needs --{needed} (without it, it would be ignored)")
+
+
+#: Parts of an argument's name that mark its value as a secret (`--hub_token`, ...): never recorded or logged.
+SECRET_MARKERS = ("token", "secret", "password", "api_key")
+
+
+def is_secret_argument(name: str) -> bool:
+    """Whether the argument `name` (`hub_token`, ...) holds a secret (`SECRET_MARKERS`, any case)."""
+    return any(marker in name.lower() for marker in SECRET_MARKERS)
+
+
+def public_arguments(args: argparse.Namespace | dict[str, Any] | None) -> dict[str, Any]:
+    """The recipe arguments that may be written anywhere (model cards, tracker configs, logs): all but secrets.
+
+    Args:
+        args: parsed arguments, or a dict of them; None gives `{}`.
+
+    Returns:
+        `{name: value}` without the arguments `is_secret_argument` names (`hub_token`, ...), values as given.
+    """
+    if args is None:
+        return {}
+    items = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
+    return {name: value for name, value in items.items() if not is_secret_argument(name)}
+
+
+def tracker_config(args: argparse.Namespace) -> dict[str, int | float | str | bool]:
+    """The run's configuration for `Accelerator.init_trackers` (TensorBoard's hparams, W&B's config, ...).
+
+    The arguments whose values trackers take (int, float, str, bool), secrets left out (`public_arguments`):
+    W&B and others upload their config, and TensorBoard writes it into the output folder.
+    """
+    return {k: v for k, v in public_arguments(args).items() if isinstance(v, (int, float, str, bool))}
+
+
+#: The recipes' flags that hold a secret, for `secret_free_command` (which also hides their argparse abbreviations).
+SECRET_FLAGS = ("--hub_token",)
+
+
+def _hides_value(flag: str) -> bool:
+    """Whether the command-line flag `flag` (`--hub_token`, or an abbreviation argparse accepts) takes a secret."""
+    if not flag.startswith("--"):
+        return False
+    return is_secret_argument(flag) or (len(flag) > 4 and any(secret.startswith(flag) for secret in SECRET_FLAGS))
+
+
+def secret_free_command(argv: list[str]) -> list[str]:
+    """A command line `argv` fit to print: the value of every secret flag (`--hub_token X`, `--hub_token=X`) as `***`.
+
+    Args:
+        argv: the arguments (strings), as a recipe's `main` takes them.
+
+    Returns:
+        A copy of `argv` with each secret value replaced by `***` (`SECRET_MARKERS`, `SECRET_FLAGS`).
+    """
+    shown, hide_next = [], False
+    for arg in argv:
+        flag, equals, _ = arg.partition("=")
+        if hide_next:
+            shown.append("***")
+            hide_next = False
+        elif _hides_value(flag):
+            shown.append(f"{flag}=***" if equals else arg)
+            hide_next = not equals
+        else:
+            shown.append(arg)
+    return shown
 
 
 def hub_repository(args: argparse.Namespace) -> str:

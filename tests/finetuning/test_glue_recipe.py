@@ -393,6 +393,33 @@ def test_sweep_refuses_a_later_task_folder_with_an_earlier_runs_checkpoints_befo
     assert not (out / "rte").exists()  # no task ran
 
 
+def test_a_hub_token_reaches_no_file_and_no_output_of_a_sweep(checkpoints, tmp_path, monkeypatch, capsys):
+    """The sweep prints each task's command line with the token hidden; no tracker file or card holds it."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi
+
+    from hfzoo.finetuning.sweep import main as sweep
+
+    tokens = []
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: SimpleNamespace(repo_id=repo_id))
+    monkeypatch.setattr(
+        HfApi, "upload_folder", lambda self, **kw: tokens.append(self.token) or SimpleNamespace(commit_url="u")
+    )
+    data, out = tmp_path / "glue", tmp_path / "sweep"
+    write_glue_dir(data, "rte")
+    sweep([
+        "--model_name_or_path", str(checkpoints["encoder-tiny"]), "--data_dir", str(data), "--peft", "lora",
+        "--output_dir", str(out), "--tasks", "rte", "--", "--max_train_steps", "1", "--with_tracking", "--push_to_hub",
+        "--hub_token", "hf_secret_xyz",
+    ])  # fmt: skip
+    assert tokens == ["hf_secret_xyz"]  # the upload had it
+    captured = capsys.readouterr()
+    assert "--hub_token '***'" in captured.out and list(out.rglob("hparams.yml"))
+    leaks = [p for p in out.rglob("*") if p.is_file() and b"hf_secret_xyz" in p.read_bytes()]
+    assert not leaks and "hf_secret_xyz" not in captured.out + captured.err
+
+
 @pytest.mark.parametrize(
     ("tasks", "extra", "message"),
     [

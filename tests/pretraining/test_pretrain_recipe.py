@@ -245,6 +245,27 @@ def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(tmp_path, small
     assert json.loads((resumed / "all_results.json").read_text())["train_steps"] == 12
 
 
+def test_a_hub_token_reaches_no_file_and_no_output(tmp_path, small_jsonl_xz, tokenizer_dir, monkeypatch, capsys):
+    """--hub_token is for the upload only: not in TensorBoard's hparams (nor W&B's config), the card, or the logs."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi
+
+    tokens = []
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: SimpleNamespace(repo_id=repo_id))
+    monkeypatch.setattr(
+        HfApi, "upload_folder", lambda self, **kw: tokens.append(self.token) or SimpleNamespace(commit_url="u")
+    )
+    out = tmp_path / "out"
+    main(base_args(small_jsonl_xz, tokenizer_dir, out, "--max_train_steps", "2", "--checkpointing_steps", "1",
+                   "--with_tracking", "--report_to", "tensorboard", "--push_to_hub", "--hub_token", "hf_secret_xyz"))  # fmt: skip
+    assert tokens == ["hf_secret_xyz"]  # the upload had it
+    assert list(out.rglob("hparams.yml")) and list(out.rglob("checkpoints/step_1/*"))
+    leaks = [p for p in out.rglob("*") if p.is_file() and b"hf_secret_xyz" in p.read_bytes()]
+    captured = capsys.readouterr()
+    assert not leaks and "hf_secret_xyz" not in captured.out + captured.err
+
+
 def test_plain_text_train_and_validation_files(tmp_path, data_dir, tokenizer_dir):
     lines = (data_dir / "wikitext-2" / "wiki.valid.tokens").read_text().splitlines(keepends=True)
     train, valid = tmp_path / "train.txt", tmp_path / "valid.txt"

@@ -140,3 +140,38 @@ def test_config_overrides_take_none_only_where_a_field_may_be_none(overrides, fi
     """`--config_overrides` strings become the field's type; "none" is None only for fields that may be None."""
     config = build_config("decoder-tiny", overrides + ",vocab_size=512")
     assert getattr(config, field) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["--hub_token", "hf_x", "--push_to_hub"], ["--hub_token", "***", "--push_to_hub"]),
+        (["--hub_token=hf_x", "--seed", "1"], ["--hub_token=***", "--seed", "1"]),
+        (
+            ["--hub_tok", "hf_x", "--hub_model_id", "me/x"],
+            ["--hub_tok", "***", "--hub_model_id", "me/x"],
+        ),  # abbreviated
+        (
+            ["--wandb_api_key", "k", "--output_dir", "hub_token"],
+            ["--wandb_api_key", "***", "--output_dir", "hub_token"],
+        ),
+        (["--hub_model_id", "me/x", "--seed", "1"], ["--hub_model_id", "me/x", "--seed", "1"]),
+    ],
+)
+def test_a_printed_command_line_hides_secret_values_only(argv, shown):
+    from hfzoo.training.arguments import secret_free_command
+
+    assert secret_free_command(argv) == shown
+
+
+def test_tracker_config_and_public_arguments_leave_secrets_out():
+    import argparse
+
+    from hfzoo.training.arguments import public_arguments, tracker_config
+
+    args = argparse.Namespace(hub_token="hf_x", HUB_TOKEN="hf_y", wandb_api_key="k", seed=1, lr=1e-3, output_dir="o",
+                              push_to_hub=True, report_to=None, tasks=["rte"])  # fmt: skip
+    assert public_arguments(args) == {"seed": 1, "lr": 1e-3, "output_dir": "o", "push_to_hub": True,
+                                      "report_to": None, "tasks": ["rte"]}  # fmt: skip
+    assert tracker_config(args) == {"seed": 1, "lr": 1e-3, "output_dir": "o", "push_to_hub": True}
+    assert public_arguments(None) == {} and public_arguments({"hub_token": "x"}) == {}
