@@ -9,8 +9,9 @@ in this process with the task's defaults from `TASK_DEFAULTS` (3 epochs, as tran
 arguments after `--` (which override them).
 Every task's arguments and data files are checked before the first task trains, so a bad flag or a
 missing file does not stop the sweep after hours of finished tasks; the flags the sweep sets itself
-(`SWEEP_OWNED`) are refused after `--`, as are a duplicate task and, with several tasks, `--hub_model_id` (every
-task would upload to that one repository).
+(`SWEEP_OWNED`) are refused after `--`, as is a duplicate task. With `-- --push_to_hub` each task uploads to its
+own repository, `<name>-<task>`, where `<name>` is `--hub_model_id` after `--` (`me/minilm-lora` ->
+`me/minilm-lora-rte`, ...), else the sweep's `--output_dir` folder's name (`task_hub_model_id`).
 After every task, `<output_dir>/results.json`, `results.md` (task, metric, value, epoch, trainable
 parameters, steps, wall time) and the bar chart `results.png` are rewritten, so an interrupted sweep
 keeps what it finished.
@@ -60,11 +61,52 @@ SWEEP_OWNED = {
 
 def task_arguments(task: str, args: argparse.Namespace) -> list[str]:
     """The GLUE recipe's arguments for one task of the sweep, before the user's (`TASK_DEFAULTS` included)."""
-    task_argv = ["--task_name", task, "--model_name_or_path", args.model_name_or_path, "--peft", args.peft]
-    task_argv += ["--output_dir", str(Path(args.output_dir) / task), *TASK_DEFAULTS[task]]
+    command = ["--task_name", task, "--model_name_or_path", args.model_name_or_path, "--peft", args.peft]
+    command += ["--output_dir", str(Path(args.output_dir) / task), *TASK_DEFAULTS[task]]
     if args.data_dir:
-        task_argv += ["--data_dir", args.data_dir]
-    return task_argv
+        command += ["--data_dir", args.data_dir]
+    return command
+
+
+def task_hub_model_id(task: str, args: argparse.Namespace, extra: list[str]) -> str | None:
+    """The hub repository one task of the sweep uploads to with `-- --push_to_hub`; None without it.
+
+    `<name>-<task>`, where `<name>` is the `--hub_model_id` given after `--` (a namespace included:
+    `me/minilm-lora` -> `me/minilm-lora-rte`), else the sweep's `--output_dir` folder's name (`runs/minilm-lora`
+    -> `minilm-lora-rte`), so that every task, and every sweep into another folder, has its own repository.
+
+    Args:
+        task: the task's name as `GLUE_TASKS` spells it.
+        args: the sweep's own arguments.
+        extra: the arguments after `--`.
+
+    Raises:
+        SystemExit: the GLUE recipe's argparse error for a bad argument in `extra`.
+        ValueError: a repository name the hub would refuse (`huggingface_hub`'s `validate_repo_id`), naming where
+            `<name>` came from.
+    """
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    given = parse_glue_args(task_arguments(task, args) + extra)
+    if not given.push_to_hub:
+        return None
+    name = f"{given.hub_model_id or Path(args.output_dir).resolve().name}-{task}"
+    try:
+        validate_repo_id(name)
+    except HFValidationError as err:
+        source = f"--hub_model_id {given.hub_model_id}" if given.hub_model_id else "the sweep's --output_dir folder"
+        raise ValueError(
+            f"--push_to_hub: task {task}'s repository would be {name!r} (after {source}), which is not a hub "
+            f"repository id ({str(err).splitlines()[0]}); give another --hub_model_id after `--`"
+        ) from None
+    return name
+
+
+def task_argv(task: str, args: argparse.Namespace, extra: list[str]) -> list[str]:
+    """One task's whole GLUE recipe command line: `task_arguments`, the arguments after `--`, and its repository."""
+    hub_model_id = task_hub_model_id(task, args, extra)
+    return task_arguments(task, args) + extra + ([] if hub_model_id is None else ["--hub_model_id", hub_model_id])
 
 
 def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) -> None:
@@ -80,22 +122,18 @@ def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) ->
         extra: the arguments after `--`.
 
     Raises:
-        SystemExit: an argparse error of the GLUE recipe (its one-line message); a `SWEEP_OWNED` argument
-            after `--` (`error: ...` naming it and why), or `--hub_model_id` with more than one task; a bad value, a
-            missing data file or a task folder with an earlier run's checkpoints (`error: ...`).
+        SystemExit: an argparse error of the GLUE recipe (its one-line message); a `SWEEP_OWNED` argument after
+            `--` (`error: ...` naming it and why); a bad value, a task repository name the hub would refuse
+            (`task_hub_model_id`), a missing data file or a task folder with an earlier run's checkpoints
+            (`error: ...`).
     """
     for task in tasks:
         try:
             expected = parse_glue_args(task_arguments(task, args))
-            given = parse_glue_args(task_arguments(task, args) + extra)
+            given = parse_glue_args(task_argv(task, args, extra))  # the task's repository name checked too
             for name, reason in SWEEP_OWNED.items():
                 if getattr(given, name) != getattr(expected, name):
                     raise ValueError(f"--{name} {getattr(given, name)} after `--`: {reason}")
-            if given.hub_model_id is not None and len(tasks) > 1:
-                raise ValueError(
-                    f"--hub_model_id {given.hub_model_id} after `--`: every task would upload to this one repository, "
-                    "each over the one before; leave it out to name each task's repository after its folder (<task>)"
-                )
             glue_files(task, args.data_dir)
             refuse_earlier_checkpoints(given)  # a later task's folder must not stop the sweep after hours
         except (ValueError, FileNotFoundError) as err:
@@ -178,9 +216,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     output_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for task in tasks:
-        task_argv = task_arguments(task, args)
-        print(f"=== {task}: finetune_glue.py {shlex.join(secret_free_command(task_argv + extra))}", flush=True)
-        results.append(finetune(task_argv + extra))
+        command = task_argv(task, args, extra)
+        print(f"=== {task}: finetune_glue.py {shlex.join(secret_free_command(command))}", flush=True)
+        results.append(finetune(command))
         write_tables(output_dir, results)
     return results
 

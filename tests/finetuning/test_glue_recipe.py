@@ -393,6 +393,39 @@ def test_sweep_refuses_a_later_task_folder_with_an_earlier_runs_checkpoints_befo
     assert not (out / "rte").exists()  # no task ran
 
 
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [([], ["sweep-rte", "sweep-stsb"]), (["--hub_model_id", "me/glue"], ["me/glue-rte", "me/glue-stsb"])],
+)
+def test_sweep_uploads_every_task_to_its_own_repository(extra, expected, checkpoints, tmp_path, monkeypatch):
+    """One repository per task, named after the sweep (its folder or --hub_model_id), not the task's folder alone."""
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi
+
+    from hfzoo.finetuning.sweep import main as sweep
+
+    created, uploaded = [], []
+    monkeypatch.setattr(
+        HfApi, "create_repo", lambda self, repo_id, **kw: created.append(repo_id) or SimpleNamespace(repo_id=repo_id)
+    )
+    monkeypatch.setattr(
+        HfApi, "upload_folder", lambda self, **kw: uploaded.append((kw["repo_id"], kw["folder_path"])) or SimpleNamespace(commit_url="u")
+    )  # fmt: skip
+    data, out = tmp_path / "glue", tmp_path / "sweep"
+    write_glue_dir(data, "rte")
+    write_glue_dir(data, "stsb")
+    sweep([
+        "--model_name_or_path", str(checkpoints["encoder-tiny"]), "--data_dir", str(data), "--peft", "lora",
+        "--output_dir", str(out), "--tasks", "rte", "stsb", "--", "--max_train_steps", "1", "--push_to_hub", *extra,
+    ])  # fmt: skip
+    assert created == expected
+    assert [(repo, Path(folder)) for repo, folder in uploaded] == [
+        (expected[0], out / "rte"),
+        (expected[1], out / "stsb"),
+    ]
+
+
 def test_a_hub_token_reaches_no_file_and_no_output_of_a_sweep(checkpoints, tmp_path, monkeypatch, capsys):
     """The sweep prints each task's command line with the token hidden; no tracker file or card holds it."""
     from types import SimpleNamespace
@@ -429,7 +462,7 @@ def test_a_hub_token_reaches_no_file_and_no_output_of_a_sweep(checkpoints, tmp_p
         (["rte", "stsb"], ["--output_dir=/nowhere/else"], "--output_dir /nowhere/else after `--`: each task writes"),
         (["rte", "stsb"], ["--train_file", "x.tsv"], "--train_file x.tsv after `--`: one file cannot serve"),
         (["rte", "stsb"], ["--peft", "none"], "--peft none after `--`: give the sweep's --peft"),
-        (["rte", "stsb"], ["--push_to_hub", "--hub_model_id", "me/glue"], "--hub_model_id me/glue after `--`: every task would upload to this one repository"),
+        (["rte", "stsb"], ["--push_to_hub", "--hub_model_id", "me/" + "x" * 96], "--push_to_hub: task rte's repository would be 'me/" + "x" * 96 + "-rte' (after --hub_model_id me/"),
         (["rte", "stsb"], ["--lora_dropout", "1.5"], "--lora_dropout must be in [0, 1), got 1.5"),
         (["rte", "stsb"], ["--lora_r", "0"], "argument --lora_r: must be a positive integer, got 0"),
         (["rte", "RTE"], [], "--tasks names a task twice: ['rte', 'RTE']"),
