@@ -56,6 +56,7 @@ from ..training.arguments import (
     check_muon_arguments,
     check_scheduler_arguments,
     checkpointing_steps,
+    finite_float,
     muon_settings,
     non_negative_float,
     non_negative_int,
@@ -174,7 +175,7 @@ def build_glue_parser() -> argparse.ArgumentParser:
         "nn.Linear weights of an hfzoo model's hidden layers, AdamW for embeddings, head, norms and biases",
     )
     add_muon_arguments(p)
-    p.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (0 or less: none)")
+    p.add_argument("--max_grad_norm", type=finite_float, default=1.0, help="gradient clipping (0 or less: none)")
     p.add_argument("--num_train_epochs", type=positive_int, default=3)
     p.add_argument("--max_train_steps", type=positive_int, default=None, help="overrides --num_train_epochs")
     p.add_argument("--gradient_accumulation_steps", type=positive_int, default=1)

@@ -187,7 +187,7 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
         "the rest; not with DeepSpeed or FSDP.",
     )
     add_muon_arguments(train)
-    train.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping (0 disables).")
+    train.add_argument("--max_grad_norm", type=non_negative_float, default=1.0, help="Gradient clipping (0 disables).")
     train.add_argument(
         "--lr_scheduler_type",
         choices=SCHEDULERS,
@@ -399,8 +399,6 @@ def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:
         check_output_is_not_source(args.output_dir, args.model_name_or_path, "the trained model")
     except ValueError as err:
         parser.error(str(err))
-    if args.max_grad_norm < 0:
-        parser.error(f"--max_grad_norm must be >= 0, got {args.max_grad_norm}")
     check_muon_arguments(args, parser)
     check_dependent_flags(parser, args)
     return args

@@ -10,6 +10,7 @@ message naming the flag; `OneLineErrorParser` prints that message on one line. `
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -81,33 +82,48 @@ def random_seed(value: str) -> int:
     return number
 
 
-def positive_float(value: str) -> float:
-    """Argparse type: a float > 0.
+def finite_float(value: str) -> float:
+    """Argparse type: a finite float (`nan`, `inf` and `-inf`, which `float()` parses, are refused).
 
     Raises:
-        argparse.ArgumentTypeError: not a number, or <= 0.
+        argparse.ArgumentTypeError: not a number, or not finite.
+    """
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {number}")
+    return number
+
+
+def positive_float(value: str) -> float:
+    """Argparse type: a finite float > 0 (a learning rate).
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, <= 0, or not finite (`nan`, `inf`).
     """
     try:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {number}")
+    if not 0 < number < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {number}")
     return number
 
 
 def non_negative_float(value: str) -> float:
-    """Argparse type: a float >= 0 (a weight decay, a gradient-norm bound).
+    """Argparse type: a finite float >= 0 (a weight decay, a gradient-norm bound).
 
     Raises:
-        argparse.ArgumentTypeError: not a number, or < 0.
+        argparse.ArgumentTypeError: not a number, < 0, or not finite (`nan`, `inf`).
     """
     try:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}") from None
-    if not number >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {number}")
+    if not 0 <= number < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {number}")
     return number
 
 
@@ -269,7 +285,7 @@ def add_muon_arguments(group) -> None:
     )
     group.add_argument(
         "--muon_weight_decay",
-        type=float,
+        type=non_negative_float,
         default=None,
         help=f"--optim muon: decoupled weight decay of the Muon matrices, >= 0 (default {MuonSettings.weight_decay}).",
     )
@@ -302,8 +318,6 @@ def check_muon_arguments(args: argparse.Namespace, parser: argparse.ArgumentPars
         return
     if args.muon_momentum is not None and not 0 <= args.muon_momentum < 1:
         parser.error(f"--muon_momentum must be in [0, 1), got {args.muon_momentum}")
-    if args.muon_weight_decay is not None and args.muon_weight_decay < 0:
-        parser.error(f"--muon_weight_decay must be >= 0, got {args.muon_weight_decay}")
     if args.muon_ns_steps is not None and args.muon_ns_steps >= 100:
         parser.error(f"--muon_ns_steps must be at most 99, got {args.muon_ns_steps}")
 

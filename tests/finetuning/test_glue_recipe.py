@@ -277,11 +277,13 @@ def test_max_length_defaults_to_what_the_position_table_holds():
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [
-        ("--weight_decay", "-0.1", "--weight_decay: must be >= 0, got -0.1"),
+        ("--weight_decay", "-0.1", "--weight_decay: must be a finite number >= 0, got -0.1"),
         ("--torch_compile_backend", "indcutor", "unknown torch.compile backend 'indcutor'; known backends: "),
         ("--seed", "-7", "--seed: must be an integer in [0, 4294967295], got -7"),
+        ("--learning_rate", "inf", "--learning_rate: must be a finite number > 0, got inf"),
+        ("--max_grad_norm", "nan", "--max_grad_norm: must be a finite number, got nan"),
     ],
-    ids=["weight-decay", "compile-backend", "seed"],
+    ids=["weight-decay", "compile-backend", "seed", "lr-inf", "max-grad-norm-nan"],
 )
 def test_bad_flag_values_are_refused_when_parsed(flag, value, message, checkpoints, glue_dir, tmp_path, capsys):
     out = tmp_path / "out"

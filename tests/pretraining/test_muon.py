@@ -45,8 +45,14 @@ def test_flags_build_muon_for_the_hidden_matrices_and_adamw_for_the_rest(small_j
     [
         (["--optim", "muon", "--muon_momentum", "1"], "--muon_momentum must be in [0, 1), got 1.0"),
         (["--optim", "muon", "--muon_momentum", "-0.1"], "--muon_momentum must be in [0, 1), got -0.1"),
-        (["--optim", "muon", "--muon_learning_rate", "0"], "--muon_learning_rate: must be > 0, got 0.0"),
-        (["--optim", "muon", "--muon_weight_decay", "-1"], "--muon_weight_decay must be >= 0, got -1.0"),
+        (
+            ["--optim", "muon", "--muon_learning_rate", "0"],
+            "--muon_learning_rate: must be a finite number > 0, got 0.0",
+        ),
+        (
+            ["--optim", "muon", "--muon_weight_decay", "-1"],
+            "--muon_weight_decay: must be a finite number >= 0, got -1.0",
+        ),
         (["--optim", "muon", "--muon_ns_steps", "0"], "--muon_ns_steps: must be a positive integer, got 0"),
         (["--optim", "muon", "--muon_ns_steps", "100"], "--muon_ns_steps must be at most 99, got 100"),
         (["--optim", "muon", "--muon_adjust_lr_fn", "rms"], "--muon_adjust_lr_fn: invalid choice: 'rms'"),

@@ -43,7 +43,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
         (lambda a, tmp: a.extend(["--gradient_accumulation_steps", "0"]), "--gradient_accumulation_steps: must be a positive"),
         (lambda a, tmp: a.extend(["--config_name", "decoder-huge"]), "is neither a preset"),
         (lambda a, tmp: a.extend(["--resume_from_checkpoint", str(tmp / "nowhere")]), "not a checkpoint folder"),
-        (lambda a, tmp: a.extend(["--weight_decay", "-0.1"]), "--weight_decay: must be >= 0, got -0.1"),
+        (lambda a, tmp: a.extend(["--weight_decay", "-0.1"]), "--weight_decay: must be a finite number >= 0, got -0.1"),
+        (lambda a, tmp: a.extend(["--learning_rate", "nan"]), "--learning_rate: must be a finite number > 0, got nan"),
+        (lambda a, tmp: a.extend(["--weight_decay", "inf"]), "--weight_decay: must be a finite number >= 0, got inf"),
+        (lambda a, tmp: a.extend(["--max_grad_norm", "nan"]), "--max_grad_norm: must be a finite number >= 0, got nan"),
+        (lambda a, tmp: a.extend(["--max_grad_norm", "-1"]), "--max_grad_norm: must be a finite number >= 0, got -1.0"),
         (lambda a, tmp: a.extend(["--adam_beta1", "1.5"]), "--adam_beta1: must be in [0, 1), got 1.5"),
         (lambda a, tmp: a.extend(["--adam_beta2", "1"]), "--adam_beta2: must be in [0, 1), got 1.0"),
         (lambda a, tmp: a.extend(["--torch_compile_backend", "indcutor"]), "unknown torch.compile backend 'indcutor'; known backends: "),
@@ -61,7 +65,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
     ids=[
         "missing-file", "empty-file", "text-column", "tokenizer-too-large", "block-size", "unknown-override",
         "bad-override-value", "batch-size", "steps", "accumulation", "preset", "resume-path", "weight-decay",
-        "adam-beta1", "adam-beta2", "compile-backend", "seed", "eval-seed", "two-data-sources", "config-without-dataset",
+        "lr-nan", "weight-decay-inf", "max-grad-norm-nan", "max-grad-norm-negative", "adam-beta1", "adam-beta2", "compile-backend", "seed", "eval-seed", "two-data-sources", "config-without-dataset",
         "hub-id-without-push", "report-to-without-tracking", "compile-scope-without-compile", "overwrite-and-resume", "hub-model-id", "hub-name-from-output-dir",
     ],
 )  # fmt: skip
