@@ -27,15 +27,15 @@ from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 
 from . import AUTO_CLASSES, OTHER_MODEL_CLASSES
 from .modules.attention import key_value_heads
-from .training.arguments import public_arguments
+from .training.arguments import TRACKER_PROJECTS, public_arguments
 
 #: resumable checkpoints of the pretraining recipe (`hfzoo.training.checkpointing.CHECKPOINT_DIR`).
 CHECKPOINT_DIR = "checkpoints"
-#: never uploaded: resumable checkpoints, tracker logs (accelerate's `pretrain` project, TensorBoard
-#: `runs`, wandb), temporary files and folders of atomic writes, Python caches.
+#: never uploaded: resumable checkpoints, tracker logs (the recipes' accelerate projects `pretrain` and `glue`,
+#: TensorBoard `runs`, wandb), temporary files and folders of atomic writes, Python caches.
 IGNORE_PATTERNS = [
     f"{CHECKPOINT_DIR}/*",
-    "pretrain/*",
+    *(f"{project}/*" for project in TRACKER_PROJECTS.values()),
     "runs/*",
     "wandb/*",
     "*.tmp",

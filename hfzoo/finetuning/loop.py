@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from ..data.glue import GlueTask
 from ..metrics import load_glue_metric
 from ..modules.embeddings import caller_checked_ids
-from ..training.arguments import tracker_config
+from ..training.arguments import TRACKER_PROJECTS, tracker_config
 from ..training.checkpointing import (
     CHECKPOINT_DIR,
     check_resume_arguments,
@@ -335,7 +335,7 @@ def train_glue(run: GlueRun) -> GlueProgress:
     """
     args, accelerator, model, task = run.args, run.accelerator, run.model, run.task
     if args.with_tracking:
-        accelerator.init_trackers("glue", tracker_config(args))
+        accelerator.init_trackers(TRACKER_PROJECTS["glue"], tracker_config(args))
     layout = {
         "batch_layout": glue_batch_layout(args, accelerator),
         "optimizer_arguments": optimizer_arguments(args),

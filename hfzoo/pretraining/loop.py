@@ -42,7 +42,13 @@ from ..modules.embeddings import caller_checked_ids, check_batch_ids
 from ..outputs import removed_if_refused
 from ..training import faults
 from ..training.accelerator import choose_mixed_precision, create_accelerator
-from ..training.arguments import check_scheduler_arguments, hub_repository, muon_settings, tracker_config
+from ..training.arguments import (
+    TRACKER_PROJECTS,
+    check_scheduler_arguments,
+    hub_repository,
+    muon_settings,
+    tracker_config,
+)
 from ..training.checkpointing import (
     DATA_CHANGE,
     DATA_FLAGS,
@@ -643,7 +649,7 @@ def train(run: PretrainingRun) -> dict[str, float]:
         args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes * raw_block_size
     )
     if args.with_tracking:
-        accelerator.init_trackers("pretrain", tracker_config(args))
+        accelerator.init_trackers(TRACKER_PROJECTS["pretraining"], tracker_config(args))
     logger.info("***** Running training *****")
     if not args.streaming:
         logger.info(f"  Blocks = {len(run.train_dataset)}, epochs = {run.num_train_epochs}")

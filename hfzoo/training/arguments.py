@@ -409,6 +409,11 @@ def public_arguments(args: argparse.Namespace | dict[str, Any] | None) -> dict[s
     return {name: value for name, value in items.items() if not is_secret_argument(name)}
 
 
+#: The `Accelerator.init_trackers` project of each recipe: `--with_tracking` logs (TensorBoard's event files and
+#: `hparams.yml`) go to `<output_dir>/<project>/`, which `hfzoo.hub.push_to_hub` leaves out.
+TRACKER_PROJECTS = {"pretraining": "pretrain", "glue": "glue"}
+
+
 def tracker_config(args: argparse.Namespace) -> dict[str, int | float | str | bool]:
     """The run's configuration for `Accelerator.init_trackers` (TensorBoard's hparams, W&B's config, ...).
 

@@ -973,7 +973,7 @@ def test_push_to_hub_a_stock_transformers_checkpoint(checkpoints, glue_dir, tmp_
     monkeypatch.setattr(HfApi, "upload_folder", lambda self, **kw: calls.append(kw) or SimpleNamespace(commit_url="u"))
     out = tmp_path / "run"
     results = finetune(argv(checkpoints["bert"], glue_dir, out, "mrpc", "--checkpointing_steps", "2", "--push_to_hub",
-                            "--hub_model_id", "someone/bert-mrpc-lora", "--hub_token", "hf_secret"))  # fmt: skip
+                            "--hub_model_id", "someone/bert-mrpc-lora", "--hub_token", "hf_secret", "--with_tracking"))  # fmt: skip
     assert calls[0] == "someone/bert-mrpc-lora"
     upload = calls[1]
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
@@ -981,6 +981,9 @@ def test_push_to_hub_a_stock_transformers_checkpoint(checkpoints, glue_dir, tmp_
     assert {"README.md", "adapter_config.json", "adapter_model.safetensors", "all_results.json", "eval_results.json",
             "train_history.json", "training_curves.png", "tokenizer.json"} <= set(sent)  # fmt: skip
     assert not [f for f in sent if f.startswith("checkpoints/")] and any(f.startswith("checkpoints/") for f in files)
+    assert not [f for f in sent if f.startswith("glue/")] and any(
+        f.endswith("hparams.yml") for f in files
+    )  # tracker logs
     card = ModelCard.load(out / "README.md")
     # a local base folder is named in the text only: the hub refuses a card whose base_model is not a model id
     assert card.data.base_model is None and f"`{checkpoints['bert']}`" in card.text
