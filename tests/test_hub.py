@@ -323,6 +323,7 @@ def test_save_final_model_writes_the_card_and_pushes(tmp_path, recorded_hub):
         sample_prompt=None,
         push_to_hub=True,
         hub_model_id="me/tiny",
+        hub_private_repo=True,
     )
     run = SimpleNamespace(args=args, accelerator=Accelerator(cpu=True), model=tiny_model(), tokenizer=tokenizer)
     pretraining.save_final_model(run, dict(RESULTS), [])
@@ -332,4 +333,5 @@ def test_save_final_model_writes_the_card_and_pushes(tmp_path, recorded_hub):
     assert "hf_this_must_not_leak" not in card.content
     assert [c[0] for c in recorded_hub] == ["create_repo", "upload_folder"]
     assert recorded_hub[0][1] == "me/tiny" and recorded_hub[0][3] == "hf_this_must_not_leak"
+    assert recorded_hub[0][2]["private"] is True  # --hub_private_repo
     assert "README.md" in uploaded_files(tmp_path / "out", recorded_hub[1][2])

@@ -230,6 +230,7 @@ def build_glue_parser() -> argparse.ArgumentParser:
     p.add_argument("--push_to_hub", action="store_true")
     p.add_argument("--hub_model_id", default=None)
     p.add_argument("--hub_token", default=None)
+    p.add_argument("--hub_private_repo", action="store_true", default=None, help="create the hub repository private")
     g = p.add_argument_group("PEFT")
     g.add_argument("--peft", choices=PEFT_METHODS, default="lora", help="lora | prefix | none (full finetuning)")
     # None: not given (each method's flags are refused with another --peft; `parse_glue_args` fills the defaults)

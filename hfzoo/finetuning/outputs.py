@@ -184,5 +184,5 @@ def save_glue_outputs(run: GlueRun, results: dict[str, Any], progress: GlueProgr
         if args.push_to_hub:
             from ..hub import push_to_hub
 
-            push_to_hub(output_dir, model_name, token=args.hub_token)
+            push_to_hub(output_dir, model_name, token=args.hub_token, private=args.hub_private_repo)
     accelerator.wait_for_everyone()

@@ -274,6 +274,12 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     out.add_argument("--hub_model_id", type=str, default=None, help="Hub repo id (default: output_dir name).")
     out.add_argument("--hub_token", type=str, default=None, help="Hub token (default: the logged-in one).")
     out.add_argument(
+        "--hub_private_repo",
+        action="store_true",
+        default=None,
+        help="Create the hub repository private (default: the account's default visibility).",
+    )
+    out.add_argument(
         "--sample_prompt",
         type=str,
         default=None,

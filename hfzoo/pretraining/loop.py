@@ -947,7 +947,7 @@ def save_final_model(
                 generated = unwrapped.eval().generate(**inputs, max_new_tokens=32, do_sample=False)
             print(f"Sample: {run.tokenizer.decode(generated[0], skip_special_tokens=True)}")
         if args.push_to_hub:
-            push_to_hub(output_dir, hub_repository(args), token=args.hub_token)
+            push_to_hub(output_dir, hub_repository(args), token=args.hub_token, private=args.hub_private_repo)
     accelerator.wait_for_everyone()
 
 

@@ -362,7 +362,12 @@ def compile_requested(args: argparse.Namespace) -> bool:
 
 
 #: The recipes' flags that act only with another one (flag -> the flag it needs): without it they would be ignored.
-DEPENDENT_FLAGS = {"hub_model_id": "push_to_hub", "hub_token": "push_to_hub", "report_to": "with_tracking"}
+DEPENDENT_FLAGS = {
+    "hub_model_id": "push_to_hub",
+    "hub_token": "push_to_hub",
+    "hub_private_repo": "push_to_hub",
+    "report_to": "with_tracking",
+}
 
 
 def refuse_flags_without(parser: argparse.ArgumentParser, args: argparse.Namespace, dependent: dict[str, str]) -> None:
@@ -382,7 +387,8 @@ def refuse_flags_without(parser: argparse.ArgumentParser, args: argparse.Namespa
         value = getattr(args, flag, None)
         if value is not None and not getattr(args, needed, False):
             shown = "***" if is_secret_argument(flag) else value  # a token (`--hub_token`) is not printed
-            parser.error(f"--{flag} {shown} needs --{needed} (without it, it would be ignored)")
+            given = f"--{flag}" if value is True else f"--{flag} {shown}"  # a switch (`--hub_private_repo`) alone
+            parser.error(f"{given} needs --{needed} (without it, it would be ignored)")
 
 
 #: Parts of an argument's name that mark its value as a secret (`--hub_token`, ...): never recorded or logged.

@@ -333,11 +333,12 @@ def test_a_peft_flag_that_the_method_would_ignore_is_refused(flags, message, cap
     [
         (["--hub_model_id", "me/x"], "--hub_model_id me/x needs --push_to_hub (without it, it would be ignored)"),
         (["--hub_token", "hf_secret"], "--hub_token *** needs --push_to_hub"),
+        (["--hub_private_repo"], "--hub_private_repo needs --push_to_hub (without it, it would be ignored)"),
         (["--report_to", "wandb"], "--report_to wandb needs --with_tracking"),
         (["--torch_compile_scope", "model"], "--torch_compile_scope model needs --torch_compile (or --torch_compile_mode"),
         (["--overwrite_output_dir", "--resume_from_checkpoint", "latest"], "--overwrite_output_dir starts over and"),
     ],
-    ids=["hub-id", "hub-token", "report-to", "compile-scope", "overwrite-and-resume"],
+    ids=["hub-id", "hub-token", "hub-private-repo", "report-to", "compile-scope", "overwrite-and-resume"],
 )  # fmt: skip
 def test_a_flag_without_the_flag_it_acts_with_is_refused(flags, message, capsys):
     base = PARSE_BASE
@@ -968,13 +969,14 @@ def test_push_to_hub_a_stock_transformers_checkpoint(checkpoints, glue_dir, tmp_
 
     calls = []
     monkeypatch.setattr(
-        HfApi, "create_repo", lambda self, repo_id, **kw: calls.append(repo_id) or SimpleNamespace(repo_id=repo_id)
-    )  # noqa: E501
+        HfApi, "create_repo", lambda self, repo_id, **kw: calls.append((repo_id, kw["private"])) or SimpleNamespace(repo_id=repo_id)
+    )  # fmt: skip
     monkeypatch.setattr(HfApi, "upload_folder", lambda self, **kw: calls.append(kw) or SimpleNamespace(commit_url="u"))
     out = tmp_path / "run"
     results = finetune(argv(checkpoints["bert"], glue_dir, out, "mrpc", "--checkpointing_steps", "2", "--push_to_hub",
-                            "--hub_model_id", "someone/bert-mrpc-lora", "--hub_token", "hf_secret", "--with_tracking"))  # fmt: skip
-    assert calls[0] == "someone/bert-mrpc-lora"
+                            "--hub_model_id", "someone/bert-mrpc-lora", "--hub_token", "hf_secret", "--with_tracking",
+                            "--hub_private_repo"))  # fmt: skip
+    assert calls[0] == ("someone/bert-mrpc-lora", True)
     upload = calls[1]
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     sent = list(filter_repo_objects(files, ignore_patterns=list(upload["ignore_patterns"]) + DEFAULT_IGNORE_PATTERNS))
