@@ -4,7 +4,7 @@
 there (a one-line `ValueError` naming the argument, the path and the reason otherwise);
 `removed_if_refused` removes the folders a command created when it then refuses its input, so that a
 refused command leaves nothing on disk; `check_output_is_not_source` keeps a command from writing over the
-checkpoint it reads.
+checkpoint it reads; `write_text_atomic` replaces a file so that a reader never sees it half written.
 """
 
 from __future__ import annotations
@@ -125,3 +125,17 @@ def check_output_is_not_source(output_dir: str | os.PathLike, source: str | os.P
             f"--output_dir {output_dir} is the --model_name_or_path folder: {writes} would be written over the "
             "checkpoint it starts from; give another --output_dir"
         )
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` (UTF-8) to `path` atomically: into `<path>.tmp`, then renamed over `path`.
+
+    A run killed while writing leaves the previous `path` (and at worst a stray `.tmp` file), never a torn one.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

@@ -14,7 +14,9 @@ own repository, `<name>-<task>`, where `<name>` is `--hub_model_id` after `--` (
 `me/minilm-lora-rte`, ...), else the sweep's `--output_dir` folder's name (`task_hub_model_id`).
 After every task, `<output_dir>/results.json`, `results.md` (task, metric, value, epoch, trainable
 parameters, steps, wall time) and the bar chart `results.png` are rewritten, so an interrupted sweep
-keeps what it finished.
+keeps what it finished: run again with the same arguments, it keeps the tasks `results.json` records as finished
+with them (`finished_tasks`) and runs the others (an interrupted task with checkpoints continues with
+`-- --resume_from_checkpoint latest`); `-- --overwrite_output_dir` runs every task again.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..data.glue import GLUE_TASKS, get_glue_task, glue_files
-from ..training.arguments import OneLineErrorParser, secret_free_command
-from ..training.checkpointing import refuse_earlier_checkpoints
+from ..outputs import write_text_atomic
+from ..training.arguments import OneLineErrorParser, public_arguments, secret_free_command
+from ..training.checkpointing import CHECKPOINT_DIR, complete_checkpoints
 from ..training.plots import plot_results_bars
 from .glue import main as finetune
 from .glue import parse_glue_args
@@ -109,12 +113,83 @@ def task_argv(task: str, args: argparse.Namespace, extra: list[str]) -> list[str
     return task_arguments(task, args) + extra + ([] if hub_model_id is None else ["--hub_model_id", hub_model_id])
 
 
-def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) -> None:
-    """Check every task's arguments and data files before the first task runs.
+#: GLUE recipe arguments that may differ between the run that finished a task and a rerun of the sweep that keeps
+#: its results: they say how a run starts, not what it trains.
+RERUN_FREE = ("resume_from_checkpoint", "overwrite_output_dir")
 
-    Each task's arguments are parsed as the GLUE recipe parses them (`parse_glue_args`), and the files of
-    `--data_dir` are checked to exist (`glue_files`; without `--data_dir` the hub's copy is loaded per task), and no
-    task's output folder may hold an earlier run's checkpoints (`refuse_earlier_checkpoints`).
+
+def recorded_arguments(given: argparse.Namespace) -> dict[str, Any]:
+    """A task's GLUE arguments as `results.json` records them: JSON values, secrets and `RERUN_FREE` left out."""
+    public = {name: value for name, value in public_arguments(given).items() if name not in RERUN_FREE}
+    return json.loads(json.dumps(public, default=str))
+
+
+def finished_tasks(output_dir: Path, commands: dict[str, argparse.Namespace]) -> dict[str, dict]:
+    """The tasks an earlier run of this sweep finished with the same arguments: their results, to keep.
+
+    A task counts as finished when the sweep's `results.json` holds its results with the arguments it ran with
+    (`arguments`: `recorded_arguments`) and its folder still holds its `all_results.json`. Tables of an older
+    hfzoo (no `arguments`) keep nothing.
+
+    Args:
+        output_dir: the sweep's `--output_dir`.
+        commands: each task's GLUE arguments in this run (`parse_glue_args`), by task name.
+
+    Returns:
+        `{task: its recorded results}`.
+
+    Raises:
+        ValueError: a `results.json` that is not a sweep's table, or a task recorded with other arguments (one line
+            naming the first argument that differs, with both values).
+    """
+    table = output_dir / "results.json"
+    if not table.is_file():
+        return {}
+    try:
+        recorded = {r["task"]: r for r in json.loads(table.read_text())["tasks"] if "arguments" in r}
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(
+            f"{table}: not a results table of the GLUE sweep ({type(err).__name__}: {err}); remove it to run every "
+            "task again, or give another --output_dir"
+        ) from None
+    kept = {}
+    for task, given in commands.items():
+        if task not in recorded or not (output_dir / task / "all_results.json").is_file():
+            continue
+        here, there = recorded_arguments(given), recorded[task]["arguments"]
+        differ = sorted(name for name in here.keys() | there.keys() if here.get(name) != there.get(name))
+        if differ:
+            name = differ[0]
+            raise ValueError(
+                f"task {task} was finished by an earlier run of this sweep with other arguments (--{name} "
+                f"{there.get(name)} there, {here.get(name)} here); give -- --overwrite_output_dir to run every task "
+                "again, or another --output_dir"
+            )
+        kept[task] = recorded[task]
+    return kept
+
+
+def _refuse_earlier_checkpoints(task: str, given: argparse.Namespace) -> None:
+    if given.resume_from_checkpoint or given.overwrite_output_dir:
+        return
+    if earlier := complete_checkpoints(given.output_dir):
+        shown = ", ".join(f"{CHECKPOINT_DIR}/{path.name}" for path in earlier)
+        raise ValueError(
+            f"task {task}: {given.output_dir} holds the checkpoints of an interrupted or earlier run ({shown}); give "
+            "-- --resume_from_checkpoint latest to continue it (the tasks this sweep finished are kept), -- "
+            "--overwrite_output_dir to run every task again, or another --output_dir"
+        )
+
+
+def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) -> dict[str, dict]:
+    """Check every task's arguments and data files before the first task runs; find the tasks to keep.
+
+    Each task's arguments are parsed as the GLUE recipe parses them (`parse_glue_args`). The tasks an earlier run
+    of this sweep finished with the same arguments are kept (`finished_tasks`; none with `-- --overwrite_output_dir`).
+    For each other task the files of `--data_dir` are checked to exist (`glue_files`; without `--data_dir` the
+    hub's copy is loaded per task), and its output folder may not hold an earlier run's checkpoints unless
+    `-- --resume_from_checkpoint latest` continues them or `-- --overwrite_output_dir` deletes them (as the GLUE
+    recipe's `refuse_earlier_checkpoints`, in the sweep's words).
 
     Args:
         tasks: task names as `GLUE_TASKS` spells them.
@@ -124,20 +199,29 @@ def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) ->
     Raises:
         SystemExit: an argparse error of the GLUE recipe (its one-line message); a `SWEEP_OWNED` argument after
             `--` (`error: ...` naming it and why); a bad value, a task repository name the hub would refuse
-            (`task_hub_model_id`), a missing data file or a task folder with an earlier run's checkpoints
-            (`error: ...`).
+            (`task_hub_model_id`), a task finished with other arguments, a missing data file or a task folder with
+            an earlier run's checkpoints (`error: ...`).
+
+    Returns:
+        The kept tasks' recorded results, by task name.
     """
-    for task in tasks:
-        try:
+    try:
+        commands = {}
+        for task in tasks:
             expected = parse_glue_args(task_arguments(task, args))
-            given = parse_glue_args(task_argv(task, args, extra))  # the task's repository name checked too
+            commands[task] = given = parse_glue_args(task_argv(task, args, extra))  # its repository name checked too
             for name, reason in SWEEP_OWNED.items():
                 if getattr(given, name) != getattr(expected, name):
                     raise ValueError(f"--{name} {getattr(given, name)} after `--`: {reason}")
-            glue_files(task, args.data_dir)
-            refuse_earlier_checkpoints(given)  # a later task's folder must not stop the sweep after hours
-        except (ValueError, FileNotFoundError) as err:
-            raise SystemExit(f"error: {err}") from None
+        overwrite = any(given.overwrite_output_dir for given in commands.values())
+        kept = {} if overwrite else finished_tasks(Path(args.output_dir), commands)
+        for task, given in commands.items():
+            if task not in kept:
+                glue_files(task, args.data_dir)
+                _refuse_earlier_checkpoints(task, given)  # a later task's folder must not stop the sweep after hours
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+    return kept
 
 
 #: Columns of every row besides task, metric and value (from the task's `all_results.json`).
@@ -164,7 +248,7 @@ def results_rows(results: list[dict]) -> list[dict]:
 def write_tables(output_dir: Path, results: list[dict]) -> None:
     """Write `results.json` (per-task results and flattened rows), `results.md` and the bar chart `results.png`."""
     rows = results_rows(results)
-    (output_dir / "results.json").write_text(json.dumps({"tasks": results, "rows": rows}, indent=2) + "\n")
+    write_text_atomic(output_dir / "results.json", json.dumps({"tasks": results, "rows": rows}, indent=2) + "\n")
     lines = [
         "| task | metric | value | method | epoch (best) | trainable params | trainable % | steps | train examples "
         "| wall time (s) |",
@@ -176,7 +260,7 @@ def write_tables(output_dir: Path, results: list[dict]) -> None:
             f"{row['trainable_parameters']:,} | {100 * row['trainable_fraction']:.2f} | {row['train_steps']} | "
             f"{row['train_examples']:,} | {row['train_seconds']:.0f} |"
         )
-    (output_dir / "results.md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(output_dir / "results.md", "\n".join(lines) + "\n")
     title = f"{results[0]['model_name_or_path']} ({results[0]['peft']})" if results else None
     plot_results_bars({f"{r['task']} {r['metric']}": r["value"] for r in rows}, output_dir / "results.png", title)
 
@@ -211,15 +295,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
         parser.error(f"--tasks: {err}")
     if len(set(tasks)) < len(tasks):
         parser.error(f"--tasks names a task twice: {args.tasks}")
-    check_sweep(tasks, args, extra)  # every task's flags and files, before any training
+    kept = check_sweep(tasks, args, extra)  # every task's flags and files, before any training
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for task in tasks:
+        if task in kept:
+            print(f"=== {task}: kept, finished by an earlier run of this sweep with these arguments", flush=True)
+            results.append(kept[task])
+            continue
         command = task_argv(task, args, extra)
         print(f"=== {task}: finetune_glue.py {shlex.join(secret_free_command(command))}", flush=True)
-        results.append(finetune(command))
+        results.append({**finetune(command), "arguments": recorded_arguments(parse_glue_args(command))})
         write_tables(output_dir, results)
+    if kept:
+        write_tables(output_dir, results)  # in the tasks' order, the kept ones included
     return results
 
 

@@ -375,6 +375,63 @@ def test_sweep_writes_markdown_and_json_tables(checkpoints, glue_dir, tmp_path):
     assert bars == {f"{r['task']} {r['metric']}": r["value"] for r in table["rows"]}
 
 
+def test_a_sweep_run_again_keeps_its_finished_tasks_and_runs_the_rest(checkpoints, tmp_path, monkeypatch, capsys):
+    """Interrupted sweeps go on where they stopped; other arguments or --overwrite_output_dir are not silently mixed."""
+    import hfzoo.finetuning.sweep as sweep_module
+
+    data, out = tmp_path / "glue", tmp_path / "sweep"
+    write_glue_dir(data, "rte")
+    write_glue_dir(data, "stsb")
+    trained, stop_at = [], {"stsb"}
+
+    def finetune(argv):
+        task = argv[argv.index("--task_name") + 1]
+        if task in stop_at:
+            raise KeyboardInterrupt  # the sweep is stopped while this task trains
+        trained.append(task)
+        return real_finetune(argv)
+
+    real_finetune = sweep_module.finetune
+    monkeypatch.setattr(sweep_module, "finetune", finetune)
+
+    def sweep(*extra):
+        trained.clear()
+        return sweep_module.main([
+            "--model_name_or_path", str(checkpoints["encoder-tiny"]), "--data_dir", str(data), "--peft", "lora",
+            "--output_dir", str(out), "--tasks", "rte", "stsb", "--", "--max_train_steps", "2",
+            "--checkpointing_steps", "1", *extra,
+        ])  # fmt: skip
+
+    with pytest.raises(KeyboardInterrupt):
+        sweep()
+    first_rte = json.loads((out / "results.json").read_text())["tasks"]
+    assert trained == ["rte"] and [r["task"] for r in first_rte] == ["rte"]
+
+    stop_at.clear()
+    results = sweep()
+    assert trained == ["stsb"]  # rte is kept, not trained again
+    assert [r["task"] for r in results] == ["rte", "stsb"] and results[0] == first_rte[0]
+    table = json.loads((out / "results.json").read_text())
+    assert [(r["task"], r["metric"]) for r in table["rows"]] == [("rte", "accuracy"), ("stsb", "pearson"),
+                                                                 ("stsb", "spearmanr")]  # fmt: skip
+
+    # stsb stopped after its last checkpoint, before the table recorded it: refused, then continued on request
+    (out / "results.json").write_text(json.dumps({"tasks": table["tasks"][:1], "rows": table["rows"][:1]}))
+    with pytest.raises(SystemExit, match="task stsb: .* holds the checkpoints of an interrupted or earlier run"):
+        sweep()
+    capsys.readouterr()
+    results = sweep("--resume_from_checkpoint", "latest")
+    assert trained == ["stsb"] and results[1]["train_steps"] == 2
+    assert f"resumed from {out / 'stsb' / 'checkpoints' / 'step_2'} at step 2" in capsys.readouterr().out
+
+    with pytest.raises(SystemExit, match=r"task rte was finished by an earlier run of this sweep with other "
+                                         r"arguments \(--learning_rate 5e-05 there, 0.001 here\)"):  # fmt: skip
+        sweep("--learning_rate", "1e-3")
+    assert trained == []
+    sweep("--overwrite_output_dir")
+    assert trained == ["rte", "stsb"]
+
+
 def test_sweep_refuses_a_later_task_folder_with_an_earlier_runs_checkpoints_before_its_first_task(
     checkpoints, tmp_path
 ):
@@ -391,7 +448,8 @@ def test_sweep_refuses_a_later_task_folder_with_an_earlier_runs_checkpoints_befo
     with pytest.raises(SystemExit) as exit_info:
         sweep(sweep_argv)
     assert str(exit_info.value).startswith(
-        f"error: --output_dir {out / 'stsb'} holds the checkpoints of an earlier run (checkpoints/step_2); give "
+        f"error: task stsb: {out / 'stsb'} holds the checkpoints of an interrupted or earlier run (checkpoints/step_2); "
+        "give -- --resume_from_checkpoint latest to continue it"
     )
     assert not (out / "rte").exists()  # no task ran
 
