@@ -39,7 +39,7 @@ from ..hub import build_model_card, check_model_path, load_checkpoint_config, pu
 from ..integrity import check_weight_files
 from ..models.presets import PRESETS, build_config, parse_overrides
 from ..modules.embeddings import caller_checked_ids, check_batch_ids
-from ..outputs import removed_if_refused
+from ..outputs import removed_if_refused, write_text_atomic
 from ..training import faults
 from ..training.accelerator import choose_mixed_precision, create_accelerator
 from ..training.arguments import (
@@ -607,9 +607,7 @@ def _windows(loader, size: int):
 
 
 def _write_json(path: Path, values: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(values, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(values, indent=2) + "\n")
 
 
 def _resumed_history(

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..outputs import write_text_atomic
 from .ladder_fits import (
     CHINCHILLA_TOKENS_PER_PARAMETER,
     PAPER_EARLY_STEPS,
@@ -58,8 +59,8 @@ def write_ladder_report(
     numbers = fit_ladder(settings, records, bootstrap_replicates=bootstrap_replicates, seed=seed)
     fits = numbers.pop("_fits", None)
     numbers = _finite(numbers)
-    _write_atomic(output_dir / "ladder.json", json.dumps(numbers, indent=2) + "\n")
-    _write_atomic(output_dir / "ladder.md", "\n".join(_markdown(settings, numbers)) + "\n")
+    write_text_atomic(output_dir / "ladder.json", json.dumps(numbers, indent=2) + "\n")
+    write_text_atomic(output_dir / "ladder.md", "\n".join(_markdown(settings, numbers)) + "\n")
     _plot_losses(numbers, fits, output_dir / LOSS_PLOT)
     _plot_advantages(numbers, fits, output_dir / ADVANTAGE_PLOT)
     return numbers
@@ -76,12 +77,6 @@ def _finite(value):
     if isinstance(value, np.integer):
         return int(value)
     return value
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _f(value, digits: int = 3) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..models.narang import load_paper_table
+from ..outputs import write_text_atomic
 from ..training.plots import plot_curves_by_name, plot_labelled_scatter
 from .protocol import EARLY_FRACTION, FAMILIES, NO_PRETRAINING, SELECTION_KEYS, study_plan
 from .summary import agreement, downstream_gains, precision_summary, seed_spread, significance, summarize
@@ -59,7 +60,7 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
 
     selection = {k: getattr(settings, k) for k in SELECTION_KEYS}
     precision = precision_summary(records)
-    _write_atomic(
+    write_text_atomic(
         output_dir / "results.json",
         json.dumps(
             {
@@ -160,7 +161,7 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
         "![quality against parameters and FLOPs](quality_vs_cost.png)",
         "",
     ]
-    _write_atomic(output_dir / "results.md", "\n".join(lines))
+    write_text_atomic(output_dir / "results.md", "\n".join(lines))
 
     plot_curves_by_name(
         {n: s.eval_losses for n, s in summaries.items()},
@@ -201,9 +202,3 @@ def write_report(output_dir: str | os.PathLike, settings, records: list[dict[str
             )
     plot_labelled_scatter(panels, output_dir / "quality_vs_cost.png", columns=2)
     return records
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from ..outputs import write_text_atomic
 
 STUDY_FILE = "study.json"
 
@@ -32,9 +33,7 @@ PREPARATION_FILE = "preparation.json"
 
 def _write_json(path: Path, value: Any) -> None:
     """Write JSON atomically (a temporary file renamed into place)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=2, default=float) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(value, indent=2, default=float) + "\n")
 
 
 def _read_json(path: Path) -> Any:
