@@ -396,8 +396,19 @@ SECRET_MARKERS = ("token", "secret", "password", "api_key")
 
 
 def is_secret_argument(name: str) -> bool:
-    """Whether the argument `name` (`hub_token`, ...) holds a secret (`SECRET_MARKERS`, any case)."""
-    return any(marker in name.lower() for marker in SECRET_MARKERS)
+    """Whether the argument `name` holds a secret: it ends in a `SECRET_MARKERS` word, any case.
+
+    `hub_token`, `wandb_api_key`, `--hub_token` are secrets; `max_new_tokens`, `tokenizer_name` and
+    `num_virtual_tokens` are not (the marker must be the name's last word: all of it, or after `_` or `-`), nor are
+    a tokenizer's special tokens (`mask_token`, `pad_token`, ...).
+    """
+    name = name.lower().lstrip("-")
+    if name in _SPECIAL_TOKENS:
+        return False
+    return any(name == marker or name.endswith(("_" + marker, "-" + marker)) for marker in SECRET_MARKERS)
+
+
+_SPECIAL_TOKENS = frozenset(f"{kind}_token" for kind in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"))
 
 
 def public_arguments(args: argparse.Namespace | dict[str, Any] | None) -> dict[str, Any]:

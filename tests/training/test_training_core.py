@@ -156,6 +156,7 @@ def test_config_overrides_take_none_only_where_a_field_may_be_none(overrides, fi
             ["--wandb_api_key", "***", "--output_dir", "hub_token"],
         ),
         (["--hub_model_id", "me/x", "--seed", "1"], ["--hub_model_id", "me/x", "--seed", "1"]),
+        (["--tokenizer_name", "tok", "--max_new_tokens", "5"], ["--tokenizer_name", "tok", "--max_new_tokens", "5"]),
     ],
 )
 def test_a_printed_command_line_hides_secret_values_only(argv, shown):
@@ -170,8 +171,20 @@ def test_tracker_config_and_public_arguments_leave_secrets_out():
     from hfzoo.training.arguments import public_arguments, tracker_config
 
     args = argparse.Namespace(hub_token="hf_x", HUB_TOKEN="hf_y", wandb_api_key="k", seed=1, lr=1e-3, output_dir="o",
-                              push_to_hub=True, report_to=None, tasks=["rte"])  # fmt: skip
-    assert public_arguments(args) == {"seed": 1, "lr": 1e-3, "output_dir": "o", "push_to_hub": True,
-                                      "report_to": None, "tasks": ["rte"]}  # fmt: skip
-    assert tracker_config(args) == {"seed": 1, "lr": 1e-3, "output_dir": "o", "push_to_hub": True}
+                              push_to_hub=True, report_to=None, tasks=["rte"], tokenizer_name="tok",
+                              max_new_tokens=5)  # fmt: skip
+    assert public_arguments(args) == {"seed": 1, "lr": 1e-3, "output_dir": "o", "push_to_hub": True, "report_to": None,
+                                      "tasks": ["rte"], "tokenizer_name": "tok", "max_new_tokens": 5}  # fmt: skip
+    assert tracker_config(args) == {"seed": 1, "lr": 1e-3, "output_dir": "o", "push_to_hub": True,
+                                    "tokenizer_name": "tok", "max_new_tokens": 5}  # fmt: skip
     assert public_arguments(None) == {} and public_arguments({"hub_token": "x"}) == {}
+
+
+def test_secret_arguments_are_those_named_for_a_secret():
+    from hfzoo.training.arguments import is_secret_argument
+
+    secret = ["hub_token", "HUB_TOKEN", "--hub_token", "token", "wandb_api_key", "password", "client_secret"]
+    public = ["max_new_tokens", "tokenizer_name", "num_virtual_tokens", "train_tokens_seen", "token_type_ids",
+              "mask_token", "secretary", "tokens_per_step"]  # fmt: skip
+    assert [name for name in secret if not is_secret_argument(name)] == []
+    assert [name for name in public if is_secret_argument(name)] == []
