@@ -31,6 +31,7 @@ from transformers.dynamic_module_utils import get_imports, get_relative_imports
 
 from . import AUTO_CLASSES, __version__
 from .hub import copy_sentence_transformers_files
+from .outputs import write_text_atomic
 
 #: top-level package whose modules are flattened into the checkpoint folder.
 PACKAGE = "hfzoo"
@@ -345,9 +346,7 @@ def export_for_remote_code(
     config_path = output_dir / "config.json"
     config_dict = json.loads(config_path.read_text(encoding="utf-8"))
     config_dict["auto_map"] = auto_map
-    tmp = config_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, config_path)
+    write_text_atomic(config_path, json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
     return output_dir
 
 
