@@ -447,7 +447,7 @@ def push_to_hub(
         repo_id: `"user/name"` or `"name"` (the token's user namespace).
         token: a hub token (default: the logged-in one).
         private: create the repository as private (None: the hub's default); an existing
-            repository's visibility is not changed.
+            repository's visibility is not changed, so with True an existing public one is refused.
         commit_message: the commit message.
         training_args: recipe arguments for the model card, when it is written here.
 
@@ -457,6 +457,7 @@ def push_to_hub(
     Raises:
         NotADirectoryError: `output_dir` is not a folder.
         OSError, ValueError: the model card cannot be built (see `build_model_card`).
+        ValueError: `private=True` and the repository exists and is public (nothing is uploaded).
         huggingface_hub.errors.HfHubHTTPError: the hub refuses the request (authentication,
             permissions, invalid name); requests.ConnectionError and similar without network.
     """
@@ -468,6 +469,11 @@ def push_to_hub(
         build_model_card(folder, training_args=training_args, model_name=repo_id).save(readme)
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
+    if private and not api.model_info(repo_id).private:  # create_repo keeps an existing repository's visibility
+        raise ValueError(
+            f"private upload asked for, but the hub repository {repo_id} exists and is public: nothing was uploaded; "
+            "make it private on the hub, or upload to another repository"
+        )
     commit = api.upload_folder(
         repo_id=repo_id,
         folder_path=folder,

@@ -93,14 +93,31 @@ def test_checkpoint_dir_matches_the_recipe():
     assert pretraining.push_to_hub is hub.push_to_hub
 
 
+class RecordedCalls(list):
+    """The hub calls of a test, in order, and the visibility of the repositories (`private`: repo id -> bool)."""
+
+    def __init__(self):
+        super().__init__()
+        self.private: dict[str, bool] = {}
+
+
 @pytest.fixture
 def recorded_hub(monkeypatch):
-    """Replace HfApi.create_repo / upload_folder by recorders; the repo lands in the namespace `someone`."""
-    calls = []
+    """Replace HfApi.create_repo / upload_folder / model_info by recorders; the repo lands in the namespace `someone`.
+
+    `calls.private` maps each repository of this hub to its visibility (`create_repo` keeps an existing one's).
+    """
+    calls = RecordedCalls()
 
     def create_repo(self, repo_id, **kwargs):
         calls.append(("create_repo", repo_id, kwargs, self.token))
-        return SimpleNamespace(repo_id=repo_id if "/" in repo_id else f"someone/{repo_id}")
+        repo_id = repo_id if "/" in repo_id else f"someone/{repo_id}"
+        calls.private.setdefault(repo_id, bool(kwargs.get("private")))
+        return SimpleNamespace(repo_id=repo_id)
+
+    monkeypatch.setattr(
+        HfApi, "model_info", lambda self, repo_id, **kw: SimpleNamespace(private=calls.private[repo_id])
+    )
 
     def upload_folder(self, **kwargs):
         calls.append(("upload_folder", kwargs["repo_id"], kwargs, self.token))
@@ -138,6 +155,20 @@ def test_push_to_hub_sends_the_model_files_and_a_card(model_folder, recorded_hub
     assert card.data.tags == ["hfzoo", "hfzoo_decoder", "causal-lm"]
     assert 'from_pretrained("tiny-model")' in card.text
     assert "hf_this_must_not_leak" not in card.content
+
+
+def test_a_private_upload_to_an_existing_public_repository_is_refused(model_folder, recorded_hub):
+    """create_repo keeps an existing repository's visibility: private=True must not publish the model there."""
+    folder, _ = model_folder
+    recorded_hub.private["someone/public-model"] = False
+    with pytest.raises(ValueError, match="^private upload asked for, but the hub repository someone/public-model "
+                                         "exists and is public: nothing was uploaded"):  # fmt: skip
+        hub.push_to_hub(folder, "someone/public-model", private=True)
+    assert [c[0] for c in recorded_hub] == ["create_repo"]  # no upload
+    hub.push_to_hub(folder, "someone/public-model")  # without private=True: uploaded as before
+    recorded_hub.private["someone/private-model"] = True
+    hub.push_to_hub(folder, "someone/private-model", private=True)
+    assert [c[1] for c in recorded_hub if c[0] == "upload_folder"] == ["someone/public-model", "someone/private-model"]
 
 
 def test_push_to_hub_keeps_an_existing_readme(model_folder, recorded_hub):

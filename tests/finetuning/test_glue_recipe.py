@@ -1030,6 +1030,7 @@ def test_push_to_hub_a_stock_transformers_checkpoint(checkpoints, glue_dir, tmp_
         HfApi, "create_repo", lambda self, repo_id, **kw: calls.append((repo_id, kw["private"])) or SimpleNamespace(repo_id=repo_id)
     )  # fmt: skip
     monkeypatch.setattr(HfApi, "upload_folder", lambda self, **kw: calls.append(kw) or SimpleNamespace(commit_url="u"))
+    monkeypatch.setattr(HfApi, "model_info", lambda self, repo_id, **kw: SimpleNamespace(private=True))  # created so
     out = tmp_path / "run"
     results = finetune(argv(checkpoints["bert"], glue_dir, out, "mrpc", "--checkpointing_steps", "2", "--push_to_hub",
                             "--hub_model_id", "someone/bert-mrpc-lora", "--hub_token", "hf_secret", "--with_tracking",
