@@ -118,7 +118,7 @@ def task_argv(task: str, args: argparse.Namespace, extra: list[str]) -> list[str
 RERUN_FREE = ("resume_from_checkpoint", "overwrite_output_dir")
 
 
-def recorded_arguments(given: argparse.Namespace) -> dict[str, Any]:
+def comparable_arguments(given: argparse.Namespace) -> dict[str, Any]:
     """A task's GLUE arguments as `results.json` records them: JSON values, secrets and `RERUN_FREE` left out."""
     public = {name: value for name, value in public_arguments(given).items() if name not in RERUN_FREE}
     return json.loads(json.dumps(public, default=str))
@@ -128,7 +128,7 @@ def finished_tasks(output_dir: Path, commands: dict[str, argparse.Namespace]) ->
     """The tasks an earlier run of this sweep finished with the same arguments: their results, to keep.
 
     A task counts as finished when the sweep's `results.json` holds its results with the arguments it ran with
-    (`arguments`: `recorded_arguments`) and its folder still holds its `all_results.json`. Tables of an older
+    (`arguments`: `comparable_arguments`) and its folder still holds its `all_results.json`. Tables of an older
     hfzoo (no `arguments`) keep nothing.
 
     Args:
@@ -156,7 +156,7 @@ def finished_tasks(output_dir: Path, commands: dict[str, argparse.Namespace]) ->
     for task, given in commands.items():
         if task not in recorded or not (output_dir / task / "all_results.json").is_file():
             continue
-        here, there = recorded_arguments(given), recorded[task]["arguments"]
+        here, there = comparable_arguments(given), recorded[task]["arguments"]
         differ = sorted(name for name in here.keys() | there.keys() if here.get(name) != there.get(name))
         if differ:
             name = differ[0]
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             continue
         command = task_argv(task, args, extra)
         print(f"=== {task}: finetune_glue.py {shlex.join(secret_free_command(command))}", flush=True)
-        results.append({**finetune(command), "arguments": recorded_arguments(parse_glue_args(command))})
+        results.append({**finetune(command), "arguments": comparable_arguments(parse_glue_args(command))})
         write_tables(output_dir, results)
     if kept:
         write_tables(output_dir, results)  # in the tasks' order, the kept ones included
