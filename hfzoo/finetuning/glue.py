@@ -198,6 +198,9 @@ def build_glue_parser() -> argparse.ArgumentParser:
         help="save a resumable checkpoint every N steps, or 'epoch' (after each epoch's evaluation)",
     )
     p.add_argument(
+        "--checkpoints_total_limit", type=positive_int, default=2, help="keep the newest K checkpoints (default 2)"
+    )
+    p.add_argument(
         "--resume_from_checkpoint",
         default=None,
         help="a checkpoint folder, or 'latest' in --output_dir; resume with the arguments that wrote it (other batch, "

@@ -36,6 +36,7 @@ from ..training.checkpointing import (
     CHECKPOINT_DIR,
     check_resume_arguments,
     optimizer_arguments,
+    prune_checkpoints,
     recorded_arguments,
     resolve_resume_argument,
     save_accelerator_state,
@@ -281,7 +282,7 @@ def save_glue_checkpoint(run: GlueRun, progress: GlueProgress, best_state: dict[
     Every process writes its part to `checkpoints/step_N.tmp`; the main process then adds the best
     epoch's trainable weights, the loop state and, last, `manifest.json` (every file's size and sha256,
     `hfzoo.training.checkpointing.write_manifest`, checked before a resume), and renames the folder to
-    `checkpoints/step_N`.
+    `checkpoints/step_N`; then only the newest `--checkpoints_total_limit` checkpoints are kept (`prune_checkpoints`).
 
     Returns:
         The checkpoint folder.
@@ -302,6 +303,7 @@ def save_glue_checkpoint(run: GlueRun, progress: GlueProgress, best_state: dict[
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        prune_checkpoints(root, run.args.checkpoints_total_limit, progress.step)
     accelerator.wait_for_everyone()
     return final
 

@@ -1065,14 +1065,24 @@ def save_checkpoint(
     error = _attempt(finish) if accelerator.is_main_process else None
     _raise_if_any_failed(accelerator, error, tmp, root)
     if accelerator.is_main_process:
-        done = _complete_checkpoints(root)
-        for old in done[: max(0, len(done) - args.checkpoints_total_limit)]:
-            shutil.rmtree(old, ignore_errors=True)
-        for earlier, finished, path in _step_folders(root):
-            if not finished and earlier < step:
-                shutil.rmtree(path, ignore_errors=True)  # a save killed before it finished
+        prune_checkpoints(root, args.checkpoints_total_limit, step)
     accelerator.wait_for_everyone()
     return final
+
+
+def prune_checkpoints(root: Path, keep: int, step: int) -> None:
+    """Keep the newest `keep` complete checkpoints in `root`; delete the rest and earlier unfinished saves.
+
+    Called by the main process once the checkpoint of step `step` is complete (`--checkpoints_total_limit`). The
+    unfinished saves (`step_N.tmp`) of earlier steps were left by a run killed while saving. Folders that cannot
+    be deleted are left in place.
+    """
+    done = _complete_checkpoints(root)
+    for old in done[: max(0, len(done) - keep)]:
+        shutil.rmtree(old, ignore_errors=True)
+    for earlier, finished, path in _step_folders(root):
+        if not finished and earlier < step:
+            shutil.rmtree(path, ignore_errors=True)  # a save killed before it finished
 
 
 def load_checkpoint(

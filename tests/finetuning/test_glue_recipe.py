@@ -630,7 +630,7 @@ def test_resume_from_checkpoint_continues_exactly(resume_step, order, checkpoint
     Also with the length-grouped order, which its own sampler draws per epoch.
     """
     common = ("--logging_steps", "1", "--max_train_steps", "6", "--checkpointing_steps", "2", "--lora_dropout", "0.2",
-              *order)  # fmt: skip
+              "--checkpoints_total_limit", "3", *order)  # fmt: skip
     full = finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "full", "mrpc", *common))
     assert sorted(p.name for p in (tmp_path / "full" / "checkpoints").iterdir()) == ["step_2", "step_4", "step_6"]
     checkpoint = tmp_path / "full" / "checkpoints" / f"step_{resume_step}"
@@ -661,6 +661,21 @@ def test_resume_latest_without_checkpoint_starts_fresh_and_bad_folder_is_refused
                       "--resume_from_checkpoint", str(tmp_path / "run")))  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("limit", "kept"), [((), ["step_4", "step_6"]), (("--checkpoints_total_limit", "1"), ["step_6"])]
+)
+def test_only_the_newest_checkpoints_are_kept(limit, kept, checkpoints, glue_dir, tmp_path):
+    """--checkpoints_total_limit (default 2, as pretraining's): a long run with frequent checkpoints fills no disk."""
+    out, root = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    (root / "step_1.tmp").mkdir(parents=True)  # a save killed before it finished, in an earlier run
+    finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "rte", "--max_train_steps", "6",
+                  "--checkpointing_steps", "2", *limit))  # fmt: skip
+    assert sorted(p.name for p in root.iterdir()) == kept
+    resumed = finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "rte", "--max_train_steps", "6",
+                            "--checkpointing_steps", "2", "--resume_from_checkpoint", "latest", *limit))  # fmt: skip
+    assert resumed["train_steps"] == 6
+
+
 def test_a_fresh_run_beside_an_earlier_runs_checkpoints_is_refused_unless_told_to_overwrite(
     checkpoints, glue_dir, tmp_path
 ):
@@ -685,7 +700,8 @@ def test_damaged_checkpoints_are_named_and_latest_resumes_from_the_newest_intact
     checkpoints, glue_dir, tmp_path, caplog
 ):
     """Each checkpoint's manifest lists its files; a resume checks them, as pretraining's (docs/reliability.md)."""
-    common = ("--max_train_steps", "6", "--checkpointing_steps", "2", "--logging_steps", "1")
+    common = ("--max_train_steps", "6", "--checkpointing_steps", "2", "--logging_steps", "1",
+              "--checkpoints_total_limit", "3")  # fmt: skip
     out, root = tmp_path / "run", tmp_path / "run" / "checkpoints"
     full = finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "mrpc", *common))
     for step in (2, 4, 6):
