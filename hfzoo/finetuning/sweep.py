@@ -128,8 +128,8 @@ def finished_tasks(output_dir: Path, commands: dict[str, argparse.Namespace]) ->
     """The tasks an earlier run of this sweep finished with the same arguments: their results, to keep.
 
     A task counts as finished when the sweep's `results.json` holds its results with the arguments it ran with
-    (`arguments`: `comparable_arguments`) and its folder still holds its `all_results.json`. Tables of an older
-    hfzoo (no `arguments`) keep nothing.
+    (`arguments`: `comparable_arguments`; an argument only one side has is not compared) and its folder still
+    holds its `all_results.json`. Tables of an older hfzoo (no `arguments`) keep nothing.
 
     Args:
         output_dir: the sweep's `--output_dir`.
@@ -157,7 +157,8 @@ def finished_tasks(output_dir: Path, commands: dict[str, argparse.Namespace]) ->
         if task not in recorded or not (output_dir / task / "all_results.json").is_file():
             continue
         here, there = comparable_arguments(given), recorded[task]["arguments"]
-        differ = sorted(name for name in here.keys() | there.keys() if here.get(name) != there.get(name))
+        # an argument only one side has (one hfzoo release added or removed it) is no difference the run made
+        differ = sorted(name for name in here.keys() & there.keys() if here[name] != there[name])
         if differ:
             name = differ[0]
             raise ValueError(
