@@ -31,6 +31,7 @@ import argparse
 import inspect
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -46,6 +47,7 @@ from ..data.sampling import EpochLengthGroupedSampler
 from ..hub import check_model_path, load_checkpoint_config
 from ..integrity import check_weight_files
 from ..outputs import check_output_folder, check_output_is_not_source, removed_if_refused
+from ..training import faults
 from ..training.accelerator import choose_mixed_precision, create_accelerator
 from ..training.arguments import (
     SCHEDULERS,
@@ -70,6 +72,7 @@ from ..training.checkpointing import (
     base_model_record,
     check_resume_base_model,
     check_resume_optimizer,
+    complete_checkpoints,
     delete_earlier_checkpoints,
     newly_initialized_keys,
     refuse_earlier_checkpoints,
@@ -199,6 +202,13 @@ def build_glue_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--checkpoints_total_limit", type=positive_int, default=2, help="keep the newest K checkpoints (default 2)"
+    )
+    p.add_argument(
+        "--max_nonfinite_steps",
+        type=non_negative_int,
+        default=0,
+        help="optimizer steps with a non-finite loss or gradient norm that may be skipped (not applied, logged) "
+        "before the run stops (exit status 76); 0 stops at the first one",
     )
     p.add_argument(
         "--resume_from_checkpoint",
@@ -639,7 +649,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         The results (see `run_glue`).
 
     Raises:
-        SystemExit: bad input (one-line message) or an argparse error.
+        SystemExit: bad input (one-line message) or an argparse error; a non-finite step beyond
+            `--max_nonfinite_steps` (`error: ...` naming the step and the last intact checkpoint, exit status
+            `hfzoo.training.faults.EXIT_NONFINITE`, 76).
     """
     try:
         args = parse_glue_args(argv)
@@ -647,6 +659,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             return run_glue(args)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
+    except faults.NonFiniteError as err:  # every process stops at the same step: the norm is the same on all
+        print(faults.nonfinite_message(err, complete_checkpoints(args.output_dir)), file=sys.stderr, flush=True)
+        raise SystemExit(faults.EXIT_NONFINITE) from None
 
 
 def cli() -> None:

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from ..data.glue import GlueTask
 from ..metrics import load_glue_metric
 from ..modules.embeddings import caller_checked_ids
+from ..training import faults
 from ..training.arguments import TRACKER_PROJECTS, tracker_config
 from ..training.checkpointing import (
     CHECKPOINT_DIR,
@@ -166,6 +167,8 @@ class GlueProgress:
         base_model: the pretrained model it finetunes (`hfzoo.training.checkpointing.base_model_record`: its
             config, a digest of its vocabulary and of its loaded weights; None in checkpoints of an older hfzoo): a
             resume must start from the same model (`hfzoo.training.checkpointing.check_resume_base_model`).
+        nonfinite_steps: the steps whose update was left out for a non-finite loss or gradient norm
+            (`--max_nonfinite_steps`; `hfzoo.training.faults.NonFiniteGuard`), counted across resumes.
     """
 
     step: int = 0
@@ -181,6 +184,7 @@ class GlueProgress:
     data_arguments: dict[str, Any] | None = None
     adapter_arguments: dict[str, Any] | None = None
     base_model: dict[str, Any] | None = None
+    nonfinite_steps: list[int] = dataclasses.field(default_factory=list)
 
 
 def check_glue_resume_arguments(resume_path: Path, args: argparse.Namespace) -> None:
@@ -365,6 +369,26 @@ def train_glue(run: GlueRun) -> GlueProgress:
     window_tokens = torch.zeros((), device=accelerator.device)
     window_flops = torch.zeros((), dtype=torch.float64, device=accelerator.device)
     window_batches, window_start = 0, time.perf_counter()
+    # A step whose gradient norm (or, under fp16 loss scaling, loss) is not finite is never applied; the guard then
+    # stops the run, or with --max_nonfinite_steps lets it go on. With a fused optimizer the stepper reads each
+    # step's norm one step late (no host-device sync per step), so a step is checked then or at the next `settle()`.
+    stepper = faults.OptimizerStepper.for_run(accelerator, run.optimizer, run.lr_scheduler, progress.step)
+    guard = faults.NonFiniteGuard(
+        args.max_nonfinite_steps, check_grad_norm=accelerator.mixed_precision != "fp16", log=accelerator.is_main_process
+    )
+    guard.load_state_dict({"nonfinite_steps": progress.nonfinite_steps})
+    step_loss, step_batches = torch.zeros((), device=accelerator.device), 0
+    unchecked: dict[int, tuple[torch.Tensor, int]] = {}  # step -> (its summed micro-batch losses, micro-batches)
+
+    def count_checked(checked: list[faults.CheckedStep]) -> None:
+        nonlocal window_loss, window_batches
+        for done in checked:
+            loss_sum, batches = unchecked.pop(done.step)
+            if not guard.check(done.step, loss_sum / batches, done.grad_norm):  # raises unless skips are allowed
+                window_loss += loss_sum
+                window_batches += batches
+        progress.nonfinite_steps = list(guard.skipped_steps)
+
     no_cache = no_cache_kwargs(model)  # a KV cache is of no use here (and makes compiled layers specialize)
     checked = caller_checked_ids if run.inputs_checked else contextlib.nullcontext
     while progress.epoch < run.num_train_epochs:
@@ -380,21 +404,32 @@ def train_glue(run: GlueRun) -> GlueProgress:
                 with checked():
                     loss = model(**batch, **no_cache).loss
                 accelerator.backward(loss)
-                if accelerator.sync_gradients and args.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                run.optimizer.step()
-                run.lr_scheduler.step()
+                step_loss += loss.detach().float()
+                step_batches += 1
+                if accelerator.sync_gradients:
+                    unchecked[progress.step + 1] = (step_loss, step_batches)
+                    step_loss, step_batches = torch.zeros((), device=accelerator.device), 0
+                    bound = args.max_grad_norm if args.max_grad_norm > 0 else math.inf  # inf: the norm, no clipping
+                    stepper.step(accelerator.clip_grad_norm_(model.parameters(), bound))
+                    count_checked(stepper.checked())
+                else:  # accelerate's wrappers do nothing between synchronizations
+                    run.optimizer.step()
+                    run.lr_scheduler.step()
                 run.optimizer.zero_grad()
             progress.batches_done += 1
-            window_loss += loss.detach().float()
             window_tokens += batch["attention_mask"].sum()
             if run.throughput is not None and run.flops is not None:  # tensors: no host sync until the log line
                 window_flops += run.flops(batch["attention_mask"])
-            window_batches += 1
             if not accelerator.sync_gradients:
                 continue
             progress.step += 1
             bar.update(1)
+            last = progress.step >= run.max_train_steps
+            saving = (
+                args.checkpointing_steps not in (None, "epoch") and progress.step % int(args.checkpointing_steps) == 0
+            )
+            if progress.step % args.logging_steps == 0 or last or saving:
+                count_checked(stepper.settle())  # before a log line, a save or the evaluation that follows
             if progress.step % args.logging_steps == 0 or progress.step == run.max_train_steps:
                 tokens = accelerator.reduce(window_tokens, reduction="sum").item()
                 flops = accelerator.reduce(window_flops, reduction="sum").item()
@@ -402,7 +437,7 @@ def train_glue(run: GlueRun) -> GlueProgress:
                 record = {
                     "step": progress.step,
                     "epoch": progress.epoch,
-                    "train_loss": (window_loss / window_batches).item(),
+                    "train_loss": (window_loss / window_batches).item() if window_batches else math.nan,
                     "learning_rate": run.lr_scheduler.get_last_lr()[0],
                     "tokens_per_second": tokens / seconds,
                 }
@@ -422,12 +457,13 @@ def train_glue(run: GlueRun) -> GlueProgress:
                     accelerator.log(record, step=progress.step)
                 window_loss.zero_(), window_tokens.zero_(), window_flops.zero_()
                 window_batches, window_start = 0, time.perf_counter()
-            if args.checkpointing_steps not in (None, "epoch") and progress.step % int(args.checkpointing_steps) == 0:
+            if saving:
                 pause_start = time.perf_counter()
                 save_glue_checkpoint(run, progress, best_state)
                 window_start += time.perf_counter() - pause_start  # not training time
             if progress.step >= run.max_train_steps:
                 break
+        count_checked(stepper.settle())  # every step of the epoch, before its evaluation
         pause_start = time.perf_counter()
         metrics = {
             split: evaluate_glue(model, eval_loader, task, accelerator, _metric_name(task, split), run.inputs_checked)

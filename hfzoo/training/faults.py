@@ -620,6 +620,17 @@ def first_nonfinite_parameter(accelerator, model: torch.nn.Module) -> str | None
 # ---------------------------------------------------------------------------------------------------
 
 
+def nonfinite_message(err: NonFiniteError, checkpoints: list[Path]) -> str:
+    """The one line a run stopped by a non-finite step prints: `error: <err>; the last checkpoint, <path>, is intact`.
+
+    Args:
+        err: the guard's error (names the step and what was not finite).
+        checkpoints: the run's complete checkpoint folders, oldest first (`[]`: "no checkpoint was written").
+    """
+    kept = f"; the last checkpoint, {checkpoints[-1]}, is intact" if checkpoints else "; no checkpoint was written"
+    return f"error: {err}{kept}"
+
+
 @contextlib.contextmanager
 def handle_training_faults(accelerator, checkpoints: Callable[[], list[Path]] | None = None):
     """Run the training loop; turn its faults into one line on stderr and an exit code; always clean up.
@@ -656,9 +667,7 @@ def handle_training_faults(accelerator, checkpoints: Callable[[], list[Path]] | 
         message = str(err) if accelerator.is_main_process else None
         code = EXIT_PREEMPTED
     except NonFiniteError as err:
-        done = checkpoints() if checkpoints is not None else []
-        kept = f"; the last checkpoint, {done[-1]}, is intact" if done else "; no checkpoint was written"
-        message, code = f"error: {err}{kept}", EXIT_NONFINITE
+        message, code = nonfinite_message(err, checkpoints() if checkpoints is not None else []), EXIT_NONFINITE
     except CheckpointError as err:
         message = f"error: {err}"
     except BaseException as err:

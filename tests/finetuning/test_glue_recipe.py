@@ -1078,6 +1078,43 @@ def test_push_to_hub_a_stock_transformers_checkpoint(checkpoints, glue_dir, tmp_
     assert "hf_secret" not in card.content and "import hfzoo" not in card.content
 
 
+def test_a_non_finite_step_stops_the_run_unless_skips_are_allowed(checkpoints, glue_dir, tmp_path, capsys, caplog):
+    """A learning rate that blows the weights up: the run stops at the first NaN step, keeping finite checkpoints.
+
+    Before, the run trained on with NaN weights, saved them and reported the majority-class accuracy, exit status 0.
+    """
+    from safetensors.torch import load_file
+
+    common = ("--peft", "none", "--learning_rate", "1e30", "--max_train_steps", "6", "--checkpointing_steps", "1",
+              "--checkpoints_total_limit", "6")  # fmt: skip
+    out = tmp_path / "stopped"
+    with pytest.raises(SystemExit) as exit_info:
+        finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "rte", *common))
+    assert exit_info.value.code == 76
+    error = capsys.readouterr().err
+    assert "error: non-finite gradient norm (nan; loss nan) at step 2: its update was not applied and training stopped" \
+        f" (skip such steps with --max_nonfinite_steps N); the last checkpoint, {out / 'checkpoints' / 'step_1'}, " \
+        "is intact" in error  # fmt: skip
+    assert (
+        sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_1"]
+        and not (out / "all_results.json").exists()
+    )
+
+    out = tmp_path / "skipping"
+    results = finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "rte", *common, "--max_nonfinite_steps", "5"))
+    assert results["train_steps"] == 6
+    assert json.loads((out / "checkpoints" / "step_6" / GLUE_STATE).read_text())["nonfinite_steps"] == [2, 3, 4, 5, 6]
+    weights = load_file(out / "model.safetensors")
+    assert all(torch.isfinite(w.float()).all() for w in weights.values())  # no skipped update was applied
+    assert "step 6: non-finite gradient norm (nan; loss nan); update skipped (5 of at most 5" in caplog.text
+    with pytest.raises(SystemExit) as exit_info:  # one skip more than allowed
+        finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "four", "rte", *common,
+                      "--max_nonfinite_steps", "4"))  # fmt: skip
+    assert exit_info.value.code == 76
+    assert "at step 6: its update was not applied and training stopped (4 such step(s) already skipped ([2, 3, 4, 5]))" \
+        in capsys.readouterr().err  # fmt: skip
+
+
 def test_an_undefined_dev_metric_never_wins_the_best_epoch():
     from hfzoo.finetuning.loop import _improves
 
