@@ -631,7 +631,10 @@ def run_glue(args: argparse.Namespace) -> dict[str, Any]:
     """
     run = prepare_glue(args)
     start = time.perf_counter()
-    progress = train_glue(run)
+    try:
+        progress = train_glue(run)
+    finally:
+        faults.restore_signal_handlers()  # SIGTERM/SIGINT stop training only (`faults.PreemptionHandler`)
     results = glue_results(run, progress, time.perf_counter() - start)
     save_glue_outputs(run, results, progress)
     if args.with_tracking:
@@ -651,7 +654,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     Raises:
         SystemExit: bad input (one-line message) or an argparse error; a non-finite step beyond
             `--max_nonfinite_steps` (`error: ...` naming the step and the last intact checkpoint, exit status
-            `hfzoo.training.faults.EXIT_NONFINITE`, 76).
+            `hfzoo.training.faults.EXIT_NONFINITE`, 76); SIGTERM or SIGINT during training (a checkpoint of the
+            step then finished is written; `stopped by SIGTERM after step N; ...`, exit status
+            `hfzoo.training.faults.EXIT_PREEMPTED`, 75).
     """
     try:
         args = parse_glue_args(argv)
@@ -662,6 +667,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except faults.NonFiniteError as err:  # every process stops at the same step: the norm is the same on all
         print(faults.nonfinite_message(err, complete_checkpoints(args.output_dir)), file=sys.stderr, flush=True)
         raise SystemExit(faults.EXIT_NONFINITE) from None
+    except faults.TrainingPreempted as err:  # every process stops after the same step (`PreemptionHandler`)
+        print(err, file=sys.stderr, flush=True)
+        raise SystemExit(faults.EXIT_PREEMPTED) from None
 
 
 def cli() -> None:

@@ -390,6 +390,8 @@ def train_glue(run: GlueRun) -> GlueProgress:
         progress.nonfinite_steps = list(guard.skipped_steps)
 
     no_cache = no_cache_kwargs(model)  # a KV cache is of no use here (and makes compiled layers specialize)
+    # SIGTERM/SIGINT: stop after the current step with a checkpoint (uninstalled by `run_glue` on any exit)
+    preemption = faults.PreemptionHandler().install()
     checked = caller_checked_ids if run.inputs_checked else contextlib.nullcontext
     while progress.epoch < run.num_train_epochs:
         if progress.step >= run.max_train_steps and progress.batches_done == 0:
@@ -462,7 +464,14 @@ def train_glue(run: GlueRun) -> GlueProgress:
                 save_glue_checkpoint(run, progress, best_state)
                 window_start += time.perf_counter() - pause_start  # not training time
             if progress.step >= run.max_train_steps:
-                break
+                break  # a signal now: the evaluation and the save are all that is left, and they run
+            signal_name = preemption.requested(accelerator)  # all processes agree on the step to stop at
+            if signal_name is not None:
+                count_checked(stepper.settle())
+                folder = Path(args.output_dir) / CHECKPOINT_DIR / f"step_{progress.step}"
+                if not saving:
+                    folder = save_glue_checkpoint(run, progress, best_state)
+                raise faults.TrainingPreempted(signal_name, progress.step, folder)
         count_checked(stepper.settle())  # every step of the epoch, before its evaluation
         pause_start = time.perf_counter()
         metrics = {

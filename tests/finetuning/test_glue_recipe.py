@@ -1115,6 +1115,43 @@ def test_a_non_finite_step_stops_the_run_unless_skips_are_allowed(checkpoints, g
         in capsys.readouterr().err  # fmt: skip
 
 
+def test_sigterm_stops_after_the_step_with_a_checkpoint_that_resumes_exactly(
+    checkpoints, glue_dir, tmp_path, monkeypatch, capsys
+):
+    """A preempted job (SIGTERM) loses no step: the resumed run ends as the uninterrupted one, as pretraining's."""
+    import os
+    import signal
+
+    from hfzoo.training import faults
+
+    common = ("--logging_steps", "1", "--max_train_steps", "6", "--lora_dropout", "0.2")
+    full = finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "full", "mrpc", *common))
+    handler = signal.getsignal(signal.SIGTERM)
+    real_step = faults.OptimizerStepper.step
+
+    def step(self, grad_norm):
+        taken = real_step(self, grad_norm)
+        if self.last_step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # the scheduler's signal, in the middle of step 3
+        return taken
+
+    monkeypatch.setattr(faults.OptimizerStepper, "step", step)
+    out = tmp_path / "preempted"
+    with pytest.raises(SystemExit) as exit_info:
+        finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "mrpc", *common))  # no --checkpointing_steps
+    assert exit_info.value.code == 75
+    assert (f"stopped by SIGTERM after step 3; checkpoint {out / 'checkpoints' / 'step_3'} written; continue with "
+            "--resume_from_checkpoint latest") in capsys.readouterr().err  # fmt: skip
+    assert signal.getsignal(signal.SIGTERM) is handler  # the run's handler is gone with it
+    monkeypatch.setattr(faults.OptimizerStepper, "step", real_step)
+    resumed = finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "mrpc", *common,
+                            "--resume_from_checkpoint", "latest"))  # fmt: skip
+    for key in ("eval_accuracy", "eval_f1", "eval_loss", "best_epoch", "final_train_loss", "train_steps"):
+        assert resumed[key] == full[key], key
+    a, b = _trainable(tmp_path / "full"), _trainable(out)
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_an_undefined_dev_metric_never_wins_the_best_epoch():
     from hfzoo.finetuning.loop import _improves
 
