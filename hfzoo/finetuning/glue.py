@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
@@ -665,10 +665,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     except faults.NonFiniteError as err:  # every process stops at the same step: the norm is the same on all
-        print(faults.nonfinite_message(err, complete_checkpoints(args.output_dir)), file=sys.stderr, flush=True)
+        faults.close_progress_bars()  # the message starts a line of its own
+        if PartialState().is_main_process:  # one line per run, not per process
+            print(faults.nonfinite_message(err, complete_checkpoints(args.output_dir)), file=sys.stderr, flush=True)
         raise SystemExit(faults.EXIT_NONFINITE) from None
     except faults.TrainingPreempted as err:  # every process stops after the same step (`PreemptionHandler`)
-        print(err, file=sys.stderr, flush=True)
+        faults.close_progress_bars()
+        if PartialState().is_main_process:
+            print(err, file=sys.stderr, flush=True)
         raise SystemExit(faults.EXIT_PREEMPTED) from None
 
 

@@ -680,7 +680,7 @@ def handle_training_faults(accelerator, checkpoints: Callable[[], list[Path]] | 
     finally:
         restore_signal_handlers()
         end_process_group()
-        _close_progress_bars()
+        close_progress_bars()
     if not multi and code == 1:
         raise SystemExit(message)  # printed by Python; exit status 1
     if message is not None:
@@ -691,7 +691,7 @@ def handle_training_faults(accelerator, checkpoints: Callable[[], list[Path]] | 
     raise SystemExit(code)
 
 
-def _close_progress_bars() -> None:
+def close_progress_bars() -> None:
     """Close the open tqdm bars, so that the message that follows starts on a line of its own."""
     from tqdm import tqdm
 

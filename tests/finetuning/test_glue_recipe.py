@@ -1152,6 +1152,41 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_that_resumes_exactly(
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_sigterm_to_accelerate_launch_of_two_processes_checkpoints_both(checkpoints, glue_dir, tmp_path):
+    """SIGTERM to the launcher (torchrun forwards it): both processes stop after the same step, write their parts
+    of one checkpoint, and the run says so once."""
+    import signal
+    import time
+
+    from hfzoo.training.checkpointing import find_latest_checkpoint, verify_checkpoint
+
+    out = tmp_path / "run"
+    recipe = argv(checkpoints["encoder-tiny"], glue_dir, out, "rte", "--per_device_train_batch_size", "2",
+                  "--checkpointing_steps", "4", "--num_train_epochs", "100")  # fmt: skip
+    recipe[recipe.index("--max_train_steps") + 1] = "400"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "accelerate_configs" /
+           "ddp.yaml"), str(REPO / "recipes" / "finetune_glue.py"), *recipe]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (out / "checkpoints" / "step_4" / "manifest.json").is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=180)
+    stopped = re.findall(r"^stopped by SIGTERM after step (\d+); checkpoint (\S+) written; .*$", stderr, re.MULTILINE)
+    assert len(stopped) == 1, stderr[-3000:]  # one line, from the main process
+    assert stderr.count("SIGTERM received: finishing the current step") == 2
+    step, checkpoint = int(stopped[0][0]), out / "checkpoints" / f"step_{stopped[0][0]}"
+    assert 4 <= step < 400 and Path(stopped[0][1]) == checkpoint
+    assert find_latest_checkpoint(out, state_file=GLUE_STATE) == checkpoint
+    verify_checkpoint(checkpoint, state_file=GLUE_STATE)
+    assert json.loads((checkpoint / GLUE_STATE).read_text())["batch_layout"]["num_processes"] == 2
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in checkpoint.rglob("*")}
+
+
 def test_an_undefined_dev_metric_never_wins_the_best_epoch():
     from hfzoo.finetuning.loop import _improves
 
