@@ -8,6 +8,8 @@ tracker logs and temporary files (`files_to_upload` lists exactly what would be 
 a checkpoint's config with a one-line error naming the argument that gave it;
 `local_checkpoint_folder` gives a folder or a hub id's snapshot, and `copy_sentence_transformers_files` carries a
 sentence-transformers model's modules into a folder written from it (a conversion, a remote-code export).
+`public_arguments` is what of a recipe's arguments may be written anywhere (cards, tracker configs, logs): all but
+the secrets `is_secret_argument` names; `TRACKER_PROJECTS` are the recipes' tracker folders, never uploaded.
 """
 
 from __future__ import annotations
@@ -27,7 +29,46 @@ from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 
 from . import AUTO_CLASSES, OTHER_MODEL_CLASSES
 from .modules.attention import key_value_heads
-from .training.arguments import TRACKER_PROJECTS, public_arguments
+
+#: The `Accelerator.init_trackers` project of each recipe: `--with_tracking` logs (TensorBoard's event files and
+#: `hparams.yml`) go to `<output_dir>/<project>/`, which `hfzoo.hub.push_to_hub` leaves out.
+TRACKER_PROJECTS = {"pretraining": "pretrain", "glue": "glue"}
+
+
+#: Parts of an argument's name that mark its value as a secret (`--hub_token`, ...): never recorded or logged.
+SECRET_MARKERS = ("token", "secret", "password", "api_key")
+
+
+def is_secret_argument(name: str) -> bool:
+    """Whether the argument `name` holds a secret: it ends in a `SECRET_MARKERS` word, any case.
+
+    `hub_token`, `wandb_api_key`, `--hub_token` are secrets; `max_new_tokens`, `tokenizer_name` and
+    `num_virtual_tokens` are not (the marker must be the name's last word: all of it, or after `_` or `-`), nor are
+    a tokenizer's special tokens (`mask_token`, `pad_token`, ...).
+    """
+    name = name.lower().lstrip("-")
+    if name in _SPECIAL_TOKENS:
+        return False
+    return any(name == marker or name.endswith(("_" + marker, "-" + marker)) for marker in SECRET_MARKERS)
+
+
+_SPECIAL_TOKENS = frozenset(f"{kind}_token" for kind in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"))
+
+
+def public_arguments(args: argparse.Namespace | dict[str, Any] | None) -> dict[str, Any]:
+    """The recipe arguments that may be written anywhere (model cards, tracker configs, logs): all but secrets.
+
+    Args:
+        args: parsed arguments, or a dict of them; None gives `{}`.
+
+    Returns:
+        `{name: value}` without the arguments `is_secret_argument` names (`hub_token`, ...), values as given.
+    """
+    if args is None:
+        return {}
+    items = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
+    return {name: value for name, value in items.items() if not is_secret_argument(name)}
+
 
 #: resumable checkpoints of the pretraining recipe (`hfzoo.training.checkpointing.CHECKPOINT_DIR`).
 CHECKPOINT_DIR = "checkpoints"
@@ -487,12 +528,16 @@ def push_to_hub(
 __all__ = [
     "CHECKPOINT_DIR",
     "IGNORE_PATTERNS",
+    "SECRET_MARKERS",
+    "TRACKER_PROJECTS",
     "build_model_card",
     "check_model_path",
     "count_parameters",
     "files_to_upload",
     "hub_base_model",
+    "is_secret_argument",
     "load_checkpoint_config",
+    "public_arguments",
     "push_to_hub",
     "source_error",
 ]

@@ -29,10 +29,11 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from ..data.glue import GlueTask
+from ..hub import TRACKER_PROJECTS
 from ..metrics import load_glue_metric
 from ..modules.embeddings import caller_checked_ids
 from ..training import faults
-from ..training.arguments import TRACKER_PROJECTS, tracker_config
+from ..training.arguments import tracker_config
 from ..training.checkpointing import (
     CHECKPOINT_DIR,
     check_resume_arguments,

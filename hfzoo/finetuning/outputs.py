@@ -8,9 +8,9 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from ..hub import hub_base_model
+from ..hub import hub_base_model, public_arguments
 from ..outputs import write_text_atomic
-from ..training.arguments import hub_repository, public_arguments
+from ..training.arguments import hub_repository
 from ..training.plots import plot_training_curves
 from .loop import GlueProgress, GlueRun
 

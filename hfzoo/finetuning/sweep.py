@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from ..data.glue import GLUE_TASKS, get_glue_task, glue_files
+from ..hub import public_arguments
 from ..outputs import write_text_atomic
-from ..training.arguments import OneLineErrorParser, public_arguments, secret_free_command
+from ..training.arguments import OneLineErrorParser, secret_free_command
 from ..training.checkpointing import CHECKPOINT_DIR, complete_checkpoints
 from ..training.plots import plot_results_bars
 from .glue import main as finetune

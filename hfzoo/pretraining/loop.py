@@ -35,7 +35,14 @@ from transformers import AutoTokenizer
 
 from ..data.loading import check_input_files, load_raw_datasets
 from ..data.packing import token_counts, tokenize_and_pack
-from ..hub import build_model_card, check_model_path, load_checkpoint_config, push_to_hub, source_error
+from ..hub import (
+    TRACKER_PROJECTS,
+    build_model_card,
+    check_model_path,
+    load_checkpoint_config,
+    push_to_hub,
+    source_error,
+)
 from ..integrity import check_weight_files
 from ..models.presets import PRESETS, build_config, parse_overrides
 from ..modules.embeddings import caller_checked_ids, check_batch_ids
@@ -43,7 +50,6 @@ from ..outputs import removed_if_refused, write_text_atomic
 from ..training import faults
 from ..training.accelerator import choose_mixed_precision, create_accelerator
 from ..training.arguments import (
-    TRACKER_PROJECTS,
     check_scheduler_arguments,
     hub_repository,
     muon_settings,

@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from ..choices import choice_hint
+from ..hub import is_secret_argument, public_arguments
 from .optimization import MUON_ADJUST_LR_FNS, MuonSettings, create_scheduler
 
 SCHEDULERS = (
@@ -389,46 +390,6 @@ def refuse_flags_without(parser: argparse.ArgumentParser, args: argparse.Namespa
             shown = "***" if is_secret_argument(flag) else value  # a token (`--hub_token`) is not printed
             given = f"--{flag}" if value is True else f"--{flag} {shown}"  # a switch (`--hub_private_repo`) alone
             parser.error(f"{given} needs --{needed} (without it, it would be ignored)")
-
-
-#: Parts of an argument's name that mark its value as a secret (`--hub_token`, ...): never recorded or logged.
-SECRET_MARKERS = ("token", "secret", "password", "api_key")
-
-
-def is_secret_argument(name: str) -> bool:
-    """Whether the argument `name` holds a secret: it ends in a `SECRET_MARKERS` word, any case.
-
-    `hub_token`, `wandb_api_key`, `--hub_token` are secrets; `max_new_tokens`, `tokenizer_name` and
-    `num_virtual_tokens` are not (the marker must be the name's last word: all of it, or after `_` or `-`), nor are
-    a tokenizer's special tokens (`mask_token`, `pad_token`, ...).
-    """
-    name = name.lower().lstrip("-")
-    if name in _SPECIAL_TOKENS:
-        return False
-    return any(name == marker or name.endswith(("_" + marker, "-" + marker)) for marker in SECRET_MARKERS)
-
-
-_SPECIAL_TOKENS = frozenset(f"{kind}_token" for kind in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"))
-
-
-def public_arguments(args: argparse.Namespace | dict[str, Any] | None) -> dict[str, Any]:
-    """The recipe arguments that may be written anywhere (model cards, tracker configs, logs): all but secrets.
-
-    Args:
-        args: parsed arguments, or a dict of them; None gives `{}`.
-
-    Returns:
-        `{name: value}` without the arguments `is_secret_argument` names (`hub_token`, ...), values as given.
-    """
-    if args is None:
-        return {}
-    items = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
-    return {name: value for name, value in items.items() if not is_secret_argument(name)}
-
-
-#: The `Accelerator.init_trackers` project of each recipe: `--with_tracking` logs (TensorBoard's event files and
-#: `hparams.yml`) go to `<output_dir>/<project>/`, which `hfzoo.hub.push_to_hub` leaves out.
-TRACKER_PROJECTS = {"pretraining": "pretrain", "glue": "glue"}
 
 
 def tracker_config(args: argparse.Namespace) -> dict[str, int | float | str | bool]:

@@ -168,7 +168,8 @@ def test_a_printed_command_line_hides_secret_values_only(argv, shown):
 def test_tracker_config_and_public_arguments_leave_secrets_out():
     import argparse
 
-    from hfzoo.training.arguments import public_arguments, tracker_config
+    from hfzoo.hub import public_arguments
+    from hfzoo.training.arguments import tracker_config
 
     args = argparse.Namespace(hub_token="hf_x", HUB_TOKEN="hf_y", wandb_api_key="k", seed=1, lr=1e-3, output_dir="o",
                               push_to_hub=True, report_to=None, tasks=["rte"], tokenizer_name="tok",
@@ -181,7 +182,7 @@ def test_tracker_config_and_public_arguments_leave_secrets_out():
 
 
 def test_secret_arguments_are_those_named_for_a_secret():
-    from hfzoo.training.arguments import is_secret_argument
+    from hfzoo.hub import is_secret_argument
 
     secret = ["hub_token", "HUB_TOKEN", "--hub_token", "token", "wandb_api_key", "password", "client_secret"]
     public = ["max_new_tokens", "tokenizer_name", "num_virtual_tokens", "train_tokens_seen", "token_type_ids",
