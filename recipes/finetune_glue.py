@@ -5,7 +5,7 @@ Arguments follow transformers' `run_glue_no_trainer.py`, plus `--data_dir` (GLUE
 `--peft lora|prefix|none` with its options. See `python recipes/finetune_glue.py --help` and docs/glue.md.
 """
 
-from hfzoo.finetuning.glue import main
+from hfzoo.finetuning.glue import cli
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -7,7 +7,7 @@
 See `hfzoo.finetuning.sweep`.
 """
 
-from hfzoo.finetuning.sweep import main
+from hfzoo.finetuning.sweep import cli
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -5,7 +5,7 @@ Arguments follow transformers' `run_clm_no_trainer.py`; `--config recipes/config
 defaults that flags override. See `python recipes/pretrain.py --help` and the README.
 """
 
-from hfzoo.pretraining.loop import main
+from hfzoo.pretraining.loop import cli
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -132,8 +132,9 @@ def child_main(argv: list[str]) -> None:
     if options.fault != "none":
         install_fault(options.fault, options.step, options.rank, options.delay)
     from hfzoo.pretraining.loop import main
+    from hfzoo.training.faults import run_launched
 
-    main(recipe_args)
+    run_launched(lambda: main(recipe_args))  # as `recipes/pretrain.py` ends
 
 
 # ----------------------------------------------------------------------------------------------------------

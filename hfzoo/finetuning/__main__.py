@@ -1,5 +1,5 @@
 """`python -m hfzoo.finetuning ARGS`: the same command as `hfzoo-finetune-glue ARGS`."""
 
-from . import main
+from . import cli
 
-main()
+cli()

@@ -677,9 +677,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def cli() -> None:
-    """Console script `hfzoo-finetune-glue` (returns None: setuptools exits with what its function returns)."""
-    main()
+    """`hfzoo-finetune-glue` and `recipes/finetune_glue.py`: `main`, then the process ends with its exit status.
+
+    A process of a multi-process run ends without the interpreter's teardown (`hfzoo.training.faults.run_launched`).
+    """
+    faults.run_launched(main)
 
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -31,6 +31,7 @@ from typing import Any
 from ..data.glue import GLUE_TASKS, get_glue_task, glue_files
 from ..hub import public_arguments
 from ..outputs import write_text_atomic
+from ..training import faults
 from ..training.arguments import OneLineErrorParser, secret_free_command
 from ..training.checkpointing import CHECKPOINT_DIR, complete_checkpoints
 from ..training.plots import plot_results_bars
@@ -315,5 +316,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     return results
 
 
+def cli() -> None:
+    """`recipes/glue_sweep.py`: `main`, then the process ends with its exit status.
+
+    A process of a multi-process run ends without the interpreter's teardown (`hfzoo.training.faults.run_launched`).
+    """
+    faults.run_launched(main)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

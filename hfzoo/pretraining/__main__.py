@@ -1,5 +1,5 @@
 """`python -m hfzoo.pretraining ARGS`: the same command as `hfzoo-pretrain ARGS`."""
 
-from . import main
+from . import cli
 
-main()
+cli()

@@ -982,9 +982,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 def cli() -> None:
-    """Console script `hfzoo-pretrain` (returns None: setuptools exits with what its function returns)."""
-    main()
+    """`hfzoo-pretrain` and `recipes/pretrain.py`: `main`, then the process ends with its exit status.
+
+    A process of a multi-process run ends without the interpreter's teardown (`hfzoo.training.faults.run_launched`).
+    """
+    faults.run_launched(main)
 
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -11,6 +11,8 @@
 - `handle_training_faults`: the context manager around the training loop that turns these faults (and
   failed collectives) into a one-line message and an exit code, and always destroys the process group.
 - `record_peers` / `lost_peers`: which process (rank, node, host) a failed collective lost, for that message.
+- `run_launched`: runs a job's entry point as a process's whole work; a process of a multi-process run then
+  ends without the interpreter's teardown, which can abort it after a run that finished.
 
 Exit codes: 0 success, 1 error (including a failed checkpoint save or collective), 2 bad arguments,
 `EXIT_PREEMPTED` = 75 (stopped by a signal after writing a checkpoint; sysexits' EX_TEMPFAIL: run
@@ -686,9 +688,62 @@ def handle_training_faults(accelerator, checkpoints: Callable[[], list[Path]] | 
     if message is not None:
         print(message, file=sys.stderr, flush=True)
     if multi:
-        sys.stdout.flush()
-        os._exit(code)
+        _exit_now(code)
     raise SystemExit(code)
+
+
+def run_launched(main: Callable[[], object]) -> None:
+    """Run a job's entry point as the whole work of this process, then end the process with its exit status.
+
+    For the console scripts and recipes (`hfzoo-pretrain`, `recipes/pretrain.py`, ...). A process that a
+    launcher started as one of several (`torchrun`, `accelerate launch`, DeepSpeed's launcher: `WORLD_SIZE` > 1)
+    ends with `os._exit` once `main` has returned or raised `SystemExit`, after destroying the process group,
+    closing its progress bars and flushing its logs and output. The interpreter's teardown is skipped: the DDP
+    reducer keeps the gloo process group alive past `destroy_process_group`, so gloo's worker threads can still
+    be releasing the tensors of the last collective while the interpreter finalizes, and a thread that takes the
+    GIL then aborts the process (`terminate called without an active exception`, SIGABRT, which the launcher
+    reports as a failed run) after the run finished and wrote its outputs. A single process exits as Python does.
+
+    Args:
+        main: the job's entry point (reads `sys.argv`); its return value is not used.
+
+    Raises:
+        SystemExit: a single process, `main`'s own. Other exceptions of `main` propagate unchanged (in every process).
+    """
+    several = _launched_as_one_of_several()
+    try:
+        main()
+        status = 0
+    except SystemExit as err:
+        if not several:
+            raise
+        status = err.code
+    if not several:
+        return
+    end_process_group()
+    close_progress_bars()
+    if status is None:
+        status = 0
+    elif not isinstance(status, int):  # SystemExit("error: ..."): Python prints the message and exits with 1
+        print(status, file=sys.stderr)
+        status = 1
+    _exit_now(status)
+
+
+def _launched_as_one_of_several() -> bool:
+    """Whether a launcher started this process as one of several (torchrun's `WORLD_SIZE` environment variable)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return False
+
+
+def _exit_now(status: int) -> None:
+    """Flush the logs, stdout and stderr, then end the process with `status` without the interpreter's teardown."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def close_progress_bars() -> None:

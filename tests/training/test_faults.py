@@ -234,6 +234,63 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
         time.sleep(0.05)
 
 
+# A job's main as `recipes/*.py` run it: it prints, logs, leaves a thread busy in torch's C++ code (as gloo's workers
+# can be, releasing the tensors of the last collective) and ends with the exit status in argv[1] ("0", "75" or a
+# message). A thread that takes the GIL while the interpreter finalizes aborts the process.
+_LAUNCHED_MAIN = """
+import atexit, logging, sys, threading, time
+import torch
+from hfzoo.training import faults
+
+def main():
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("job").info("logged by the job")
+    sys.stdout.write("printed by the job")  # a pipe is block-buffered: written by a flush only
+    atexit.register(print, "interpreter teardown")
+    if "--busy_thread" in sys.argv:
+        a = torch.randn(1200, 1200)
+        threading.Thread(target=lambda: [a @ a for _ in iter(int, 1)], daemon=True).start()
+        time.sleep(0.2)
+    if sys.argv[1] != "0":
+        raise SystemExit(int(sys.argv[1]) if sys.argv[1].isdigit() else sys.argv[1])
+
+faults.run_launched(main)
+"""
+
+
+@pytest.mark.parametrize(("status", "code"), [("0", 0), ("75", 75), ("error: bad input", 1)])
+def test_a_launched_process_of_several_ends_with_its_status_and_its_output_without_the_interpreter_teardown(
+    status, code
+):
+    """One process of a multi-process run (`WORLD_SIZE` 2) whose job leaves a thread in torch's C++ code: the
+    process ends with the job's exit status, everything it printed and logged written, and no abort (plain
+    interpreter exit: `terminate called without an active exception`, SIGABRT)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _LAUNCHED_MAIN, status, "--busy_thread"],
+        env={**launch_env(), "WORLD_SIZE": "2"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert proc.stdout == "printed by the job"  # flushed; the interpreter's teardown (atexit) never ran
+    assert "logged by the job" in proc.stderr and "terminate called" not in proc.stderr
+    if code == 1:
+        assert proc.stderr.rstrip().endswith("error: bad input")
+
+
+@pytest.mark.parametrize(("status", "code"), [("0", 0), ("error: bad input", 1)])
+def test_a_single_process_ends_as_python_ends_it(status, code):
+    """Without a launcher (no `WORLD_SIZE`), the job's exit status and Python's own teardown (atexit) are kept."""
+    env = {k: v for k, v in launch_env().items() if k != "WORLD_SIZE"}
+    proc = subprocess.run([sys.executable, "-c", _LAUNCHED_MAIN, status], env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert proc.stdout == "printed by the job" + "interpreter teardown\n"
+    if code == 1:
+        assert proc.stderr.rstrip().endswith("error: bad input")
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("config", ["ddp.yaml", "deepspeed_zero2.yaml"])
