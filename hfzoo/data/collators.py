@@ -449,8 +449,8 @@ def compute_input_and_target_lengths(
 def _check_noise_arguments(noise_density: float, mean_noise_span_length: float) -> None:
     if not 0.0 < noise_density < 1.0:
         raise ValueError(f"noise_density must be in (0, 1) (exclusive), got {noise_density}")
-    if not mean_noise_span_length >= 1.0:
-        raise ValueError(f"mean_noise_span_length must be >= 1, got {mean_noise_span_length}")
+    if not 1.0 <= mean_noise_span_length < float("inf"):  # inf would make one span of every row's noise
+        raise ValueError(f"mean_noise_span_length must be finite and >= 1, got {mean_noise_span_length}")
 
 
 def noise_span_counts(

@@ -24,6 +24,7 @@ from ..training.arguments import (
     check_dependent_flags,
     check_muon_arguments,
     checkpointing_steps,
+    finite_float,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -66,14 +67,14 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     objective = p.add_argument_group("objective")
     # None: not given (another objective's flags are refused; `parse_pretrain_args` fills in `Objective.flags`)
     objective.add_argument(
-        "--mlm_probability", type=float, default=None, help="mlm: fraction of tokens selected (default 0.15)."
+        "--mlm_probability", type=finite_float, default=None, help="mlm: fraction of tokens selected (default 0.15)."
     )
     objective.add_argument("--whole_word_mask", action="store_true", help="mlm: select whole words.")
     objective.add_argument(
-        "--noise_density", type=float, default=None, help="span: fraction of tokens corrupted (default 0.15)."
+        "--noise_density", type=finite_float, default=None, help="span: fraction of tokens corrupted (default 0.15)."
     )
     objective.add_argument(
-        "--mean_noise_span_length", type=float, default=None, help="span: mean span length (default 3)."
+        "--mean_noise_span_length", type=finite_float, default=None, help="span: mean span length (default 3)."
     )
     data = p.add_argument_group("data")
     data.add_argument(

@@ -572,10 +572,10 @@ def test_span_errors(t5_tok, enc_tok, train_texts, span_blocks):
     assert sentinel_token_ids(no_eos) == no_eos.convert_tokens_to_ids([f"<extra_id_{i}>" for i in range(5)])
     with pytest.raises(ValueError, match="no eos token"):
         DataCollatorForSpanCorruption(no_eos)
-    for density in (0.0, 1.0, -0.1, 1.5):
+    for density in (0.0, 1.0, -0.1, 1.5, float("nan")):
         with pytest.raises(ValueError, match="noise_density"):
             DataCollatorForSpanCorruption(t5_tok, noise_density=density)
-    for mean in (0.0, 0.5, -3.0):
+    for mean in (0.0, 0.5, -3.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="mean_noise_span_length"):
             DataCollatorForSpanCorruption(t5_tok, mean_noise_span_length=mean)
 
