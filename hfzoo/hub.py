@@ -37,6 +37,8 @@ TRACKER_PROJECTS = {"pretraining": "pretrain", "glue": "glue"}
 
 #: Parts of an argument's name that mark its value as a secret (`--hub_token`, ...): never recorded or logged.
 SECRET_MARKERS = ("token", "secret", "password", "api_key")
+#: A tokenizer's special-token arguments (`mask_token`, ...): named like secrets, never secret.
+_SPECIAL_TOKENS = frozenset(f"{kind}_token" for kind in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"))
 
 
 def is_secret_argument(name: str) -> bool:
@@ -50,9 +52,6 @@ def is_secret_argument(name: str) -> bool:
     if name in _SPECIAL_TOKENS:
         return False
     return any(name == marker or name.endswith(("_" + marker, "-" + marker)) for marker in SECRET_MARKERS)
-
-
-_SPECIAL_TOKENS = frozenset(f"{kind}_token" for kind in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"))
 
 
 def public_arguments(args: argparse.Namespace | dict[str, Any] | None) -> dict[str, Any]:
