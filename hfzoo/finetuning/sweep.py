@@ -33,7 +33,7 @@ from ..hub import public_arguments
 from ..outputs import write_text_atomic
 from ..training import faults
 from ..training.arguments import OneLineErrorParser, secret_free_command
-from ..training.checkpointing import CHECKPOINT_DIR, complete_checkpoints
+from ..training.checkpointing import earlier_run_checkpoints
 from ..training.plots import plot_results_bars
 from .glue import main as finetune
 from .glue import parse_glue_args
@@ -173,12 +173,9 @@ def finished_tasks(output_dir: Path, commands: dict[str, argparse.Namespace]) ->
 
 
 def _refuse_earlier_checkpoints(task: str, given: argparse.Namespace) -> None:
-    if given.resume_from_checkpoint or given.overwrite_output_dir:
-        return
-    if earlier := complete_checkpoints(given.output_dir):
-        shown = ", ".join(f"{CHECKPOINT_DIR}/{path.name}" for path in earlier)
+    if earlier := earlier_run_checkpoints(given):
         raise ValueError(
-            f"task {task}: {given.output_dir} holds the checkpoints of an interrupted or earlier run ({shown}); give "
+            f"task {task}: {given.output_dir} holds the checkpoints of an interrupted or earlier run ({earlier}); give "
             "-- --resume_from_checkpoint latest to continue it (the tasks this sweep finished are kept), -- "
             "--overwrite_output_dir to run every task again, or another --output_dir"
         )

@@ -330,6 +330,23 @@ def resolve_resume_argument(
     return path
 
 
+def earlier_run_checkpoints(args: argparse.Namespace) -> str | None:
+    """The complete checkpoints of an earlier run that a fresh run in `args.output_dir` would save beside its own.
+
+    None when `args.resume_from_checkpoint` continues a run or `args.overwrite_output_dir` deletes them.
+
+    Args:
+        args: the run's arguments (`output_dir`, `resume_from_checkpoint`, `overwrite_output_dir`).
+
+    Returns:
+        `"checkpoints/step_4, checkpoints/step_8"` (oldest first), or None when there are none.
+    """
+    if args.resume_from_checkpoint or args.overwrite_output_dir:
+        return None
+    earlier = complete_checkpoints(args.output_dir)
+    return ", ".join(f"{CHECKPOINT_DIR}/{path.name}" for path in earlier) or None
+
+
 def refuse_earlier_checkpoints(args: argparse.Namespace, accelerator: Accelerator | None = None) -> None:
     """Refuse a fresh run in an `--output_dir` that holds the checkpoints of an earlier run.
 
@@ -348,12 +365,10 @@ def refuse_earlier_checkpoints(args: argparse.Namespace, accelerator: Accelerato
             nor `--overwrite_output_dir`; one line naming them and the three ways on.
     """
     error = None
-    if (accelerator is None or accelerator.is_main_process) and not args.overwrite_output_dir:
-        earlier = [] if args.resume_from_checkpoint else complete_checkpoints(args.output_dir)
-        if earlier:
-            shown = ", ".join(f"{CHECKPOINT_DIR}/{path.name}" for path in earlier)
+    if accelerator is None or accelerator.is_main_process:
+        if earlier := earlier_run_checkpoints(args):
             error = (
-                f"--output_dir {args.output_dir} holds the checkpoints of an earlier run ({shown}); give "
+                f"--output_dir {args.output_dir} holds the checkpoints of an earlier run ({earlier}); give "
                 "--resume_from_checkpoint latest to continue it, --overwrite_output_dir to delete them and start "
                 "over, or another --output_dir"
             )
