@@ -431,9 +431,10 @@ def train_glue(run: GlueRun) -> GlueProgress:
             saving = (
                 args.checkpointing_steps not in (None, "epoch") and progress.step % int(args.checkpointing_steps) == 0
             )
-            if progress.step % args.logging_steps == 0 or last or saving:
+            logging_step = progress.step % args.logging_steps == 0 or last
+            if logging_step or saving:
                 count_checked(stepper.settle())  # before a log line, a save or the evaluation that follows
-            if progress.step % args.logging_steps == 0 or progress.step == run.max_train_steps:
+            if logging_step:
                 tokens = accelerator.reduce(window_tokens, reduction="sum").item()
                 flops = accelerator.reduce(window_flops, reduction="sum").item()
                 seconds = time.perf_counter() - window_start
@@ -464,7 +465,7 @@ def train_glue(run: GlueRun) -> GlueProgress:
                 pause_start = time.perf_counter()
                 save_glue_checkpoint(run, progress, best_state)
                 window_start += time.perf_counter() - pause_start  # not training time
-            if progress.step >= run.max_train_steps:
+            if last:
                 break  # a signal now: the evaluation and the save are all that is left, and they run
             signal_name = preemption.requested(accelerator)  # all processes agree on the step to stop at
             if signal_name is not None:
