@@ -468,6 +468,38 @@ def files_to_upload(output_dir: str | os.PathLike) -> list[str]:
     return list(filter_repo_objects(files, ignore_patterns=IGNORE_PATTERNS + DEFAULT_IGNORE_PATTERNS))
 
 
+def create_hub_repository(repo_id: str, token: str | None = None, private: bool | None = None) -> str:
+    """Create the hub model repository `repo_id` unless it exists, and check that it can be used as asked.
+
+    The recipes call it before training when `--push_to_hub` is given, as transformers' `Trainer` creates its
+    repository when it starts: a refused token, a missing network or a public repository asked to be private
+    then stop the run before any work instead of after it. `push_to_hub` calls it again before uploading.
+
+    Args:
+        repo_id: `"user/name"` or `"name"` (the token's user namespace).
+        token: a hub token (default: the logged-in one).
+        private: create the repository as private (None: the hub's default); an existing repository's
+            visibility is not changed, so with True an existing public one is refused.
+
+    Returns:
+        The repository's full id, `"user/name"`.
+
+    Raises:
+        ValueError: `private=True` and the repository exists and is public.
+        huggingface_hub.errors.HfHubHTTPError: the hub refuses the request (authentication, permissions,
+            invalid name); the hub client's connection errors without network
+            (`huggingface_hub.errors.OfflineModeIsEnabled` with `HF_HUB_OFFLINE=1`).
+    """
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
+    if private and not api.model_info(repo_id).private:  # create_repo keeps an existing repository's visibility
+        raise ValueError(
+            f"a private repository asked for, but the hub repository {repo_id} exists and is public; make it "
+            "private on the hub, or use another repository"
+        )
+    return repo_id
+
+
 def push_to_hub(
     output_dir: str | os.PathLike,
     repo_id: str,
@@ -499,7 +531,8 @@ def push_to_hub(
         OSError, ValueError: the model card cannot be built (see `build_model_card`).
         ValueError: `private=True` and the repository exists and is public (nothing is uploaded).
         huggingface_hub.errors.HfHubHTTPError: the hub refuses the request (authentication,
-            permissions, invalid name); requests.ConnectionError and similar without network.
+            permissions, invalid name); the hub client's connection errors without network (see
+            `create_hub_repository`).
     """
     folder = Path(output_dir)
     if not folder.is_dir():
@@ -507,14 +540,8 @@ def push_to_hub(
     readme = folder / "README.md"
     if not readme.exists():
         build_model_card(folder, training_args=training_args, model_name=repo_id).save(readme)
-    api = HfApi(token=token)
-    repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
-    if private and not api.model_info(repo_id).private:  # create_repo keeps an existing repository's visibility
-        raise ValueError(
-            f"private upload asked for, but the hub repository {repo_id} exists and is public: nothing was uploaded; "
-            "make it private on the hub, or upload to another repository"
-        )
-    commit = api.upload_folder(
+    repo_id = create_hub_repository(repo_id, token=token, private=private)
+    commit = HfApi(token=token).upload_folder(
         repo_id=repo_id,
         folder_path=folder,
         repo_type="model",
@@ -532,6 +559,7 @@ __all__ = [
     "build_model_card",
     "check_model_path",
     "count_parameters",
+    "create_hub_repository",
     "files_to_upload",
     "hub_base_model",
     "is_secret_argument",

@@ -161,14 +161,66 @@ def test_a_private_upload_to_an_existing_public_repository_is_refused(model_fold
     """create_repo keeps an existing repository's visibility: private=True must not publish the model there."""
     folder, _ = model_folder
     recorded_hub.private["someone/public-model"] = False
-    with pytest.raises(ValueError, match="^private upload asked for, but the hub repository someone/public-model "
-                                         "exists and is public: nothing was uploaded"):  # fmt: skip
+    with pytest.raises(ValueError, match="^a private repository asked for, but the hub repository "
+                                         "someone/public-model exists and is public"):  # fmt: skip
         hub.push_to_hub(folder, "someone/public-model", private=True)
     assert [c[0] for c in recorded_hub] == ["create_repo"]  # no upload
     hub.push_to_hub(folder, "someone/public-model")  # without private=True: uploaded as before
     recorded_hub.private["someone/private-model"] = True
     hub.push_to_hub(folder, "someone/private-model", private=True)
     assert [c[1] for c in recorded_hub if c[0] == "upload_folder"] == ["someone/public-model", "someone/private-model"]
+
+
+def hub_args(**kw) -> argparse.Namespace:
+    """The recipes' hub arguments (`--push_to_hub --hub_model_id me/tiny`), overridden by `kw`."""
+    values = {"push_to_hub": True, "hub_model_id": "me/tiny", "hub_token": None, "hub_private_repo": None}
+    return argparse.Namespace(output_dir="out", **{**values, **kw})
+
+
+def test_check_hub_repository_creates_the_repository_before_training(recorded_hub):
+    from hfzoo.training.arguments import check_hub_repository
+
+    assert check_hub_repository(hub_args(push_to_hub=False, hub_model_id=None)) is None
+    assert recorded_hub == []  # without --push_to_hub the hub is not asked
+    assert check_hub_repository(hub_args(hub_model_id="tiny", hub_token="hf_fake", hub_private_repo=True)) == (
+        "someone/tiny"
+    )
+    assert recorded_hub == [
+        ("create_repo", "tiny", {"private": True, "exist_ok": True, "repo_type": "model"}, "hf_fake")
+    ]
+    recorded_hub.private["someone/public-model"] = False
+    with pytest.raises(ValueError, match="^--hub_private_repo: a private repository asked for, but the hub repository "
+                                         "someone/public-model exists and is public"):  # fmt: skip
+        check_hub_repository(hub_args(hub_model_id="someone/public-model", hub_private_repo=True))
+
+
+def test_check_hub_repository_names_the_hubs_answer_without_the_token(monkeypatch):
+    """Offline (the hub client's own refusal), or a refused token: one line naming the repository, token hidden."""
+    import huggingface_hub
+    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.utils import httpx
+
+    from hfzoo.training.arguments import check_hub_repository
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # the real client, refusing
+    with pytest.raises(ValueError) as refused:
+        check_hub_repository(hub_args())
+    assert str(refused.value).startswith(
+        "--push_to_hub: cannot create the hub repository me/tiny (OfflineModeIsEnabled: Cannot reach "
+    )
+    assert str(refused.value).endswith(
+        "or train without --push_to_hub and upload the output folder later (`hf upload`)"
+    )
+
+    def unauthorized(self, repo_id, **kwargs):
+        response = httpx.Response(401, request=httpx.Request("POST", "https://huggingface.co/api/repos/create"))
+        raise HfHubHTTPError(f"401 Client Error: Unauthorized (token {self.token})\nmore lines", response=response)
+
+    monkeypatch.setattr(HfApi, "create_repo", unauthorized)
+    with pytest.raises(ValueError) as refused:
+        check_hub_repository(hub_args(hub_token="hf_secret_xyz"))
+    assert "(HfHubHTTPError: 401 Client Error: Unauthorized (token ***)); check the network" in str(refused.value)
+    assert "hf_secret_xyz" not in str(refused.value) and "more lines" not in str(refused.value)
 
 
 def test_push_to_hub_keeps_an_existing_readme(model_folder, recorded_hub):

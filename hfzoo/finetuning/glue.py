@@ -55,6 +55,7 @@ from ..training.arguments import (
     add_muon_arguments,
     add_speed_arguments,
     check_dependent_flags,
+    check_hub_repository,
     check_muon_arguments,
     check_scheduler_arguments,
     checkpointing_steps,
@@ -505,7 +506,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
     Raises:
         ValueError, FileNotFoundError: bad input (unknown task, missing files, the hub's GLUE unreachable and not
             cached, a model without a loadable config, bad rows, a `--max_length` or a prefix that does not fit the
-            position table), before any training.
+            position table, a `--push_to_hub` repository the hub does not create), before any training.
     """
     task = get_glue_task(args.task_name)
     check_scheduler_arguments(args)
@@ -525,6 +526,7 @@ def prepare_glue(args: argparse.Namespace) -> GlueRun:
         check_glue_resume_layout(resume_path, args, accelerator)
         check_resume_optimizer(resume_path, args, GLUE_STATE)
         check_glue_resume_arguments(resume_path, args)
+    check_hub_repository(args, accelerator)  # with --push_to_hub: the hub answers before any work
     precision = choose_mixed_precision(args)  # what the accelerator was created with
     accelerator.print(f"precision: {precision.reason}")
     set_seed(args.seed)

@@ -32,7 +32,7 @@ from ..data.glue import GLUE_TASKS, get_glue_task, glue_files
 from ..hub import public_arguments
 from ..outputs import write_text_atomic
 from ..training import faults
-from ..training.arguments import OneLineErrorParser, secret_free_command
+from ..training.arguments import OneLineErrorParser, check_hub_repository, secret_free_command
 from ..training.checkpointing import earlier_run_checkpoints
 from ..training.plots import plot_results_bars
 from .glue import main as finetune
@@ -189,7 +189,8 @@ def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) ->
     For each other task the files of `--data_dir` are checked to exist (`glue_files`; without `--data_dir` the
     hub's copy is loaded per task), and its output folder may not hold an earlier run's checkpoints unless
     `-- --resume_from_checkpoint latest` continues them or `-- --overwrite_output_dir` deletes them (as the GLUE
-    recipe's `refuse_earlier_checkpoints`, in the sweep's words).
+    recipe's `refuse_earlier_checkpoints`, in the sweep's words); with `-- --push_to_hub` its hub repository is
+    created (`check_hub_repository`).
 
     Args:
         tasks: task names as `GLUE_TASKS` spells them.
@@ -200,7 +201,7 @@ def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) ->
         SystemExit: an argparse error of the GLUE recipe (its one-line message); a `SWEEP_OWNED` argument after
             `--` (`error: ...` naming it and why); a bad value, a task repository name the hub would refuse
             (`task_hub_model_id`), a task finished with other arguments, a missing data file or a task folder with
-            an earlier run's checkpoints (`error: ...`).
+            an earlier run's checkpoints, a task repository the hub does not create (`error: ...`).
 
     Returns:
         The kept tasks' recorded results, by task name.
@@ -219,6 +220,7 @@ def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) ->
             if task not in kept:
                 glue_files(task, args.data_dir)
                 _refuse_earlier_checkpoints(task, given)  # a later task's folder must not stop the sweep after hours
+                check_hub_repository(given)  # with --push_to_hub: the task's repository, created before any task
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     return kept

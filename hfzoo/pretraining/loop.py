@@ -50,6 +50,7 @@ from ..outputs import removed_if_refused, write_text_atomic
 from ..training import faults
 from ..training.accelerator import choose_mixed_precision, create_accelerator
 from ..training.arguments import (
+    check_hub_repository,
     check_scheduler_arguments,
     hub_repository,
     muon_settings,
@@ -267,7 +268,8 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
         A `PretrainingRun`.
 
     Raises:
-        ValueError, FileNotFoundError: bad input, with a message naming it.
+        ValueError, FileNotFoundError: bad input, with a message naming it (a `--push_to_hub` repository the hub
+            does not create included: `check_hub_repository`).
     """
     check_scheduler_arguments(args)
     prepare_output_dir(args.output_dir, checkpointing=args.checkpointing_steps is not None)
@@ -320,6 +322,7 @@ def prepare(args: argparse.Namespace) -> PretrainingRun:
     objective = get_objective(args.objective)
     collator, raw_block_size = objective.build_collator(args, tokenizer, block_size)
     check_input_files(args.train_file, args.validation_file, args.streaming)  # every process, before any waits
+    check_hub_repository(args, accelerator)  # with --push_to_hub: the hub answers before any work
     if resume_path is not None:  # once the files are known to exist
         check_resume_arguments(resume_path, args, DATA_FLAGS, "data_arguments", DATA_CHANGE)
     with _zero3_init(accelerator):  # before the data: a resume on another base is refused before any work

@@ -483,6 +483,55 @@ def check_dependent_flags(parser: argparse.ArgumentParser, args: argparse.Namesp
         args.report_to = "tensorboard"
 
 
+def check_hub_repository(args: argparse.Namespace, accelerator=None) -> str | None:
+    """With `--push_to_hub`: create the run's hub repository before training (`hfzoo.hub.create_hub_repository`).
+
+    As transformers' `Trainer` does when it starts, so that a refused `--hub_token`, no network, or a public
+    repository with `--hub_private_repo`, stops the run before any work rather than after it. The main process asks
+    the hub and tells the others (one answer for every process).
+
+    Args:
+        args: the run's arguments (`push_to_hub`, `hub_model_id`, `hub_token`, `hub_private_repo`, `output_dir`).
+        accelerator: the run's `Accelerator` (None: this process alone).
+
+    Returns:
+        The repository's full id (`"user/name"`), None without `--push_to_hub` (and on the other processes).
+
+    Raises:
+        ValueError: the repository cannot be created (one line naming it, the hub's answer: its error's type and
+            first line, the token hidden, and the ways on), or it exists and is public with `--hub_private_repo`.
+    """
+    from .faults import broadcast_from_main
+
+    if not getattr(args, "push_to_hub", False):
+        return None
+    name, repo_id, error = hub_repository(args), None, None
+    if accelerator is None or accelerator.is_main_process:
+        from huggingface_hub.utils import httpx  # the hub's HTTP client, under this name in every release
+
+        from ..hub import create_hub_repository
+
+        try:
+            repo_id = create_hub_repository(name, token=args.hub_token, private=args.hub_private_repo)
+        except ValueError as err:  # an existing public repository
+            error = f"--hub_private_repo: {err}"
+        except (OSError, httpx.HTTPError) as err:  # the hub's answer (OSError), offline mode, the network
+            text = str(err).strip().splitlines()
+            answer = f"{type(err).__name__}: {text[0] if text else ''}"
+            if args.hub_token:
+                answer = answer.replace(args.hub_token, "***")
+            error = (
+                f"--push_to_hub: cannot create the hub repository {name} ({answer}); check the network and "
+                "--hub_token (or `hf auth login`), or train without --push_to_hub and upload the output folder later "
+                "(`hf upload`)"
+            )
+    if accelerator is not None:
+        error = broadcast_from_main(accelerator, error)
+    if error is not None:
+        raise ValueError(error)
+    return repo_id
+
+
 def muon_settings(args: argparse.Namespace) -> MuonSettings | None:
     """The `MuonSettings` of parsed arguments with `--optim muon` (defaults for flags not given), else None."""
     if args.optim != "muon":

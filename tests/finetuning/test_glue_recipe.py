@@ -487,7 +487,8 @@ def test_sweep_uploads_every_task_to_its_own_repository(extra, expected, checkpo
         "--model_name_or_path", str(checkpoints["encoder-tiny"]), "--data_dir", str(data), "--peft", "lora",
         "--output_dir", str(out), "--tasks", "rte", "stsb", "--", "--max_train_steps", "1", "--push_to_hub", *extra,
     ])  # fmt: skip
-    assert created == expected
+    assert created == [*expected, *[name for name in expected for _ in range(2)]]  # all before any task; each
+    # task's again at its start and before its upload
     assert [(repo, Path(folder)) for repo, folder in uploaded] == [
         (expected[0], out / "rte"),
         (expected[1], out / "stsb"),
@@ -1058,8 +1059,8 @@ def test_push_to_hub_a_stock_transformers_checkpoint(checkpoints, glue_dir, tmp_
     results = finetune(argv(checkpoints["bert"], glue_dir, out, "mrpc", "--checkpointing_steps", "2", "--push_to_hub",
                             "--hub_model_id", "someone/bert-mrpc-lora", "--hub_token", "hf_secret", "--with_tracking",
                             "--hub_private_repo"))  # fmt: skip
-    assert calls[0] == ("someone/bert-mrpc-lora", True)
-    upload = calls[1]
+    assert calls[:2] == [("someone/bert-mrpc-lora", True)] * 2  # before training, then before the upload
+    upload = calls[2]
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     sent = list(filter_repo_objects(files, ignore_patterns=list(upload["ignore_patterns"]) + DEFAULT_IGNORE_PATTERNS))
     assert {"README.md", "adapter_config.json", "adapter_model.safetensors", "all_results.json", "eval_results.json",
@@ -1076,6 +1077,52 @@ def test_push_to_hub_a_stock_transformers_checkpoint(checkpoints, glue_dir, tmp_
     reported = {r.metric_type: r.metric_value for r in card.data.eval_results}
     assert reported == {"accuracy": results["eval_accuracy"], "f1": results["eval_f1"]}
     assert "hf_secret" not in card.content and "import hfzoo" not in card.content
+
+
+def test_push_to_hub_without_a_hub_stops_before_training(checkpoints, glue_dir, tmp_path, monkeypatch, capsys):
+    """The hub client offline: the repository cannot be created, so the run stops before its first step."""
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        finetune(argv(checkpoints["encoder-tiny"], glue_dir, out, "rte", "--push_to_hub", "--hub_model_id", "me/x"))
+    assert str(exit_info.value.code).startswith(
+        "error: --push_to_hub: cannot create the hub repository me/x (OfflineModeIsEnabled: Cannot reach "
+    )
+    assert not out.exists()  # no training, no output folder
+
+
+def test_a_sweep_stops_before_its_first_task_when_a_later_tasks_repository_is_refused(
+    checkpoints, tmp_path, monkeypatch
+):
+    from types import SimpleNamespace
+
+    from huggingface_hub import HfApi
+
+    from hfzoo.finetuning.sweep import main as sweep
+
+    def create_repo(self, repo_id, **kwargs):
+        if repo_id.endswith("-stsb"):
+            raise PermissionError(f"403 Forbidden: no write access to {repo_id}")
+        return SimpleNamespace(repo_id=repo_id)
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    data, out = tmp_path / "glue", tmp_path / "sweep"
+    write_glue_dir(data, "rte")
+    write_glue_dir(data, "stsb")
+    with pytest.raises(SystemExit) as exit_info:
+        sweep([
+            "--model_name_or_path", str(checkpoints["encoder-tiny"]), "--data_dir", str(data), "--peft", "lora",
+            "--output_dir", str(out), "--tasks", "rte", "stsb", "--", "--max_train_steps", "1", "--push_to_hub",
+            "--hub_model_id", "me/m",
+        ])  # fmt: skip
+    assert str(exit_info.value.code) == (
+        "error: --push_to_hub: cannot create the hub repository me/m-stsb (PermissionError: 403 Forbidden: no write "
+        "access to me/m-stsb); check the network and --hub_token (or `hf auth login`), or train without "
+        "--push_to_hub and upload the output folder later (`hf upload`)"
+    )
+    assert not out.exists()  # rte did not run
 
 
 def test_a_non_finite_step_stops_the_run_unless_skips_are_allowed(checkpoints, glue_dir, tmp_path, capsys, caplog):

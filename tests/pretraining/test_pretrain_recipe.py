@@ -271,6 +271,33 @@ def test_a_hub_token_reaches_no_file_and_no_output(tmp_path, small_jsonl_xz, tok
     assert not leaks and "hf_secret_xyz" not in captured.out + captured.err
 
 
+def test_push_to_hub_stops_before_training_when_the_hub_refuses_the_repository(
+    small_jsonl_xz, tokenizer_dir, tmp_path, monkeypatch, capsys
+):
+    """As transformers' Trainer, the repository is created when the run starts: a refusal costs no training."""
+    from types import SimpleNamespace
+
+    import huggingface_hub
+    from huggingface_hub import HfApi
+
+    out = tmp_path / "out"
+    argv = base_args(small_jsonl_xz, tokenizer_dir, out, "--checkpointing_steps", "1", "--push_to_hub",
+                     "--hub_model_id", "me/tiny")  # fmt: skip
+    with monkeypatch.context() as offline:
+        offline.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # the hub client's own refusal
+        message = run_main_expecting_error(argv, capsys)
+    assert message.startswith("error: --push_to_hub: cannot create the hub repository me/tiny (OfflineModeIsEnabled")
+    assert not out.exists()
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: SimpleNamespace(repo_id=repo_id))
+    monkeypatch.setattr(HfApi, "model_info", lambda self, repo_id, **kw: SimpleNamespace(private=False))
+    message = run_main_expecting_error([*argv, "--hub_private_repo"], capsys)
+    assert message == (
+        "error: --hub_private_repo: a private repository asked for, but the hub repository me/tiny exists and is "
+        "public; make it private on the hub, or use another repository"
+    )
+    assert not out.exists()
+
+
 def test_plain_text_train_and_validation_files(tmp_path, data_dir, tokenizer_dir):
     lines = (data_dir / "wikitext-2" / "wiki.valid.tokens").read_text().splitlines(keepends=True)
     train, valid = tmp_path / "train.txt", tmp_path / "valid.txt"
