@@ -697,8 +697,9 @@ def run_launched(main: Callable[[], object]) -> None:
 
     For the console scripts and recipes (`hfzoo-pretrain`, `recipes/pretrain.py`, ...). A process that a
     launcher started as one of several (`torchrun`, `accelerate launch`, DeepSpeed's launcher: `WORLD_SIZE` > 1)
-    ends with `os._exit` once `main` has returned or raised `SystemExit`, after destroying the process group,
-    closing its progress bars and flushing its logs and output. The interpreter's teardown is skipped: the DDP
+    ends with `os._exit` once `main` has returned or raised (`SystemExit`'s status; 1 after printing another
+    exception's traceback, as Python does), after destroying the process group, closing its progress bars and
+    flushing its logs and output. The interpreter's teardown is skipped: the DDP
     reducer keeps the gloo process group alive past `destroy_process_group`, so gloo's worker threads can still
     be releasing the tensors of the last collective while the interpreter finalizes, and a thread that takes the
     GIL then aborts the process (`terminate called without an active exception`, SIGABRT, which the launcher
@@ -708,7 +709,7 @@ def run_launched(main: Callable[[], object]) -> None:
         main: the job's entry point (reads `sys.argv`); its return value is not used.
 
     Raises:
-        SystemExit: a single process, `main`'s own. Other exceptions of `main` propagate unchanged (in every process).
+        SystemExit, Exception: a single process, `main`'s own, unchanged.
     """
     several = _launched_as_one_of_several()
     try:
@@ -718,6 +719,11 @@ def run_launched(main: Callable[[], object]) -> None:
         if not several:
             raise
         status = err.code
+    except Exception:
+        if not several:
+            raise
+        traceback.print_exc()  # as Python prints an uncaught exception, which then exits with 1
+        status = 1
     if not several:
         return
     end_process_group()

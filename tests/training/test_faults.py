@@ -236,7 +236,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
 
 # A job's main as `recipes/*.py` run it: it prints, logs, leaves a thread busy in torch's C++ code (as gloo's workers
 # can be, releasing the tensors of the last collective) and ends with the exit status in argv[1] ("0", "75" or a
-# message). A thread that takes the GIL while the interpreter finalizes aborts the process.
+# message), or raises ("raise"). A thread that takes the GIL while the interpreter finalizes aborts the process.
 _LAUNCHED_MAIN = """
 import atexit, logging, sys, threading, time
 import torch
@@ -251,6 +251,8 @@ def main():
         a = torch.randn(1200, 1200)
         threading.Thread(target=lambda: [a @ a for _ in iter(int, 1)], daemon=True).start()
         time.sleep(0.2)
+    if sys.argv[1] == "raise":
+        raise RuntimeError("a bug in the job")
     if sys.argv[1] != "0":
         raise SystemExit(int(sys.argv[1]) if sys.argv[1].isdigit() else sys.argv[1])
 
@@ -258,13 +260,14 @@ faults.run_launched(main)
 """
 
 
-@pytest.mark.parametrize(("status", "code"), [("0", 0), ("75", 75), ("error: bad input", 1)])
+@pytest.mark.parametrize(("status", "code"), [("0", 0), ("75", 75), ("error: bad input", 1), ("raise", 1)])
 def test_a_launched_process_of_several_ends_with_its_status_and_its_output_without_the_interpreter_teardown(
     status, code
 ):
     """One process of a multi-process run (`WORLD_SIZE` 2) whose job leaves a thread in torch's C++ code: the
-    process ends with the job's exit status, everything it printed and logged written, and no abort (plain
-    interpreter exit: `terminate called without an active exception`, SIGABRT)."""
+    process ends with the job's exit status (1 after an exception's traceback, as Python ends), everything it
+    printed and logged written, and no abort (plain interpreter exit: `terminate called without an active
+    exception`, SIGABRT)."""
     proc = subprocess.run(
         [sys.executable, "-c", _LAUNCHED_MAIN, status, "--busy_thread"],
         env={**launch_env(), "WORLD_SIZE": "2"},
@@ -275,11 +278,14 @@ def test_a_launched_process_of_several_ends_with_its_status_and_its_output_witho
     assert proc.returncode == code, proc.stderr[-2000:]
     assert proc.stdout == "printed by the job"  # flushed; the interpreter's teardown (atexit) never ran
     assert "logged by the job" in proc.stderr and "terminate called" not in proc.stderr
-    if code == 1:
-        assert proc.stderr.rstrip().endswith("error: bad input")
+    assert proc.stderr.rstrip().endswith({"error: bad input": "error: bad input", "raise": _RAISED}.get(status, "job"))
 
 
-@pytest.mark.parametrize(("status", "code"), [("0", 0), ("error: bad input", 1)])
+#: The end of the traceback of `_LAUNCHED_MAIN raise`, as Python prints it (a `-c` script has no source lines).
+_RAISED = "in main\nRuntimeError: a bug in the job"
+
+
+@pytest.mark.parametrize(("status", "code"), [("0", 0), ("error: bad input", 1), ("raise", 1)])
 def test_a_single_process_ends_as_python_ends_it(status, code):
     """Without a launcher (no `WORLD_SIZE`), the job's exit status and Python's own teardown (atexit) are kept."""
     env = {k: v for k, v in launch_env().items() if k != "WORLD_SIZE"}
@@ -287,8 +293,7 @@ def test_a_single_process_ends_as_python_ends_it(status, code):
                           timeout=120)  # fmt: skip
     assert proc.returncode == code, proc.stderr[-2000:]
     assert proc.stdout == "printed by the job" + "interpreter teardown\n"
-    if code == 1:
-        assert proc.stderr.rstrip().endswith("error: bad input")
+    assert proc.stderr.rstrip().endswith({"error: bad input": "error: bad input", "raise": _RAISED}.get(status, "job"))
 
 
 @pytest.mark.slow
