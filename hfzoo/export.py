@@ -31,7 +31,7 @@ from transformers.dynamic_module_utils import get_imports, get_relative_imports
 
 from . import AUTO_CLASSES, __version__
 from .hub import copy_sentence_transformers_files
-from .outputs import write_text_atomic
+from .outputs import write_json_atomic
 
 #: top-level package whose modules are flattened into the checkpoint folder.
 PACKAGE = "hfzoo"
@@ -346,7 +346,7 @@ def export_for_remote_code(
     config_path = output_dir / "config.json"
     config_dict = json.loads(config_path.read_text(encoding="utf-8"))
     config_dict["auto_map"] = auto_map
-    write_text_atomic(config_path, json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
+    write_json_atomic(config_path, config_dict, sort_keys=True)
     return output_dir
 
 

@@ -4,16 +4,19 @@
 there (a one-line `ValueError` naming the argument, the path and the reason otherwise);
 `removed_if_refused` removes the folders a command created when it then refuses its input, so that a
 refused command leaves nothing on disk; `check_output_is_not_source` keeps a command from writing over the
-checkpoint it reads; `write_text_atomic` replaces a file so that a reader never sees it half written.
+checkpoint it reads; `write_text_atomic` (and `write_json_atomic`) replaces a file so that a reader never sees it
+half written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def missing_folders(path: str | os.PathLike) -> list[Path]:
@@ -139,3 +142,17 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: str | os.PathLike, value: Any, **dumps_kwargs: Any) -> None:
+    """Write `value` as JSON, indented by 2 and ending with a newline, to `path` atomically (`write_text_atomic`).
+
+    Args:
+        path: the file.
+        value: what `json.dumps` takes.
+        **dumps_kwargs: further `json.dumps` arguments (`sort_keys=True`, `default=float`, ...).
+
+    Raises:
+        OSError: the file cannot be written. TypeError: a value JSON cannot hold (without a `default`).
+    """
+    write_text_atomic(path, json.dumps(value, indent=2, **dumps_kwargs) + "\n")

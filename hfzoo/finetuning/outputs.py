@@ -9,7 +9,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..hub import hub_base_model, public_arguments
-from ..outputs import write_text_atomic
+from ..outputs import write_json_atomic
 from ..training.arguments import hub_repository
 from ..training.plots import plot_training_curves
 from .loop import GlueProgress, GlueRun
@@ -175,7 +175,7 @@ def save_glue_outputs(run: GlueRun, results: dict[str, Any], progress: GlueProgr
             ("all_results.json", results),
             ("train_history.json", {"log_history": progress.log_history, "eval_history": progress.eval_history}),
         ):
-            write_text_atomic(output_dir / name, json.dumps(values, indent=2) + "\n")
+            write_json_atomic(output_dir / name, values)
         plot_training_curves(
             progress.log_history, progress.eval_history, output_dir / "training_curves.png",
             title=f"{run.task.name} ({args.peft}): {args.model_name_or_path}",

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..data.glue import GLUE_TASKS, get_glue_task, glue_files
 from ..hub import public_arguments
-from ..outputs import write_text_atomic
+from ..outputs import write_json_atomic, write_text_atomic
 from ..training import faults
 from ..training.arguments import OneLineErrorParser, check_hub_repository, secret_free_command
 from ..training.checkpointing import earlier_run_checkpoints
@@ -250,7 +250,7 @@ def results_rows(results: list[dict]) -> list[dict]:
 def write_tables(output_dir: Path, results: list[dict]) -> None:
     """Write `results.json` (per-task results and flattened rows), `results.md` and the bar chart `results.png`."""
     rows = results_rows(results)
-    write_text_atomic(output_dir / "results.json", json.dumps({"tasks": results, "rows": rows}, indent=2) + "\n")
+    write_json_atomic(output_dir / "results.json", {"tasks": results, "rows": rows})
     lines = [
         "| task | metric | value | method | epoch (best) | trainable params | trainable % | steps | train examples "
         "| wall time (s) |",

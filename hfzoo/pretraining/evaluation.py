@@ -41,7 +41,7 @@ from ..data.packing import tokenize_and_pack
 from ..hub import check_model_path, load_checkpoint_config
 from ..integrity import check_weight_files
 from ..modules.positions import ABSOLUTE_POSITION_EMBEDDINGS
-from ..outputs import check_output_file, removed_if_refused, write_text_atomic
+from ..outputs import check_output_file, removed_if_refused, write_json_atomic
 from ..training.arguments import OneLineErrorParser, positive_int, refuse_flags_without
 from ..training.compilation import no_cache_kwargs
 from .harness import (
@@ -525,12 +525,12 @@ def _evaluate(args: argparse.Namespace) -> dict:
             shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "documents")
             print(f"lm-eval {task} ({metrics['documents']} documents, window {block_size} tokens): {shown}")
     if args.output_file:  # the metrics are kept even if generating the sample fails
-        write_text_atomic(args.output_file, json.dumps(results, indent=2) + "\n")
+        write_json_atomic(args.output_file, results)
     if args.prompt:
         sample = results["sample"] = greedy_sample(model, tokenizer, args.prompt, args.max_new_tokens)
         print(f"sample (greedy, {sample['new_tokens']} new tokens): {sample['text']!r}")
         if args.output_file:
-            write_text_atomic(args.output_file, json.dumps(results, indent=2) + "\n")
+            write_json_atomic(args.output_file, results)
         if not sample["cache_equal"]:
             raise SystemExit(
                 f"error: greedy generation with the KV cache differs from generation without it from new token "

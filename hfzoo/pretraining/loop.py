@@ -46,7 +46,7 @@ from ..hub import (
 from ..integrity import check_weight_files
 from ..models.presets import PRESETS, build_config, parse_overrides
 from ..modules.embeddings import caller_checked_ids, check_batch_ids
-from ..outputs import removed_if_refused, write_text_atomic
+from ..outputs import removed_if_refused, write_json_atomic
 from ..training import faults
 from ..training.accelerator import choose_mixed_precision, create_accelerator
 from ..training.arguments import (
@@ -615,10 +615,6 @@ def _windows(loader, size: int):
             window = []
 
 
-def _write_json(path: Path, values: dict) -> None:
-    write_text_atomic(path, json.dumps(values, indent=2) + "\n")
-
-
 def _resumed_history(
     run: PretrainingRun, completed_steps: int, eval_seed: int
 ) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
@@ -934,10 +930,10 @@ def save_final_model(
             "perplexity_ratio_to_unigram",
             "eval_blocks",
         )
-        _write_json(output_dir / "eval_results.json", {k: results[k] for k in eval_keys if k in results})
-        _write_json(output_dir / "all_results.json", results)
+        write_json_atomic(output_dir / "eval_results.json", {k: results[k] for k in eval_keys if k in results})
+        write_json_atomic(output_dir / "all_results.json", results)
         eval_history = eval_history or []
-        _write_json(output_dir / "train_history.json", {"log_history": history, "eval_history": eval_history})
+        write_json_atomic(output_dir / "train_history.json", {"log_history": history, "eval_history": eval_history})
         plot_training_curves(
             history, eval_history, output_dir / "training_curves.png", title=f"{output_dir.name} ({args.objective})"
         )

@@ -11,7 +11,6 @@ mixture-of-experts rows (`hfzoo.models.flops`).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..outputs import write_text_atomic
+from ..outputs import write_json_atomic, write_text_atomic
 from .ladder_fits import (
     CHINCHILLA_TOKENS_PER_PARAMETER,
     PAPER_EARLY_STEPS,
@@ -59,7 +58,7 @@ def write_ladder_report(
     numbers = fit_ladder(settings, records, bootstrap_replicates=bootstrap_replicates, seed=seed)
     fits = numbers.pop("_fits", None)
     numbers = _finite(numbers)
-    write_text_atomic(output_dir / "ladder.json", json.dumps(numbers, indent=2) + "\n")
+    write_json_atomic(output_dir / "ladder.json", numbers)
     write_text_atomic(output_dir / "ladder.md", "\n".join(_markdown(settings, numbers)) + "\n")
     _plot_losses(numbers, fits, output_dir / LOSS_PLOT)
     _plot_advantages(numbers, fits, output_dir / ADVANTAGE_PLOT)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..outputs import write_text_atomic
+from ..outputs import write_json_atomic
 
 STUDY_FILE = "study.json"
 
@@ -32,8 +32,8 @@ PREPARATION_FILE = "preparation.json"
 
 
 def _write_json(path: Path, value: Any) -> None:
-    """Write JSON atomically (a temporary file renamed into place)."""
-    write_text_atomic(path, json.dumps(value, indent=2, default=float) + "\n")
+    """Write JSON atomically (`hfzoo.outputs.write_json_atomic`), numpy scalars as floats."""
+    write_json_atomic(path, value, default=float)
 
 
 def _read_json(path: Path) -> Any:
