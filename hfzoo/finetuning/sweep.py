@@ -17,6 +17,8 @@ parameters, steps, wall time) and the bar chart `results.png` are rewritten, so 
 keeps what it finished: run again with the same arguments, it keeps the tasks `results.json` records as finished
 with them (`finished_tasks`) and runs the others (an interrupted task with checkpoints continues with
 `-- --resume_from_checkpoint latest`); `-- --overwrite_output_dir` runs every task again.
+Under `accelerate launch` (DDP, DeepSpeed) every process runs each task; the main process prints the task lines
+and writes the tables.
 """
 
 from __future__ import annotations
@@ -189,8 +191,8 @@ def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) ->
     For each other task the files of `--data_dir` are checked to exist (`glue_files`; without `--data_dir` the
     hub's copy is loaded per task), and its output folder may not hold an earlier run's checkpoints unless
     `-- --resume_from_checkpoint latest` continues them or `-- --overwrite_output_dir` deletes them (as the GLUE
-    recipe's `refuse_earlier_checkpoints`, in the sweep's words); with `-- --push_to_hub` its hub repository is
-    created (`check_hub_repository`).
+    recipe's `refuse_earlier_checkpoints`, in the sweep's words); with `-- --push_to_hub` the main process creates
+    its hub repository (`check_hub_repository`).
 
     Args:
         tasks: task names as `GLUE_TASKS` spells them.
@@ -220,7 +222,8 @@ def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) ->
             if task not in kept:
                 glue_files(task, args.data_dir)
                 _refuse_earlier_checkpoints(task, given)  # a later task's folder must not stop the sweep after hours
-                check_hub_repository(given)  # with --push_to_hub: the task's repository, created before any task
+                if faults.launched_rank() == 0:  # the main process asks the hub (another's failure stops the launch)
+                    check_hub_repository(given)  # with --push_to_hub: the task's repository, before any task
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     return kept
@@ -300,17 +303,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     kept = check_sweep(tasks, args, extra)  # every task's flags and files, before any training
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    main_process = faults.launched_rank() == 0  # under a launcher, every process runs each task; one reports
     results = []
     for task in tasks:
         if task in kept:
-            print(f"=== {task}: kept, finished by an earlier run of this sweep with these arguments", flush=True)
+            if main_process:
+                print(f"=== {task}: kept, finished by an earlier run of this sweep with these arguments", flush=True)
             results.append(kept[task])
             continue
         command = task_argv(task, args, extra)
-        print(f"=== {task}: finetune_glue.py {shlex.join(secret_free_command(command))}", flush=True)
+        if main_process:
+            print(f"=== {task}: finetune_glue.py {shlex.join(secret_free_command(command))}", flush=True)
         results.append({**finetune(command), "arguments": comparable_arguments(parse_glue_args(command))})
-        write_tables(output_dir, results)
-    if kept:
+        if main_process:  # the task's processes have all finished it (its outputs are saved by all)
+            write_tables(output_dir, results)
+    if kept and main_process:
         write_tables(output_dir, results)  # in the tasks' order, the kept ones included
     return results
 

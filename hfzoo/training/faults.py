@@ -744,6 +744,18 @@ def _launched_as_one_of_several() -> bool:
         return False
 
 
+def launched_rank() -> int:
+    """This process's rank among those its launcher started (torchrun's `RANK`; 0 without a launcher).
+
+    For work done once per run before any process group exists, or outside the jobs' `Accelerator`: rank 0 is
+    `Accelerator.is_main_process`.
+    """
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
 def _exit_now(status: int) -> None:
     """Flush the logs, stdout and stderr, then end the process with `status` without the interpreter's teardown."""
     logging.shutdown()

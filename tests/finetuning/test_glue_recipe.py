@@ -1234,6 +1234,31 @@ def test_sigterm_to_accelerate_launch_of_two_processes_checkpoints_both(checkpoi
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in checkpoint.rglob("*")}
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_sweep_under_accelerate_launch_reports_once(checkpoints, tmp_path):
+    """Two processes run each task together; the main one alone prints the task lines and writes the tables (two
+    processes replacing the same `results.json.tmp` could lose one's rename)."""
+    data, out = tmp_path / "glue", tmp_path / "sweep"
+    write_glue_dir(data, "rte")
+    write_glue_dir(data, "stsb")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "accelerate_configs" /
+           "ddp.yaml"), str(REPO / "recipes" / "glue_sweep.py"), "--model_name_or_path", str(checkpoints["encoder-tiny"]),
+           "--data_dir", str(data), "--peft", "lora", "--output_dir", str(out), "--tasks", "rte", "stsb", "--",
+           "--max_train_steps", "1", "--per_device_train_batch_size", "2"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith("===")] == [
+        "=== rte",
+        "=== stsb",
+    ]
+    table = json.loads((out / "results.json").read_text())
+    assert [r["task"] for r in table["tasks"]] == ["rte", "stsb"]
+    assert all(r["train_steps"] == 1 for r in table["tasks"])
+    assert not list(out.glob("*.tmp"))
+
+
 def test_an_undefined_dev_metric_never_wins_the_best_epoch():
     from hfzoo.finetuning.loop import _improves
 
