@@ -28,15 +28,15 @@ a model card (`README.md`), also for stock transformers checkpoints; `--push_to_
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import math
 import os
-import sys
 import time
 from typing import Any
 
 import torch
-from accelerate import Accelerator, PartialState
+from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
@@ -52,6 +52,7 @@ from ..training.accelerator import choose_mixed_precision, create_accelerator
 from ..training.arguments import (
     SCHEDULERS,
     OneLineErrorParser,
+    add_ddp_timeout_argument,
     add_muon_arguments,
     add_speed_arguments,
     check_dependent_flags,
@@ -211,6 +212,7 @@ def build_glue_parser() -> argparse.ArgumentParser:
         help="optimizer steps with a non-finite loss or gradient norm that may be skipped (not applied, logged) "
         "before the run stops (exit status 76); 0 stops at the first one",
     )
+    add_ddp_timeout_argument(p)
     p.add_argument(
         "--resume_from_checkpoint",
         default=None,
@@ -633,12 +635,11 @@ def run_glue(args: argparse.Namespace) -> dict[str, Any]:
     """
     run = prepare_glue(args)
     start = time.perf_counter()
-    try:
+    # its faults (a stop by SIGTERM, a non-finite step, a failed save, a lost process) end the run with one line
+    with faults.handle_training_faults(run.accelerator, functools.partial(complete_checkpoints, args.output_dir)):
         progress = train_glue(run)
-    finally:
-        faults.restore_signal_handlers()  # SIGTERM/SIGINT stop training only (`faults.PreemptionHandler`)
-    results = glue_results(run, progress, time.perf_counter() - start)
-    save_glue_outputs(run, results, progress)
+        results = glue_results(run, progress, time.perf_counter() - start)
+        save_glue_outputs(run, results, progress)
     if args.with_tracking:
         run.accelerator.end_training()
     return results
@@ -658,7 +659,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             `--max_nonfinite_steps` (`error: ...` naming the step and the last intact checkpoint, exit status
             `hfzoo.training.faults.EXIT_NONFINITE`, 76); SIGTERM or SIGINT during training (a checkpoint of the
             step then finished is written; `stopped by SIGTERM after step N; ...`, exit status
-            `hfzoo.training.faults.EXIT_PREEMPTED`, 75).
+            `hfzoo.training.faults.EXIT_PREEMPTED`, 75); a failed checkpoint save, or in a multi-process run a
+            collective that failed or timed out after `--ddp_timeout` seconds (`error: process R: ...` naming the
+            lost process and the checkpoint to resume from), exit status 1
+            (`hfzoo.training.faults.handle_training_faults`).
     """
     try:
         args = parse_glue_args(argv)
@@ -666,16 +670,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             return run_glue(args)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
-    except faults.NonFiniteError as err:  # every process stops at the same step: the norm is the same on all
-        faults.close_progress_bars()  # the message starts a line of its own
-        if PartialState().is_main_process:  # one line per run, not per process
-            print(faults.nonfinite_message(err, complete_checkpoints(args.output_dir)), file=sys.stderr, flush=True)
-        raise SystemExit(faults.EXIT_NONFINITE) from None
-    except faults.TrainingPreempted as err:  # every process stops after the same step (`PreemptionHandler`)
-        faults.close_progress_bars()
-        if PartialState().is_main_process:
-            print(err, file=sys.stderr, flush=True)
-        raise SystemExit(faults.EXIT_PREEMPTED) from None
 
 
 def cli() -> None:

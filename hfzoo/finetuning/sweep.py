@@ -118,8 +118,8 @@ def task_argv(task: str, args: argparse.Namespace, extra: list[str]) -> list[str
 
 
 #: GLUE recipe arguments that may differ between the run that finished a task and a rerun of the sweep that keeps
-#: its results: they say how a run starts, not what it trains.
-RERUN_FREE = ("resume_from_checkpoint", "overwrite_output_dir")
+#: its results: they say how a run starts or how long it waits for its processes, not what it trains.
+RERUN_FREE = ("resume_from_checkpoint", "overwrite_output_dir", "ddp_timeout")
 
 
 def comparable_arguments(given: argparse.Namespace) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from ..training.arguments import (
     SCHEDULERS,
     OneLineErrorParser,
     adam_beta,
+    add_ddp_timeout_argument,
     add_muon_arguments,
     add_speed_arguments,
     check_dependent_flags,
@@ -226,13 +227,7 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
         help="Optimizer steps with a non-finite loss or gradient norm that may be skipped (not applied, logged) "
         "before the run stops; 0 stops at the first one.",
     )
-    train.add_argument(
-        "--ddp_timeout",
-        type=positive_int,
-        default=1800,
-        help="Seconds a collective operation waits for the other processes before the run stops with an error "
-        "(a failed or stuck process).",
-    )
+    add_ddp_timeout_argument(train)
     train.add_argument(
         "--eval_seed",
         type=random_seed,

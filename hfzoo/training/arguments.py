@@ -218,6 +218,25 @@ def add_speed_arguments(group) -> None:
     )
 
 
+def add_ddp_timeout_argument(group) -> None:
+    """Add `--ddp_timeout` (seconds; transformers' `TrainingArguments` name, default 1800) to a parser group.
+
+    `hfzoo.training.accelerator.create_accelerator` passes it to the process group: a collective waits at most that
+    long for the other processes, then the run stops with one line naming the process it lost
+    (`hfzoo.training.faults.handle_training_faults`).
+
+    Args:
+        group: an `argparse` parser or argument group.
+    """
+    group.add_argument(
+        "--ddp_timeout",
+        type=positive_int,
+        default=1800,
+        help="Seconds a collective operation waits for the other processes before the run stops with an error "
+        "(a failed or stuck process).",
+    )
+
+
 def checkpointing_steps(value: str) -> str:
     """Argparse type for `--checkpointing_steps`: a positive integer (every N steps) or `epoch`.
 

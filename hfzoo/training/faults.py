@@ -638,15 +638,16 @@ def handle_training_faults(accelerator, checkpoints: Callable[[], list[Path]] | 
     """Run the training loop; turn its faults into one line on stderr and an exit code; always clean up.
 
     - `TrainingPreempted`: the main process prints the message; every process exits with `EXIT_PREEMPTED`.
-    - `NonFiniteError`: `error: ...`, exit `EXIT_NONFINITE`.
+    - `NonFiniteError`: the main process prints `error: ...`; every process exits with `EXIT_NONFINITE`.
     - `CheckpointError` (a save that failed, e.g. a full disk): `error: ...`, exit 1.
     - a failed or timed-out collective in a multi-process run (another process or node failed or hangs):
       `error: process R: ...` naming the lost process, its node and host, and the checkpoint to resume from
       (`lost_peer_message`), exit 1, instead of a traceback per process.
 
-    Whatever happens, the signal handlers are restored and the process group is destroyed. A process of
-    a multi-process run that stops on any exception then ends with `os._exit` (after flushing its
-    output; other exceptions print their traceback first): the interpreter's own teardown can deadlock
+    Whatever happens, the signal handlers are restored; after a fault the process group is destroyed too (a
+    run that ends well keeps it: the GLUE sweep runs its next task in it; `run_launched` ends it with the
+    process). A process of a multi-process run that stops on any exception then ends with `os._exit` (after
+    flushing its output; other exceptions print their traceback first): the interpreter's own teardown can deadlock
     there, since the DDP reducer keeps the gloo process group alive until it is garbage-collected with
     the GIL held, and the group's destructor waits for its worker thread, which may be waiting for the
     GIL to release the tensors of the last collective.
@@ -661,15 +662,17 @@ def handle_training_faults(accelerator, checkpoints: Callable[[], list[Path]] | 
         SystemExit: for the faults above (one process); other exceptions propagate unchanged.
     """
     multi = accelerator.num_processes > 1
-    message, code = None, 1
+    message, code, failed = None, 1, True
     try:
         yield
-        return
+        failed = False
     except TrainingPreempted as err:
         message = str(err) if accelerator.is_main_process else None
         code = EXIT_PREEMPTED
-    except NonFiniteError as err:
-        message, code = nonfinite_message(err, checkpoints() if checkpoints is not None else []), EXIT_NONFINITE
+    except NonFiniteError as err:  # every process stops at the same step (the norm is reduced): one line per run
+        done = checkpoints() if checkpoints is not None and accelerator.is_main_process else []
+        message = nonfinite_message(err, done) if accelerator.is_main_process else None
+        code = EXIT_NONFINITE
     except CheckpointError as err:
         message = f"error: {err}"
     except BaseException as err:
@@ -681,8 +684,11 @@ def handle_training_faults(accelerator, checkpoints: Callable[[], list[Path]] | 
             traceback.print_exc()
     finally:
         restore_signal_handlers()
-        end_process_group()
-        close_progress_bars()
+        if failed:
+            end_process_group()
+            close_progress_bars()
+    if not failed:
+        return
     if not multi and code == 1:
         raise SystemExit(message)  # printed by Python; exit status 1
     if message is not None:

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -1205,7 +1206,6 @@ def test_sigterm_to_accelerate_launch_of_two_processes_checkpoints_both(checkpoi
     """SIGTERM to the launcher (torchrun forwards it): both processes stop after the same step, write their parts
     of one checkpoint, and the run says so once."""
     import signal
-    import time
 
     from hfzoo.training.checkpointing import find_latest_checkpoint, verify_checkpoint
 
@@ -1232,6 +1232,47 @@ def test_sigterm_to_accelerate_launch_of_two_processes_checkpoints_both(checkpoi
     verify_checkpoint(checkpoint, state_file=GLUE_STATE)
     assert json.loads((checkpoint / GLUE_STATE).read_text())["batch_layout"]["num_processes"] == 2
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in checkpoint.rglob("*")}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_lost_node_stops_the_survivor_with_one_line_naming_it_and_the_checkpoint(checkpoints, glue_dir, tmp_path):
+    """Two "nodes" (one process each) finetune; node 1 is SIGKILLed after the first checkpoint. Node 0 ends within
+    its --ddp_timeout with one line naming the lost process and the checkpoint to resume from, no traceback."""
+    from helpers.launch import free_port, kill_node, node_command, start_nodes
+
+    out = tmp_path / "run"
+    recipe = argv(checkpoints["encoder-tiny"], glue_dir, out, "rte", "--per_device_train_batch_size", "2",
+                  "--checkpointing_steps", "4", "--num_train_epochs", "100", "--ddp_timeout", "60")  # fmt: skip
+    recipe[recipe.index("--max_train_steps") + 1] = "2000"
+    script = [str(REPO / "recipes" / "finetune_glue.py")]
+    port = free_port()
+    nodes = start_nodes([node_command("ddp.yaml", r, port, recipe, script=script) for r in (0, 1)], tmp_path,
+                        tmp_path / "logs")  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "checkpoints" / "step_4" / "manifest.json").is_file():
+            assert nodes[0].poll() is None, (tmp_path / "logs" / "node0.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint after 300 s"
+            time.sleep(0.05)
+        kill_node(nodes[1])
+        killed = time.monotonic()
+        nodes[0].wait(timeout=120)
+        elapsed = time.monotonic() - killed
+    finally:
+        for node in nodes:
+            kill_node(node)
+    survivor = (tmp_path / "logs" / "node0.log").read_text()
+    assert nodes[0].returncode == 1 and elapsed < 60, (elapsed, survivor[-3000:])
+    errors = [line for line in survivor.splitlines() if line.startswith("error: process 0:")]
+    assert len(errors) == 1, survivor[-3000:]
+    assert "lost process 1 (node 1, host " in errors[0]
+    assert (
+        f"restart every node with --resume_from_checkpoint latest (last complete checkpoint: {out}/checkpoints/step_"
+        in errors[0]
+    )
+    assert "Traceback" not in survivor.split("error: process 0:")[0]  # the worker printed none (its launcher does)
+    assert not (out / "all_results.json").exists()
 
 
 @pytest.mark.slow

@@ -331,18 +331,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-@pytest.mark.distributed
-@pytest.mark.parametrize("fault", ["raise", "hang"])
-def test_a_failing_or_stuck_process_ends_the_others_with_a_message(fault, tmp_path, small_jsonl_xz, tokenizer_dir):
-    """Two processes started without a launcher that would kill the survivors: process 1 raises (or stops
-    responding) at step 3; process 0 ends on its own with a one-line message (`--ddp_timeout 10` for the hang)."""
-    argv = recipe_args(small_jsonl_xz, tokenizer_dir, tmp_path / "run", GLOBAL_BATCH // 2, "--ddp_timeout", "10")
+def _two_processes(command: list[str]) -> list[subprocess.Popen]:
+    """`command` as processes 0 and 1 of a 2-process run, started without a launcher (stderr piped)."""
     env = {**launch_env(), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(_free_port())}  # fmt: skip
-    procs = [
+    return [
         subprocess.Popen(
-            chaos.child_command(fault, 3, argv, rank=1),
+            command,
             env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -350,6 +345,40 @@ def test_a_failing_or_stuck_process_ends_the_others_with_a_message(fault, tmp_pa
         )  # fmt: skip
         for r in (0, 1)
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_nonfinite_step_on_one_process_stops_both_with_one_line(tmp_path, small_jsonl_xz, tokenizer_dir):
+    """Process 1's loss is NaN at step 3: the gradient norm is reduced over the processes, so both stop at step 3
+    with exit status 76, and the main process alone prints the line naming the step and the checkpoint."""
+    out = tmp_path / "run"
+    argv = recipe_args(small_jsonl_xz, tokenizer_dir, out, GLOBAL_BATCH // 2, "--checkpointing_steps", "2")
+    procs = _two_processes(chaos.child_command("nan", 3, argv, rank=1))
+    try:
+        errors = [proc.communicate(timeout=240)[1] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert [proc.returncode for proc in procs] == [faults.EXIT_NONFINITE] * 2, errors[0][-2000:]
+    lines = [[line for line in err.splitlines() if line.startswith("error: non-finite")] for err in errors]
+    assert len(lines[0]) == 1 and lines[1] == [], errors
+    assert lines[0][0].startswith("error: non-finite gradient norm (nan; loss ")
+    assert " at step 3: " in lines[0][0] and lines[0][0].endswith(
+        f"the last checkpoint, {out}/checkpoints/step_2, is intact"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("fault", ["raise", "hang"])
+def test_a_failing_or_stuck_process_ends_the_others_with_a_message(fault, tmp_path, small_jsonl_xz, tokenizer_dir):
+    """Two processes started without a launcher that would kill the survivors: process 1 raises (or stops
+    responding) at step 3; process 0 ends on its own with a one-line message (`--ddp_timeout 10` for the hang)."""
+    argv = recipe_args(small_jsonl_xz, tokenizer_dir, tmp_path / "run", GLOBAL_BATCH // 2, "--ddp_timeout", "10")
+    procs = _two_processes(chaos.child_command(fault, 3, argv, rank=1))
     try:
         _, err0 = procs[0].communicate(timeout=240)
         if fault == "raise":
