@@ -197,7 +197,7 @@ def test_check_hub_repository_creates_the_repository_before_training(recorded_hu
 def test_check_hub_repository_names_the_hubs_answer_without_the_token(monkeypatch):
     """Offline (the hub client's own refusal), or a refused token: one line naming the repository, token hidden."""
     import huggingface_hub
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError
     from huggingface_hub.utils import httpx
 
     from hfzoo.training.arguments import check_hub_repository
@@ -221,6 +221,15 @@ def test_check_hub_repository_names_the_hubs_answer_without_the_token(monkeypatc
         check_hub_repository(hub_args(hub_token="hf_secret_xyz"))
     assert "(HfHubHTTPError: 401 Client Error: Unauthorized (token ***)); check the network" in str(refused.value)
     assert "hf_secret_xyz" not in str(refused.value) and "more lines" not in str(refused.value)
+
+    def invalid(self, repo_id, **kwargs):  # the hub client's own name check (a ValueError, not a public repository)
+        raise HFValidationError(f"Repo id must use alphanumeric chars: '{repo_id}'.")
+
+    monkeypatch.setattr(HfApi, "create_repo", invalid)
+    with pytest.raises(
+        ValueError, match=r"^--push_to_hub: cannot create the hub repository me/tiny \(HFValidationError"
+    ):
+        check_hub_repository(hub_args(hub_private_repo=True))
 
 
 def test_push_to_hub_keeps_an_existing_readme(model_folder, recorded_hub):

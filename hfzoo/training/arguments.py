@@ -526,15 +526,14 @@ def check_hub_repository(args: argparse.Namespace, accelerator=None) -> str | No
         return None
     name, repo_id, error = hub_repository(args), None, None
     if accelerator is None or accelerator.is_main_process:
+        from huggingface_hub.errors import HFValidationError
         from huggingface_hub.utils import httpx  # the hub's HTTP client, under this name in every release
 
         from ..hub import create_hub_repository
 
         try:
             repo_id = create_hub_repository(name, token=args.hub_token, private=args.hub_private_repo)
-        except ValueError as err:  # an existing public repository
-            error = f"--hub_private_repo: {err}"
-        except (OSError, httpx.HTTPError) as err:  # the hub's answer (OSError), offline mode, the network
+        except (OSError, httpx.HTTPError, HFValidationError) as err:  # the hub's answer, offline mode, the network
             text = str(err).strip().splitlines()
             answer = f"{type(err).__name__}: {text[0] if text else ''}"
             if args.hub_token:
@@ -544,6 +543,8 @@ def check_hub_repository(args: argparse.Namespace, accelerator=None) -> str | No
                 "--hub_token (or `hf auth login`), or train without --push_to_hub and upload the output folder later "
                 "(`hf upload`)"
             )
+        except ValueError as err:  # an existing public repository with --hub_private_repo
+            error = f"--hub_private_repo: {err}"
     if accelerator is not None:
         error = broadcast_from_main(accelerator, error)
     if error is not None:

@@ -635,7 +635,7 @@ def nonfinite_message(err: NonFiniteError, checkpoints: list[Path]) -> str:
 
 @contextlib.contextmanager
 def handle_training_faults(accelerator, checkpoints: Callable[[], list[Path]] | None = None):
-    """Run the training loop; turn its faults into one line on stderr and an exit code; always clean up.
+    """Run the training loop; turn its faults into one line on stderr and an exit code, after cleaning up.
 
     - `TrainingPreempted`: the main process prints the message; every process exits with `EXIT_PREEMPTED`.
     - `NonFiniteError`: the main process prints `error: ...`; every process exits with `EXIT_NONFINITE`.
