@@ -1080,7 +1080,7 @@ def test_push_to_hub_a_stock_transformers_checkpoint(checkpoints, glue_dir, tmp_
     assert "hf_secret" not in card.content and "import hfzoo" not in card.content
 
 
-def test_push_to_hub_without_a_hub_stops_before_training(checkpoints, glue_dir, tmp_path, monkeypatch, capsys):
+def test_push_to_hub_without_a_hub_stops_before_training(checkpoints, glue_dir, tmp_path, monkeypatch):
     """The hub client offline: the repository cannot be created, so the run stops before its first step."""
     import huggingface_hub
 
