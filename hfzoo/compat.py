@@ -1,16 +1,17 @@
-"""What differs between the transformers releases hfzoo accepts (`transformers>=5.23,<6`), in one place.
+"""What differs between the transformers (and PEFT) releases hfzoo accepts (`transformers>=5.23,<6`), in one place.
 
 transformers 5.24 renamed the key/value cache from `past_key_values` to `cache` everywhere it passes:
 the argument `generate` hands a model's `forward`, the field of every `ModelOutput`, and the argument of
 `masking_utils.create_causal_mask` / `create_bidirectional_mask` (the old names stay as deprecated aliases
 until 5.40). hfzoo's own code says `cache`; this module names the field and the mask argument the installed
-release expects, and `accept_legacy_cache_name` lets every hfzoo `forward` take both names, through
-transformers' own `deprecate_kwarg`.
+release expects and the name the installed PEFT expects (`peft_cache_name`), and `accept_legacy_cache_name`
+lets every hfzoo `forward` take both names, through transformers' own `deprecate_kwarg`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 from collections.abc import Callable
 
@@ -46,6 +47,22 @@ def output_cache(outputs):
     installed release's field.
     """
     return getattr(outputs, CACHE_NAME, None)
+
+
+def peft_cache_name() -> str:
+    """The name under which the installed PEFT reads and writes the cache among `generate`'s prepared inputs.
+
+    PEFT before 0.22 always says `past_key_values`; from 0.22 on it says what the installed transformers says
+    (`peft.import_utils.get_transformers_cache_name`: `cache` from transformers 5.24 on). Called only while a PEFT
+    model generates, so PEFT is installed and imported.
+
+    Returns:
+        "cache" or "past_key_values".
+    """
+    name_of_transformers_cache = getattr(
+        importlib.import_module("peft.import_utils"), "get_transformers_cache_name", None
+    )
+    return LEGACY_CACHE_NAME if name_of_transformers_cache is None else name_of_transformers_cache()
 
 
 def accept_legacy_cache_name(forward: Callable) -> Callable:

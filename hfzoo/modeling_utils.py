@@ -28,7 +28,7 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import slice_logits_to_keep
 from transformers.utils.output_capturing import OutputRecorder
 
-from .compat import CACHE_NAME, LEGACY_CACHE_NAME, accept_legacy_cache_name, cache_field, output_cache
+from .compat import CACHE_NAME, LEGACY_CACHE_NAME, accept_legacy_cache_name, cache_field, output_cache, peft_cache_name
 from .configuration_utils import HfzooConfig
 from .integrity import check_weight_files
 from .modules.attention import HfzooAttention, has_fused_qkv_projections, key_value_heads
@@ -818,7 +818,7 @@ class HfzooGenerationMixin(GenerationMixin):
 
         PEFT's `generate` (`PeftModelForCausalLM`, `PeftModelForSeq2SeqLM`) puts its own
         `prepare_inputs_for_generation` on the base model's instance for the duration of the call; that method
-        calls this class's one first, then hands the prefix over as `past_key_values` at the first step.
+        calls this class's one first, then hands the prefix over as the cache at the first step.
         """
         override = self.__dict__.get("prepare_inputs_for_generation")
         wrapper = getattr(override, "__self__", None)
@@ -831,10 +831,10 @@ class HfzooGenerationMixin(GenerationMixin):
         """`GenerationMixin.prepare_inputs_for_generation`, after allocating a static cache.
 
         Under PEFT's prefix tuning (`_prefix_tuning_wrapper`), PEFT reads and writes the cache of the inputs
-        prepared here under `past_key_values`, the name of transformers before 5.24, to insert its prefix at the
-        first step only; on transformers >= 5.24 the cache is therefore returned under that name (the model's
-        `forward` takes both names), so that the prefix enters the generation cache once, as in PEFT's own
-        forward pass.
+        prepared here to insert its prefix at the first step only, under its own name for it
+        (`hfzoo.compat.peft_cache_name`: `past_key_values` before PEFT 0.22, the installed transformers' name
+        from 0.22 on); the cache is therefore returned under PEFT's name (the model's `forward` takes both
+        names), so that the prefix enters the generation cache once, as in PEFT's own forward pass.
 
         Args:
             input_ids: `(batch_size, seq_len)` the tokens so far (the decoder's, in the encoder-decoder).
@@ -864,8 +864,9 @@ class HfzooGenerationMixin(GenerationMixin):
             )
         early_initialize_static_cache(self, kwargs.get("cache"), input_ids.shape[0])
         inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
-        if prefix_tuning and CACHE_NAME != LEGACY_CACHE_NAME and CACHE_NAME in inputs:
-            inputs[LEGACY_CACHE_NAME] = inputs.pop(CACHE_NAME)
+        name_for_peft = peft_cache_name() if prefix_tuning else CACHE_NAME
+        if name_for_peft != CACHE_NAME and CACHE_NAME in inputs:
+            inputs[name_for_peft] = inputs.pop(CACHE_NAME)
         return inputs
 
     # `generate` checks its keyword arguments against this method's parameters (then the model's `forward`'s):

@@ -18,7 +18,7 @@ from peft import TaskType
 from transformers import DynamicCache
 from transformers.utils.generic import TransformersKwargs
 
-from hfzoo.compat import CACHE_NAME, LEGACY_CACHE_NAME, output_cache
+from hfzoo.compat import CACHE_NAME, LEGACY_CACHE_NAME, output_cache, peft_cache_name
 from hfzoo.finetuning.adapters import build_peft_config, wrap_with_peft
 from hfzoo.modeling_utils import IGNORED_KWARGS, PASSED_DOWN_KWARGS, accepted_keywords
 
@@ -148,7 +148,7 @@ PEFT_TASKS = {"seqcls": TaskType.SEQ_CLS, "tokcls": TaskType.TOKEN_CLS, "qa": Ta
 
 @pytest.mark.parametrize("head", [head for head in HEADS if head.rsplit("-", 1)[1] in PEFT_TASKS])
 def test_peft_prefix_tuning_passes_its_prefix_as_the_cache(head):
-    """PEFT hands its prefix over as `past_key_values`; it must reach the layers (the output changes)."""
+    """PEFT hands its prefix over as the cache (under its name for it); it must reach the layers (the output changes)."""
     base = build(head).eval()
     batch = batch_of(head)
     with torch.no_grad():
@@ -158,8 +158,18 @@ def test_peft_prefix_tuning_passes_its_prefix_as_the_cache(head):
     calls = recorded_keywords(base)
     with torch.no_grad():
         prefixed = main_output(model.eval()(**batch))
-    assert calls and LEGACY_CACHE_NAME in calls[0]
+    assert calls and peft_cache_name() in calls[0]
     assert not torch.allclose(prefixed, plain)
+
+
+def test_the_cache_name_of_peft_follows_its_release(monkeypatch):
+    """PEFT before 0.22 (no `get_transformers_cache_name`) says `past_key_values`; from 0.22 on, transformers' name."""
+    import peft.import_utils
+
+    if hasattr(peft.import_utils, "get_transformers_cache_name"):
+        assert peft_cache_name() == CACHE_NAME
+        monkeypatch.delattr(peft.import_utils, "get_transformers_cache_name")
+    assert peft_cache_name() == LEGACY_CACHE_NAME
 
 
 # Generation with the cache equals generation without it ----------------------------------------------------------
