@@ -514,42 +514,40 @@ def check_hub_repository(args: argparse.Namespace, accelerator=None) -> str | No
         accelerator: the run's `Accelerator` (None: this process alone).
 
     Returns:
-        The repository's full id (`"user/name"`), None without `--push_to_hub` (and on the other processes).
+        The repository's full id (`"user/name"`, on every process), None without `--push_to_hub`.
 
     Raises:
         ValueError: the repository cannot be created (one line naming it, the hub's answer: its error's type and
             first line, the token hidden, and the ways on), or it exists and is public with `--hub_private_repo`.
     """
-    from .faults import broadcast_from_main
+    from .faults import decide_on_main
 
     if not getattr(args, "push_to_hub", False):
         return None
-    name, repo_id, error = hub_repository(args), None, None
-    if accelerator is None or accelerator.is_main_process:
+    name = hub_repository(args)
+
+    def create() -> str:
         from huggingface_hub.errors import HFValidationError
         from huggingface_hub.utils import httpx  # the hub's HTTP client, under this name in every release
 
         from ..hub import create_hub_repository
 
         try:
-            repo_id = create_hub_repository(name, token=args.hub_token, private=args.hub_private_repo)
+            return create_hub_repository(name, token=args.hub_token, private=args.hub_private_repo)
         except (OSError, httpx.HTTPError, HFValidationError) as err:  # the hub's answer, offline mode, the network
             text = str(err).strip().splitlines()
             answer = f"{type(err).__name__}: {text[0] if text else ''}"
             if args.hub_token:
                 answer = answer.replace(args.hub_token, "***")
-            error = (
+            raise ValueError(
                 f"--push_to_hub: cannot create the hub repository {name} ({answer}); check the network and "
                 "--hub_token (or `hf auth login`), or train without --push_to_hub and upload the output folder later "
                 "(`hf upload`)"
-            )
+            ) from None
         except ValueError as err:  # an existing public repository with --hub_private_repo
-            error = f"--hub_private_repo: {err}"
-    if accelerator is not None:
-        error = broadcast_from_main(accelerator, error)
-    if error is not None:
-        raise ValueError(error)
-    return repo_id
+            raise ValueError(f"--hub_private_repo: {err}") from None
+
+    return decide_on_main(accelerator, create, ValueError)
 
 
 def muon_settings(args: argparse.Namespace) -> MuonSettings | None:

@@ -39,7 +39,7 @@ from .faults import (
     CheckpointError,
     NonFiniteError,
     NonFiniteGuard,
-    broadcast_from_main,
+    decide_on_main,
     first_nonfinite_parameter,
     gather_messages,
 )
@@ -364,18 +364,16 @@ def refuse_earlier_checkpoints(args: argparse.Namespace, accelerator: Accelerato
         CheckpointError: complete checkpoints in `<output_dir>/checkpoints`, and neither `--resume_from_checkpoint`
             nor `--overwrite_output_dir`; one line naming them and the three ways on.
     """
-    error = None
-    if accelerator is None or accelerator.is_main_process:
+
+    def refuse() -> None:
         if earlier := earlier_run_checkpoints(args):
-            error = (
+            raise CheckpointError(
                 f"--output_dir {args.output_dir} holds the checkpoints of an earlier run ({earlier}); give "
                 "--resume_from_checkpoint latest to continue it, --overwrite_output_dir to delete them and start "
                 "over, or another --output_dir"
             )
-    if accelerator is not None:
-        error = broadcast_from_main(accelerator, error)
-    if error is not None:
-        raise CheckpointError(error)
+
+    decide_on_main(accelerator, refuse, CheckpointError)
 
 
 def delete_earlier_checkpoints(args: argparse.Namespace, accelerator: Accelerator | None = None) -> None:
@@ -412,17 +410,9 @@ def _resolve_resume(args: argparse.Namespace, accelerator: Accelerator | None = 
     """
     if not args.resume_from_checkpoint:
         return None
-    path, error = None, None
-    if accelerator is None or accelerator.is_main_process:
-        try:
-            path = resolve_resume_argument(args.resume_from_checkpoint, args.output_dir)
-        except CheckpointError as err:
-            error = str(err)
-    if accelerator is not None:
-        path, error = broadcast_from_main(accelerator, (path, error))
-    if error is not None:
-        raise CheckpointError(error)
-    return path
+    return decide_on_main(
+        accelerator, lambda: resolve_resume_argument(args.resume_from_checkpoint, args.output_dir), CheckpointError
+    )
 
 
 def check_resume_config(resume_path: Path, config) -> None:

@@ -152,6 +152,39 @@ def broadcast_from_main(accelerator, obj):
     return box[0]
 
 
+def decide_on_main(accelerator, decide: Callable[[], object], error_type: type[Exception] = ValueError):
+    """Run `decide()` on the main process only; every process returns its result or raises its error.
+
+    For the checks a run makes before it starts (reading the output folder, asking the hub) that must give one
+    answer on every process: the others wait for the main process's and never look themselves.
+
+    Args:
+        accelerator: the run's `Accelerator` (None: this process alone).
+        decide: the check, called without arguments on the main process; returns a picklable value.
+        error_type: the error `decide` raises to refuse (raised again, with its message, on every process);
+            any other exception propagates on the main process only.
+
+    Returns:
+        The main process's `decide()`.
+
+    Raises:
+        error_type: `decide` raised it on the main process (there: the same error; elsewhere: one with its message).
+    """
+    result, error, message = None, None, None
+    if accelerator is None or accelerator.is_main_process:
+        try:
+            result = decide()
+        except error_type as err:
+            error, message = err, str(err)
+    if accelerator is not None:
+        result, message = broadcast_from_main(accelerator, (result, message))
+    if error is not None:
+        raise error
+    if message is not None:
+        raise error_type(message)
+    return result
+
+
 def end_process_group() -> None:
     """Destroy the default process group if there is one (so that the process exits without hanging).
 

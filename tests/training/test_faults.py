@@ -260,6 +260,36 @@ faults.run_launched(main)
 """
 
 
+def test_a_check_decided_on_the_main_process_gives_every_process_its_answer(monkeypatch):
+    """The main process runs the check and broadcasts `(result, refusal)`; another process never runs it and
+    returns the result or raises the refusal of the given type; other errors are not caught."""
+    calls, sent = [], []
+
+    def check():
+        calls.append("checked")
+        return "user/repo"
+
+    def refuse():
+        raise faults.CheckpointError("--output_dir out holds the checkpoints of an earlier run")
+
+    main_process, other_process = SimpleNamespace(is_main_process=True), SimpleNamespace(is_main_process=False)
+    monkeypatch.setattr(faults, "broadcast_from_main", lambda accelerator, obj: sent.append(obj) or obj)
+    assert faults.decide_on_main(main_process, check) == "user/repo" and sent == [("user/repo", None)]
+    with pytest.raises(faults.CheckpointError, match="earlier run") as refused:
+        faults.decide_on_main(main_process, refuse, faults.CheckpointError)
+    assert sent[-1] == (None, str(refused.value))
+    with pytest.raises(KeyError):  # not a refusal: a bug, raised on the main process only
+        faults.decide_on_main(None, lambda: {}["missing"], faults.CheckpointError)
+
+    calls.clear()
+    monkeypatch.setattr(faults, "broadcast_from_main", lambda accelerator, obj: ("user/repo", None))
+    assert faults.decide_on_main(other_process, check) == "user/repo"
+    monkeypatch.setattr(faults, "broadcast_from_main", lambda accelerator, obj: (None, "earlier run"))
+    with pytest.raises(faults.CheckpointError, match="^earlier run$"):
+        faults.decide_on_main(other_process, check, faults.CheckpointError)
+    assert calls == []  # only the main process looks
+
+
 @pytest.mark.parametrize(("status", "code"), [("0", 0), ("75", 75), ("error: bad input", 1), ("raise", 1)])
 def test_a_launched_process_of_several_ends_with_its_status_and_its_output_without_the_interpreter_teardown(
     status, code
