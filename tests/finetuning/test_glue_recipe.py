@@ -1207,6 +1207,8 @@ def test_sigterm_to_accelerate_launch_of_two_processes_checkpoints_both(checkpoi
     of one checkpoint, and the run says so once."""
     import signal
 
+    from helpers.launch import wait_for_file
+
     from hfzoo.training.checkpointing import find_latest_checkpoint, verify_checkpoint
 
     out = tmp_path / "run"
@@ -1217,10 +1219,7 @@ def test_sigterm_to_accelerate_launch_of_two_processes_checkpoints_both(checkpoi
            "ddp.yaml"), str(REPO / "recipes" / "finetune_glue.py"), *recipe]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not (out / "checkpoints" / "step_4" / "manifest.json").is_file():
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
-        time.sleep(0.05)
+    wait_for_file(out / "checkpoints" / "step_4" / "manifest.json", proc)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=180)
     stopped = re.findall(r"^stopped by SIGTERM after step (\d+); checkpoint (\S+) written; .*$", stderr, re.MULTILINE)
@@ -1239,7 +1238,7 @@ def test_sigterm_to_accelerate_launch_of_two_processes_checkpoints_both(checkpoi
 def test_a_lost_node_stops_the_survivor_with_one_line_naming_it_and_the_checkpoint(checkpoints, glue_dir, tmp_path):
     """Two "nodes" (one process each) finetune; node 1 is SIGKILLed after the first checkpoint. Node 0 ends within
     its --ddp_timeout with one line naming the lost process and the checkpoint to resume from, no traceback."""
-    from helpers.launch import free_port, kill_node, node_command, start_nodes
+    from helpers.launch import free_port, kill_node, node_command, start_nodes, wait_for_file
 
     out = tmp_path / "run"
     recipe = argv(checkpoints["encoder-tiny"], glue_dir, out, "rte", "--per_device_train_batch_size", "2",
@@ -1250,11 +1249,7 @@ def test_a_lost_node_stops_the_survivor_with_one_line_naming_it_and_the_checkpoi
     nodes = start_nodes([node_command("ddp.yaml", r, port, recipe, script=script) for r in (0, 1)], tmp_path,
                         tmp_path / "logs")  # fmt: skip
     try:
-        deadline = time.monotonic() + 300
-        while not (out / "checkpoints" / "step_4" / "manifest.json").is_file():
-            assert nodes[0].poll() is None, (tmp_path / "logs" / "node0.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint after 300 s"
-            time.sleep(0.05)
+        wait_for_file(out / "checkpoints" / "step_4" / "manifest.json", nodes[0], log=tmp_path / "logs" / "node0.log")
         kill_node(nodes[1])
         killed = time.monotonic()
         nodes[0].wait(timeout=120)

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from helpers.paths import REPO_ROOT
@@ -148,6 +149,19 @@ def run_nodes(commands: list[list[str]], cwd: Path, logs: Path, timeout: float =
         for proc in procs:
             kill_node(proc)
     return [(logs / f"node{rank}.log").read_text() for rank in range(len(procs))]
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 300, log: Path | None = None) -> None:
+    """Wait until `path` exists (a checkpoint a run writes); fail if `proc` ends first or after `timeout` seconds.
+
+    The failure shows the end of `log` (the run's stderr file) when given.
+    """
+    deadline = time.monotonic() + timeout
+    while not path.is_file():
+        tail = log.read_text()[-3000:] if log is not None and log.is_file() else ""
+        assert proc.poll() is None, f"the run ended (status {proc.returncode}) before {path} appeared\n{tail}"
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s\n{tail}"
+        time.sleep(0.05)
 
 
 def kill_node(proc: subprocess.Popen) -> None:

@@ -12,13 +12,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers.launch import GLOBAL_BATCH, launch_command, launch_env, recipe_args
+from helpers.launch import GLOBAL_BATCH, launch_command, launch_env, recipe_args, wait_for_file
 from helpers.pretraining import TINY_OVERRIDES, base_args
 from safetensors.torch import load_file
 
@@ -226,14 +225,6 @@ def test_a_checkpoint_with_non_finite_weights_is_never_written(tmp_path):
     assert not (tmp_path / "checkpoints").exists()
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.is_file():
-        assert proc.poll() is None, "the run ended before the expected file appeared"
-        assert time.monotonic() < deadline, f"{path} did not appear"
-        time.sleep(0.05)
-
-
 # A job's main as `recipes/*.py` run it: it prints, logs, leaves a thread busy in torch's C++ code (as gloo's workers
 # can be, releasing the tensors of the last collective) and ends with the exit status in argv[1] ("0", "75" or a
 # message), or raises ("raise"). A thread that takes the GIL while the interpreter finalizes aborts the process.
@@ -337,7 +328,7 @@ def test_sigterm_to_accelerate_launch_checkpoints_every_process(config, tmp_path
     proc = subprocess.Popen(launch_command(config, argv), cwd=tmp_path, env=launch_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     out = tmp_path / "run"
-    _wait_for(out / "checkpoints" / "step_8" / "manifest.json", proc)
+    wait_for_file(out / "checkpoints" / "step_8" / "manifest.json", proc)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     stopped = re.findall(r"^stopped by SIGTERM after step (\d+); checkpoint (\S+) written; .*$", stderr, re.MULTILINE)

@@ -25,6 +25,7 @@ from helpers.launch import (
     run_nodes,
     start_nodes,
     torchrun_node_command,
+    wait_for_file,
 )
 from helpers.pretraining import restored_steps, tag_saved_history
 
@@ -67,11 +68,9 @@ def test_two_nodes_lose_one_node_then_resume_from_the_last_checkpoint(
     nodes = start_nodes(commands, tmp_path, tmp_path / "logs1")
     out = tmp_path / "run"
     try:
-        deadline = time.monotonic() + 600
-        while not (out / "checkpoints" / "step_4" / "training_state.json").is_file():
-            assert nodes[0].poll() is None, (tmp_path / "logs1" / "node0.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint after 600 s"
-            time.sleep(0.05)
+        wait_for_file(
+            out / "checkpoints" / "step_4" / "training_state.json", nodes[0], 600, tmp_path / "logs1" / "node0.log"
+        )
         kill_node(nodes[1])
         killed = time.monotonic()
         try:
