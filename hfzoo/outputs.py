@@ -4,8 +4,8 @@
 there (a one-line `ValueError` naming the argument, the path and the reason otherwise);
 `removed_if_refused` removes the folders a command created when it then refuses its input, so that a
 refused command leaves nothing on disk; `check_output_is_not_source` keeps a command from writing over the
-checkpoint it reads; `write_text_atomic` (and `write_json_atomic`) replaces a file so that a reader never sees it
-half written.
+checkpoint it reads; `replaced_atomically` (and `write_text_atomic`, `write_json_atomic` through it)
+replaces a file so that a reader never sees it half written.
 """
 
 from __future__ import annotations
@@ -130,18 +130,41 @@ def check_output_is_not_source(output_dir: str | os.PathLike, source: str | os.P
         )
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` (UTF-8) to `path` atomically: into `<path>.tmp`, then renamed over `path`.
+@contextlib.contextmanager
+def replaced_atomically(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary file beside `path` to write in the block; renamed over `path` when the block ends without error.
 
-    A run killed while writing leaves the previous `path` (and at worst a stray `.tmp` file), never a torn one.
+    The temporary file is `<path>.<pid>.tmp`, one per process, so that two processes writing the same file never
+    rename each other's half-written one; a block that raises leaves `path` as it was and removes the temporary
+    file. A process killed in the block leaves the previous `path` (and at worst a stray `.tmp` file), never a torn
+    one.
+
+    Args:
+        path: the file to replace (its folder must exist).
+
+    Yields:
+        The temporary file's `Path` (not created: the block writes it).
+
+    Raises:
+        OSError: the rename fails.
+    """
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only after an error: a renamed file is gone
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` (UTF-8) to `path` atomically (`replaced_atomically`): a reader never sees it half written.
 
     Raises:
         OSError: the file cannot be written.
     """
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    with replaced_atomically(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def write_json_atomic(path: str | os.PathLike, value: Any, **dumps_kwargs: Any) -> None:

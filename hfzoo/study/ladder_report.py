@@ -12,13 +12,12 @@ mixture-of-experts rows (`hfzoo.models.flops`).
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..outputs import write_json_atomic, write_text_atomic
+from ..outputs import replaced_atomically, write_json_atomic, write_text_atomic
 from .ladder_fits import (
     CHINCHILLA_TOKENS_PER_PARAMETER,
     PAPER_EARLY_STEPS,
@@ -383,9 +382,8 @@ def _colours(rows) -> dict:
 
 
 def _save(figure: Figure, path: Path, title: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    figure.savefig(tmp, format="png", dpi=100, metadata={"Software": "hfzoo", "Title": title})
-    os.replace(tmp, path)
+    with replaced_atomically(path) as tmp:
+        figure.savefig(tmp, format="png", dpi=100, metadata={"Software": "hfzoo", "Title": title})
 
 
 def _plot_losses(n: dict, fits: dict | None, path: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from ..data.glue import get_glue_task
+from ..outputs import write_text_atomic
 from ..pretraining import pack_pretraining_data, parse_pretrain_args, train_tokenizer
 from .arguments import pretrain_argv
 from .settings import StudySettings, _glue_files
@@ -122,8 +123,6 @@ def ensure_glue_subsets(settings: StudySettings, output_dir: Path) -> dict[str, 
                     range(len(rows)), min(len(rows), settings.glue_max_train_samples)
                 )
             )
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(header + [rows[i] for i in keep]), encoding="utf-8")
-            os.replace(tmp, path)
+            write_text_atomic(path, "".join(header + [rows[i] for i in keep]))
         subsets[task] = path
     return subsets

@@ -16,6 +16,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from ..outputs import replaced_atomically
+
 #: Panel title -> the record key it plots against `step` (records of the recipes' `train_history.json`).
 TRAINING_CURVES = {
     "training loss": "train_loss",
@@ -35,9 +37,8 @@ def _points(records: list[dict[str, Any]], key: str) -> list[tuple[float, float]
 
 def _save(figure: Figure, path: Path, metadata: dict[str, str]) -> Path:
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    figure.savefig(tmp, format="png", dpi=100, metadata={"Software": "hfzoo", **metadata})
-    os.replace(tmp, path)
+    with replaced_atomically(path) as tmp:
+        figure.savefig(tmp, format="png", dpi=100, metadata={"Software": "hfzoo", **metadata})
     return path
 
 

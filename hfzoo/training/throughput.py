@@ -43,6 +43,7 @@ import torch
 
 from ..configuration_utils import HfzooConfig
 from ..models.flops import count_classification_flops, count_training_flops
+from ..outputs import write_text_atomic
 from .precision import cpu_capability
 
 logger = logging.getLogger(__name__)
@@ -210,9 +211,7 @@ def cached_cpu_peak_tflops(precision: str, at_least: float = 0.0) -> float:
     cache[key] = value
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1) + "\n")
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(cache, indent=1) + "\n")
     except OSError as err:  # a read-only home still gets its MFU, measured again next time
         logger.warning(f"cannot cache the CPU peak in {path}: {err}")
     return value
