@@ -16,7 +16,9 @@ After every task, `<output_dir>/results.json`, `results.md` (task, metric, value
 parameters, steps, wall time) and the bar chart `results.png` are rewritten, so an interrupted sweep
 keeps what it finished: run again with the same arguments, it keeps the tasks `results.json` records as finished
 with them (`finished_tasks`) and runs the others (an interrupted task with checkpoints continues with
-`-- --resume_from_checkpoint latest`); `-- --overwrite_output_dir` runs every task again.
+`-- --resume_from_checkpoint latest`); `-- --overwrite_output_dir` runs every task again. A run that names other
+`--tasks` adds their rows to the tables, which keep those of the tasks it does not name (if they ran with the
+arguments this run would give them: one table holds one configuration).
 Under `accelerate launch` (DDP, DeepSpeed) every process runs each task; the main process prints the task lines
 and writes the tables.
 """
@@ -128,34 +130,47 @@ def comparable_arguments(given: argparse.Namespace) -> dict[str, Any]:
     return json.loads(json.dumps(public, default=str))
 
 
-def finished_tasks(output_dir: Path, commands: dict[str, argparse.Namespace]) -> dict[str, dict]:
+def recorded_tasks(output_dir: Path) -> dict[str, dict]:
+    """The per-task results an earlier run of this sweep recorded in `<output_dir>/results.json`, by task name.
+
+    Tables of an older hfzoo (no `arguments` in a task's record) give nothing.
+
+    Raises:
+        ValueError: a `results.json` that is not a sweep's table (one line naming it).
+    """
+    table = output_dir / "results.json"
+    if not table.is_file():
+        return {}
+    try:
+        return {r["task"]: r for r in json.loads(table.read_text())["tasks"] if "arguments" in r}
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(
+            f"{table}: not a results table of the GLUE sweep ({type(err).__name__}: {err}); remove it to run every "
+            "task again, or give another --output_dir"
+        ) from None
+
+
+def finished_tasks(output_dir: Path, commands: dict[str, argparse.Namespace], named: bool = True) -> dict[str, dict]:
     """The tasks an earlier run of this sweep finished with the same arguments: their results, to keep.
 
     A task counts as finished when the sweep's `results.json` holds its results with the arguments it ran with
     (`arguments`: `comparable_arguments`; an argument only one side has is not compared) and its folder still
-    holds its `all_results.json`. Tables of an older hfzoo (no `arguments`) keep nothing.
+    holds its `all_results.json` (`recorded_tasks`).
 
     Args:
         output_dir: the sweep's `--output_dir`.
         commands: each task's GLUE arguments in this run (`parse_glue_args`), by task name.
+        named: the tasks are this run's `--tasks` (False: tasks recorded by an earlier run that this one does not
+            name, whose rows the tables keep; only the message differs).
 
     Returns:
         `{task: its recorded results}`.
 
     Raises:
         ValueError: a `results.json` that is not a sweep's table, or a task recorded with other arguments (one line
-            naming the first argument that differs, with both values).
+            naming the first argument that differs, with both values): one table would mix two configurations.
     """
-    table = output_dir / "results.json"
-    if not table.is_file():
-        return {}
-    try:
-        recorded = {r["task"]: r for r in json.loads(table.read_text())["tasks"] if "arguments" in r}
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(
-            f"{table}: not a results table of the GLUE sweep ({type(err).__name__}: {err}); remove it to run every "
-            "task again, or give another --output_dir"
-        ) from None
+    recorded = recorded_tasks(output_dir)
     kept = {}
     for task, given in commands.items():
         if task not in recorded or not (output_dir / task / "all_results.json").is_file():
@@ -165,10 +180,16 @@ def finished_tasks(output_dir: Path, commands: dict[str, argparse.Namespace]) ->
         differ = sorted(name for name in here.keys() & there.keys() if here[name] != there[name])
         if differ:
             name = differ[0]
+            remedy = (
+                "give -- --overwrite_output_dir to run every task again"
+                if named
+                else f"its row stays in the tables only with the same arguments; give -- --overwrite_output_dir to "
+                f"start the tables over with --tasks ({task}'s folder is left as it is)"
+            )
             raise ValueError(
-                f"task {task} was finished by an earlier run of this sweep with other arguments (--{name} "
-                f"{there.get(name)} there, {here.get(name)} here); give -- --overwrite_output_dir to run every task "
-                "again, or another --output_dir"
+                f"task {task}{'' if named else ' (not in --tasks)'} was finished by an earlier run of this sweep with "
+                f"other arguments (--{name} {there.get(name)} there, {here.get(name)} here); {remedy}, or another "
+                "--output_dir"
             )
         kept[task] = recorded[task]
     return kept
@@ -183,11 +204,15 @@ def _refuse_earlier_checkpoints(task: str, given: argparse.Namespace) -> None:
         )
 
 
-def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) -> dict[str, dict]:
+def check_sweep(
+    tasks: list[str], args: argparse.Namespace, extra: list[str]
+) -> tuple[dict[str, dict], dict[str, dict]]:
     """Check every task's arguments and data files before the first task runs; find the tasks to keep.
 
     Each task's arguments are parsed as the GLUE recipe parses them (`parse_glue_args`). The tasks an earlier run
-    of this sweep finished with the same arguments are kept (`finished_tasks`; none with `-- --overwrite_output_dir`).
+    of this sweep finished with the same arguments are kept (`finished_tasks`; none with `-- --overwrite_output_dir`),
+    and so are the rows of the tasks an earlier run finished that `--tasks` does not name (refused if they ran with
+    other arguments than this run would give them: one table holds one configuration).
     For each other task the files of `--data_dir` are checked to exist (`glue_files`; without `--data_dir` the
     hub's copy is loaded per task), and its output folder may not hold an earlier run's checkpoints unless
     `-- --resume_from_checkpoint latest` continues them or `-- --overwrite_output_dir` deletes them (as the GLUE
@@ -206,7 +231,8 @@ def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) ->
             an earlier run's checkpoints, a task repository the hub does not create (`error: ...`).
 
     Returns:
-        The kept tasks' recorded results, by task name.
+        `(kept, carried)`: the recorded results, by task name, of the tasks of `tasks` an earlier run finished with
+        these arguments, and of the other tasks it finished whose rows the tables keep.
     """
     try:
         commands = {}
@@ -218,6 +244,9 @@ def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) ->
                     raise ValueError(f"--{name} {getattr(given, name)} after `--`: {reason}")
         overwrite = any(given.overwrite_output_dir for given in commands.values())
         kept = {} if overwrite else finished_tasks(Path(args.output_dir), commands)
+        others = [] if overwrite else [t for t in recorded_tasks(Path(args.output_dir)) if t not in commands]
+        others = {task: parse_glue_args(task_argv(task, args, extra)) for task in others if task in TASK_DEFAULTS}
+        carried = finished_tasks(Path(args.output_dir), others, named=False)  # rows of tasks not in --tasks
         for task, given in commands.items():
             if task not in kept:
                 glue_files(task, args.data_dir)
@@ -226,7 +255,7 @@ def check_sweep(tasks: list[str], args: argparse.Namespace, extra: list[str]) ->
                     check_hub_repository(given)  # with --push_to_hub: the task's repository, before any task
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
-    return kept
+    return kept, carried
 
 
 #: Columns of every row besides task, metric and value (from the task's `all_results.json`).
@@ -300,7 +329,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         parser.error(f"--tasks: {err}")
     if len(set(tasks)) < len(tasks):
         parser.error(f"--tasks names a task twice: {args.tasks}")
-    kept = check_sweep(tasks, args, extra)  # every task's flags and files, before any training
+    kept, carried = check_sweep(tasks, args, extra)  # every task's flags and files, before any training
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     main_process = faults.launched_rank() == 0  # under a launcher, every process runs each task; one reports
@@ -316,9 +345,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(f"=== {task}: finetune_glue.py {shlex.join(secret_free_command(command))}", flush=True)
         results.append({**finetune(command), "arguments": comparable_arguments(parse_glue_args(command))})
         if main_process:  # the task's processes have all finished it (its outputs are saved by all)
-            write_tables(output_dir, results)
-    if kept and main_process:
-        write_tables(output_dir, results)  # in the tasks' order, the kept ones included
+            write_tables(output_dir, [*carried.values(), *results])
+    if (kept or carried) and main_process:
+        write_tables(output_dir, [*carried.values(), *results])  # the kept tasks in --tasks' order, after the others
     return results
 
 

@@ -440,6 +440,49 @@ def test_a_sweep_run_again_keeps_its_finished_tasks_and_runs_the_rest(checkpoint
     assert trained == ["rte", "stsb"]
 
 
+def test_a_sweep_of_other_tasks_keeps_the_rows_of_the_tasks_it_does_not_name(checkpoints, tmp_path, monkeypatch):
+    """A sweep into a folder where an earlier one finished other tasks adds its rows to theirs; an earlier task run
+    with other arguments than this run would give it is refused (one table, one configuration)."""
+    import hfzoo.finetuning.sweep as sweep_module
+
+    data, out = tmp_path / "glue", tmp_path / "sweep"
+    for task in ("rte", "stsb", "mrpc"):
+        write_glue_dir(data, task)
+    trained = []
+
+    def finetune(argv):
+        trained.append(argv[argv.index("--task_name") + 1])
+        return real_finetune(argv)
+
+    real_finetune = sweep_module.finetune
+    monkeypatch.setattr(sweep_module, "finetune", finetune)
+
+    def sweep(*tasks, extra=()):
+        trained.clear()
+        return sweep_module.main([
+            "--model_name_or_path", str(checkpoints["encoder-tiny"]), "--data_dir", str(data), "--peft", "lora",
+            "--output_dir", str(out), "--tasks", *tasks, "--", "--max_train_steps", "2", *extra,
+        ])  # fmt: skip
+
+    def table_tasks():
+        table = json.loads((out / "results.json").read_text())
+        return [r["task"] for r in table["tasks"]], sorted({r["task"] for r in table["rows"]})
+
+    sweep("rte")
+    first_rte = json.loads((out / "results.json").read_text())["tasks"][0]
+    assert [r["task"] for r in sweep("stsb")] == ["stsb"] and trained == ["stsb"]
+    assert table_tasks() == (["rte", "stsb"], ["rte", "stsb"])
+    assert json.loads((out / "results.json").read_text())["tasks"][0] == first_rte
+    assert "| rte | accuracy |" in (out / "results.md").read_text()
+
+    with pytest.raises(SystemExit, match=r"task rte \(not in --tasks\) was finished by an earlier run of this sweep "
+                                         r"with other arguments \(--learning_rate 5e-05 there, 0.001 here\)"):  # fmt: skip
+        sweep("mrpc", extra=("--learning_rate", "1e-3"))
+    assert trained == [] and table_tasks()[0] == ["rte", "stsb"]
+    sweep("mrpc", extra=("--learning_rate", "1e-3", "--overwrite_output_dir"))  # the tables start over
+    assert trained == ["mrpc"] and table_tasks()[0] == ["mrpc"] and (out / "rte" / "all_results.json").is_file()
+
+
 def test_sweep_refuses_a_later_task_folder_with_an_earlier_runs_checkpoints_before_its_first_task(
     checkpoints, tmp_path
 ):
