@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
+import hfzoo.outputs
 from hfzoo.outputs import replaced_atomically, write_json_atomic, write_text_atomic
 
 
@@ -29,15 +32,19 @@ def test_a_block_that_fails_leaves_the_file_as_it_was_and_no_temporary_file(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
 
 
-#: Writes argv[2] to argv[1] 300 times once argv[3] exists (both writers start together).
+#: Loads `hfzoo/outputs.py` by its path (argv[4]; it needs only the standard library, not `import hfzoo`'s seconds of
+#: imports), says it is ready (`<argv[3]>.<argv[2]>`), and once argv[3] exists writes argv[2] to argv[1] 300 times.
 _WRITER = """
-import pathlib, sys, time
-from hfzoo.outputs import write_text_atomic
+import importlib.util, pathlib, sys, time
+spec = importlib.util.spec_from_file_location("outputs", sys.argv[4])
+outputs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(outputs)
 start = pathlib.Path(sys.argv[3])
+pathlib.Path(f"{start}.{sys.argv[2]}").touch()
 while not start.exists():
-    time.sleep(0.01)
+    time.sleep(0.001)
 for _ in range(300):
-    write_text_atomic(sys.argv[1], sys.argv[2] * 1000)
+    outputs.write_text_atomic(sys.argv[1], sys.argv[2] * 1000)
 """
 
 
@@ -46,12 +53,14 @@ def test_two_processes_replacing_one_file_never_lose_a_write_or_tear_it(tmp_path
     and the file always holds one writer's whole text."""
     path, start = tmp_path / "results.json", tmp_path / "start"
     write_text_atomic(path, "a" * 1000)
+    command = [sys.executable, "-c", _WRITER, str(path)]
     writers = [
-        subprocess.Popen(
-            [sys.executable, "-c", _WRITER, str(path), text, str(start)], stderr=subprocess.PIPE, text=True
-        )
+        subprocess.Popen([*command, text, str(start), hfzoo.outputs.__file__], stderr=subprocess.PIPE, text=True)
         for text in "ab"
     ]
+    while not all(Path(f"{start}.{text}").exists() for text in "ab"):
+        assert all(w.poll() is None for w in writers), [w.stderr.read() for w in writers]
+        time.sleep(0.01)
     start.touch()
     seen = set()
     while any(w.poll() is None for w in writers):
@@ -59,4 +68,4 @@ def test_two_processes_replacing_one_file_never_lose_a_write_or_tear_it(tmp_path
     errors = [w.stderr.read() for w in writers]
     assert [w.returncode for w in writers] == [0, 0], errors
     assert seen <= {"a" * 1000, "b" * 1000} and path.read_text() in seen | {"a" * 1000, "b" * 1000}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "start"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "start", "start.a", "start.b"]
