@@ -158,9 +158,11 @@ def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 300, log:
     """
     deadline = time.monotonic() + timeout
     while not path.is_file():
-        tail = log.read_text()[-3000:] if log is not None and log.is_file() else ""
-        assert proc.poll() is None, f"the run ended (status {proc.returncode}) before {path} appeared\n{tail}"
-        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s\n{tail}"
+        ended, late = proc.poll() is not None, time.monotonic() > deadline
+        if ended or late:
+            tail = log.read_text()[-3000:] if log is not None and log.is_file() else ""
+            assert not ended, f"the run ended (status {proc.returncode}) before {path} appeared\n{tail}"
+            raise AssertionError(f"{path} did not appear within {timeout} s\n{tail}")
         time.sleep(0.05)
 
 
