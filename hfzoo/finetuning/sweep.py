@@ -150,15 +150,18 @@ def recorded_tasks(output_dir: Path) -> dict[str, dict]:
         ) from None
 
 
-def finished_tasks(output_dir: Path, commands: dict[str, argparse.Namespace], named: bool = True) -> dict[str, dict]:
+def finished_tasks(
+    output_dir: Path, recorded: dict[str, dict], commands: dict[str, argparse.Namespace], named: bool = True
+) -> dict[str, dict]:
     """The tasks an earlier run of this sweep finished with the same arguments: their results, to keep.
 
     A task counts as finished when the sweep's `results.json` holds its results with the arguments it ran with
     (`arguments`: `comparable_arguments`; an argument only one side has is not compared) and its folder still
-    holds its `all_results.json` (`recorded_tasks`).
+    holds its `all_results.json`.
 
     Args:
         output_dir: the sweep's `--output_dir`.
+        recorded: what its `results.json` records (`recorded_tasks`).
         commands: each task's GLUE arguments in this run (`parse_glue_args`), by task name.
         named: the tasks are this run's `--tasks` (False: tasks recorded by an earlier run that this one does not
             name, whose rows the tables keep; only the message differs).
@@ -167,10 +170,9 @@ def finished_tasks(output_dir: Path, commands: dict[str, argparse.Namespace], na
         `{task: its recorded results}`.
 
     Raises:
-        ValueError: a `results.json` that is not a sweep's table, or a task recorded with other arguments (one line
-            naming the first argument that differs, with both values): one table would mix two configurations.
+        ValueError: a task recorded with other arguments (one line naming the first argument that differs, with both
+            values): one table would mix two configurations.
     """
-    recorded = recorded_tasks(output_dir)
     kept = {}
     for task, given in commands.items():
         if task not in recorded or not (output_dir / task / "all_results.json").is_file():
@@ -243,10 +245,12 @@ def check_sweep(
                 if getattr(given, name) != getattr(expected, name):
                     raise ValueError(f"--{name} {getattr(given, name)} after `--`: {reason}")
         overwrite = any(given.overwrite_output_dir for given in commands.values())
-        kept = {} if overwrite else finished_tasks(Path(args.output_dir), commands)
-        others = [] if overwrite else [t for t in recorded_tasks(Path(args.output_dir)) if t not in commands]
-        others = {task: parse_glue_args(task_argv(task, args, extra)) for task in others if task in TASK_DEFAULTS}
-        carried = finished_tasks(Path(args.output_dir), others, named=False)  # rows of tasks not in --tasks
+        output_dir = Path(args.output_dir)
+        recorded = {} if overwrite else recorded_tasks(output_dir)
+        kept = finished_tasks(output_dir, recorded, commands)
+        others = [task for task in recorded if task not in commands and task in TASK_DEFAULTS]  # in the table's order
+        others = {task: parse_glue_args(task_argv(task, args, extra)) for task in others}
+        carried = finished_tasks(output_dir, recorded, others, named=False)  # the rows of tasks not in --tasks
         for task, given in commands.items():
             if task not in kept:
                 glue_files(task, args.data_dir)
