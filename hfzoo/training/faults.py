@@ -161,27 +161,32 @@ def decide_on_main(accelerator, decide: Callable[[], object], error_type: type[E
     Args:
         accelerator: the run's `Accelerator` (None: this process alone).
         decide: the check, called without arguments on the main process; returns a picklable value.
-        error_type: the error `decide` raises to refuse (raised again, with its message, on every process);
-            any other exception propagates on the main process only.
+        error_type: the error `decide` raises to refuse (raised again, with its message, on every process).
 
     Returns:
         The main process's `decide()`.
 
     Raises:
         error_type: `decide` raised it on the main process (there: the same error; elsewhere: one with its message).
+        Exception: `decide` raised another exception (a bug, a failing disk): the main process raises it; the others
+            raise `RuntimeError` naming it (instead of failing in their next collective when the main process ends).
     """
-    result, error, message = None, None, None
+    result, error, message, refused = None, None, None, False
     if accelerator is None or accelerator.is_main_process:
         try:
             result = decide()
         except error_type as err:
-            error, message = err, str(err)
+            error, message, refused = err, str(err), True
+        except Exception as err:
+            error, message = err, f"{type(err).__name__}: {err}"
     if accelerator is not None:
-        result, message = broadcast_from_main(accelerator, (result, message))
+        result, message, refused = broadcast_from_main(accelerator, (result, message, refused))
     if error is not None:
         raise error
-    if message is not None:
+    if refused:
         raise error_type(message)
+    if message is not None:
+        raise RuntimeError(f"the main process failed this check before the run ({message}); its log has the traceback")
     return result
 
 

@@ -252,8 +252,9 @@ faults.run_launched(main)
 
 
 def test_a_check_decided_on_the_main_process_gives_every_process_its_answer(monkeypatch):
-    """The main process runs the check and broadcasts `(result, refusal)`; another process never runs it and
-    returns the result or raises the refusal of the given type; other errors are not caught."""
+    """The main process runs the check and broadcasts `(result, message, refused)`; another process never runs it
+    and returns the result, raises the refusal of the given type, or, when the main process failed with another
+    error, a `RuntimeError` naming it."""
     calls, sent = [], []
 
     def check():
@@ -265,18 +266,24 @@ def test_a_check_decided_on_the_main_process_gives_every_process_its_answer(monk
 
     main_process, other_process = SimpleNamespace(is_main_process=True), SimpleNamespace(is_main_process=False)
     monkeypatch.setattr(faults, "broadcast_from_main", lambda accelerator, obj: sent.append(obj) or obj)
-    assert faults.decide_on_main(main_process, check) == "user/repo" and sent == [("user/repo", None)]
+    assert faults.decide_on_main(main_process, check) == "user/repo" and sent == [("user/repo", None, False)]
     with pytest.raises(faults.CheckpointError, match="earlier run") as refused:
         faults.decide_on_main(main_process, refuse, faults.CheckpointError)
-    assert sent[-1] == (None, str(refused.value))
-    with pytest.raises(KeyError):  # not a refusal: a bug, raised on the main process only
+    assert sent[-1] == (None, str(refused.value), True)
+    with pytest.raises(KeyError):  # not a refusal: a bug, raised as it is on the main process ...
+        faults.decide_on_main(main_process, lambda: {}["missing"], faults.CheckpointError)
+    assert sent[-1] == (None, "KeyError: 'missing'", False)  # ... and named to the others
+    with pytest.raises(KeyError):
         faults.decide_on_main(None, lambda: {}["missing"], faults.CheckpointError)
 
     calls.clear()
-    monkeypatch.setattr(faults, "broadcast_from_main", lambda accelerator, obj: ("user/repo", None))
+    monkeypatch.setattr(faults, "broadcast_from_main", lambda accelerator, obj: ("user/repo", None, False))
     assert faults.decide_on_main(other_process, check) == "user/repo"
-    monkeypatch.setattr(faults, "broadcast_from_main", lambda accelerator, obj: (None, "earlier run"))
+    monkeypatch.setattr(faults, "broadcast_from_main", lambda accelerator, obj: (None, "earlier run", True))
     with pytest.raises(faults.CheckpointError, match="^earlier run$"):
+        faults.decide_on_main(other_process, check, faults.CheckpointError)
+    monkeypatch.setattr(faults, "broadcast_from_main", lambda accelerator, obj: (None, "KeyError: 'missing'", False))
+    with pytest.raises(RuntimeError, match=r"main process failed this check before the run \(KeyError: 'missing'\)"):
         faults.decide_on_main(other_process, check, faults.CheckpointError)
     assert calls == []  # only the main process looks
 
