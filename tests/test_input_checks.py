@@ -159,6 +159,33 @@ def test_one_line_error_and_no_traceback_from_the_command_line(tmp_path, small_j
     assert proc.stderr.strip().splitlines()[-1] == f"error: --output_dir {a_file}: is an existing file, not a folder"
 
 
+def test_a_missing_package_while_building_the_model_names_the_argument_that_needs_it():
+    """`missing_packages_refused` turns transformers' `ImportError` into one line naming `--attn_implementation`
+    (a kernel other than eager/sdpa), else the model; other errors pass unchanged."""
+    from argparse import Namespace
+
+    from hfzoo.training.arguments import missing_packages_refused
+
+    def build(args, error):
+        with missing_packages_refused(args):
+            raise error
+
+    absent = ImportError("FlashAttention2 has been toggled on, but it cannot be used:\n  the package is not installed.")
+    cases = [
+        (Namespace(attn_implementation="flash_attention_2", model_name_or_path="ckpt"), "--attn_implementation "
+         "flash_attention_2: FlashAttention2 has been toggled on, but it cannot be used: the package is not installed."),
+        (Namespace(attn_implementation="sdpa", model_name_or_path="ckpt"), "--model_name_or_path ckpt: "),
+        (Namespace(attn_implementation=None, model_name_or_path=None, config_name="decoder-small"),
+         "--config_name decoder-small: "),
+    ]  # fmt: skip
+    for args, expected in cases:
+        with pytest.raises(ValueError) as refused:
+            build(args, absent)
+        assert str(refused.value).startswith(expected) and "\n" not in str(refused.value)
+    with pytest.raises(KeyError):
+        build(cases[0][0], KeyError("a bug"))
+
+
 def test_no_text_after_cleaning_is_reported_as_such(tmp_path, small_jsonl_xz, tokenizer_dir, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(["", "  \n", "\n\n"])))

@@ -61,6 +61,7 @@ from ..training.arguments import (
     check_scheduler_arguments,
     checkpointing_steps,
     finite_float,
+    missing_packages_refused,
     muon_settings,
     non_negative_float,
     non_negative_int,
@@ -459,6 +460,10 @@ def build_glue_model(args: argparse.Namespace, task: GlueTask, tokenizer, config
         plain `*ForSequenceClassification`; and the base's `hfzoo.training.checkpointing.base_model_record`
         (its loaded weights, config and vocabulary, taken before any wrapping; the new head left out), which the
         run's checkpoints record and a resume compares.
+
+    Raises:
+        ValueError: a package the model needs is not installed: the kernel `--attn_implementation` names, or one
+            the code of a `--trust_remote_code` model imports (`missing_packages_refused`).
     """
     labels = {}
     if not task.is_regression:
@@ -471,16 +476,17 @@ def build_glue_model(args: argparse.Namespace, task: GlueTask, tokenizer, config
         kwargs["attn_implementation"] = args.attn_implementation
     if config.pad_token_id is None and tokenizer.pad_token_id is not None:
         kwargs["pad_token_id"] = tokenizer.pad_token_id
-    model, loading = AutoModelForSequenceClassification.from_pretrained(
-        args.model_name_or_path,
-        num_labels=task.num_labels,
-        problem_type="regression" if task.is_regression else "single_label_classification",
-        ignore_mismatched_sizes=args.ignore_mismatched_sizes,
-        trust_remote_code=args.trust_remote_code,
-        output_loading_info=True,
-        **labels,
-        **kwargs,
-    )
+    with missing_packages_refused(args):
+        model, loading = AutoModelForSequenceClassification.from_pretrained(
+            args.model_name_or_path,
+            num_labels=task.num_labels,
+            problem_type="regression" if task.is_regression else "single_label_classification",
+            ignore_mismatched_sizes=args.ignore_mismatched_sizes,
+            trust_remote_code=args.trust_remote_code,
+            output_loading_info=True,
+            **labels,
+            **kwargs,
+        )
     base = base_model_record(args.model_name_or_path, model, config, tokenizer, newly_initialized_keys(loading))
     peft_config = build_peft_config(
         args.peft,

@@ -53,6 +53,7 @@ from ..training.arguments import (
     check_hub_repository,
     check_scheduler_arguments,
     hub_repository,
+    missing_packages_refused,
     muon_settings,
     tracker_config,
 )
@@ -226,13 +227,19 @@ def check_block_size(block_size: int | None, config) -> int:
 
 
 def _build_model(args: argparse.Namespace, config, tokenizer) -> tuple[torch.nn.Module, dict[str, Any] | None]:
-    """The model to train, and the `base_model_record` of `--model_name_or_path` (None: newly initialized)."""
+    """The model to train, and the `base_model_record` of `--model_name_or_path` (None: newly initialized).
+
+    Raises:
+        ValueError: a package the model needs is not installed (`missing_packages_refused`).
+    """
     auto_class = get_objective(args.objective).auto_class
-    if args.model_name_or_path is None:
-        return auto_class.from_config(config, attn_implementation=args.attn_implementation), None
-    model, loading = auto_class.from_pretrained(
-        args.model_name_or_path, config=config, attn_implementation=args.attn_implementation, output_loading_info=True
-    )
+    with missing_packages_refused(args):
+        if args.model_name_or_path is None:
+            return auto_class.from_config(config, attn_implementation=args.attn_implementation), None
+        model, loading = auto_class.from_pretrained(
+            args.model_name_or_path, config=config, attn_implementation=args.attn_implementation,
+            output_loading_info=True,
+        )  # fmt: skip
     newly_initialized = newly_initialized_keys(loading)  # a head the base has not
     return model, base_model_record(args.model_name_or_path, model, config, tokenizer, newly_initialized)
 

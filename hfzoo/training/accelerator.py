@@ -58,8 +58,9 @@ def check_device_arguments(args: argparse.Namespace) -> None:
 
     Raises:
         ValueError: `fp16` mixed precision (from `--mixed_precision` or the accelerate config) without a GPU
-            (bf16 or fp32 are the CPU's), or `--attn_implementation flex_attention` without a GPU (PyTorch's
-            FlexAttention has no backward pass on the CPU).
+            (bf16 or fp32 are the CPU's), `--attn_implementation flex_attention` without a GPU (PyTorch's
+            FlexAttention has no backward pass on the CPU), or a FlashAttention implementation
+            (`flash_attention_2`, `paged|flash_attention_3`, ...: CUDA kernels) without a GPU.
     """
     precision = choose_mixed_precision(args)
     if precision.mixed_precision == "fp16" and precision.device_type == "cpu":
@@ -73,6 +74,12 @@ def check_device_arguments(args: argparse.Namespace) -> None:
         raise ValueError(
             "--attn_implementation flex_attention cannot train on the CPU: PyTorch's FlexAttention has no backward "
             "pass there; use sdpa or eager on the CPU (flex_attention trains on a GPU)"
+        )
+    attention = getattr(args, "attn_implementation", None) or ""
+    if precision.device_type == "cpu" and "flash_attention" in attention:
+        raise ValueError(
+            f"--attn_implementation {attention} needs a GPU (FlashAttention's kernels run on CUDA); use sdpa or eager "
+            "on the CPU"
         )
 
 

@@ -10,8 +10,10 @@ message naming the flag; `OneLineErrorParser` prints that message on one line. `
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -500,6 +502,34 @@ def check_dependent_flags(parser: argparse.ArgumentParser, args: argparse.Namesp
         )
     if args.with_tracking and args.report_to is None:
         args.report_to = "tensorboard"
+
+
+@contextlib.contextmanager
+def missing_packages_refused(args: argparse.Namespace) -> Iterator[None]:
+    """Around building the model: a package the arguments need but that is missing is refused in one line.
+
+    transformers raises `ImportError` when `--attn_implementation` names a kernel whose package is not installed
+    (`flash_attention_2` without `flash-attn`, a hub kernel without `kernels`), and when the code of a
+    `--trust_remote_code` model imports a package that is not installed; both are the arguments' fault, not a bug.
+
+    Args:
+        args: the job's arguments (`attn_implementation`, `model_name_or_path`, `config_name`; any may be absent).
+
+    Raises:
+        ValueError: one line naming `--attn_implementation` (when it is neither eager nor sdpa) or the model, with
+            transformers' message.
+    """
+    try:
+        yield
+    except ImportError as err:
+        attention = getattr(args, "attn_implementation", None)
+        if attention not in (None, "eager", "sdpa"):
+            source = f"--attn_implementation {attention}"
+        elif getattr(args, "model_name_or_path", None):
+            source = f"--model_name_or_path {args.model_name_or_path}"
+        else:
+            source = f"--config_name {getattr(args, 'config_name', None)}"
+        raise ValueError(f"{source}: {' '.join(str(err).split())}") from None
 
 
 def check_hub_repository(args: argparse.Namespace, accelerator=None) -> str | None:

@@ -1086,6 +1086,35 @@ def test_flex_attention_is_refused_on_the_cpu_before_the_data(checkpoints, glue_
     assert not (tmp_path / "run" / "train_history.json").exists()
 
 
+def test_flash_attention_on_the_cpu_and_a_package_the_model_needs_are_refused_in_one_line(checkpoints, glue_dir,
+                                                                                          tmp_path):  # fmt: skip
+    """FlashAttention's kernels run on CUDA: refused on the CPU before the data. The code of a `--trust_remote_code`
+    model that imports a package that is not installed (transformers raises `ImportError`) is refused in one line
+    naming the model and the package, not with a traceback."""
+    if torch.cuda.is_available():
+        pytest.skip("FlashAttention runs on a GPU")
+    with pytest.raises(SystemExit, match="^error: --attn_implementation flash_attention_2 needs a GPU .*sdpa or eager"):
+        finetune(argv(checkpoints["encoder-tiny"], glue_dir, tmp_path / "run", "rte",
+                      "--attn_implementation", "flash_attention_2"))  # fmt: skip
+    model = tmp_path / "remote"  # a BERT whose model type only its own code knows
+    shutil.copytree(checkpoints["bert"], model)
+    (model / "configuration_remote.py").write_text(
+        "from transformers import BertConfig\n\n\nclass RemoteConfig(BertConfig):\n    model_type = 'remote-bert'\n"
+    )
+    (model / "modeling_remote.py").write_text("import hfzoo_absent_package\n")
+    config = json.loads((model / "config.json").read_text())
+    config["model_type"] = "remote-bert"
+    config["auto_map"] = {"AutoConfig": "configuration_remote.RemoteConfig",
+                          "AutoModelForSequenceClassification": "modeling_remote.Classifier"}  # fmt: skip
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit) as refused:
+        finetune(argv(model, glue_dir, tmp_path / "run", "rte", "--trust_remote_code"))
+    message = str(refused.value.code)
+    assert message.startswith(f"error: --model_name_or_path {model}: ") and "hfzoo_absent_package" in message
+    assert "\n" not in message
+    assert not (tmp_path / "run" / "train_history.json").exists()
+
+
 def test_push_to_hub_a_stock_transformers_checkpoint(checkpoints, glue_dir, tmp_path, monkeypatch):
     """BERT (not hfzoo) with LoRA: the adapter folder is uploaded with a model card; checkpoints stay home."""
     from types import SimpleNamespace

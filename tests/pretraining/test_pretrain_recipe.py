@@ -403,6 +403,18 @@ def test_flex_attention_is_refused_on_the_cpu_before_any_work(small_jsonl_xz, to
     assert not (tmp_path / "out" / "checkpoints").exists() and not (tmp_path / "out" / "model.safetensors").exists()
 
 
+def test_flash_attention_is_refused_on_the_cpu_before_any_work(small_jsonl_xz, tokenizer_dir, tmp_path, capsys):
+    """FlashAttention's kernels run on CUDA (transformers would raise `ImportError` from inside the model's
+    construction): refused in one line, also as a paged implementation."""
+    if torch.cuda.is_available():
+        pytest.skip("FlashAttention runs on a GPU")
+    for attention in ("flash_attention_2", "paged|flash_attention_3"):
+        argv = base_args(small_jsonl_xz, tokenizer_dir, tmp_path / "out", "--attn_implementation", attention)
+        message = run_main_expecting_error(argv, capsys)
+        assert f"--attn_implementation {attention} needs a GPU" in message and "use sdpa or eager" in message
+    assert not (tmp_path / "out").exists()
+
+
 def test_training_curves_and_scheduler_kwargs(small_jsonl_xz, tokenizer_dir, tmp_path, monkeypatch):
     """training_curves.png holds the run's records (read back from the PNG); --lr_scheduler_kwargs shapes the schedule.
 
