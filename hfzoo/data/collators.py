@@ -15,7 +15,7 @@ Both collators work on whole batches with torch tensor operations (no per-token 
 from __future__ import annotations
 
 import itertools
-import multiprocessing as mp
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -71,18 +71,32 @@ def _check_ids(input_ids: torch.Tensor, table_size: int) -> None:
 
 
 def _make_generator(seed: int | None) -> torch.Generator | None:
-    """Create the collator's torch generator (None: use torch's global RNG).
+    """Create the collator's torch generator for this process (None: use torch's global RNG).
 
-    Like transformers' collators, a worker process of a `torch.utils.data.DataLoader` offsets the seed by
-    its worker id, so that workers draw different masks.
+    In a worker process of a `torch.utils.data.DataLoader` the seed is mixed with the worker's own seed
+    (`get_worker_info().seed`: a base seed the loader draws for each pass over the data, plus the worker id), as
+    the loader seeds torch's global RNG there: the workers draw different masks, each pass draws new ones (the
+    loader starts new workers for each pass, and a seed plus only the worker id would repeat the last pass's masks
+    epoch after epoch), and a loader seeded the same way (`set_seed`, or its `generator`) draws the same masks again.
     """
     if seed is None:
         return None
-    if mp.current_process().name != "MainProcess":
-        worker = torch.utils.data.get_worker_info()
-        if worker is not None:
-            seed += worker.id
+    worker = torch.utils.data.get_worker_info()
+    if worker is not None:
+        seed = int(np.random.SeedSequence([seed, worker.seed]).generate_state(1, dtype=np.uint64)[0])
     return torch.Generator().manual_seed(seed)
+
+
+def _process_generator(collator) -> None:
+    """Give a collator with a `seed` its private generator on its first call in each process.
+
+    A collator called in the main process and then copied into `DataLoader` workers (fork or pickle) would carry
+    that generator, the same state in every worker; each process makes its own instead (`_make_generator`).
+    """
+    made_here = collator.generator is not None and getattr(collator, "_generator_pid", None) == os.getpid()
+    if collator.seed is not None and not made_here:
+        collator.generator = _make_generator(collator.seed)
+        collator._generator_pid = os.getpid()
 
 
 def pad_examples(
@@ -197,7 +211,7 @@ class DataCollatorForMaskedLM(DataCollatorForLanguageModeling):
     Only `return_tensors="pt"` is supported. Inherited fields: `tokenizer`, `mlm` (must stay True),
     `whole_word_mask`, `mlm_probability` (0.15), `mask_replace_prob` (0.8), `random_replace_prob` (0.1),
     `pad_to_multiple_of`, `return_tensors` ("pt"), `seed` (None: torch's global RNG; else a private
-    `torch.Generator`, offset by the worker id in `DataLoader` workers).
+    `torch.Generator`, one per process: in `DataLoader` workers mixed with the worker's seed, see `_make_generator`).
 
     Returns (from `__call__`):
         A dict of int64 tensors of shape `(batch_size, seq_len)`: `input_ids` (corrupted), `labels`
@@ -282,8 +296,7 @@ class DataCollatorForMaskedLM(DataCollatorForLanguageModeling):
             A dict of int64 tensors `(batch_size, seq_len)`: `input_ids`, `labels`, `attention_mask`
             (and `token_type_ids` when given).
         """
-        if self.seed is not None and self.generator is None:
-            self.generator = _make_generator(self.seed)
+        _process_generator(self)
         batch = pad_examples(self.tokenizer, examples, MLM_FEATURE_KEYS, self.pad_to_multiple_of)
         special_tokens_mask = batch.pop("special_tokens_mask", None)
         batch["input_ids"], batch["labels"] = self.torch_mask_tokens(
@@ -613,7 +626,8 @@ class DataCollatorForSpanCorruption:
         mean_noise_span_length: mean length of a noise span (>= 1).
         inputs_length: fixed encoder input length, EOS included (None: pad to the batch's longest).
         pad_to_multiple_of: pad dynamic lengths to a multiple of this (ignored with `inputs_length`).
-        seed: seed of a private `torch.Generator` (offset by the worker id in `DataLoader` workers);
+        seed: seed of a private `torch.Generator` (one per process: in `DataLoader` workers mixed with the
+            worker's seed, so that workers and passes over the data draw different masks);
             None uses torch's global RNG.
 
     Attributes:
@@ -725,8 +739,7 @@ class DataCollatorForSpanCorruption:
         Raises:
             ValueError: see the class docstring.
         """
-        if self.seed is not None and self.generator is None:
-            self.generator = _make_generator(self.seed)
+        _process_generator(self)
         tokens, lengths = self._rows(examples)
         batch, width = tokens.shape
         positions = torch.arange(width)

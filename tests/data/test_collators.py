@@ -196,6 +196,30 @@ def test_mlm_seed_is_reproducible(enc_tok, mlm_examples):
     assert not torch.equal(a["labels"], c["labels"])
 
 
+@pytest.mark.parametrize("kind", ["mlm", "span"])
+def test_seeded_collators_draw_new_masks_in_each_dataloader_worker_and_pass(kind, enc_tok, mlm_examples, t5_tok,
+                                                                             span_blocks):  # fmt: skip
+    """With a seed and `DataLoader` workers: the two workers draw different masks for the same rows, the next pass
+    (new worker processes) draws new ones, a collator already called in the main process still gives each worker
+    its own generator, and a loader seeded the same way draws the same masks again."""
+    if kind == "mlm":
+        collator, example = DataCollatorForMaskedLM(enc_tok, seed=5), mlm_examples[0]
+    else:
+        collator, example = DataCollatorForSpanCorruption(t5_tok, inputs_length=512, seed=5), span_blocks[0]
+
+    def passes(count: int) -> list[list[torch.Tensor]]:
+        loader = torch.utils.data.DataLoader([example] * 8, batch_size=4, num_workers=2, collate_fn=collator,
+                                             generator=torch.Generator().manual_seed(0))  # fmt: skip
+        return [[batch["labels"] for batch in loader] for _ in range(count)]  # batch 0: worker 0, batch 1: worker 1
+
+    first, second = passes(2)
+    assert not torch.equal(first[0], first[1])  # the workers differ
+    assert not any(torch.equal(a, b) for a, b in zip(first, second))  # the next pass (epoch) draws other masks
+    collator([example])  # a generator made in the main process is not copied into the workers
+    (again,) = passes(1)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))  # a loader seeded alike repeats its masks
+
+
 def test_mlm_selection_rate(mlm_run):
     """15% of >= 1M candidates are selected: +-0.3 points is ~8 standard errors (0.036 points)."""
     n = int(mlm_run["candidate"].sum())
