@@ -415,6 +415,27 @@ def test_flash_attention_is_refused_on_the_cpu_before_any_work(small_jsonl_xz, t
     assert not (tmp_path / "out").exists()
 
 
+def test_a_checkpoint_at_every_epoch_end_and_the_sample_of_the_saved_model(small_jsonl_xz, tokenizer_dir, tmp_path,
+                                                                            capsys):  # fmt: skip
+    """`--checkpointing_steps epoch` saves at the end of each epoch; `--sample_prompt` prints the greedy continuation
+    that the saved model gives when reloaded (the generation config carries the tokenizer's special tokens)."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "out"
+    argv = base_args(small_jsonl_xz, tokenizer_dir, out, "--checkpointing_steps", "epoch", "--num_train_epochs", "2",
+                     "--max_train_samples", "12", "--mixed_precision", "no", "--sample_prompt", "It was a dark")  # fmt: skip
+    del argv[argv.index("--max_train_steps") : argv.index("--max_train_steps") + 2]
+    metrics = main(argv)
+    assert metrics["train_steps"] == 6  # 12 blocks of 4 a step, twice
+    assert sorted(path.name for path in (out / "checkpoints").iterdir()) == ["step_3", "step_6"]
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Sample: ")]
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+    generated = model.generate(**tokenizer("It was a dark", return_tensors="pt"), max_new_tokens=32, do_sample=False)
+    assert printed == [f"Sample: {tokenizer.decode(generated[0], skip_special_tokens=True)}"]
+
+
 def test_training_curves_and_scheduler_kwargs(small_jsonl_xz, tokenizer_dir, tmp_path, monkeypatch):
     """training_curves.png holds the run's records (read back from the PNG); --lr_scheduler_kwargs shapes the schedule.
 
