@@ -108,6 +108,38 @@ class TextBatches:
                 yield out
 
 
+def _refuse_special_tokens_in_text(batches: Iterator[list[str]], given: dict[str, str]) -> Iterator[list[str]]:
+    """Pass `batches` through; raise ValueError at the first text holding one of the `given` special tokens.
+
+    A special token is matched wherever its string occurs in text (transformers and `tokenizers` split it out
+    before anything else), so a given token that ordinary text contains (`bos_token="a"`, a space) would turn
+    every such occurrence into that token, silently. The family's own tokens (`<|endoftext|>`, `</s>`, ...) are
+    not checked: data that holds them (WikiText's `<unk>`) reads them as the special tokens, as GPT-2's and T5's
+    tokenizers do.
+
+    Args:
+        batches: non-empty lists of non-empty texts.
+        given: what to call each token in the message (`"bos_token 'a'"`) -> the token.
+
+    Raises:
+        ValueError: naming the token, the document (counted from 1) and where in it the token occurs.
+    """
+    documents = 0
+    for batch in batches:
+        for name, token in given.items():
+            for i, text in enumerate(batch):
+                at = text.find(token)
+                if at >= 0:
+                    context = text[max(0, at - 20) : at + len(token) + 20]
+                    raise ValueError(
+                        f"{name} occurs in the training text (document {documents + i + 1}: {context!r}): a special "
+                        "token is matched wherever its string occurs, so that text would be read as the special "
+                        "token; choose a string that text does not contain, such as '<s>' or '<|sep|>'"
+                    )
+        documents += len(batch)
+        yield batch
+
+
 def family_special_tokens(
     model_family: str = "decoder",
     num_extra_ids: int = 100,
@@ -278,7 +310,9 @@ def train_bpe_tokenizer(
 
     Raises:
         ValueError: unknown `model_family`; `vocab_size` smaller than 256 + the number of special
-            tokens; `min_frequency` < 1; or `text_batches` holds no text at all.
+            tokens; `min_frequency` < 1; `text_batches` holds no text at all; or a special token given here (a
+            role's override or an additional token) occurs in the text: every occurrence would be read as that
+            token (raised when the stream reaches it; the family's own tokens are not checked).
     """
     roles, extra, ordered = family_special_tokens(
         model_family,
@@ -309,6 +343,18 @@ def train_bpe_tokenizer(
     # Normalise to non-empty lists of non-empty strings.
     batches = ([t for t in ([b] if isinstance(b, str) else b) if t] for b in text_batches)
     batches = (b for b in batches if b)
+    overrides = {
+        "bos_token": bos_token,
+        "eos_token": eos_token,
+        "pad_token": pad_token,
+        "unk_token": unk_token,
+        "cls_token": cls_token,
+        "sep_token": sep_token,
+        "mask_token": mask_token,
+    }
+    given = {f"{role} {token!r}": token for role, token in overrides.items() if token is not None}
+    given.update({f"additional_special_tokens entry {t!r}": t for t in additional_special_tokens or ()})
+    batches = _refuse_special_tokens_in_text(batches, given)
     first = next(batches, None)
     if first is None:
         raise ValueError("no text to train on: the data holds no non-empty text")

@@ -198,6 +198,24 @@ def test_input_validation():
         train_bpe_tokenizer(books, 1000, bos_token="<end of text>")  # spaces cannot go in a template
 
 
+def test_a_given_special_token_that_the_text_contains_is_refused():
+    """A special token is split out wherever it occurs: one that text contains would replace that text silently."""
+    books = ["It was the best of times.", "It was the worst of times.", "Call me Ishmael."] * 40
+    with pytest.raises(ValueError, match=r"^bos_token 'a' occurs in the training text \(document 1: 'It was"):
+        train_bpe_tokenizer(books, 300, bos_token="a")
+    # Found where the stream reaches it (the last document of the fourth batch), before anything is returned.
+    batches = [books[i : i + 32] for i in range(0, len(books), 32)]
+    batches[-1][-1] = "the end<sep>"
+    with pytest.raises(ValueError, match=r"^additional_special_tokens entry '<sep>' occurs .*document 120: 'the end"):
+        train_bpe_tokenizer(batches, 300, additional_special_tokens=["<sep>"])
+    with pytest.raises(ValueError, match=r"^mask_token ' ' occurs"):
+        train_bpe_tokenizer(books, 300, model_family="encoder", mask_token=" ")
+    # The family's own tokens in the text are read as those tokens, as GPT-2's and T5's tokenizers read them.
+    tok = train_bpe_tokenizer(["one<|endoftext|>two", *books], 300, bos_token="<s>")
+    assert tok("one<|endoftext|>", add_special_tokens=False).input_ids[-1] == tok.eos_token_id
+    assert tok("<s>two").input_ids[:2] == [tok.bos_token_id] * 2
+
+
 # --------------------------------------------------------------------------------------------------
 # save_pretrained -> AutoTokenizer.from_pretrained in a fresh process
 
@@ -377,6 +395,7 @@ def test_cli_hub_dataset_path(cli, monkeypatch, tmp_path, clean_books):
             "error: vocab_size=300 is too small for the 'encoder-decoder' family: it must be at least 359",
         ),
         ("no_data", "error: give --train_file"),
+        ("special", r"error: bos_token 'a' occurs in the training text \(document 1: 'the sea'\)"),
     ],
 )
 def test_cli_bad_input_exits_with_one_line_message(cli, tmp_path, case, message):
@@ -391,6 +410,7 @@ def test_cli_bad_input_exits_with_one_line_message(cli, tmp_path, case, message)
         "no_text": ["--train_file", str(tmp_path / "blank.jsonl")],
         "vocab": ["--train_file", str(jsonl), "--model_family", "encoder-decoder", "--vocab_size", "300"],
         "no_data": [],
+        "special": ["--train_file", str(jsonl), "--bos_token", "a"],
     }[case]
     with pytest.raises(SystemExit, match=message) as excinfo:
         cli.main(argv + ["--output_dir", str(tmp_path / "out")])
