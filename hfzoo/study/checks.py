@@ -12,6 +12,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import AutoTokenizer
 
 from ..choices import choice_hint
@@ -24,7 +25,13 @@ from ..pretraining import check_block_size, parse_pretrain_args
 from ..training.accelerator import check_device_arguments
 from ..training.arguments import MAX_SEED, check_scheduler_arguments
 from .arguments import glue_argv, glue_batch_size, pretrain_argv, sequences_per_device, study_set_flags
-from .configs import _tokenizer_fields, build_variant_config, ladder_size_settings, planned_tokenizer_fields
+from .configs import (
+    _tokenizer_fields,
+    build_variant_config,
+    ladder_size_settings,
+    planned_tokenizer_fields,
+    pretraining_model_class,
+)
 from .ladder import budget_settings, parse_ladder
 from .protocol import EARLY_FRACTION, FAMILIES
 from .runs import _slug
@@ -37,7 +44,8 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
     Checks: at least one variant and seed, known and distinct variant names, distinct seeds in [0, 2**32 - 1],
     at least `EARLY_FRACTION` steps, the data (each file once, none both trained on and held out), tokenizer,
     GLUE and paper files, every variant's config (built with
-    the planned vocabulary) with `block_size` and `glue_max_length` within its position table, the recipes' own
+    the planned vocabulary) with `block_size` and `glue_max_length` within its position table, every variant's
+    model built (on the meta device) with an `attn_implementation` other than eager or sdpa, the recipes' own
     argument checks on every run's arguments, the batch arithmetic, and no `pretrain_args` / `glue_args` flag
     that the study sets itself (`study_set_flags`: a seed or output folder there would give every run the same).
 
@@ -148,6 +156,8 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
     for task in settings.glue_tasks:
         argv = glue_argv(settings, task, scratch, None, 0, scratch, num_processes)
         _check_recipe_arguments("GLUE", parse_glue_args, argv)
+    for variant in settings.variants:  # after the recipes' device checks (a FlashAttention kernel on the CPU)
+        _check_attention_kernel(settings.attn_implementation, variant, build_variant_config(settings, variant, fields))
     _check_study_set_flags(settings, num_processes)
     if settings.tokenizer_name is not None:
         from ..training.objectives import get_objective
@@ -214,6 +224,25 @@ def _check_study_set_flags(settings: StudySettings, num_processes: int) -> None:
                     f"{key}: sets --{flag} {getattr(given, flag)}, which the study sets for its runs (it would "
                     f"override the study's value and what its report assumes); {remedies[flag]}"
                 )
+
+
+def _check_attention_kernel(attn_implementation: str | None, variant: str, config) -> None:
+    """Build the row's pretraining model on the meta device with `attn_implementation`; raise ValueError if refused.
+
+    transformers refuses a kernel when its package is missing (`flash_attention_2` without `flash-attn`), when a
+    hub kernel cannot be fetched, or when the model does not support it (the encoder-decoder's relative position
+    bias and FlashAttention); the recipes find out only once their data is ready. eager and sdpa (every hfzoo model
+    supports both) are not built.
+    """
+    if attn_implementation in (None, "eager", "sdpa"):
+        return
+    try:
+        with torch.device("meta"):
+            pretraining_model_class(config).from_config(config, attn_implementation=attn_implementation)
+    except (ImportError, ValueError) as err:
+        raise ValueError(
+            f"attn_implementation {attn_implementation}: variant {variant!r}: {' '.join(str(err).split())}"
+        ) from None
 
 
 def _check_recipe_arguments(recipe: str, parse, argv: list[str]) -> None:

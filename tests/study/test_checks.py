@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from helpers.study import DELETE, expect_refusal, tiny_study
+
+from hfzoo import HfzooEncoderDecoderConfig
+from hfzoo.study.checks import _check_attention_kernel
 
 ON_A_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without a GPU")
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "head_dim": 16, "num_hidden_layers": 2}
@@ -53,6 +58,12 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "h
             [],
             "the pretraining arguments are refused: --attn_implementation flex_attention cannot train on the CPU",
             marks=ON_A_GPU,
+        ),
+        (  # transformers' own refusal, which the recipes would meet only once their data is ready
+            {"attn_implementation": "eager_attention"},
+            [],
+            "attn_implementation eager_attention: variant 'Vanilla Transformer': Specified "
+            '`attn_implementation="eager_attention"` is not supported.',
         ),
         ({}, ["--family", "gpt"], "family='gpt': choose one of ['encoder-decoder', 'decoder', 'encoder']"),
         (
@@ -122,6 +133,7 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "h
         "bad-pretrain-args",
         "fp16-without-a-gpu",
         "flex-attention-without-a-gpu",
+        "unknown-attention-implementation",
         "unknown-family",
         "encoder-decoder-only-row",
         "cross-attention-row",
@@ -157,3 +169,16 @@ def test_a_validation_file_that_is_also_trained_on_is_refused(inputs, tmp_path, 
     message = expect_refusal(["--study", str(study), "--output_dir", str(tmp_path / "out")], capsys)
     assert message.startswith(f"error: train_file {inputs['train']}: given twice")
     assert not (tmp_path / "out" / "tokenizer").exists() and not (tmp_path / "out" / "runs").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="needs flash-attn absent")
+def test_an_attention_kernel_whose_package_is_missing_is_refused_for_every_row():
+    """Built on the meta device: transformers' ImportError (or its refusal) becomes one line naming the row."""
+    config = HfzooEncoderDecoderConfig(vocab_size=64, **TINY)
+    with pytest.raises(ValueError) as excinfo:
+        _check_attention_kernel("flash_attention_2", "SwiGLU", config)
+    message = str(excinfo.value)
+    assert message.startswith("attn_implementation flash_attention_2: variant 'SwiGLU': FlashAttention2 has been")
+    assert "\n" not in message
+    for implementation in (None, "eager", "sdpa", "flex_attention"):
+        _check_attention_kernel(implementation, "SwiGLU", config)
