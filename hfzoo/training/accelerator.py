@@ -17,6 +17,7 @@ from accelerate.utils import DistributedType, GradientAccumulationPlugin, InitPr
 from torch.distributed.fsdp import CPUOffloadPolicy
 
 from . import faults
+from .arguments import report_to_trackers
 from .launch_config import check_launch
 from .precision import PrecisionChoice, resolve_mixed_precision
 from .runtime import disable_cudnn_sdpa, tune_glibc_malloc
@@ -131,7 +132,7 @@ def create_accelerator(args: argparse.Namespace, *, sync_with_dataloader: bool =
         gradient_accumulation_plugin=GradientAccumulationPlugin(
             num_steps=args.gradient_accumulation_steps, sync_with_dataloader=sync_with_dataloader
         ),
-        log_with=args.report_to if args.with_tracking else None,
+        log_with=report_to_trackers(args.report_to) if args.with_tracking else None,
         project_dir=args.output_dir,
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
         kwargs_handlers=kwargs_handlers,

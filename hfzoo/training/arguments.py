@@ -502,6 +502,49 @@ def check_dependent_flags(parser: argparse.ArgumentParser, args: argparse.Namesp
         )
     if args.with_tracking and args.report_to is None:
         args.report_to = "tensorboard"
+    if args.with_tracking:
+        try:
+            report_to_trackers(args.report_to)
+        except ValueError as err:
+            parser.error(str(err))
+
+
+def report_to_trackers(report_to: str) -> list[str]:
+    """The accelerate trackers `--report_to` names (`"tensorboard"`, `"wandb,mlflow"`, `"all"`), each installed.
+
+    As transformers' `Trainer` refuses a `report_to` integration whose package is missing, rather than accelerate's
+    warning and a run that logs nothing.
+
+    Args:
+        report_to: tracker names separated by commas (or spaces); `all` is every installed tracker.
+
+    Returns:
+        The names for `Accelerator(log_with=...)`, in order, each once.
+
+    Raises:
+        ValueError: an unknown name (the known ones listed), a tracker whose package is not installed, or `all`
+            with none installed (naming the installed trackers).
+    """
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
+
+    names = list(dict.fromkeys(n for n in re.split(r"[,\s]+", report_to.strip()) if n))
+    installed = [str(t) for t in get_available_trackers()]
+    known = [*LOGGER_TYPE_TO_CLASS, "all"]
+    for name in names:
+        if name not in known:
+            raise ValueError(f"--report_to {report_to}: {name!r} is not a tracker; {choice_hint(name, known)}")
+    if not names:
+        raise ValueError(f"--report_to {report_to!r}: names no tracker; give one such as tensorboard")
+    if names == ["all"] and not installed:
+        raise ValueError('--report_to all: no tracker is installed (tensorboard: pip install "hfzoo[tracking]")')
+    missing = [n for n in names if n != "all" and n not in installed]
+    if missing:
+        packages = " ".join('"hfzoo[tracking]"' if n == "tensorboard" else n for n in missing)
+        raise ValueError(
+            f"--report_to {report_to}: the package of {', '.join(missing)} is not installed (pip install "
+            f"{packages}); installed trackers: {installed or 'none'}"
+        )
+    return names
 
 
 @contextlib.contextmanager

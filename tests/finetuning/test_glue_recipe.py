@@ -349,6 +349,34 @@ def test_a_flag_without_the_flag_it_acts_with_is_refused(flags, message, capsys)
     assert parse_glue_args([*base, "--torch_compile_backend", "eager", "--torch_compile_scope", "model"])
 
 
+def test_report_to_names_installed_trackers_or_is_refused(monkeypatch, capsys):
+    """As `Trainer` refuses a missing integration: accelerate would only warn and the run would log nothing."""
+    import accelerate.tracking
+    from accelerate.utils import LoggerType
+
+    from hfzoo.training.arguments import report_to_trackers
+
+    monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: [LoggerType.TENSORBOARD])
+    base = [*PARSE_BASE, "--with_tracking"]
+    assert parse_glue_args([*base, "--report_to", "tensorboard"]).report_to == "tensorboard"
+    assert report_to_trackers("tensorboard, all,tensorboard") == ["tensorboard", "all"]
+    cases = {
+        "wandb": "--report_to wandb: the package of wandb is not installed (pip install wandb); installed trackers: "
+        "['tensorboard']",
+        "tensorbord": "--report_to tensorbord: 'tensorbord' is not a tracker; choose one of ['aim', ",
+        "tensorboard,mlfow": "'mlfow' is not a tracker; choose one of ['aim', 'comet_ml', 'mlflow', ",
+        ",": "--report_to ',': names no tracker; give one such as tensorboard",
+    }
+    for report_to, message in cases.items():
+        assert message in parse_refusal([*base, "--report_to", report_to], capsys), report_to
+    monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: [])
+    assert 'tensorboard is not installed (pip install "hfzoo[tracking]"); installed trackers: none' in parse_refusal(
+        base, capsys
+    )
+    assert "--report_to all: no tracker is installed" in parse_refusal([*base, "--report_to", "all"], capsys)
+    assert parse_glue_args(PARSE_BASE).report_to is None  # without --with_tracking nothing is asked
+
+
 def test_a_dev_file_that_is_the_training_file_is_refused(tmp_path, capsys):
     """The dev metric would be measured on the examples the model was finetuned on."""
     (tmp_path / "rte.tsv").write_text("")

@@ -58,6 +58,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
         (lambda a, tmp: a.extend(["--dataset_config_name", "wikitext-2-raw-v1"]), "--dataset_config_name wikitext-2-raw-v1 is a configuration of --dataset_name"),
         (lambda a, tmp: a.extend(["--hub_model_id", "me/tiny"]), "--hub_model_id me/tiny needs --push_to_hub (without it, it would be ignored)"),
         (lambda a, tmp: a.extend(["--report_to", "wandb"]), "--report_to wandb needs --with_tracking"),
+        (lambda a, tmp: a.extend(["--with_tracking", "--report_to", "tensorbord"]), "--report_to tensorbord: 'tensorbord' is not a tracker; choose one of ['aim', "),
         (lambda a, tmp: a.extend(["--torch_compile_scope", "model"]), "--torch_compile_scope model needs --torch_compile"),
         (lambda a, tmp: a.extend(["--overwrite_output_dir", "--resume_from_checkpoint", "latest"]), "--overwrite_output_dir starts over and --resume_from_checkpoint latest continues a run: give one of them"),
         (lambda a, tmp: a.extend(["--push_to_hub", "--hub_model_id", "me/tiny:v2"]), "--hub_model_id me/tiny:v2: not a hub repository id (Repo id must use alphanumeric chars"),
@@ -67,7 +68,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
         "missing-file", "empty-file", "text-column", "tokenizer-too-large", "block-size", "unknown-override",
         "bad-override-value", "batch-size", "steps", "accumulation", "preset", "resume-path", "weight-decay",
         "lr-nan", "weight-decay-inf", "max-grad-norm-nan", "max-grad-norm-negative", "span-length-inf", "adam-beta1", "adam-beta2", "compile-backend", "seed", "eval-seed", "two-data-sources", "config-without-dataset",
-        "hub-id-without-push", "report-to-without-tracking", "compile-scope-without-compile", "overwrite-and-resume", "hub-model-id", "hub-name-from-output-dir",
+        "hub-id-without-push", "report-to-without-tracking", "unknown-tracker", "compile-scope-without-compile", "overwrite-and-resume", "hub-model-id", "hub-name-from-output-dir",
     ],
 )  # fmt: skip
 def test_bad_input_fails_before_training(change, expected, small_jsonl_xz, tokenizer_dir, tmp_path, capsys):
