@@ -197,10 +197,27 @@ def wrap_with_peft(model: PreTrainedModel, peft_config: PeftConfig | None) -> Pr
 
     Raises:
         ValueError: a generation task (`CAUSAL_LM`, `SEQ_2_SEQ_LM`) for a model that cannot generate (an
-            encoder: PEFT's model for the task would call its `generate` / `prepare_inputs_for_generation`).
+            encoder: PEFT's model for the task would call its `generate` / `prepare_inputs_for_generation`); or a
+            `target_modules` entry that names no module of `model` (PEFT adapts the entries that match and ignores
+            the others: `["q_proj", "v_prj"]` would adapt the queries alone), naming its linear layers. The
+            names of `LORA_TARGET_MODULES` are accepted for every hfzoo model: a variant may lack one (`gate_proj`
+            without a gated feed-forward).
     """
     if peft_config is None:
         return model
+    targets = getattr(peft_config, "target_modules", None)
+    if isinstance(targets, (list, tuple, set)):  # a string is PEFT's regular expression or "all-linear"
+        names = [name for name, _ in model.named_modules()]
+        # PEFT's rule for a list: the module's full name, or its name ending with "." + the entry. hfzoo's own
+        # projection names (the defaults) stand for every variant, some of which lack one (gate_proj).
+        own = LORA_TARGET_MODULES if model.config.model_type in _HFZOO_MODEL_TYPES else ()
+        unmatched = sorted(t for t in targets if t not in own and not any(n == t or n.endswith(f".{t}") for n in names))
+        if unmatched:
+            linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+            raise ValueError(
+                f"target_modules {unmatched}: no module of {type(model).__name__} has that name (PEFT would adapt "
+                f"the other entries and ignore these); its linear layers are named {linear}"
+            )
     if peft_config.task_type in GENERATION_TASK_TYPES and not model.can_generate():
         raise ValueError(
             f"task_type {peft_config.task_type} needs a model that generates, but {type(model).__name__} cannot "

@@ -184,3 +184,26 @@ def test_prefix_longer_than_the_position_table_is_refused():
 def test_unknown_method_is_refused():
     with pytest.raises(ValueError, match="--peft 'adalora' is not supported"):
         build_peft_config("adalora", tiny_classifier("encoder-tiny").config)
+
+
+def test_a_lora_target_that_names_no_module_is_refused():
+    """PEFT adapts the entries that match and ignores the rest: a misspelt one would leave its layers unadapted."""
+    model = tiny_classifier("decoder-tiny")
+    with pytest.raises(ValueError) as excinfo:
+        wrap_with_peft(model, build_peft_config("lora", model.config, target_modules=["q_proj", "v_prj", "ffn"]))
+    assert str(excinfo.value) == (
+        "target_modules ['ffn', 'v_prj']: no module of HfzooDecoderForSequenceClassification has that name (PEFT "
+        "would adapt the other entries and ignore these); its linear layers are named ['down_proj', 'k_proj', "
+        "'o_proj', 'q_proj', 'score', 'up_proj', 'v_proj']"
+    )
+    # A full module name and a dotted suffix match as in PEFT; a regular expression (a string) is PEFT's to check.
+    targets = ["model.layers.0.self_attn.q_proj", "mlp.up_proj"]
+    peft_model = wrap_with_peft(model, build_peft_config("lora", model.config, target_modules=targets))
+    adapted = [n for n, _ in peft_model.named_modules() if n.endswith(".lora_A")]
+    assert len(adapted) == 1 + model.config.num_hidden_layers, adapted
+    model = tiny_classifier("decoder-tiny")
+    assert wrap_with_peft(model, build_peft_config("lora", model.config, target_modules=r".*\.v_proj"))
+    # hfzoo's projection names stand for every variant: this one's feed-forward has no gate.
+    model = tiny_classifier("decoder-tiny")
+    assert not any(n.endswith("gate_proj") for n, _ in model.named_modules())
+    assert wrap_with_peft(model, build_peft_config("lora", model.config, target_modules=["q_proj", "gate_proj"]))
