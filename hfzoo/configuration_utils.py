@@ -43,6 +43,29 @@ from .modules.stack import BLOCK_SHARING, LAYER_STACKS, LAYER_TYPES, StackLayout
 #: How close (a `difflib` ratio) a keyword that is no field must be to a field's name to be refused as its misspelling.
 MISSPELLING_CUTOFF = 0.84
 
+#: Other models' names for hfzoo's fields (name -> (hfzoo's field, whose name it is)): a config given one would keep
+#: it as an attribute that nothing reads and build the field's default (`num_layers=4`: a 6-layer model).
+OTHER_MODELS_FIELD_NAMES = {
+    "num_layers": ("num_hidden_layers", "T5's"),
+    "n_layer": ("num_hidden_layers", "GPT-2's"),
+    "d_model": ("hidden_size", "T5's"),
+    "n_embd": ("hidden_size", "GPT-2's"),
+    "num_heads": ("num_attention_heads", "T5's"),
+    "n_head": ("num_attention_heads", "GPT-2's"),
+    "d_ff": ("intermediate_size", "T5's"),
+    "n_inner": ("intermediate_size", "GPT-2's"),
+    "d_kv": ("head_dim", "T5's"),
+    "n_positions": ("max_position_embeddings", "GPT-2's"),
+    "n_ctx": ("max_position_embeddings", "GPT-2's"),
+    "dropout_rate": ("hidden_dropout_prob", "T5's"),
+    "resid_pdrop": ("hidden_dropout_prob", "GPT-2's"),
+    "attn_pdrop": ("attention_probs_dropout_prob", "GPT-2's"),
+    "activation_function": ("hidden_act", "GPT-2's"),
+    "feed_forward_proj": ("hidden_act", "T5's"),
+    "layer_norm_epsilon": ("layer_norm_eps", "T5's and GPT-2's"),
+    "num_kv_heads": ("num_key_value_heads", "Falcon's"),
+}
+
 
 def refuse_misspelled_fields(config_class: type, extra: dict[str, object]) -> None:
     """Refuse a config keyword that is no field of `config_class` but nearly the name of one.
@@ -50,7 +73,10 @@ def refuse_misspelled_fields(config_class: type, extra: dict[str, object]) -> No
     `PreTrainedConfig` keeps any keyword it has no field for as a plain attribute (saved with the config, read
     by nothing), as it must for keys other libraries add. A near-miss of a field's name (`num_hiden_layers`,
     `intermediat_size`, T5's `layer_norm_epsilon` for `layer_norm_eps`) would leave that field at its default
-    with no sign: such a keyword is refused. Other unknown keywords stay accepted.
+    with no sign: such a keyword is refused, and so is another model's name for a field
+    (`OTHER_MODELS_FIELD_NAMES`: T5's `num_layers`, GPT-2's `n_embd`, ...). The config's `attribute_map` aliases
+    (the encoder-decoder's `num_encoder_layers`) set their field, as in transformers. Other unknown keywords stay
+    accepted.
 
     Args:
         config_class: the config class being built.
@@ -58,12 +84,21 @@ def refuse_misspelled_fields(config_class: type, extra: dict[str, object]) -> No
 
     Raises:
         ValueError: naming the keyword, its value, the config class and the field it is close to (a `difflib`
-            ratio of at least `MISSPELLING_CUTOFF`).
+            ratio of at least `MISSPELLING_CUTOFF`) or whose name it is in another model.
     """
     fields = [field.name for field in dataclasses.fields(config_class)]
     for key, value in extra.items():
         if hasattr(config_class, key):  # a property or class attribute of the config (`use_return_dict`)
             continue
+        if key in config_class.attribute_map:  # the config's own alias of a field (set through it)
+            continue
+        if key in OTHER_MODELS_FIELD_NAMES and OTHER_MODELS_FIELD_NAMES[key][0] in fields:
+            field, whose = OTHER_MODELS_FIELD_NAMES[key]
+            raise ValueError(
+                f"{key}={value!r} is not a field of {config_class.__name__} (it would be kept but read by nothing): "
+                f"{key} is {whose} name for {field}; give {field}"
+                + (" (and gated_mlp=True for T5's gated-* values)" if key == "feed_forward_proj" else "")
+            )
         close = difflib.get_close_matches(key, fields, n=1, cutoff=MISSPELLING_CUTOFF)
         if close:
             raise ValueError(
@@ -388,8 +423,8 @@ class HfzooConfig(PreTrainedConfig):
         ValueError: `hidden_size` not divisible by `num_attention_heads` when `head_dim` is not set; a
             position field set (to a non-default value) for a scheme that is not selected, e.g.
             `rope_theta` with `position_embedding_type="alibi"`; `rotary` with an odd `head_dim`; a keyword
-            that is no field but a near-miss of one (`num_hiden_layers`, T5's `layer_norm_epsilon`:
-            `refuse_misspelled_fields`).
+            that is no field but a near-miss of one (`num_hiden_layers`) or another model's name for one (T5's
+            `num_layers`, `layer_norm_epsilon`: `refuse_misspelled_fields`).
     """
 
     model_type = "hfzoo"

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import PreTrainedConfig
 
-from hfzoo.configuration_utils import _hfzoo_field_types
+from hfzoo.configuration_utils import OTHER_MODELS_FIELD_NAMES, _hfzoo_field_types
 from hfzoo.models.presets import build_config
 from hfzoo.modules.experts import ROUTERS
 from hfzoo.modules.feed_forward import ACTIVATIONS
@@ -562,8 +562,7 @@ def test_inputs_the_property_test_found_are_refused_naming_the_field(family, val
 def test_a_misspelt_field_name_is_refused_and_other_unknown_keywords_are_kept(family, tmp_path):
     """Every field of the config, misspelt (last letter dropped, a letter doubled, two letters swapped in a name
     of 8 letters or more), is refused (PreTrainedConfig would keep it as an attribute that nothing reads);
-    keywords other libraries add (`sep_token_id`, any key of their own) still build, save and load; so do other
-    models' names for hfzoo's fields where they are far from them (GPT-2's `n_positions`)."""
+    keywords other libraries add (`sep_token_id`, any key of their own) still build, save and load."""
     config_class = FAMILIES[family][0]
     fields = {f.name for f in dataclasses.fields(config_class)}
     for name in sorted(fields):
@@ -578,8 +577,27 @@ def test_a_misspelt_field_name_is_refused_and_other_unknown_keywords_are_kept(fa
             assert (
                 message.startswith(f"{typo}=4 is not a field of {config_class.__name__}") and "did you mean" in message
             )
-    assert "did you mean layer_norm_eps?" in refusal(family, {"layer_norm_epsilon": 1e-6})  # T5's name
-    config = config_class(**BASE, sep_token_id=3, n_positions=8, my_library_note="kept")
+    config = config_class(**BASE, sep_token_id=3, my_library_note="kept")
     config.save_pretrained(tmp_path)
     loaded = config_class.from_pretrained(tmp_path)
     assert (loaded.sep_token_id, loaded.my_library_note) == (3, "kept")
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("family", ALL)
+def test_other_models_names_for_a_field_are_refused_and_the_configs_own_aliases_set_it(family, tmp_path):
+    """T5's `num_layers=4` would be kept as an attribute that nothing reads, building a 6-layer model; an alias of
+    the config's `attribute_map` (the encoder-decoder's `num_encoder_layers`) sets its field, as in transformers."""
+    config_class = FAMILIES[family][0]
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    for name, (target, whose) in OTHER_MODELS_FIELD_NAMES.items():
+        assert target in fields, target
+        message = refusal(family, {name: 4})
+        assert message is not None, f"{name} was accepted by the {family} config"
+        assert message.startswith(f"{name}=4 is not a field of {config_class.__name__}"), message
+        assert f"{name} is {whose} name for {target}; give {target}" in message, message
+    for alias, target in config_class.attribute_map.items():
+        config = config_class(**BASE, **{alias: 3})
+        assert getattr(config, target) == 3 and getattr(config, alias) == 3
+        config.save_pretrained(tmp_path)
+        assert getattr(config_class.from_pretrained(tmp_path), target) == 3
