@@ -263,7 +263,7 @@ def column_names(dataset: datasets.Dataset | datasets.IterableDataset) -> list[s
 
 
 def check_text_column(dataset: datasets.Dataset | datasets.IterableDataset, text_column_name: str, source: str) -> None:
-    """Raise a clear error when `text_column_name` is not a column of `dataset`.
+    """Raise a clear error when `text_column_name` is not a column of `dataset`, or holds no strings.
 
     Args:
         dataset: the loaded split.
@@ -271,13 +271,30 @@ def check_text_column(dataset: datasets.Dataset | datasets.IterableDataset, text
         source: what the data came from (file names or dataset name), for the message.
 
     Raises:
-        ValueError: the column does not exist; the message lists the columns that do.
+        ValueError: the column does not exist (the message lists the columns that do), or its type is not a string
+            (numbers, lists of strings: the tokenizer and the text cleaning take one string per document), naming
+            its type (the dataset's feature, else the first row's value's Python type).
     """
     names = column_names(dataset)
     if text_column_name not in names:
         raise ValueError(
             f"--text_column_name {text_column_name!r} is not a column of {source}; its columns are {names}"
         )
+    features = dataset.features
+    if features is not None and text_column_name in features:
+        feature = features[text_column_name]
+        if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string", "null"):
+            return
+        kind = str(feature)
+    else:  # a stream whose features are unknown until read: its first row
+        value = next(iter(dataset.take(1)))[text_column_name]
+        if value is None or isinstance(value, str):
+            return
+        kind = type(value).__name__
+    raise ValueError(
+        f"--text_column_name {text_column_name!r}: the column of {source} holds {kind} values, not text (one string "
+        "per document)"
+    )
 
 
 def check_distinct_files(
@@ -419,8 +436,8 @@ def load_raw_datasets(
             )
         raw = datasets.DatasetDict(validation=train.select(range(n_val)), train=train.select(range(n_val, len(train))))
         sources["validation"] = f"the first {validation_split_percentage}% of {sources['train']}"
-    for split, dataset in raw.items():
-        check_text_column(dataset, text_column_name, sources[split])
+    for split in sorted(raw, key=lambda split: split != "train"):  # the training data named first
+        check_text_column(raw[split], text_column_name, sources[split])
     return raw
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -10,6 +11,7 @@ import pytest
 
 from hfzoo.data.loading import (
     check_data_files,
+    check_text_column,
     clean_text,
     infer_builder,
     load_local_files,
@@ -90,6 +92,27 @@ def test_load_raw_datasets_holds_out_whole_documents(small_jsonl_xz, gutenberg_b
 def test_load_raw_datasets_names_a_missing_text_column(small_jsonl_xz):
     with pytest.raises(ValueError, match="--text_column_name 'body' is not a column.*'text'"):
         load_raw_datasets(train_file=[str(small_jsonl_xz)], text_column_name="body")
+
+
+def test_a_text_column_that_holds_no_strings_is_refused(tmp_path):
+    """Numbers or lists of strings reached the text cleaning as an AttributeError deep in `datasets.map`."""
+    rows = {"ints": [7, 8], "lists": [["one", "two"], ["three"]], "mixed": [7, "a document"], "nulls": [None, "a"]}
+    for name, values in rows.items():
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"text": values[i % 2], "id": i}) + "\n" for i in range(8))
+        )
+    for name, kind in (("ints", "Value('int64')"), ("lists", "List(Value('string'))"), ("mixed", "Json(decode=True)")):
+        path = str(tmp_path / f"{name}.jsonl")
+        message = f"--text_column_name 'text': the column of --train_file ['{path}'] holds {kind} values, not text"
+        with pytest.raises(ValueError, match=re.escape(message)):
+            load_raw_datasets(train_file=[path], validation_split_percentage=25)
+        with pytest.raises(ValueError, match=re.escape(kind)):  # a stream
+            check_text_column(load_local_files([path], streaming=True), "text", "a stream")
+    with pytest.raises(ValueError, match=re.escape("'id': the column of the data holds Value('int64') values")):
+        check_text_column(load_local_files([tmp_path / "ints.jsonl"]), "id", "the data")
+    # Missing texts (null) are documents without text, skipped as empty ones are.
+    raw = load_raw_datasets(train_file=[str(tmp_path / "nulls.jsonl")], validation_split_percentage=25)
+    assert raw["train"]["text"].count(None) == 3 and raw["train"]["text"].count("a") == 3
 
 
 def test_text_files_keep_line_breaks(tmp_path):
