@@ -19,6 +19,9 @@ from pathlib import Path
 
 import datasets
 import fsspec
+import pandas
+import pyarrow
+from datasets.exceptions import DatasetGenerationError
 
 #: Suffixes `datasets` decompresses on the fly (fsspec compression inferred from the file name).
 COMPRESSION_SUFFIXES = (".xz", ".gz", ".bz2", ".zst", ".lz4")
@@ -241,9 +244,47 @@ def load_local_files(
     else:
         builder, paths = infer_builder(files[0]), [str(Path(f).expanduser().resolve()) for f in files]
     kwargs = {"keep_linebreaks": True, "sample_by": sample_by} if builder == "text" else {}
-    return datasets.load_dataset(
-        builder, data_files={"data": paths}, split="data", streaming=streaming, cache_dir=cache_dir, **kwargs
-    )
+    try:
+        return datasets.load_dataset(
+            builder, data_files={"data": paths}, split="data", streaming=streaming, cache_dir=cache_dir, **kwargs
+        )
+    except READ_ERRORS as err:  # a record the format's parser refuses (a line that is not JSON)
+        named = str(files[0]) if len(files) == 1 else [str(f) for f in files]
+        raise unreadable_data(err, f"{argument} {named}", builder) from None
+
+
+#: What each `datasets` builder reads, for messages.
+FORMAT_NAMES = {"json": "JSON lines", "csv": "CSV", "parquet": "Parquet", "text": "text"}
+
+#: What reading data raises where a record cannot be parsed: pyarrow's errors (a line that is not JSON, a damaged
+#: Parquet file), pandas' CSV parser, bytes that are not UTF-8 (past the part of a stream checked before reading),
+#: and `datasets`' wrapper of them.
+READ_ERRORS = (pyarrow.ArrowException, pandas.errors.ParserError, UnicodeDecodeError, DatasetGenerationError)
+
+
+class DataReadError(ValueError):
+    """Data that cannot be parsed, in one line naming where it came from (`unreadable_data`)."""
+
+
+def unreadable_data(err: BaseException, source: str, builder: str | None = None) -> DataReadError:
+    """The one-line error for data that `datasets` (pyarrow, pandas) cannot parse.
+
+    Args:
+        err: what reading raised (`datasets`' `DatasetGenerationError` wraps the parser's error, whose first line
+            is kept: `JSON parse error: Missing a name for object member. in row 50`).
+        source: the data, as the message names it (`--train_file books.jsonl`).
+        builder: the `datasets` builder (`json`, `csv`, ...), None if unknown.
+
+    Returns:
+        A `DataReadError` (a ValueError) to raise.
+    """
+    cause = err
+    while isinstance(cause, DatasetGenerationError) and cause.__cause__ is not None:
+        cause = cause.__cause__
+    text = str(cause).strip().splitlines()
+    reason = f"{type(cause).__name__}: {text[0]}" if text else type(cause).__name__
+    as_format = f" as {FORMAT_NAMES.get(builder, builder)}" if builder else ""
+    return DataReadError(f"{source}: cannot be read{as_format} ({reason})")
 
 
 def column_names(dataset: datasets.Dataset | datasets.IterableDataset) -> list[str]:
@@ -273,24 +314,29 @@ def check_text_column(dataset: datasets.Dataset | datasets.IterableDataset, text
     Raises:
         ValueError: the column does not exist (the message lists the columns that do), or its type is not a string
             (numbers, lists of strings: the tokenizer and the text cleaning take one string per document), naming
-            its type (the dataset's feature, else the first row's value's Python type).
+            its type (the dataset's feature, else the first row's value's Python type); or a stream's first
+            records cannot be parsed (`unreadable_data`).
     """
-    names = column_names(dataset)
+    try:  # a stream is read here for the first time
+        names = column_names(dataset)
+        features = dataset.features
+        if text_column_name in names and (features is None or text_column_name not in features):
+            first = next(iter(dataset.take(1)))[text_column_name]  # a stream whose features are unknown until read
+    except READ_ERRORS as err:
+        raise unreadable_data(err, source) from None
     if text_column_name not in names:
         raise ValueError(
             f"--text_column_name {text_column_name!r} is not a column of {source}; its columns are {names}"
         )
-    features = dataset.features
     if features is not None and text_column_name in features:
         feature = features[text_column_name]
         if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string", "null"):
             return
         kind = str(feature)
-    else:  # a stream whose features are unknown until read: its first row
-        value = next(iter(dataset.take(1)))[text_column_name]
-        if value is None or isinstance(value, str):
+    else:
+        if first is None or isinstance(first, str):
             return
-        kind = type(value).__name__
+        kind = type(first).__name__
     raise ValueError(
         f"--text_column_name {text_column_name!r}: the column of {source} holds {kind} values, not text (one string "
         "per document)"
@@ -446,6 +492,7 @@ def iter_texts(
     text_column_name: str = "text",
     batch_size: int = 64,
     clean: bool = True,
+    source: str = "the data",
 ):
     """Yield batches of cleaned, non-empty texts from a dataset (streaming-friendly, bounded memory).
 
@@ -454,12 +501,23 @@ def iter_texts(
         text_column_name: the text column.
         batch_size: number of rows per yielded batch.
         clean: apply `clean_text` to each row.
+        source: what the data came from (`--train_file books.jsonl`), for messages.
 
     Yields:
         Lists of at most `batch_size` strings.
+
+    Raises:
+        ValueError: a streamed record the format's parser refuses (a line that is not JSON), naming `source`.
     """
     batch: list[str] = []
-    for row in dataset:
+    rows = iter(dataset)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            break
+        except READ_ERRORS as err:
+            raise unreadable_data(err, source) from None
         text = row[text_column_name]
         if text is None:
             continue

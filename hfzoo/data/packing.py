@@ -18,7 +18,7 @@ import datasets
 import numpy as np
 import torch
 
-from .loading import clean_text, column_names
+from .loading import READ_ERRORS, clean_text, column_names, unreadable_data
 
 #: Documents per tokenizer call, and tokenized documents concatenated per packing call (the tail of each
 #: packing call shorter than a block is dropped); shared by the map-style and the streamed paths, which
@@ -161,9 +161,13 @@ class PackedStream(torch.utils.data.IterableDataset):
         with_labels: also yield a `labels` copy of each block (causal LM).
         group_size: documents per group (default `PACK_BATCH_SIZE`).
         max_blocks: yield at most this many blocks per pass (None: all).
+        source: what the documents came from (`--train_file books.jsonl`), for the message of a record that
+            cannot be parsed.
 
     Raises:
-        ValueError: `block_size < 2`, `group_size < 1` or `max_blocks < 0`.
+        ValueError: `block_size < 2`, `group_size < 1` or `max_blocks < 0`; while iterating, a
+            `hfzoo.data.loading.DataReadError` naming `source` where a record cannot be parsed (a line of a
+            stream that is not JSON), instead of pyarrow's or pandas' error from inside `datasets`.
     """
 
     def __init__(
@@ -173,6 +177,7 @@ class PackedStream(torch.utils.data.IterableDataset):
         with_labels: bool = True,
         group_size: int | None = None,
         max_blocks: int | None = None,
+        source: str = "the streamed data",
     ) -> None:
         group_size = PACK_BATCH_SIZE if group_size is None else group_size
         if block_size < 2:
@@ -182,6 +187,7 @@ class PackedStream(torch.utils.data.IterableDataset):
         self.documents = documents
         self.block_size, self.with_labels = block_size, with_labels
         self.group_size, self.max_blocks = group_size, max_blocks
+        self.source = source
         self._position: dict[str, Any] | None = None  # after the last block yielded
         self._resume: dict[str, Any] | None = None  # from load_state_dict, for the next pass
 
@@ -219,7 +225,7 @@ class PackedStream(torch.utils.data.IterableDataset):
         in_group, skip = position["group_documents"], position["document_blocks"]
         if self.max_blocks is not None and count >= self.max_blocks:
             return
-        for row in self.documents:
+        for row in _parsed(self.documents, self.source):
             after = self.documents.state_dict()  # the documents' position once this one is read
             if in_group == self.group_size:  # a new group: the last one's tail is dropped
                 carry, in_group = [], 0
@@ -240,6 +246,19 @@ class PackedStream(torch.utils.data.IterableDataset):
                 "document_blocks": document_blocks, "blocks": blocks}  # fmt: skip
 
 
+def _parsed(documents: datasets.IterableDataset, source: str) -> Iterator[dict[str, Any]]:
+    """The rows of `documents`; a record that cannot be parsed raises `DataReadError` naming `source`."""
+    rows = iter(documents)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except READ_ERRORS as err:
+            raise unreadable_data(err, source) from None
+        yield row
+
+
 def pack_stream(
     raw: datasets.IterableDataset,
     tokenizer,
@@ -248,6 +267,7 @@ def pack_stream(
     clean: bool = True,
     with_labels: bool = True,
     max_blocks: int | None = None,
+    source: str = "the streamed data",
 ) -> PackedStream:
     """Tokenize and pack a streamed split on the fly: the blocks `tokenize_and_pack` cuts from the same documents.
 
@@ -263,6 +283,7 @@ def pack_stream(
         clean: apply `clean_text` before tokenizing.
         with_labels: add a `labels` column (a copy of `input_ids`, for the causal LM objective).
         max_blocks: yield at most this many blocks per pass (None: all).
+        source: what the split came from, for the message of a record that cannot be parsed (see `PackedStream`).
 
     Returns:
         A `PackedStream` of `input_ids` (and `labels`) rows, lists of `block_size` ints, with `set_epoch`,
@@ -277,7 +298,7 @@ def pack_stream(
         batch_size=TOKENIZE_BATCH_SIZE,
         remove_columns=column_names(raw),
     )
-    return PackedStream(tokenized, block_size, with_labels, max_blocks=max_blocks)
+    return PackedStream(tokenized, block_size, with_labels, max_blocks=max_blocks, source=source)
 
 
 def token_counts(dataset: datasets.Dataset, vocab_size: int, column: str = "input_ids") -> np.ndarray:

@@ -499,6 +499,12 @@ def _load_raw_datasets(args: argparse.Namespace, streaming: bool = False):
     )
 
 
+def _data_sources(args: argparse.Namespace) -> tuple[str, str]:
+    """The training and validation data as messages name them (`--train_file ['books.jsonl']`)."""
+    train = f"--train_file {args.train_file}" if args.train_file else f"--dataset_name {args.dataset_name}"
+    return train, f"--validation_file {args.validation_file}" if args.validation_file else train
+
+
 def _streaming_loaders(args, accelerator: Accelerator, tokenizer, objective, collator, raw_block_size: int):
     """`--streaming`: this process's shard of the training stream and the whole validation stream, batched."""
     train_dataset, eval_dataset = stream_blocks(
@@ -512,6 +518,7 @@ def _streaming_loaders(args, accelerator: Accelerator, tokenizer, objective, col
         max_eval_samples=args.max_eval_samples,
         process_index=accelerator.process_index,
         num_processes=accelerator.num_processes,
+        sources=_data_sources(args),
     )
     logger.info(f"streaming blocks of {raw_block_size} tokens; process {accelerator.process_index} reads its shard")
     train_dataloader = StreamingTrainLoader(

@@ -137,7 +137,7 @@ def train(args: argparse.Namespace) -> None:
     dataset, source = load_text_dataset(args)
     check_text_column(dataset, args.text_column_name, source)
     texts = TextBatches(
-        iter_texts(dataset, args.text_column_name, batch_size=32, clean=not args.no_clean_text),
+        iter_texts(dataset, args.text_column_name, batch_size=32, clean=not args.no_clean_text, source=source),
         max_documents=args.max_documents,
         max_characters=args.max_characters,
     )

@@ -43,6 +43,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from ..data.loading import DataReadError
+
 logger = logging.getLogger(__name__)
 
 #: Exit code of a run stopped by SIGTERM/SIGINT after writing its checkpoint (sysexits.h EX_TEMPFAIL).
@@ -677,7 +679,8 @@ def handle_training_faults(accelerator, checkpoints: Callable[[], list[Path]] | 
 
     - `TrainingPreempted`: the main process prints the message; every process exits with `EXIT_PREEMPTED`.
     - `NonFiniteError`: the main process prints `error: ...`; every process exits with `EXIT_NONFINITE`.
-    - `CheckpointError` (a save that failed, e.g. a full disk): `error: ...`, exit 1.
+    - `CheckpointError` (a save that failed, e.g. a full disk) or `hfzoo.data.loading.DataReadError` (a streamed
+      record that cannot be parsed, naming the data): `error: ...`, exit 1.
     - a failed or timed-out collective in a multi-process run (another process or node failed or hangs):
       `error: process R: ...` naming the lost process, its node and host, and the checkpoint to resume from
       (`lost_peer_message`), exit 1, instead of a traceback per process.
@@ -711,7 +714,7 @@ def handle_training_faults(accelerator, checkpoints: Callable[[], list[Path]] | 
         done = checkpoints() if checkpoints is not None and accelerator.is_main_process else []
         message = nonfinite_message(err, done) if accelerator.is_main_process else None
         code = EXIT_NONFINITE
-    except CheckpointError as err:
+    except (CheckpointError, DataReadError) as err:
         message = f"error: {err}"
     except BaseException as err:
         if not multi:

@@ -42,6 +42,7 @@ def stream_blocks(
     max_eval_samples: int | None = None,
     process_index: int = 0,
     num_processes: int = 1,
+    sources: tuple[str, str] = ("the training data", "the validation data"),
 ) -> tuple[PackedStream, PackedStream]:
     """Pack the streamed `train` and `validation` splits into blocks; the training stream is this process's shard.
 
@@ -56,6 +57,8 @@ def stream_blocks(
         max_eval_samples: keep at most this many validation blocks.
         process_index: this process's rank.
         num_processes: the world size.
+        sources: what the two splits came from (`--train_file books.jsonl`), for the message of a record that cannot
+            be parsed (a `hfzoo.data.loading.DataReadError` while the stream is read).
 
     Returns:
         `(train, validation)` `PackedStream`s of blocks; the validation stream is whole on every process.
@@ -64,9 +67,9 @@ def stream_blocks(
     # The training stream is read on `StreamingTrainLoader`'s thread while the validation stream is read on the
     # training thread: each has a tokenizer of its own (a fast tokenizer's settings are state shared by callers).
     train = pack_stream(train, copy.deepcopy(tokenizer), text_column_name, block_size, clean, with_labels,
-                        max_train_samples)  # fmt: skip
+                        max_train_samples, sources[0])  # fmt: skip
     validation = pack_stream(raw["validation"], tokenizer, text_column_name, block_size, clean, with_labels,
-                             max_eval_samples)  # fmt: skip
+                             max_eval_samples, sources[1])  # fmt: skip
     return train, validation
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hfzoo.data.loading import (
+    DataReadError,
     check_data_files,
     check_text_column,
     clean_text,
@@ -113,6 +114,27 @@ def test_a_text_column_that_holds_no_strings_is_refused(tmp_path):
     # Missing texts (null) are documents without text, skipped as empty ones are.
     raw = load_raw_datasets(train_file=[str(tmp_path / "nulls.jsonl")], validation_split_percentage=25)
     assert raw["train"]["text"].count(None) == 3 and raw["train"]["text"].count("a") == 3
+
+
+def test_a_record_that_cannot_be_parsed_is_refused_in_one_line_naming_the_file(tmp_path):
+    """`datasets` raised `DatasetGenerationError` ("An error occurred while generating the dataset") over pyarrow's
+    or pandas' own error; a stream raised the parser's error where it was first read."""
+    jsonl, csv = tmp_path / "rows.jsonl", tmp_path / "rows.csv"
+    jsonl.write_text(json.dumps({"text": "a document"}) + "\n{not json\n")
+    csv.write_text('text,label\n"an unclosed quote,1\nmore,2\n')
+    cases = {
+        jsonl: "as JSON lines (ArrowInvalid: JSON parse error: Missing a name for object member.",
+        csv: "as CSV (ParserError: Error tokenizing data. C error: EOF inside string",
+    }
+    for path, reason in cases.items():
+        with pytest.raises(DataReadError, match=re.escape(f"--validation_file {path}: cannot be read {reason}")):
+            load_local_files([path], "--validation_file")
+        with pytest.raises(DataReadError, match=re.escape(f"the stream: cannot be read {reason[reason.index('(') :]}")):
+            check_text_column(load_local_files([path], streaming=True), "text", "the stream")
+        other = path.with_name("other" + path.suffix)
+        other.write_text(path.read_text())
+        with pytest.raises(DataReadError, match=re.escape(f"--train_file {[str(path), str(other)]}: cannot be read")):
+            load_raw_datasets(train_file=[str(path), str(other)])
 
 
 def test_text_files_keep_line_breaks(tmp_path):

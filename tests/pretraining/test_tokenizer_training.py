@@ -396,6 +396,7 @@ def test_cli_hub_dataset_path(cli, monkeypatch, tmp_path, clean_books):
         ),
         ("no_data", "error: give --train_file"),
         ("special", r"error: bos_token 'a' occurs in the training text \(document 1: 'the sea'\)"),
+        ("unparsable", r"error: --train_file \['.*broken.jsonl'\]: cannot be read \(ArrowInvalid: JSON parse error"),
     ],
 )
 def test_cli_bad_input_exits_with_one_line_message(cli, tmp_path, case, message):
@@ -403,6 +404,7 @@ def test_cli_bad_input_exits_with_one_line_message(cli, tmp_path, case, message)
     jsonl.write_text('{"text": "the sea"}\n', encoding="utf-8")
     (tmp_path / "empty.txt").write_bytes(b"")
     (tmp_path / "blank.jsonl").write_text('{"text": ""}\n{"text": null}\n', encoding="utf-8")
+    (tmp_path / "broken.jsonl").write_text('{"text": "the sea"}\n{not json\n', encoding="utf-8")
     argv = {
         "missing": ["--train_file", str(tmp_path / "missing.txt")],
         "empty": ["--train_file", str(tmp_path / "empty.txt")],
@@ -411,6 +413,7 @@ def test_cli_bad_input_exits_with_one_line_message(cli, tmp_path, case, message)
         "vocab": ["--train_file", str(jsonl), "--model_family", "encoder-decoder", "--vocab_size", "300"],
         "no_data": [],
         "special": ["--train_file", str(jsonl), "--bos_token", "a"],
+        "unparsable": ["--train_file", str(tmp_path / "broken.jsonl")],
     }[case]
     with pytest.raises(SystemExit, match=message) as excinfo:
         cli.main(argv + ["--output_dir", str(tmp_path / "out")])

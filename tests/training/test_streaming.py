@@ -18,11 +18,11 @@ import datasets
 import pytest
 import torch
 from helpers.launch import GLOBAL_BATCH, check_two_processes, launch, recipe_args
-from helpers.pretraining import base_args, restored_steps, tag_saved_history
+from helpers.pretraining import base_args, restored_steps, run_main_expecting_error, tag_saved_history
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from hfzoo.data.loading import clean_text, load_raw_datasets
+from hfzoo.data.loading import DataReadError, clean_text, load_raw_datasets
 from hfzoo.data.packing import (
     PACK_BATCH_SIZE,
     TOKENIZE_BATCH_SIZE,
@@ -159,6 +159,28 @@ def test_held_out_validation_stream_is_every_kth_document(books_jsonl, tokenizer
     assert [r["text"] for r in raw["train"]] == [d for i, d in enumerate(documents) if i % 10]
     train, validation = stream_blocks(raw, tokenizer, "text", 64, True)
     assert not {tuple(r["input_ids"]) for r in train} & {tuple(r["input_ids"]) for r in validation}
+
+
+def test_a_record_that_cannot_be_parsed_stops_the_stream_in_one_line_naming_the_data(
+    books_jsonl, tokenizer, tokenizer_dir, tmp_path, capsys
+):
+    """A line that is not JSON, met once training reads on: pyarrow's error came as a traceback from inside
+    `datasets`, on the loader's thread; the run stops with one line naming the data instead."""
+    first, broken = tmp_path / "first.jsonl", tmp_path / "broken.jsonl"
+    first.write_text(json.dumps({"text": "It was the best of times. " * 40}) + "\n")
+    broken.write_text(json.dumps({"text": "It was the worst of times."}) + "\n{not json\n")
+    raw = load_raw_datasets(train_file=[str(first), str(broken)], validation_file=[str(books_jsonl)], streaming=True)
+    train, validation = stream_blocks(raw, tokenizer, "text", 64, True, sources=("the books", "the others"))
+    assert len(list(validation)) > 0
+    with pytest.raises(DataReadError, match=r"^the books: cannot be read \(ArrowInvalid: JSON parse error: "):
+        list(train)
+    argv = streaming_run_args(first, tokenizer_dir, tmp_path / "run", "--max_train_steps", "20")
+    argv[argv.index("--train_file") + 1 : argv.index("--train_file") + 2] = [str(first), str(broken)]
+    argv += ["--validation_file", str(books_jsonl)]
+    message = run_main_expecting_error(argv, capsys)
+    assert message.startswith(
+        f"error: --train_file {[str(first), str(broken)]}: cannot be read (ArrowInvalid: JSON parse error: "
+    ), message
 
 
 def streaming_run_args(books_jsonl, tokenizer_dir, output_dir, *extra):
