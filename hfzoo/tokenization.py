@@ -343,16 +343,8 @@ def train_bpe_tokenizer(
     # Normalise to non-empty lists of non-empty strings.
     batches = ([t for t in ([b] if isinstance(b, str) else b) if t] for b in text_batches)
     batches = (b for b in batches if b)
-    overrides = {
-        "bos_token": bos_token,
-        "eos_token": eos_token,
-        "pad_token": pad_token,
-        "unk_token": unk_token,
-        "cls_token": cls_token,
-        "sep_token": sep_token,
-        "mask_token": mask_token,
-    }
-    given = {f"{role} {token!r}": token for role, token in overrides.items() if token is not None}
+    family = FAMILY_SPECIAL_TOKENS[model_family]["special_tokens"]
+    given = {f"{role} {token!r}": token for role, token in roles.items() if family.get(role) != token}  # overrides
     given.update({f"additional_special_tokens entry {t!r}": t for t in additional_special_tokens or ()})
     batches = _refuse_special_tokens_in_text(batches, given)
     first = next(batches, None)

@@ -14,8 +14,9 @@ import lzma
 import os
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import datasets
 import fsspec
@@ -487,6 +488,31 @@ def load_raw_datasets(
     return raw
 
 
+def parsed_rows(dataset: datasets.Dataset | datasets.IterableDataset, source: str) -> Iterator[dict[str, Any]]:
+    """The rows of `dataset`; a record that cannot be parsed (a streamed line that is not JSON) raises one line.
+
+    Args:
+        dataset: a `Dataset` or (streamed) `IterableDataset`.
+        source: what the data came from (`--train_file books.jsonl`), for the message.
+
+    Yields:
+        The rows, as `dataset` yields them.
+
+    Raises:
+        DataReadError: naming `source` and the parser's error (`unreadable_data`), instead of pyarrow's or pandas'
+            error from inside `datasets`.
+    """
+    rows = iter(dataset)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except READ_ERRORS as err:
+            raise unreadable_data(err, source) from None
+        yield row
+
+
 def iter_texts(
     dataset: datasets.Dataset | datasets.IterableDataset,
     text_column_name: str = "text",
@@ -510,14 +536,7 @@ def iter_texts(
         ValueError: a streamed record the format's parser refuses (a line that is not JSON), naming `source`.
     """
     batch: list[str] = []
-    rows = iter(dataset)
-    while True:
-        try:
-            row = next(rows)
-        except StopIteration:
-            break
-        except READ_ERRORS as err:
-            raise unreadable_data(err, source) from None
+    for row in parsed_rows(dataset, source):
         text = row[text_column_name]
         if text is None:
             continue

@@ -18,7 +18,7 @@ import datasets
 import numpy as np
 import torch
 
-from .loading import READ_ERRORS, clean_text, column_names, unreadable_data
+from .loading import clean_text, column_names, parsed_rows
 
 #: Documents per tokenizer call, and tokenized documents concatenated per packing call (the tail of each
 #: packing call shorter than a block is dropped); shared by the map-style and the streamed paths, which
@@ -225,7 +225,7 @@ class PackedStream(torch.utils.data.IterableDataset):
         in_group, skip = position["group_documents"], position["document_blocks"]
         if self.max_blocks is not None and count >= self.max_blocks:
             return
-        for row in _parsed(self.documents, self.source):
+        for row in parsed_rows(self.documents, self.source):
             after = self.documents.state_dict()  # the documents' position once this one is read
             if in_group == self.group_size:  # a new group: the last one's tail is dropped
                 carry, in_group = [], 0
@@ -244,19 +244,6 @@ class PackedStream(torch.utils.data.IterableDataset):
     def _here(self, documents, carry: list[int], group_documents: int, document_blocks: int, blocks: int) -> dict:
         return {"epoch": self.epoch, "documents": documents, "carry": carry, "group_documents": group_documents,
                 "document_blocks": document_blocks, "blocks": blocks}  # fmt: skip
-
-
-def _parsed(documents: datasets.IterableDataset, source: str) -> Iterator[dict[str, Any]]:
-    """The rows of `documents`; a record that cannot be parsed raises `DataReadError` naming `source`."""
-    rows = iter(documents)
-    while True:
-        try:
-            row = next(rows)
-        except StopIteration:
-            return
-        except READ_ERRORS as err:
-            raise unreadable_data(err, source) from None
-        yield row
 
 
 def pack_stream(
