@@ -20,6 +20,7 @@ from pathlib import Path
 import datasets
 
 from ..choices import choice_hint
+from .loading import READ_ERRORS, unreadable_data
 
 #: the hub dataset read when no local files are given.
 GLUE_HUB_DATASET = "nyu-mll/glue"
@@ -282,7 +283,9 @@ def load_glue(
         `validation_matched` and `validation_mismatched`), columns as `read_glue_tsv`.
 
     Raises:
-        ValueError: an unknown task; files that `read_glue_tsv` refuses; see `glue_files`.
+        ValueError: an unknown task; files that `read_glue_tsv` refuses; a CSV / JSON-lines file that cannot be
+            parsed (`hfzoo.data.loading.DataReadError`), lacks a column, holds no strings in a text column or a
+            label outside the task's set; see `glue_files`.
         FileNotFoundError: a missing file (see `glue_files`); no local files given and `nyu-mll/glue` neither
             reachable on the hub nor in the datasets cache.
     """
@@ -301,6 +304,14 @@ def load_glue(
     return datasets.DatasetDict({split: _read_any(path, task) for split, path in files.items()})
 
 
+def _is_score(value) -> bool:
+    """Whether `value` is an STS-B score: a number in [0, 5]."""
+    try:
+        return 0.0 <= float(value) <= 5.0
+    except (TypeError, ValueError):
+        return False
+
+
 def _read_any(path: Path, task: GlueTask) -> datasets.Dataset:
     """Read a TSV in the GLUE layout, or a CSV / JSON-lines file with the hub's column names."""
     if path.suffix == ".tsv":
@@ -310,12 +321,19 @@ def _read_any(path: Path, task: GlueTask) -> datasets.Dataset:
     if not path.is_file():
         raise FileNotFoundError(f"GLUE {task.name}: no file {path}")
     builder = "csv" if path.suffix == ".csv" else "json"
-    dataset = datasets.load_dataset(builder, data_files=str(path), split="train")
+    try:
+        dataset = datasets.load_dataset(builder, data_files=str(path), split="train")
+    except READ_ERRORS as err:  # a line that is not JSON, an open CSV quote
+        raise unreadable_data(err, str(path), builder) from None
     missing = [c for c in (*task.text_names, "label") if c not in dataset.column_names]
     if missing:
         raise ValueError(f"{path}: GLUE {task.name} file lacks column(s) {missing}; it has {dataset.column_names}")
+    for name in task.text_names:
+        feature = dataset.features[name]
+        if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+            raise ValueError(f"{path}: GLUE {task.name} column {name!r} holds {feature} values, not text")
     if task.is_regression:
-        bad = [v for v in dataset["label"] if not 0.0 <= float(v) <= 5.0]
+        bad = [v for v in dataset["label"] if not _is_score(v)]
     else:
         bad = [v for v in dataset["label"] if v not in range(task.num_labels)]
     if bad:

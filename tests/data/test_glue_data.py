@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from helpers.glue_files import LAYOUTS, write_glue_dir, write_tsv
 
@@ -146,6 +148,28 @@ def test_csv_and_json_files_with_hub_columns(tmp_path):
     (tmp_path / "bad.csv").write_text("sentence1,sentence2,label\nx,y,7\n")
     with pytest.raises(ValueError, match="label 7 is outside"):
         load_glue("rte", train_file=tmp_path / "train.jsonl", validation_file=tmp_path / "bad.csv")
+
+
+def test_csv_and_json_files_that_cannot_be_used_are_refused_naming_the_file(tmp_path):
+    """A line that is not JSON, numbers in a text column and a score that is no number ended in tracebacks."""
+    import json
+
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"sentence1": "a", "sentence2": "b", "label": i % 2}) + "\n" for i in range(4)))
+    files = {
+        "broken.jsonl": (json.dumps({"sentence1": "a", "sentence2": "b", "label": 0}) + "\n{not json\n", "rte"),
+        "numbers.csv": ("sentence1,sentence2,label\n1,2,0\n3,4,1\n", "rte"),
+        "words.csv": ("sentence1,sentence2,label\nx,y,high\n", "stsb"),
+    }
+    expected = {
+        "broken.jsonl": "broken.jsonl: cannot be read as JSON lines (ArrowInvalid: JSON parse error: ",
+        "numbers.csv": "numbers.csv: GLUE rte column 'sentence1' holds Value('int64') values, not text",
+        "words.csv": "words.csv: GLUE stsb label 'high' is outside the task's label set",
+    }
+    for name, (text, task) in files.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=re.escape(expected[name])):
+            load_glue(task, train_file=train, validation_file=tmp_path / name)
 
 
 def test_without_files_the_hub_dataset_is_used_without_its_test_splits(monkeypatch):
