@@ -23,6 +23,7 @@ LAYERS = {
     "compat": 0,
     "integrity": 0,
     "outputs": 0,
+    "yaml_input": 0,
     "tokenization": 0,
     "data": 0,
     "metrics": 0,

@@ -11,8 +11,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..data.loading import check_distinct_files
 from ..outputs import check_output_is_not_source
 from ..training.arguments import (
@@ -36,6 +34,7 @@ from ..training.arguments import (
 )
 from ..training.objectives import OBJECTIVES
 from ..training.precision import MIXED_PRECISION_CHOICES
+from ..yaml_input import load_yaml
 
 
 class _ExtendAction(argparse.Action):
@@ -296,12 +295,12 @@ def load_yaml_config(path: str, parser: argparse.ArgumentParser) -> dict[str, An
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not a mapping, or a key that is not an argument.
+        ValueError: not valid YAML, not a mapping, or a key that is not an argument.
     """
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"--config {path}: no such file")
-    values = yaml.safe_load(file.read_text()) or {}
+    values = load_yaml(file.read_text(), f"--config {path}") or {}
     if not isinstance(values, dict):
         raise ValueError(f"--config {path}: expected a mapping of argument names to values")
     known = {a.dest for a in parser._actions}

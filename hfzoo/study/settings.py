@@ -15,6 +15,7 @@ import yaml
 
 from ..data.glue import get_glue_task
 from ..models.presets import PRESETS, parse_overrides
+from ..yaml_input import load_yaml, yaml_problem
 
 
 @dataclasses.dataclass
@@ -196,14 +197,15 @@ def load_settings(path: str | os.PathLike, overrides: dict[str, Any] | None = No
 
     Raises:
         FileNotFoundError: no such study file.
-        ValueError: not a mapping, a missing or unknown key, or a value of the wrong type.
+        ValueError: not valid YAML (one line: the problem and its line and column), not a mapping, a missing or
+            unknown key, or a value of the wrong type.
     """
     path = Path(path)
     if path.is_dir():
         raise FileNotFoundError(f"--study {path}: is a directory, not a study file (.yaml)")
     if not path.is_file():
         raise FileNotFoundError(f"--study {path}: no such file")
-    values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    values = load_yaml(path.read_text(encoding="utf-8"), f"--study {path}")
     if not isinstance(values, dict):
         raise ValueError(f"--study {path}: expected a mapping of study keys to values")
     missing = [k for k in _FIELDS if k not in values]
@@ -224,7 +226,9 @@ def load_settings(path: str | os.PathLike, overrides: dict[str, Any] | None = No
                 value = [yaml.safe_load(v) if key == "seeds" else v for v in value]
             else:
                 value = yaml.safe_load(value) if kind in ("int", "float") or value.lower() in ("null", "~") else value
-        except (ValueError, yaml.YAMLError) as err:
+        except yaml.YAMLError as err:
+            raise ValueError(f"--{key}: not valid YAML ({yaml_problem(err)}): {value!r}") from None
+        except ValueError as err:
             raise ValueError(f"--{key}: {err}") from None
         checked[key] = _check_type(key, value, f"--{key}")
     return StudySettings(**checked)

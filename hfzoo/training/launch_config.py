@@ -34,6 +34,8 @@ from typing import Any
 
 import yaml
 
+from ..yaml_input import yaml_problem
+
 #: Set to a launch config file to check that file (e.g. when the launcher's command line is not visible).
 CONFIG_ENV = "HFZOO_ACCELERATE_CONFIG"
 
@@ -235,7 +237,7 @@ def check_launch_config(path: str | os.PathLike) -> dict[str, Any]:
     except OSError as err:
         raise LaunchConfigError(f"{file}: cannot read the launch config ({err.strerror or err})") from None
     except yaml.YAMLError as err:
-        raise LaunchConfigError(f"{file}: not YAML ({' '.join(str(err).split())})") from None
+        raise LaunchConfigError(f"{file}: not YAML ({yaml_problem(err)})") from None
     if not isinstance(config, dict):
         raise LaunchConfigError(f"{file}: expected a mapping of accelerate settings, got {type(config).__name__}")
     groups = _launch_arguments()
