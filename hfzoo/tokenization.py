@@ -140,6 +140,28 @@ def _refuse_special_tokens_in_text(batches: Iterator[list[str]], given: dict[str
         yield batch
 
 
+def check_vocab_size(vocab_size: int, model_family: str, num_special_tokens: int | None = None) -> None:
+    """Refuse a vocabulary too small for the 256 byte symbols and the family's special tokens.
+
+    Args:
+        vocab_size: the vocabulary size asked for.
+        model_family: a key of `FAMILY_SPECIAL_TOKENS`.
+        num_special_tokens: the distinct special tokens (default: the family's own, with 100 sentinels for the
+            encoder-decoder, as `train_bpe_tokenizer` and `hfzoo-train-tokenizer` give them by default).
+
+    Raises:
+        ValueError: `vocab_size` below `256 + num_special_tokens`, naming both numbers.
+    """
+    if num_special_tokens is None:
+        num_special_tokens = len(family_special_tokens(model_family)[2])
+    minimum = BYTE_ALPHABET_SIZE + num_special_tokens
+    if vocab_size < minimum:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small for the {model_family!r} family: it must be at least "
+            f"{minimum} ({BYTE_ALPHABET_SIZE} byte symbols + {num_special_tokens} special tokens)"
+        )
+
+
 def family_special_tokens(
     model_family: str = "decoder",
     num_extra_ids: int = 100,
@@ -326,12 +348,7 @@ def train_bpe_tokenizer(
         mask_token=mask_token,
         additional_special_tokens=additional_special_tokens,
     )
-    minimum = BYTE_ALPHABET_SIZE + len(ordered)
-    if vocab_size < minimum:
-        raise ValueError(
-            f"vocab_size={vocab_size} is too small for the {model_family!r} family: it must be at least "
-            f"{minimum} ({BYTE_ALPHABET_SIZE} byte symbols + {len(ordered)} special tokens)"
-        )
+    check_vocab_size(vocab_size, model_family, len(ordered))
     if min_frequency < 1:
         raise ValueError(f"min_frequency must be >= 1, got {min_frequency}")
     # The trainer gives the special tokens ids 0, 1, ... in order, so the post-processor (and the

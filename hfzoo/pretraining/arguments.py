@@ -8,6 +8,7 @@ so that bad input fails in a second with a message naming the flag.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from ..training.arguments import (
     check_dependent_flags,
     check_muon_arguments,
     checkpointing_steps,
-    finite_float,
+    float_in,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -67,14 +68,23 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     objective = p.add_argument_group("objective")
     # None: not given (another objective's flags are refused; `parse_pretrain_args` fills in `Objective.flags`)
     objective.add_argument(
-        "--mlm_probability", type=finite_float, default=None, help="mlm: fraction of tokens selected (default 0.15)."
+        "--mlm_probability",
+        type=float_in(0, 1, low_open=True, high_open=True),
+        default=None,
+        help="mlm: fraction of tokens selected, in (0, 1) (default 0.15).",
     )
     objective.add_argument("--whole_word_mask", action="store_true", help="mlm: select whole words.")
     objective.add_argument(
-        "--noise_density", type=finite_float, default=None, help="span: fraction of tokens corrupted (default 0.15)."
+        "--noise_density",
+        type=float_in(0, 1, low_open=True, high_open=True),
+        default=None,
+        help="span: fraction of tokens corrupted, in (0, 1) (default 0.15).",
     )
     objective.add_argument(
-        "--mean_noise_span_length", type=finite_float, default=None, help="span: mean span length (default 3)."
+        "--mean_noise_span_length",
+        type=float_in(1, math.inf),
+        default=None,
+        help="span: mean span length, finite and >= 1 (default 3).",
     )
     data = p.add_argument_group("data")
     data.add_argument(
@@ -96,9 +106,9 @@ def build_pretrain_parser() -> argparse.ArgumentParser:
     data.add_argument("--text_column_name", type=str, default="text", help="Column holding the text.")
     data.add_argument(
         "--validation_split_percentage",
-        type=positive_int,
+        type=_validation_percentage,
         default=5,
-        help="Percent of training documents held out when no validation data is given.",
+        help="Percent of training documents held out when no validation data is given (1 to 50).",
     )
     data.add_argument(
         "--block_size",
@@ -331,6 +341,18 @@ def check_data_source(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error(
             f"--dataset_config_name {args.dataset_config_name} is a configuration of --dataset_name: give both"
         )
+
+
+def _validation_percentage(value: str) -> int:
+    """Argparse type for `--validation_split_percentage`: an integer in [1, 50] (`load_raw_datasets`' range).
+
+    Raises:
+        argparse.ArgumentTypeError: not an integer, or outside [1, 50].
+    """
+    number = positive_int(value)
+    if number > 50:
+        raise argparse.ArgumentTypeError(f"must be an integer in [1, 50], got {number}")
+    return number
 
 
 def parse_pretrain_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -22,6 +22,7 @@ from ..finetuning import parse_glue_args, resolve_max_length
 from ..models.modern import STUDY_ROWS
 from ..models.narang import load_paper_table
 from ..pretraining import check_block_size, parse_pretrain_args
+from ..tokenization import check_vocab_size
 from ..training.accelerator import check_device_arguments
 from ..training.arguments import MAX_SEED, check_scheduler_arguments
 from .arguments import glue_argv, glue_batch_size, pretrain_argv, sequences_per_device, study_set_flags
@@ -87,6 +88,8 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
             f"(the early loss is measured at 1/{EARLY_FRACTION} of training)"
         )
     for key in (
+        "block_size",
+        "gradient_accumulation_steps",
         "tokenizer_vocab_size",
         "tokenizer_max_characters",
         "train_batch_tokens",
@@ -128,6 +131,10 @@ def check_settings(settings: StudySettings, num_processes: int = 1) -> dict[str,
             ) from None
         fields = _tokenizer_fields(tokenizer)
     else:  # the ids the study's tokenizer will get, its planned size
+        try:
+            check_vocab_size(settings.tokenizer_vocab_size, settings.family)
+        except ValueError as err:
+            raise ValueError(f"tokenizer_vocab_size: {err}") from None
         fields = planned_tokenizer_fields(settings.family, settings.tokenizer_vocab_size)
     for variant in settings.variants:  # the lengths each run's recipes refuse only once the tokenizer is built
         config = build_variant_config(settings, variant, fields)

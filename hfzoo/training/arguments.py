@@ -13,7 +13,7 @@ import argparse
 import contextlib
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,36 @@ def non_negative_float(value: str) -> float:
     if not 0 <= number < math.inf:
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {number}")
     return number
+
+
+def float_in(low: float, high: float, low_open: bool = False, high_open: bool = False) -> Callable[[str], float]:
+    """Argparse type factory: a float within an interval, e.g. `float_in(0, 1, True, True)` for (0, 1).
+
+    Args:
+        low: the lower bound.
+        high: the upper bound (`math.inf`: none, and infinity itself is refused).
+        low_open: whether `low` itself is outside.
+        high_open: whether `high` itself is outside.
+
+    Returns:
+        The argparse type; it raises `argparse.ArgumentTypeError` (`must be in (0, 1), got 1.5`) for a value
+        outside the interval, `nan`, or text that is not a number.
+    """
+    shown = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open or high == math.inf else ']'}"
+
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number in {shown}, got {value!r}") from None
+        above = number > low if low_open else number >= low
+        below = number < high if high_open or high == math.inf else number <= high
+        if not (above and below):
+            raise argparse.ArgumentTypeError(f"must be in {shown}, got {number}")
+        return number
+
+    parse.__name__ = f"float in {shown}"
+    return parse
 
 
 def adam_beta(value: str) -> float:

@@ -48,7 +48,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
         (lambda a, tmp: a.extend(["--weight_decay", "inf"]), "--weight_decay: must be a finite number >= 0, got inf"),
         (lambda a, tmp: a.extend(["--max_grad_norm", "nan"]), "--max_grad_norm: must be a finite number >= 0, got nan"),
         (lambda a, tmp: a.extend(["--max_grad_norm", "-1"]), "--max_grad_norm: must be a finite number >= 0, got -1.0"),
-        (lambda a, tmp: a.extend(["--objective", "span", "--mean_noise_span_length", "inf"]), "--mean_noise_span_length: must be a finite number, got inf"),
+        (lambda a, tmp: a.extend(["--objective", "span", "--mean_noise_span_length", "inf"]), "--mean_noise_span_length: must be in [1, inf), got inf"),
+        (lambda a, tmp: a.extend(["--objective", "span", "--noise_density", "1"]), "--noise_density: must be in (0, 1), got 1.0"),
         (lambda a, tmp: a.extend(["--adam_beta1", "1.5"]), "--adam_beta1: must be in [0, 1), got 1.5"),
         (lambda a, tmp: a.extend(["--adam_beta2", "1"]), "--adam_beta2: must be in [0, 1), got 1.0"),
         (lambda a, tmp: a.extend(["--torch_compile_backend", "indcutor"]), "unknown torch.compile backend 'indcutor'; known backends: "),
@@ -67,7 +68,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
     ids=[
         "missing-file", "empty-file", "text-column", "tokenizer-too-large", "block-size", "unknown-override",
         "bad-override-value", "batch-size", "steps", "accumulation", "preset", "resume-path", "weight-decay",
-        "lr-nan", "weight-decay-inf", "max-grad-norm-nan", "max-grad-norm-negative", "span-length-inf", "adam-beta1", "adam-beta2", "compile-backend", "seed", "eval-seed", "two-data-sources", "config-without-dataset",
+        "lr-nan", "weight-decay-inf", "max-grad-norm-nan", "max-grad-norm-negative", "span-length-inf", "noise-density-one", "adam-beta1", "adam-beta2", "compile-backend", "seed", "eval-seed", "two-data-sources", "config-without-dataset",
         "hub-id-without-push", "report-to-without-tracking", "unknown-tracker", "compile-scope-without-compile", "overwrite-and-resume", "hub-model-id", "hub-name-from-output-dir",
     ],
 )  # fmt: skip
@@ -369,7 +370,7 @@ def test_objective_trains_its_family(objective, small_jsonl_xz, family_tokenizer
         ("mlm", None, "encoder-tiny", [], "needs a tokenizer with a mask token"),
         ("span", "encoder", "encoder-decoder-tiny", [], "sentinel"),
         ("span", "encoder-decoder", "encoder-decoder-tiny", ["--noise_density", "1.5"], "noise_density"),
-        ("mlm", "encoder", "encoder-tiny", ["--mlm_probability", "0"], "--mlm_probability must be in (0, 1)"),
+        ("mlm", "encoder", "encoder-tiny", ["--mlm_probability", "0"], "--mlm_probability: must be in (0, 1), got 0.0"),
         (
             "clm",
             "encoder",

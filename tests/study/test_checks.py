@@ -45,6 +45,23 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "h
         ),
         ({"config_overrides": {"hidden_size": 32, "hiden_layers": 2}}, [], "unknown key 'hiden_layers'"),
         ({"train_batch_tokens": 100}, [], "train_batch_tokens=100 is not a multiple of block_size"),
+        ({}, ["--block_size", "0"], "block_size must be positive, got 0"),
+        (  # refused before the tokenizer (and its output folder) was started
+            {"tokenizer_name": None, "tokenizer_vocab_size": 300},
+            [],
+            "tokenizer_vocab_size: vocab_size=300 is too small for the 'encoder-decoder' family: it must be at least "
+            "359 (256 byte symbols + 103 special tokens)",
+        ),
+        (
+            {"tokenizer_name": None},
+            ["--validation_split_percentage", "60"],
+            "hfzoo-pretrain: error: argument --validation_split_percentage: must be an integer in [1, 50], got 60",
+        ),
+        (  # the study's tokenizer would be trained before the collator that refuses it is built
+            {"tokenizer_name": None},
+            ["--noise_density", "1.5"],
+            "the pretraining arguments are refused: hfzoo-pretrain: error: argument --noise_density: must be in (0, 1)",
+        ),
         ({"glue_args": {"lora_dropout": 2}}, [], "the GLUE arguments are refused"),
         ({"lr_scheduler_type": "sometimes"}, [], "the pretraining arguments are refused"),
         pytest.param(  # the run itself would refuse it only after the tokenizer and the data were built
@@ -129,6 +146,10 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "h
         "row-does-not-scale",
         "bad-override",
         "batch-arithmetic",
+        "zero-block-size",
+        "tokenizer-vocabulary-too-small",
+        "validation-percentage",
+        "noise-density-before-the-tokenizer",
         "bad-glue-args",
         "bad-pretrain-args",
         "fp16-without-a-gpu",
