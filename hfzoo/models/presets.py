@@ -16,14 +16,20 @@ from typing import Any
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, PreTrainedConfig
 
+from ..choices import choice_hint
+from ..configuration_utils import OTHER_MODELS_FIELD_NAMES
 
-def parse_overrides(overrides: str | dict[str, Any] | None) -> dict[str, str | Any]:
+
+def parse_overrides(
+    overrides: str | dict[str, Any] | None, argument: str | None = "--config_overrides"
+) -> dict[str, str | Any]:
     """Parse `"key=value,key=value"` (transformers' `--config_overrides` format) into a dict.
 
     A list value is written in brackets, its commas kept: `"adaptive_input_cutoffs=[2500,8500],hidden_size=512"`.
 
     Args:
         overrides: the string, an already-parsed dict, or None.
+        argument: the flag the string came from, for the message (None: the caller names it).
 
     Returns:
         `{key: value}` with string values (converted to the field's type by `build_config`).
@@ -41,7 +47,7 @@ def parse_overrides(overrides: str | dict[str, Any] | None) -> dict[str, str | A
             continue
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--config_overrides item {item!r} is not of the form key=value")
+            raise ValueError(f"{argument + ' ' if argument else ''}item {item!r} is not of the form key=value")
         parsed[key.strip()] = value.strip()
     return parsed
 
@@ -132,9 +138,16 @@ def build_config(name_or_path: str, overrides: str | dict[str, Any] | None = Non
     kv_heads_derived = base.get("num_key_value_heads") in (None, heads)  # multi-head: follows the heads
     for key, value in parsed.items():
         if key not in known:
+            if key in OTHER_MODELS_FIELD_NAMES and OTHER_MODELS_FIELD_NAMES[key][0] in known:
+                field, whose = OTHER_MODELS_FIELD_NAMES[key]
+                raise ValueError(
+                    f"--config_overrides: unknown key {key!r} for {model_type}: {key} is {whose} name for {field}; "
+                    f"give {field}"
+                )
             generic = {f.name for f in dataclasses.fields(PreTrainedConfig)}
             valid = sorted(k for k in known if k not in generic)
-            raise ValueError(f"--config_overrides: unknown key {key!r} for {model_type}; valid keys: {valid}")
+            hint = choice_hint(key, valid, f"the fields of {config_class.__name__}")
+            raise ValueError(f"--config_overrides: unknown key {key!r} for {model_type}; {hint}")
         current = base.get(key, getattr(defaults, key, None))
         base[key] = _convert(key, value, current, str(known[key].type))
     if head_dim_derived and "head_dim" not in parsed and {"hidden_size", "num_attention_heads"} & set(parsed):

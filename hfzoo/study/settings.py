@@ -182,7 +182,7 @@ def _parse_mapping(text: str) -> dict:
         if not isinstance(parsed, dict):
             raise ValueError(f"{text!r} is not a mapping")
         return parsed
-    return {key: yaml.safe_load(value) for key, value in parse_overrides(text).items()}
+    return {key: yaml.safe_load(value) for key, value in parse_overrides(text, argument=None).items()}
 
 
 def load_settings(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> StudySettings:

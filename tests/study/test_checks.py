@@ -44,6 +44,12 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "h
             "num_attention_heads=2 x 2/3 = 1.333 is not a whole number",
         ),
         ({"config_overrides": {"hidden_size": 32, "hiden_layers": 2}}, [], "unknown key 'hiden_layers'"),
+        (
+            {"config_overrides": {"hidden_size": 32, "num_layers": 2}},
+            [],
+            "unknown key 'num_layers' for hfzoo_encoder_decoder: num_layers is T5's name for num_hidden_layers",
+        ),
+        ({}, ["--ladder", "budgets"], "error: --ladder: item 'budgets' is not of the form key=value"),
         ({"train_batch_tokens": 100}, [], "train_batch_tokens=100 is not a multiple of block_size"),
         ({}, ["--block_size", "0"], "block_size must be positive, got 0"),
         (  # refused before the tokenizer (and its output folder) was started
@@ -145,6 +151,8 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "h
         "absent-data",
         "row-does-not-scale",
         "bad-override",
+        "another-models-field-name",
+        "ladder-not-a-mapping",
         "batch-arithmetic",
         "zero-block-size",
         "tokenizer-vocabulary-too-small",
