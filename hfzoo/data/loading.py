@@ -211,49 +211,6 @@ def check_data_files(
     return builder, resolved
 
 
-def load_local_files(
-    files: Sequence[str | os.PathLike],
-    argument: str = "--train_file",
-    streaming: bool = False,
-    cache_dir: str | None = None,
-    sample_by: str = "line",
-    check: bool = True,
-) -> datasets.Dataset | datasets.IterableDataset:
-    """Load local files as one `datasets` split.
-
-    Plain text files are read with line breaks kept (as transformers' `run_clm.py` does with
-    `keep_linebreaks=True`), one row per line (`sample_by="line"`, bounded memory when streaming)
-    or one row per file (`sample_by="document"`: a text file is one document, which is what
-    document-level packing with separator tokens needs). Other formats give one row per record.
-
-    Args:
-        files: local paths, all of one format (see `infer_builder`).
-        argument: the command-line argument the files came from, used in error messages.
-        streaming: return an `IterableDataset` that reads lazily (bounded memory).
-        cache_dir: `datasets` cache folder.
-        sample_by: for plain text files, `"line"`, `"paragraph"` or `"document"`.
-        check: run `check_data_files` first (False: the caller already did).
-
-    Returns:
-        A `datasets.Dataset` (or `IterableDataset` when streaming) with the files' columns.
-
-    Raises:
-        FileNotFoundError, ValueError: see `check_data_files`.
-    """
-    if check:
-        builder, paths = check_data_files(files, argument, True if not streaming else STREAMING_SCAN_BYTES)
-    else:
-        builder, paths = infer_builder(files[0]), [str(Path(f).expanduser().resolve()) for f in files]
-    kwargs = {"keep_linebreaks": True, "sample_by": sample_by} if builder == "text" else {}
-    try:
-        return datasets.load_dataset(
-            builder, data_files={"data": paths}, split="data", streaming=streaming, cache_dir=cache_dir, **kwargs
-        )
-    except READ_ERRORS as err:  # a record the format's parser refuses (a line that is not JSON)
-        named = str(files[0]) if len(files) == 1 else [str(f) for f in files]
-        raise unreadable_data(err, f"{argument} {named}", builder) from None
-
-
 #: What each `datasets` builder reads, for messages.
 FORMAT_NAMES = {"json": "JSON lines", "csv": "CSV", "parquet": "Parquet", "text": "text"}
 
@@ -286,6 +243,51 @@ def unreadable_data(err: BaseException, source: str, builder: str | None = None)
     reason = f"{type(cause).__name__}: {text[0]}" if text else type(cause).__name__
     as_format = f" as {FORMAT_NAMES.get(builder, builder)}" if builder else ""
     return DataReadError(f"{source}: cannot be read{as_format} ({reason})")
+
+
+def load_local_files(
+    files: Sequence[str | os.PathLike],
+    argument: str = "--train_file",
+    streaming: bool = False,
+    cache_dir: str | None = None,
+    sample_by: str = "line",
+    check: bool = True,
+) -> datasets.Dataset | datasets.IterableDataset:
+    """Load local files as one `datasets` split.
+
+    Plain text files are read with line breaks kept (as transformers' `run_clm.py` does with
+    `keep_linebreaks=True`), one row per line (`sample_by="line"`, bounded memory when streaming)
+    or one row per file (`sample_by="document"`: a text file is one document, which is what
+    document-level packing with separator tokens needs). Other formats give one row per record.
+
+    Args:
+        files: local paths, all of one format (see `infer_builder`).
+        argument: the command-line argument the files came from, used in error messages.
+        streaming: return an `IterableDataset` that reads lazily (bounded memory).
+        cache_dir: `datasets` cache folder.
+        sample_by: for plain text files, `"line"`, `"paragraph"` or `"document"`.
+        check: run `check_data_files` first (False: the caller already did).
+
+    Returns:
+        A `datasets.Dataset` (or `IterableDataset` when streaming) with the files' columns.
+
+    Raises:
+        FileNotFoundError, ValueError: see `check_data_files`.
+        DataReadError: a record the format's parser refuses (a line that is not JSON), naming the files; a stream
+            raises it only where it is read (`check_text_column`, `parsed_rows`).
+    """
+    if check:
+        builder, paths = check_data_files(files, argument, True if not streaming else STREAMING_SCAN_BYTES)
+    else:
+        builder, paths = infer_builder(files[0]), [str(Path(f).expanduser().resolve()) for f in files]
+    kwargs = {"keep_linebreaks": True, "sample_by": sample_by} if builder == "text" else {}
+    try:
+        return datasets.load_dataset(
+            builder, data_files={"data": paths}, split="data", streaming=streaming, cache_dir=cache_dir, **kwargs
+        )
+    except READ_ERRORS as err:  # a record the format's parser refuses (a line that is not JSON)
+        named = str(files[0]) if len(files) == 1 else [str(f) for f in files]
+        raise unreadable_data(err, f"{argument} {named}", builder) from None
 
 
 def column_names(dataset: datasets.Dataset | datasets.IterableDataset) -> list[str]:
@@ -533,7 +535,7 @@ def iter_texts(
         Lists of at most `batch_size` strings.
 
     Raises:
-        ValueError: a streamed record the format's parser refuses (a line that is not JSON), naming `source`.
+        DataReadError: a streamed record the format's parser refuses (a line that is not JSON), naming `source`.
     """
     batch: list[str] = []
     for row in parsed_rows(dataset, source):
