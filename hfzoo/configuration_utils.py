@@ -17,6 +17,7 @@ import math
 import sys
 import types
 import typing
+from collections.abc import Iterable
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
@@ -67,6 +68,19 @@ OTHER_MODELS_FIELD_NAMES = {
 }
 
 
+def other_models_name_hint(key: str, fields: Iterable[str]) -> str | None:
+    """What to say of `key` when it is another model's name for one of `fields` (`OTHER_MODELS_FIELD_NAMES`).
+
+    Returns:
+        `"num_layers is T5's name for num_hidden_layers; give num_hidden_layers"`, or None for any other key.
+    """
+    if key not in OTHER_MODELS_FIELD_NAMES or OTHER_MODELS_FIELD_NAMES[key][0] not in fields:
+        return None
+    field, whose = OTHER_MODELS_FIELD_NAMES[key]
+    gated = " (and gated_mlp=True for T5's gated-* values)" if key == "feed_forward_proj" else ""
+    return f"{key} is {whose} name for {field}; give {field}{gated}"
+
+
 def refuse_misspelled_fields(config_class: type, extra: dict[str, object]) -> None:
     """Refuse a config keyword that is no field of `config_class` but nearly the name of one.
 
@@ -92,12 +106,11 @@ def refuse_misspelled_fields(config_class: type, extra: dict[str, object]) -> No
             continue
         if key in config_class.attribute_map:  # the config's own alias of a field (set through it)
             continue
-        if key in OTHER_MODELS_FIELD_NAMES and OTHER_MODELS_FIELD_NAMES[key][0] in fields:
-            field, whose = OTHER_MODELS_FIELD_NAMES[key]
+        hint = other_models_name_hint(key, fields)
+        if hint:
             raise ValueError(
                 f"{key}={value!r} is not a field of {config_class.__name__} (it would be kept but read by nothing): "
-                f"{key} is {whose} name for {field}; give {field}"
-                + (" (and gated_mlp=True for T5's gated-* values)" if key == "feed_forward_proj" else "")
+                f"{hint}"
             )
         close = difflib.get_close_matches(key, fields, n=1, cutoff=MISSPELLING_CUTOFF)
         if close:

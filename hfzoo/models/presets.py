@@ -17,7 +17,7 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, PreTrainedConfig
 
 from ..choices import choice_hint
-from ..configuration_utils import OTHER_MODELS_FIELD_NAMES
+from ..configuration_utils import other_models_name_hint
 
 
 def parse_overrides(
@@ -138,12 +138,9 @@ def build_config(name_or_path: str, overrides: str | dict[str, Any] | None = Non
     kv_heads_derived = base.get("num_key_value_heads") in (None, heads)  # multi-head: follows the heads
     for key, value in parsed.items():
         if key not in known:
-            if key in OTHER_MODELS_FIELD_NAMES and OTHER_MODELS_FIELD_NAMES[key][0] in known:
-                field, whose = OTHER_MODELS_FIELD_NAMES[key]
-                raise ValueError(
-                    f"--config_overrides: unknown key {key!r} for {model_type}: {key} is {whose} name for {field}; "
-                    f"give {field}"
-                )
+            hint = other_models_name_hint(key, known)
+            if hint:
+                raise ValueError(f"--config_overrides: unknown key {key!r} for {model_type}: {hint}")
             generic = {f.name for f in dataclasses.fields(PreTrainedConfig)}
             valid = sorted(k for k in known if k not in generic)
             hint = choice_hint(key, valid, f"the fields of {config_class.__name__}")
